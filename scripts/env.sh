@@ -1,0 +1,21 @@
+# Sourced by the quick-start scripts: create (or reuse) .venv and install the pinned requirements.
+# Usage: source scripts/env.sh [requirements-file]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REQ="${1:-requirements.txt}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x "$ROOT/.venv/bin/python" ]; then
+  echo "[env] creating $ROOT/.venv with $PY" >&2
+  "$PY" -m venv "$ROOT/.venv"
+  "$ROOT/.venv/bin/pip" install -q --upgrade pip
+fi
+# Re-install only when the requirements changed (a stamp holds their hash).
+STAMP="$ROOT/.venv/.req-$(basename "$REQ")-$(cat "$ROOT"/requirements*.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$STAMP" ]; then
+  echo "[env] installing $REQ into .venv (first run only; a few minutes)" >&2
+  (cd "$ROOT" && "$ROOT/.venv/bin/pip" install -q -r "$REQ")
+  touch "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
+cd "$ROOT"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Quick start, command 2: run the whole test suite (fast tests first, then the slow end-to-end ones).
+# Self-sufficient on a fresh machine with Python 3.11: creates/reuses .venv and installs pins.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh" requirements-test.txt
+set +e
+python -m pytest -q -m "not slow" "$@"
+fast=$?
+python -m pytest -q -m slow "$@"
+slow=$?
+# pytest exits 5 when a selection holds no test; that is not a failure of the suite.
+[ $fast -eq 5 ] && fast=0
+[ $slow -eq 5 ] && slow=0
+if [ $fast -ne 0 ] || [ $slow -ne 0 ]; then
+  echo "tests FAILED (fast rc=$fast, slow rc=$slow)"
+  exit 1
+fi
+echo "all tests passed"
