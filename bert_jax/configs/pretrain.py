@@ -1,0 +1,107 @@
+r"""BERT pre-training presets (the paper's recipe: Devlin et al. 2018, section A.2).
+
+  python -m bert_jax.train --config=bert_jax/configs/pretrain.py:base \
+      --workdir=gs://BUCKET/bert-base-phase1 \
+      --config.train_input_files='gs://BUCKET/data/seq128/train-*' \
+      --config.eval_input_files='gs://BUCKET/data/seq128/eval-*' \
+      --config.vocab_file=gs://BUCKET/vocab.txt
+
+The argument after ':' is PRESET[,phase2][,runlocal]:
+  PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256.
+  phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
+            parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
+  runlocal  shrinks everything so a laptop CPU runs it in minutes (the README's first command).
+
+Recipe arithmetic: 256 sequences x 128 tokens = 32,768 tokens/step; 90% of 1M steps at 128 = 900k
+steps (29.5B tokens), then 10% = 100k steps at 512 (13.1B tokens).
+"""
+
+import ml_collections
+
+
+def get_config(arg="base"):
+  parts = [p for p in (arg or "base").split(",") if p]
+  preset = parts[0]
+  variants = set(parts[1:])
+  unknown = variants - {"phase2", "runlocal"}
+  if unknown:
+    raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
+                     "PRESET[,phase2][,runlocal].")
+
+  c = ml_collections.ConfigDict()
+  c.model_name = preset            # see model.get_bert_config: tiny..large or L-{L}_H-{H}
+  # Overrides of BertConfig fields (vocab_size is taken from the vocab file when left None).
+  c.model = ml_collections.ConfigDict(dict(
+      vocab_size=ml_collections.FieldReference(None, field_type=int),
+      dtype="float32",             # "bfloat16" on TPU/GPU: bf16 compute, f32 params and Adam state
+      hidden_dropout_prob=0.1,
+      attention_dropout_prob=0.1,
+      hidden_act="gelu",           # exact erf GELU as google-research/bert; "gelu_tanh" is faster
+      remat=False,                 # recompute each layer in the backward pass (seq 512 / large)
+  ))
+
+  # Input: TFRecords from `python -m data_pipelines.create_pretraining_data`.
+  c.train_input_files = ""         # glob, comma-separated globs allowed
+  c.eval_input_files = ""          # held-out records; empty = no evaluation
+  c.vocab_file = ""                # WordPiece vocab.txt ...
+  c.spm_model_file = ""            # ... or a SentencePiece model
+  c.do_lower_case = True
+  c.seq_length = 128
+  c.max_predictions_per_seq = 20   # ~ 0.15 * 128 rounded up, as google-research/bert
+  c.masked_lm_prob = 0.15
+  c.whole_word_masking = False
+  c.shuffle_buffer = 10_000
+
+  # Optimisation: Adam(W) lr 1e-4, b .9/.999, L2 0.01, 10k warmup, linear decay.
+  c.batch_size = 256               # global, across all hosts and devices
+  c.grad_accum_steps = 1           # micro-batches per optimizer step (batch_size / k each)
+  c.num_train_steps = 900_000      # phase 1: 90% of the paper's 1M steps
+  c.warmup_steps = 10_000
+  c.learning_rate = 1e-4
+  c.optimizer = "adamw"            # "lamb" for large pod batches (You et al. 2019: 64k batch)
+  c.weight_decay = 0.01
+  c.b1 = 0.9
+  c.b2 = 0.999
+  c.eps = 1e-6
+  c.clip_norm = 1.0
+
+  # Parallelism: axes (data, fsdp, tensor); -1 = all remaining devices.
+  c.mesh_shape = (-1, 1, 1)
+
+  # Initialisation from another checkpoint (phase 2, or a converted Google/HF BERT).
+  c.init_checkpoint = ""
+
+  # Loop, logging, checkpoints.
+  c.seed = 0
+  c.log_every = 100
+  c.eval_every = 10_000
+  c.eval_steps = 100
+  c.checkpoint_every = 5_000
+  c.keep_checkpoints = 3           # the last N ...
+  c.keep_every = 100_000           # ... plus every K-th step for good
+  c.async_checkpointing = True
+  c.profile_start_step = -1        # >= 0: write a jax.profiler trace of `profile_steps` steps
+  c.profile_steps = 5
+
+  if "phase2" in variants:
+    c.seq_length = 512
+    c.max_predictions_per_seq = 80
+    c.num_train_steps = 100_000
+    c.model.remat = preset in ("large",)
+
+  if "runlocal" in variants:
+    # A real pre-training on 2 CPU cores in a few minutes (see the README's quick start).
+    c.batch_size = 32
+    c.num_train_steps = 600
+    c.warmup_steps = 60
+    c.learning_rate = 1e-3          # tiny models tolerate (and need) a larger rate for short runs
+    c.log_every = 50
+    c.eval_every = 200
+    c.eval_steps = 10
+    c.checkpoint_every = 200
+    c.keep_every = 0
+    c.shuffle_buffer = 2_000
+    if "phase2" not in variants:
+      c.seq_length = 128
+      c.max_predictions_per_seq = 20
+  return c

@@ -1,0 +1,55 @@
+"""Host-local batch iterators for the train loop: real TFRecords or a synthetic source.
+
+The trainer asks for an iterator of this host's share of the global batch
+([global_batch / process_count, ...] numpy dicts in the batch contract) starting at a position,
+so a resumed run continues the same stream. "synthetic" stands in for records in unit tests and
+benchmarks: random ids with the contract's shapes, a pure function of (seed, batch index, host).
+"""
+
+import numpy as np
+
+
+def synthetic_batches(*, batch_size, seq_length, max_predictions_per_seq, vocab_size, seed,
+                      start_batch=0, process_index=0):
+  """Yields random but valid batches; batch i depends only on (seed, i, process_index)."""
+  i = start_batch
+  while True:
+    rng = np.random.default_rng([seed, i, process_index])
+    lengths = rng.integers(seq_length // 2, seq_length + 1, size=batch_size)
+    pos = np.arange(seq_length)[None, :]
+    input_mask = (pos < lengths[:, None]).astype(np.int32)            # [B, T]
+    input_ids = rng.integers(5, vocab_size, size=(batch_size, seq_length)) * input_mask
+    input_ids[:, 0] = 2                                                 # [CLS]-like
+    segment_ids = ((pos >= (lengths[:, None] // 2)) * input_mask).astype(np.int32)
+    n_pred = max_predictions_per_seq
+    positions = np.sort(np.stack([rng.choice(np.arange(1, l), size=n_pred, replace=False)
+                                  for l in lengths]), axis=-1)        # [B, P]
+    weights = np.ones((batch_size, n_pred), np.float32)
+    weights[:, n_pred - n_pred // 4:] = 0.0                           # some padding predictions
+    positions = np.where(weights > 0, positions, 0)
+    ids = np.take_along_axis(input_ids, positions, axis=1) * (weights > 0)
+    yield dict(input_ids=input_ids.astype(np.int32), input_mask=input_mask,
+               segment_ids=segment_ids,
+               masked_lm_positions=positions.astype(np.int32),
+               masked_lm_ids=ids.astype(np.int32), masked_lm_weights=weights,
+               next_sentence_labels=rng.integers(0, 2, size=batch_size).astype(np.int32))
+    i += 1
+
+
+def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, process_index,
+                 process_count, train=True):
+  """Iterator of host-local numpy batches from TFRecords (or synthetic when files=='synthetic')."""
+  if files == "synthetic":
+    return synthetic_batches(batch_size=local_batch_size, seq_length=config.seq_length,
+                             max_predictions_per_seq=config.max_predictions_per_seq,
+                             vocab_size=vocab.size, seed=seed, start_batch=start_batch,
+                             process_index=process_index)
+  from data_pipelines import pretrain_input  # TF only when real records are read
+  ds = pretrain_input.make_pretrain_dataset(
+      files, batch_size=local_batch_size, seq_length=config.seq_length,
+      max_predictions_per_seq=config.max_predictions_per_seq, vocab=vocab,
+      masked_lm_prob=config.masked_lm_prob, whole_word_masking=config.whole_word_masking,
+      seed=seed, process_index=process_index, process_count=process_count,
+      shuffle=train, repeat=True, start_batch=start_batch,
+      shuffle_buffer=config.shuffle_buffer)
+  return pretrain_input.as_numpy_batches(ds)

@@ -1,0 +1,249 @@
+"""Train loop: sharded step equivalence, checkpoint/resume, SIGTERM, bad-input errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import input_source
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from bert_jax.configs import pretrain as pretrain_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  c = pretrain_config.get_config("tiny,runlocal")
+  c.train_input_files = "synthetic"
+  c.model.vocab_size = 512
+  c.seq_length = 32
+  c.max_predictions_per_seq = 6
+  c.batch_size = 8
+  c.num_train_steps = 6
+  c.warmup_steps = 2
+  c.log_every = 1
+  c.checkpoint_every = 3
+  c.eval_every = 1000
+  c.async_checkpointing = False
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+def _one_step(config, mesh_shape, devices):
+  mesh = sharding_lib.create_mesh(mesh_shape, devices=devices)
+  vocab = train.load_vocab(config)
+  model_config = train.create_model_config(config, vocab)
+  t = train.build_training(config, model_config, mesh)
+  batch = next(input_source.synthetic_batches(
+      batch_size=config.batch_size, seq_length=config.seq_length,
+      max_predictions_per_seq=config.max_predictions_per_seq, vocab_size=vocab.size, seed=1))
+  with jax.set_mesh(mesh):
+    state = t.init_state(jax.random.PRNGKey(0))
+    state, m1 = t.train_step(state, sharding_lib.make_global_batch(batch, mesh))
+    state, m2 = t.train_step(state, sharding_lib.make_global_batch(batch, mesh))
+  return (float(m1["loss"]), float(m2["loss"]),
+          jax.device_get(state["params"]["bert"]), state)
+
+
+def test_same_loss_on_1_device_data8_and_fsdp4_data2():
+  config = tiny_config()
+  devices = jax.devices()
+  assert len(devices) == 8, "conftest sets 8 fake CPU devices"
+  ref = _one_step(config, (1, 1, 1), devices[:1])
+  for shape in [(8, 1, 1), (2, 4, 1), (2, 2, 2)]:
+    got = _one_step(config, shape, devices)
+    # First loss: same init, same batch -> same forward pass up to reduction order.
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, err_msg=str(shape))
+    # Second loss: after one sharded AdamW update.
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-4, err_msg=str(shape))
+    flat_ref = jax.tree.leaves(ref[2])
+    flat_got = jax.tree.leaves(got[2])
+    for a, b in zip(flat_ref, flat_got):
+      np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_fsdp_actually_shards_parameters():
+  config = tiny_config()
+  *_, state = _one_step(config, (2, 4, 1), jax.devices())
+  emb = state["params"]["bert"]
+  leaves = jax.tree_util.tree_leaves_with_path(state["params"])
+  sharded = [jax.tree_util.keystr(p) for p, x in leaves
+             if x.ndim == 2 and "fsdp" in str(x.sharding.spec)]
+  assert sharded, "no parameter is sharded over fsdp"
+  mu_specs = [str(x.sharding.spec) for x in jax.tree.leaves(state["opt_state"]) if x.ndim == 2]
+  assert any("fsdp" in s for s in mu_specs), "Adam moments should follow their parameters"
+  del emb
+
+
+def test_loss_decreases_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
+  config = tiny_config(num_train_steps=8, checkpoint_every=4)
+  full = train.train_and_evaluate(config, str(tmp_path / "full"))
+  losses_full = [m["loss"] for _, m in full["history"]["train"]]
+  assert len(losses_full) == 8
+  assert losses_full[-1] < losses_full[0]
+
+  # Interrupt: SIGTERM arrives while batch 5 is read -> the loop saves step 5 and exits.
+  real = input_source.make_batches
+
+  def killing_batches(*args, **kwargs):
+    for i, b in enumerate(real(*args, **kwargs)):
+      if kwargs["start_batch"] == 0 and i == 4:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield b
+
+  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  first = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert first["stopped_early"] and first["final_step"] == 5
+  manager = ckpt_lib.create_manager(str(tmp_path / "resumed"), async_save=False)
+  assert manager.latest_step() == 5
+  manager.close()
+  second = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert not second["stopped_early"]
+  losses_resumed = [m["loss"] for _, m in first["history"]["train"] + second["history"]["train"]]
+  np.testing.assert_allclose(losses_resumed, losses_full, rtol=1e-5)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_save_restore_gives_identical_next_step_loss(tmp_path):
+  config = tiny_config()
+  mesh = sharding_lib.create_mesh((2, 4, 1))
+  vocab = train.load_vocab(config)
+  model_config = train.create_model_config(config, vocab)
+  t = train.build_training(config, model_config, mesh)
+  batches = input_source.synthetic_batches(
+      batch_size=8, seq_length=32, max_predictions_per_seq=6, vocab_size=512, seed=3)
+  b1, b2 = [sharding_lib.make_global_batch(next(batches), mesh) for _ in range(2)]
+  manager = ckpt_lib.create_manager(str(tmp_path), async_save=False)
+  with jax.set_mesh(mesh):
+    state = t.init_state(jax.random.PRNGKey(0))
+    state, _ = t.train_step(state, b1)
+    ckpt_lib.save(manager, 1, state, {"model_config": model_config.to_dict(),
+                                      "input_position": 1})
+    manager.wait_until_finished()
+    restored, meta = ckpt_lib.restore(manager, 1, t.abstract_state)
+    _, m_orig = t.train_step(state, b2)
+    _, m_rest = t.train_step(restored, b2)
+  assert meta["input_position"] == 1
+  assert float(m_orig["loss"]) == float(m_rest["loss"])
+  manager.close()
+
+
+def test_grad_accumulation_matches_big_batch_first_step():
+  """Two micro-batches of 4 accumulate to the same update as one batch of 8 (no dropout)."""
+  kw = dict(batch_size=8, num_train_steps=1)
+  base = tiny_config(**kw)
+  base.model.hidden_dropout_prob = 0.0
+  base.model.attention_dropout_prob = 0.0
+  acc = tiny_config(grad_accum_steps=2, **kw)
+  acc.model.hidden_dropout_prob = 0.0
+  acc.model.attention_dropout_prob = 0.0
+  mesh = sharding_lib.create_mesh((1, 1, 1), devices=jax.devices()[:1])
+  vocab = train.load_vocab(base)
+  mc = train.create_model_config(base, vocab)
+  batch = next(input_source.synthetic_batches(batch_size=8, seq_length=32,
+                                              max_predictions_per_seq=6, vocab_size=512, seed=5))
+  # Same weighted MLM loss normalisation per micro-batch: give both halves equal weight sums.
+  batch["masked_lm_weights"][:] = 1.0
+  halves = [jax.tree.map(lambda x: x[:4], batch), jax.tree.map(lambda x: x[4:], batch)]
+  with jax.set_mesh(mesh):
+    t1 = train.build_training(base, mc, mesh)
+    s1, _ = t1.train_step(t1.init_state(jax.random.PRNGKey(0)),
+                          sharding_lib.make_global_batch(batch, mesh))
+    t2 = train.build_training(acc, mc, mesh)
+    s2 = t2.init_state(jax.random.PRNGKey(0))
+    for h in halves:
+      s2, _ = t2.train_step(s2, sharding_lib.make_global_batch(h, mesh))
+  for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s2["params"])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# ---- Bad input: one-line errors before any compute. ----
+def _run_cli(tmp_path, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run(
+      [sys.executable, "-m", "bert_jax.train",
+       "--config=bert_jax/configs/pretrain.py:tiny,runlocal", *args],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_unknown_config_field(tmp_path):
+  r = _run_cli(tmp_path, f"--workdir={tmp_path}", "--config.no_such_field=3")
+  assert r.returncode != 0
+  assert "no_such_field" in r.stderr
+
+
+def test_errors_before_compute(tmp_path):
+  with pytest.raises(train.ConfigError, match="not divisible by the data-parallel size 8"):
+    train.train_and_evaluate(tiny_config(batch_size=12), str(tmp_path / "a"))
+  with pytest.raises(train.ConfigError, match="no files match"):
+    train.train_and_evaluate(tiny_config(train_input_files=str(tmp_path / "nope-*")),
+                             str(tmp_path / "b"))
+  ro = tmp_path / "ro"
+  ro.mkdir()
+  os.chmod(ro, 0o500)
+  if os.access(ro, os.W_OK):  # root ignores permissions: use a path under a file instead
+    (tmp_path / "file").write_text("x")
+    ro = tmp_path / "file" / "sub"
+  with pytest.raises(train.ConfigError, match="workdir"):
+    train.train_and_evaluate(tiny_config(), str(ro))
+  assert not os.listdir(tmp_path / "a") if (tmp_path / "a").exists() else True
+
+
+def test_vocab_size_mismatch(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                             [f"w{i}" for i in range(95)]) + "\n")
+  c = tiny_config(vocab_file=str(vocab))
+  c.model.vocab_size = 512
+  with pytest.raises(train.ConfigError, match="vocab_size=512 but the vocab file .* has 100"):
+    train.train_and_evaluate(c, str(tmp_path / "w"))
+
+
+def test_resume_with_other_model_size_is_refused(tmp_path):
+  train.train_and_evaluate(tiny_config(num_train_steps=3), str(tmp_path))
+  other = tiny_config(num_train_steps=3, model_name="mini")
+  with pytest.raises(train.ConfigError, match="another model"):
+    train.train_and_evaluate(other, str(tmp_path))
+  # Nothing already saved was lost.
+  manager = ckpt_lib.create_manager(str(tmp_path), async_save=False)
+  assert manager.latest_step() == 3
+  manager.close()
+
+
+def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path):
+  train.train_and_evaluate(tiny_config(num_train_steps=3), str(tmp_path / "p1"))
+  params, mc, meta = ckpt_lib.load_params(str(tmp_path / "p1"))
+  assert mc.num_layers == 2 and "bert" in params
+  c2 = tiny_config(num_train_steps=2, init_checkpoint=str(tmp_path / "p1"))
+  out = train.train_and_evaluate(c2, str(tmp_path / "p2"))
+  assert out["final_step"] == 2
+  # A checkpoint of another size is refused with the parameter named.
+  c3 = tiny_config(num_train_steps=2, init_checkpoint=str(tmp_path / "p1"), model_name="mini")
+  with pytest.raises(train.ConfigError, match="shape"):
+    train.train_and_evaluate(c3, str(tmp_path / "p3"))
+
+
+def test_tensorboard_events_written(tmp_path):
+  from bert_jax import metrics_writer
+  train.train_and_evaluate(tiny_config(num_train_steps=2), str(tmp_path))
+  scalars = metrics_writer.read_scalars(str(tmp_path / "tensorboard"))
+  for tag in ["mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "learning_rate",
+              "grad_norm", "sequences_per_sec", "tokens_per_sec", "tflops"]:
+    assert tag in scalars, tag
+  assert [s for s, _ in scalars["mlm_loss"]] == [1, 2]
+
+
+def test_flops_formula_matches_xla_cost_analysis_order():
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("base")
+  per_seq = train.model_flops_per_sequence(cfg, 128, 20)
+  # 6 * 85M non-embedding params * 128 tokens = 65 GFLOP; attention + MLM head add ~10%.
+  assert 6.5e10 < per_seq < 8.0e10
