@@ -1,0 +1,165 @@
+"""Dynamic masked-LM masking as a pure TensorFlow function of (token ids, random key).
+
+Used by `pretrain_input.py` after batching: one call masks a whole [batch, seq] block with
+vectorised ops (no per-sequence Python), so the pipeline keeps up with an accelerator on one core.
+
+The recipe follows google-research/bert's `create_masked_lm_predictions`:
+  * candidates are the non-special tokens (`VocabInfo.is_special` false; [CLS], [SEP], [PAD],
+    [MASK], [UNK] and "[...]" control tokens never are);
+  * num_to_predict = min(max_predictions_per_seq, max(1, round(n * masked_lm_prob))), where n
+    counts the candidates (google-research/bert counts [CLS] and the [SEP]s too, i.e. 3 more tokens,
+    which moves the expected count at seq 128 by ~0.45 of a prediction), and never more than n;
+  * each selected token becomes [MASK] 80% of the time, a random non-special token 10% and stays
+    unchanged 10% (drawn per token, as google-research/bert does, whole-word masking included);
+  * whole-word masking selects words (a piece plus its "##" continuations) in random order, skipping a
+    word that would overflow num_to_predict, exactly the greedy rule of google-research/bert.
+Positions come out sorted ascending and padded with 0; padding has id 0 and weight 0.0.
+
+Randomness comes only from `tf.random.stateless_*` ops seeded by `key`, so the same (ids, key)
+always gives the same masks: the pipeline derives the key from the batch's index in the stream,
+which makes a resumed pipeline reproduce the masks of an uninterrupted one.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from data_pipelines.tf_setup import tf
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskConfig:
+  """What the masking needs from the vocabulary, as numpy tables (turned into graph constants)."""
+  mask_id: int
+  is_special: np.ndarray       # [vocab] bool: never selected, never inserted
+  is_continuation: np.ndarray  # [vocab] bool: "##" pieces, for whole-word masking
+  masked_lm_prob: float = 0.15
+  max_predictions_per_seq: int = 20
+  whole_word_masking: bool = False
+
+  @property
+  def random_token_ids(self):
+    """[num_non_special] int32: the ids a "random token" replacement may draw from."""
+    return np.flatnonzero(~self.is_special).astype(np.int32)
+
+
+def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, whole_word_masking):
+  if not 0.0 < masked_lm_prob <= 1.0:
+    raise ValueError(f"masked_lm_prob={masked_lm_prob}: expected a fraction in (0, 1], "
+                     "e.g. 0.15 as in the BERT paper.")
+  if max_predictions_per_seq < 1:
+    raise ValueError(f"max_predictions_per_seq={max_predictions_per_seq}: expected >= 1 "
+                     "(20 for seq 128, 80 for seq 512 in the BERT recipe).")
+  is_special = np.asarray(vocab.is_special, dtype=bool)
+  if is_special.all():
+    raise ValueError(f"vocab {vocab.path or '<in memory>'}: every id is special, nothing to mask.")
+  return MaskConfig(mask_id=int(vocab.mask_id), is_special=is_special,
+                    is_continuation=np.asarray(vocab.is_continuation, dtype=bool),
+                    masked_lm_prob=float(masked_lm_prob),
+                    max_predictions_per_seq=int(max_predictions_per_seq),
+                    whole_word_masking=bool(whole_word_masking))
+
+
+def _num_to_predict(num_candidates, cfg):
+  # float64 so that round() agrees with Python's round (half to even) on exact halves like
+  # 30 * 0.15 = 4.5 -> 4; in float32 0.15 is 0.150000006 and would give 5.
+  n = tf.cast(num_candidates, tf.float64)
+  k = tf.cast(tf.round(n * cfg.masked_lm_prob), tf.int32)
+  k = tf.minimum(cfg.max_predictions_per_seq, tf.maximum(1, k))
+  return tf.minimum(k, num_candidates)  # [batch]; 0 only for rows without any candidate
+
+
+def _select_tokens(cand, ntp, key, num_preds):
+  """Picks ntp random candidates per row. Returns positions [B, P] ascending (pad = seq)."""
+  seq = tf.shape(cand)[1]
+  scores = tf.random.stateless_uniform(tf.shape(cand), seed=key)  # [B, S] in [0, 1)
+  scores = tf.where(cand, scores, -1.0)
+  # top_k breaks ties by index, so the indices are distinct even if two scores collide.
+  _, idx = tf.math.top_k(scores, k=num_preds)  # [B, P], best first
+  valid = tf.range(num_preds)[None, :] < ntp[:, None]  # the first ntp are a uniform subset
+  return tf.sort(tf.where(valid, idx, seq), axis=1)
+
+
+def _select_whole_words(ids, cand, ntp, key, cfg):
+  """Whole-word selection; returns the selected-token mask [B, S] with at most ntp per row."""
+  batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
+  is_cont = tf.gather(tf.constant(cfg.is_continuation), ids) & cand
+  prev_cand = tf.pad(cand[:, :-1], [[0, 0], [1, 0]])
+  # A "##" piece joins the word before it only if that token is a candidate (never a [SEP]).
+  word_start = cand & ~(is_cont & prev_cand)  # [B, S]
+  word_idx = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1  # [B, S]; valid where cand
+  num_words = tf.reduce_sum(tf.cast(word_start, tf.int32), axis=1)  # [B]
+  rows = tf.range(batch)[:, None] * seq
+  seg = tf.where(cand, word_idx + rows, batch * seq)  # non-candidates go to a dump segment
+  word_len = tf.math.unsorted_segment_sum(tf.ones_like(ids), seg, batch * seq + 1)
+  word_len = tf.reshape(word_len[:-1], [batch, seq])  # [B, words] (padded to S words)
+  scores = tf.random.stateless_uniform([batch, seq], seed=key)
+  scores = tf.where(tf.range(seq)[None, :] < num_words[:, None], scores, -1.0)
+  _, order = tf.math.top_k(scores, k=seq)  # [B, S]: a random permutation of each row's words
+  len_in_order = tf.gather(word_len, order, batch_dims=1)  # [B, S]; 0 past num_words
+
+  # Greedy as in google-research/bert: stop once full, skip a word that would overflow. The loop
+  # runs over word ranks while some row is not full (~ntp + a few steps, not S); always once, so
+  # the TensorArray is never empty (an empty one cannot be stacked).
+  def cond(j, count, taken):
+    del taken
+    return (j == 0) | ((j < tf.reduce_max(num_words)) & tf.reduce_any(count < ntp))
+
+  def body(j, count, taken):
+    length = len_in_order[:, j]
+    take = (length > 0) & (count < ntp) & (count + length <= ntp)
+    return j + 1, count + tf.where(take, length, 0), taken.write(j, take)
+
+  _, _, taken = tf.while_loop(
+      cond, body, (0, tf.zeros_like(ntp), tf.TensorArray(tf.bool, size=0, dynamic_size=True,
+                                                     element_shape=[None])))
+  taken = tf.transpose(taken.stack())  # [B, steps]
+  taken = tf.pad(taken, [[0, 0], [0, seq - tf.shape(taken)[1]]])
+  taken_by_word = tf.gather(taken, tf.argsort(order, axis=1), batch_dims=1)  # [B, words]
+  return cand & tf.gather(taken_by_word, tf.maximum(word_idx, 0), batch_dims=1)
+
+
+def mask_batch(input_ids, input_mask, key, cfg):
+  """Masks a batch of unmasked sequences.
+
+  Args:
+    input_ids: [batch, seq] int32, padded with [PAD] (a special id).
+    input_mask: [batch, seq] int32, 1 for real tokens.
+    key: [2] int64 stateless seed; the output is a pure function of (input_ids, key).
+    cfg: MaskConfig.
+  Returns:
+    masked input_ids [B, S] int32, masked_lm_positions [B, P] int32, masked_lm_ids [B, P] int32,
+    masked_lm_weights [B, P] float32, with P = cfg.max_predictions_per_seq.
+  """
+  num_preds = cfg.max_predictions_per_seq
+  input_ids = tf.convert_to_tensor(input_ids, tf.int32)
+  batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+  select_key, action_key, token_key = tf.unstack(
+      tf.random.experimental.stateless_split(key, num=3))
+  cand = ~tf.gather(tf.constant(cfg.is_special), input_ids) & (input_mask > 0)  # [B, S]
+  ntp = _num_to_predict(tf.reduce_sum(tf.cast(cand, tf.int32), axis=1), cfg)  # [B]
+
+  if cfg.whole_word_masking:
+    selected = _select_whole_words(input_ids, cand, ntp, select_key, cfg)
+    # Ascending positions of the selected tokens: largest (seq - pos) first, 0 for the rest.
+    top, _ = tf.math.top_k(tf.where(selected, seq - tf.range(seq)[None, :], 0), k=num_preds)
+    positions = tf.where(top > 0, seq - top, seq)  # [B, P], pad = seq
+  else:
+    positions = _select_tokens(cand, ntp, select_key, num_preds)
+  valid = positions < seq  # [B, P]; real slots come first since padding sorts last
+
+  # 80% [MASK], 10% random non-special token, 10% unchanged, per selected token.
+  action = tf.random.stateless_uniform([batch, num_preds], seed=action_key)
+  vocab_ids = tf.constant(cfg.random_token_ids)
+  random_ids = tf.gather(vocab_ids, tf.random.stateless_uniform(
+      [batch, num_preds], seed=token_key, minval=0, maxval=vocab_ids.shape[0], dtype=tf.int32))
+  # One extra column takes the writes of padding slots, so they never touch a real token.
+  padded = tf.pad(input_ids, [[0, 0], [0, 1]])  # [B, S + 1]
+  original = tf.gather(padded, positions, batch_dims=1)  # [B, P]
+  new = tf.where(action < 0.8, cfg.mask_id, tf.where(action < 0.9, original, random_ids))
+  rows = tf.broadcast_to(tf.range(batch)[:, None], [batch, num_preds])
+  masked = tf.tensor_scatter_nd_update(padded, tf.stack([rows, positions], axis=-1), new)
+
+  zeros = tf.zeros_like(positions)
+  return (masked[:, :-1], tf.where(valid, positions, zeros), tf.where(valid, original, zeros),
+          tf.cast(valid, tf.float32))
