@@ -1,0 +1,355 @@
+"""BERT (Devlin et al., 2018) in Flax linen: config, embeddings, encoder, pooler, pre-training heads.
+
+Reads top to bottom: BertConfig and the presets, then the modules from the bottom of the network
+(embeddings) to the top (MLM/NSP heads). Numerics follow google-research/bert `modeling.py`:
+post-LayerNorm layers, exact erf GELU, LayerNorm epsilon 1e-12, truncated-normal(0.02) init.
+
+Einsum letters used throughout:
+  B batch, T query position, S key position, P masked position, N heads, D head dim (kv),
+  H hidden (embed), V vocabulary.
+
+Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only):
+  bert/embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding, layer_norm
+  bert/encoder/layer_{i}/attention/{query,key,value,output}/{kernel,bias}, attention_layer_norm,
+                         intermediate/{kernel,bias}, output/{kernel,bias}, output_layer_norm
+  bert/pooler/{kernel,bias}
+  mlm_head/{transform/{kernel,bias}, transform_layer_norm, output_bias}    (decoder tied to words)
+  nsp_head/{kernel,bias}
+
+Every parameter carries logical axis names and activations carry logical constraints; the rules
+table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside a mesh).
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+
+
+# ----------------------------------------------------------------------------------------------
+# Config.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_dropout_prob: float = 0.1
+  attention_dropout_prob: float = 0.1
+  hidden_act: str = "gelu"          # exact erf GELU (BERT/HF "gelu"); "gelu_tanh" = tanh approx.
+  initializer_range: float = 0.02   # truncated normal stddev (cut at 2 stddev), as google's BERT
+  layer_norm_eps: float = 1e-12
+  dtype: str = "float32"            # compute dtype; "bfloat16" for mixed precision
+  param_dtype: str = "float32"      # parameters (and so optimizer state) stay float32
+  remat: bool = False               # rematerialise each layer (jax.checkpoint) to save memory
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"BertConfig: hidden_size={self.hidden_size} is not divisible by "
+                       f"num_heads={self.num_heads}; pick heads so that H/heads is whole.")
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"BertConfig: hidden_act={self.hidden_act!r} is not one of "
+                       f"{ACTIVATIONS}.")
+    for f in ("dtype", "param_dtype"):
+      if getattr(self, f) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"BertConfig: {f}={getattr(self, f)!r}; use 'float32' or 'bfloat16'.")
+
+  @property
+  def head_dim(self):
+    return self.hidden_size // self.num_heads
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d) -> "BertConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"BertConfig.from_dict: unknown keys {unknown}; known keys are "
+                       f"{sorted(known)}.")
+    return cls(**dict(d))
+
+
+def _miniatures():
+  # The 24 BERT miniatures (Turc et al., 2019): L layers, H hidden, H/64 heads, 4H FFN.
+  return {f"L-{l}_H-{h}": dict(num_layers=l, hidden_size=h, num_heads=h // 64,
+                               intermediate_size=4 * h)
+          for l in (2, 4, 6, 8, 10, 12) for h in (128, 256, 512, 768)}
+
+
+PRESETS = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+    **_miniatures(),
+}
+
+
+def get_bert_config(name: str, **overrides) -> BertConfig:
+  """A preset by name ("base", "large", "tiny", ..., "L-4_H-256"), with field overrides."""
+  if name not in PRESETS:
+    raise ValueError(f"Unknown BERT model {name!r}; known: {', '.join(PRESETS)}.")
+  return BertConfig(**{**PRESETS[name], **overrides})
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks.
+# ----------------------------------------------------------------------------------------------
+def _init(config, names):
+  """Truncated normal(initializer_range), as google's `create_initializer`, with logical axes."""
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def _zeros(names):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _activation(name):
+  if name == "gelu":
+    return lambda x: jax.nn.gelu(x, approximate=False)  # 0.5x(1+erf(x/sqrt2)), as BERT
+  if name == "gelu_tanh":
+    return lambda x: jax.nn.gelu(x, approximate=True)   # HF "gelu_new" / "gelu_pytorch_tanh"
+  return jax.nn.relu
+
+
+def _dense(config, features, names, name, dtype=None):
+  """Dense with kernel [in, out] named `names` and bias named names[1:]."""
+  return nn.Dense(features, dtype=dtype or config.dtype, param_dtype=config.param_dtype,
+                  kernel_init=_init(config, names), bias_init=_zeros(names[1:]), name=name)
+
+
+def _layer_norm(config, name):
+  # Statistics and normalisation in float32 even under bfloat16 compute; callers cast back.
+  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=jnp.float32,
+                      param_dtype=config.param_dtype,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                              ("norm",)),
+                      bias_init=_zeros(("norm",)), name=name)
+
+
+def _constrain(x, *names):
+  return nn.with_logical_constraint(x, names)
+
+
+BTH = ("activation_batch", "activation_length", "activation_embed")
+BTND = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+
+
+class BertEmbeddings(nn.Module):
+  """word + learned position + token type (segment) embeddings, LayerNorm, dropout."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    # The lookups run in float32 (a gather, cheap) so the sum and LayerNorm are float32.
+    embed = lambda n, names: nn.Embed(n, c.hidden_size, dtype=jnp.float32,
+                                      param_dtype=c.param_dtype,
+                                      embedding_init=_init(c, names))
+    self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"))
+    self.position_embeddings = embed(c.max_position_embeddings, ("pos", "embed"))
+    self.token_type_embeddings = embed(c.type_vocab_size, ("type", "embed"))
+    self.layer_norm = _layer_norm(c, None)
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids, segment_ids, deterministic):
+    seq_len = input_ids.shape[1]
+    if seq_len > self.config.max_position_embeddings:
+      raise ValueError(f"BertEmbeddings: sequence length {seq_len} exceeds "
+                       f"max_position_embeddings={self.config.max_position_embeddings}.")
+    x = (self.word_embeddings(input_ids)                                 # [B, T, H]
+         + self.position_embeddings(jnp.arange(seq_len))[None]           # [1, T, H]
+         + self.token_type_embeddings(segment_ids))                      # [B, T, H]
+    x = self.layer_norm(x).astype(self.config.dtype)
+    x = self.dropout(x, deterministic=deterministic)
+    return _constrain(x, *BTH)
+
+
+def explicit_attention(q, k, v, mask, probs_fn=None):
+  """Softmax(q k^T / sqrt(D)) v spelt out, so `probs_fn` (dropout) can act on the probabilities.
+
+  q [B, T, N, D], k/v [B, S, N, D], mask bool broadcastable to [B, N, T, S]. Same masking
+  constant and float32 softmax as jax.nn.dot_product_attention, so both agree without dropout.
+  """
+  logits = jnp.einsum("BTND,BSND->BNTS", q, k,
+                      preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+  logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)   # [B, N, T, S]
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  if probs_fn is not None:
+    probs = probs_fn(probs)
+  return jnp.einsum("BNTS,BSND->BTND", probs, v)                         # [B, T, N, D]
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with a key padding mask."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic):
+    c = self.config
+    n, d = c.num_heads, c.head_dim
+    qkv = lambda name: nn.DenseGeneral(
+        (n, d), dtype=c.dtype, param_dtype=c.param_dtype, name=name,
+        kernel_init=_init(c, ("embed", "heads", "kv")), bias_init=_zeros(("heads", "kv")))
+    q = _constrain(qkv("query")(x), *BTND)   # [B, T, N, D]
+    k = _constrain(qkv("key")(x), *BTND)     # [B, S, N, D]
+    v = _constrain(qkv("value")(x), *BTND)   # [B, S, N, D]
+
+    # Key padding mask [B, 1, 1, S]: True where the key is a real token.
+    # Masking constant: google-research/bert adds -10000.0 to the logits; HF adds
+    # finfo(dtype).min; jax.nn.dot_product_attention *replaces* them with -0.7 * float32 max.
+    # After the max-subtracting softmax, exp(-10000 - max) and exp(-3e38) both underflow to
+    # exactly 0 in float32 whenever a row has one unmasked key, and every row here has one
+    # ([CLS] at position 0 always has input_mask=1), so all three give the same probabilities
+    # to float tolerance. Only a fully masked row (impossible here) would differ: google's
+    # additive -10000 keeps the relative scores, HF's finfo.min and our replacement give
+    # uniform weights.
+    mask = input_mask.astype(bool)[:, None, None, :]
+    if c.attention_dropout_prob > 0 and not deterministic:
+      # dot_product_attention has no dropout on the probabilities, which BERT applies
+      # (attention_probs_dropout_prob=0.1): spell the attention out.
+      dropout = nn.Dropout(c.attention_dropout_prob)
+      ctx = explicit_attention(q, k, v, mask, lambda p: dropout(p, deterministic=False))
+    else:
+      # Fused kernels on accelerators; scale 1/sqrt(D), softmax in float32 inside.
+      ctx = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, T, N, D]
+    ctx = _constrain(ctx, *BTND)
+    out = nn.DenseGeneral(c.hidden_size, axis=(-2, -1), dtype=c.dtype,
+                          param_dtype=c.param_dtype, name="output",
+                          kernel_init=_init(c, ("heads", "kv", "embed")),
+                          bias_init=_zeros(("embed",)))(ctx)  # 'BTND,NDH->BTH'
+    return _constrain(out, *BTH)
+
+
+class BertLayer(nn.Module):
+  """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic):
+    c = self.config
+    dropout = nn.Dropout(c.hidden_dropout_prob)
+    y = SelfAttention(c, name="attention")(x, input_mask, deterministic)
+    y = dropout(y, deterministic=deterministic)
+    x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
+
+    y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    y = _constrain(_activation(c.hidden_act)(y),
+                   "activation_batch", "activation_length", "activation_mlp")  # [B, T, I]
+    y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)          # [B, T, H]
+    y = dropout(y, deterministic=deterministic)
+    x = _layer_norm(c, "output_layer_norm")(x + y).astype(c.dtype)
+    return _constrain(x, *BTH)
+
+
+class BertEncoder(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic, output_hidden_states=False):
+    c = self.config
+    # static_argnums counts `self` as 0: (x=1, input_mask=2, deterministic=3). A static
+    # `deterministic` keeps the Python `if` on dropout legal inside jax.checkpoint.
+    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if c.remat else BertLayer
+    hidden_states = [x]
+    for i in range(c.num_layers):
+      x = layer_cls(c, name=f"layer_{i}")(x, input_mask, deterministic)
+      hidden_states.append(x)
+    return x, tuple(hidden_states)
+
+
+class BertModel(nn.Module):
+  """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS])."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.embeddings = BertEmbeddings(c)
+    self.encoder = BertEncoder(c)
+    self.pooler = _dense(c, c.hidden_size, ("embed", "embed2"), None)
+
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True,
+               output_hidden_states=False) -> dict:
+    x = self.embeddings(input_ids, segment_ids, deterministic)            # [B, T, H]
+    x, hidden_states = self.encoder(x, input_mask, deterministic)
+    pooled = jnp.tanh(self.pooler(x[:, 0]))                               # [B, H] from [CLS]
+    out = {"sequence_output": x, "pooled_output": pooled}
+    if output_hidden_states:
+      out["hidden_states"] = hidden_states                                # L+1 x [B, T, H]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-training heads.
+# ----------------------------------------------------------------------------------------------
+def gather_positions(x, positions):
+  """[B, T, H], [B, P] int -> [B, P, H]: the hidden states at the masked positions."""
+  return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+  """dense(H) + act + LayerNorm, then logits against the (tied) word embeddings + bias [V]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, word_embeddings):
+    c = self.config
+    x = _dense(c, c.hidden_size, ("embed", "embed2"), "transform")(x)    # [B, P, H]
+    x = _activation(c.hidden_act)(x)
+    x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
+    # The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
+    # float32 accumulation and float32 logits for the loss.
+    logits = jnp.einsum("BPH,VH->BPV", x, word_embeddings.astype(c.dtype),
+                        preferred_element_type=jnp.float32)
+    bias = self.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
+    logits = logits + bias.astype(jnp.float32)
+    return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+
+
+class BertForPreTraining(nn.Module):
+  """BertModel + MLM head (only at masked_lm_positions) + NSP head (on the pooled output)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
+               deterministic=True):
+    c = self.config
+    bert = BertModel(c, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
+    # H x V projection runs on ~15% of the positions instead of all T.
+    masked = gather_positions(out["sequence_output"], masked_lm_positions)
+    table = bert.embeddings.word_embeddings.embedding                     # [V, H], tied
+    mlm_logits = MaskedLMHead(c, name="mlm_head")(masked, table)         # [B, P, V] float32
+    nsp_logits = _dense(c, 2, ("embed", "classes"), "nsp_head", dtype=jnp.float32)(
+        out["pooled_output"])                                              # [B, 2] float32
+    return mlm_logits, nsp_logits
+
+
+def count_params(params) -> int:
+  """Number of scalars in a (boxed or plain, concrete or abstract) param tree."""
+  leaves = jax.tree.leaves(nn.meta.unbox(params))
+  return int(sum(math.prod(x.shape) for x in leaves))
+
+
+def init_params(config: BertConfig, rng, seq_len=8, num_predictions=2, model_cls=None) -> Any:
+  """Boxed (LogicallyPartitioned) params of `model_cls` (default BertForPreTraining)."""
+  model = (model_cls or BertForPreTraining)(config)
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  args = (ids, jnp.ones_like(ids), ids)
+  if model_cls in (None, BertForPreTraining):
+    args += (jnp.zeros((1, num_predictions), jnp.int32),)
+  return model.init(rng, *args)["params"]

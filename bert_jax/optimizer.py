@@ -1,0 +1,100 @@
+"""Learning-rate schedule and optimizer (AdamW or LAMB) with BERT's weight-decay exclusions.
+
+The paper's recipe: Adam(b1=0.9, b2=0.999), L2 weight decay 0.01 decoupled from the gradient
+(AdamW), linear warmup over the first 10,000 steps then linear decay to 0, gradient clipping at
+global norm 1.0. google-research/bert uses eps=1e-6 and excludes LayerNorm and biases from
+weight decay; both are the defaults here.
+
+Two deliberate differences from google-research/bert `optimization.py`, both as in HF's AdamW:
+  * Bias correction: google's AdamWeightDecayOptimizer omits Adam's bias correction, optax keeps
+    it. After the 10,000 warmup steps the correction factors are 1 - 0.9^10000 ~ 1 and
+    sqrt(1 - 0.999^10000) = 0.99998, so only the first few hundred (tiny-lr) steps differ.
+  * Schedule: google decays lr * (1 - step / num_train_steps) from step 0 and lets warmup
+    override it, so the peak at the end of warmup is lr * (1 - warmup / total) (1% low for
+    10k / 1M) and the curve jumps there. Here the decay starts at the peak (continuous).
+"""
+
+import jax
+import optax
+
+
+class OptimizerError(ValueError):
+  pass
+
+
+def create_learning_rate_schedule(learning_rate: float, warmup_steps: int,
+                                  num_train_steps: int) -> optax.Schedule:
+  """Linear warmup 0 -> learning_rate over warmup_steps, then linear decay to 0 at the end.
+
+  E.g. lr=1e-4, warmup 10,000, 1,000,000 steps: step 5,000 -> 5e-5, step 10,000 -> 1e-4,
+  step 505,000 -> 5e-5, step 1,000,000 and beyond -> 0.
+  """
+  if learning_rate <= 0:
+    raise OptimizerError(f"learning_rate={learning_rate}: must be > 0.")
+  if num_train_steps <= 0 or warmup_steps < 0 or warmup_steps > num_train_steps:
+    raise OptimizerError(f"warmup_steps={warmup_steps}, num_train_steps={num_train_steps}: "
+                         "need 0 <= warmup_steps <= num_train_steps and num_train_steps > 0.")
+  decay = optax.linear_schedule(learning_rate, 0.0, num_train_steps - warmup_steps)
+  if warmup_steps == 0:
+    return decay
+  warmup = optax.linear_schedule(0.0, learning_rate, warmup_steps)
+  return optax.join_schedules([warmup, decay], boundaries=[warmup_steps])
+
+
+def _path_names(path):
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def _decays(path, _):
+  names = _path_names(path)
+  # LayerNorm scale/bias live under modules named "*layer_norm*" (google: "LayerNorm");
+  # every bias ("bias", MLM "output_bias") is excluded, as google's
+  # exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"].
+  if any("layer_norm" in n.lower() or "layernorm" in n.lower() for n in names):
+    return False
+  leaf = names[-1].lower() if names else ""
+  return not (leaf.endswith("bias") or leaf == "scale")
+
+
+def decay_mask_fn(params):
+  """Pytree of bools like `params` (plain arrays): True for kernels/embeddings, False for
+  LayerNorm parameters and all biases."""
+  return jax.tree_util.tree_map_with_path(_decays, params)
+
+
+def _lamb(schedule, b1, b2, eps, weight_decay, mask):
+  # optax.lamb applies the trust ratio to every parameter; the LAMB paper's BERT recipe
+  # (and tf-models' LAMB, exclude_from_layer_adaptation defaulting to the weight-decay
+  # exclusions) skips it for LayerNorm and bias, whose norms are ~1 or ~0 and make the
+  # ratio meaningless. optax.masked passes the masked-out updates through unchanged.
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask=mask),
+      optax.masked(optax.scale_by_trust_ratio(), mask),
+      optax.scale_by_learning_rate(schedule),
+  )
+
+
+def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer="adamw",
+                     weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
+                     grad_accum_steps=1):
+  """Returns (optax.GradientTransformation, schedule) for UNBOXED (plain array) params.
+
+  With grad_accum_steps=k > 1 the update is optax.MultiSteps: k calls average the gradients
+  and only the k-th applies them; the schedule (and Adam's step count) advances once per k.
+  """
+  schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
+  if optimizer == "adamw":
+    tx = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                     mask=decay_mask_fn)
+  elif optimizer == "lamb":
+    tx = _lamb(schedule, b1, b2, eps, weight_decay, decay_mask_fn)
+  else:
+    raise OptimizerError(f"optimizer={optimizer!r}: unknown; use 'adamw' or 'lamb'.")
+  if clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+  if grad_accum_steps < 1:
+    raise OptimizerError(f"grad_accum_steps={grad_accum_steps}: must be >= 1.")
+  if grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps).gradient_transformation()
+  return tx, schedule

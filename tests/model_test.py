@@ -1,0 +1,212 @@
+"""Tests for bert_jax/model.py on tiny configs (CPU, seconds)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import model as model_lib
+
+TINY = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32)
+
+
+def _batch(batch=2, seq=12, num_pred=3, vocab=99, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab, (batch, seq)).astype(np.int32)
+  lengths = np.array([seq, seq - 5] + [seq - 2] * (batch - 2))[:batch]
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  ids = ids * mask
+  segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
+  positions = np.stack([rng.choice(l, num_pred, replace=False) for l in lengths]).astype(np.int32)
+  return ids, mask, segments, positions
+
+
+def _init(config, seed=0):
+  return model_lib.init_params(config, jax.random.key(seed))
+
+
+def test_shapes_and_dtypes():
+  params = _init(TINY)
+  ids, mask, seg, pos = _batch()
+  out = model_lib.BertModel(TINY).apply({"params": params["bert"]}, ids, mask, seg,
+                                        output_hidden_states=True)
+  assert out["sequence_output"].shape == (2, 12, 128)
+  assert out["pooled_output"].shape == (2, 128)
+  assert len(out["hidden_states"]) == TINY.num_layers + 1
+  np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
+  assert "hidden_states" not in model_lib.BertModel(TINY).apply(
+      {"params": params["bert"]}, ids, mask, seg)
+  mlm, nsp = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  assert mlm.shape == (2, 3, 99) and mlm.dtype == jnp.float32
+  assert nsp.shape == (2, 2) and nsp.dtype == jnp.float32
+
+
+def test_mlm_logits_only_at_masked_positions_and_tied_to_word_embeddings():
+  params = nn.meta.unbox(_init(TINY))
+  ids, mask, seg, pos = _batch()
+  mlm, _ = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  seq = model_lib.BertModel(TINY).apply({"params": params["bert"]}, ids, mask, seg)[
+      "sequence_output"]
+  h = params["mlm_head"]
+  x = seq[np.arange(2)[:, None], pos] @ h["transform"]["kernel"] + h["transform"]["bias"]
+  x = jax.nn.gelu(x, approximate=False)
+  mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  x = (x - mu) / np.sqrt(var + 1e-12) * h["transform_layer_norm"]["scale"] + \
+      h["transform_layer_norm"]["bias"]
+  expected = x @ params["bert"]["embeddings"]["word_embeddings"]["embedding"].T + h["output_bias"]
+  np.testing.assert_allclose(mlm, expected, atol=1e-4)
+
+
+def test_padding_invariance():
+  params = _init(TINY)
+  ids, mask, seg, pos = _batch()
+  changed = np.where(mask == 1, ids, 7 + np.arange(12)[None] % 50).astype(np.int32)
+  changed_seg = np.where(mask == 1, seg, 1).astype(np.int32)
+  model = model_lib.BertModel(TINY)
+  a = model.apply({"params": params["bert"]}, ids, mask, seg)
+  b = model.apply({"params": params["bert"]}, changed, mask, changed_seg)
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(a["sequence_output"][valid], b["sequence_output"][valid], atol=1e-5)
+  np.testing.assert_allclose(a["pooled_output"], b["pooled_output"], atol=1e-5)
+  # The pad tokens themselves do change (a check that `changed` really differs).
+  assert not np.allclose(a["sequence_output"][~valid], b["sequence_output"][~valid])
+
+
+def test_explicit_attention_matches_dot_product_attention():
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
+  mask = jnp.asarray(np.arange(6)[None] < np.array([6, 2])[:, None])[:, None, None, :]
+  np.testing.assert_allclose(model_lib.explicit_attention(q, k, v, mask),
+                             jax.nn.dot_product_attention(q, k, v, mask=mask), atol=1e-6)
+
+
+def test_attention_dropout_path_matches_fused_path_without_drops():
+  # A rate so small no element is ever dropped (keep prob rounds to 1.0 in float32) runs the
+  # explicit einsum/softmax/dropout path; it must match the dot_product_attention path.
+  config = model_lib.get_bert_config("tiny", vocab_size=99, hidden_dropout_prob=0.0,
+                                     attention_dropout_prob=1e-9)
+  params = _init(config)
+  ids, mask, seg, pos = _batch()
+  model = model_lib.BertForPreTraining(config)
+  fused = model.apply({"params": params}, ids, mask, seg, pos, deterministic=True)
+  explicit = model.apply({"params": params}, ids, mask, seg, pos, deterministic=False,
+                         rngs={"dropout": jax.random.key(3)})
+  for a, b in zip(fused, explicit):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_dropout_depends_on_rng():
+  params = _init(TINY)
+  ids, mask, seg, pos = _batch()
+  model = model_lib.BertForPreTraining(TINY)
+  run = lambda seed: model.apply({"params": params}, ids, mask, seg, pos, deterministic=False,
+                                 rngs={"dropout": jax.random.key(seed)})[0]
+  np.testing.assert_array_equal(run(1), run(1))
+  assert not np.allclose(run(1), run(2))
+  assert not np.allclose(run(1), model.apply({"params": params}, ids, mask, seg, pos)[0])
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_remat_same_output_and_grads(deterministic):
+  params = nn.meta.unbox(_init(TINY))
+  ids, mask, seg, pos = _batch()
+  rematted = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32,
+                                       remat=True)
+
+  def loss(p, config):
+    mlm, nsp = model_lib.BertForPreTraining(config).apply(
+        {"params": p}, ids, mask, seg, pos, deterministic=deterministic,
+        rngs={"dropout": jax.random.key(0)})
+    return (mlm ** 2).mean() + nsp.sum()
+
+  l1, g1 = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, TINY)
+  l2, g2 = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, rematted)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g1, g2)
+
+
+def test_bfloat16_compute_float32_params_and_logits():
+  config = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32,
+                                     dtype="bfloat16")
+  params = _init(config)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(params)))
+  ids, mask, seg, pos = _batch()
+  mlm16, nsp16 = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, seg,
+                                                            pos)
+  mlm32, nsp32 = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  assert mlm16.dtype == jnp.float32 and nsp16.dtype == jnp.float32
+  # bf16 has an 8-bit mantissa: logits of this size agree to a few 1e-2.
+  np.testing.assert_allclose(mlm16, mlm32, atol=0.1)
+  assert not np.array_equal(mlm16, mlm32)  # the bf16 path really ran
+  seq = model_lib.BertModel(config).apply({"params": params["bert"]}, ids, mask, seg)
+  assert seq["sequence_output"].dtype == jnp.bfloat16
+
+
+def test_every_param_has_logical_axis_names():
+  params = _init(TINY)
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  assert leaves and all(isinstance(x, nn.LogicallyPartitioned) for x in leaves)
+  for x in leaves:
+    assert len(x.names) == x.value.ndim and all(x.names), x.names
+  specs = nn.get_partition_spec(params)
+  assert specs["bert"]["encoder"]["layer_0"]["attention"]["query"]["kernel"] == \
+      jax.sharding.PartitionSpec("embed", "heads", "kv")
+  assert specs["mlm_head"]["output_bias"] == jax.sharding.PartitionSpec("vocab")
+
+
+def test_initialisation_like_google_bert():
+  params = nn.meta.unbox(_init(model_lib.get_bert_config("tiny")))
+  words = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  # Truncated at 2 stddev; the std of a N(0, 0.02) cut at +-2 sigma is 0.02 * 0.880.
+  assert np.abs(words).max() <= 0.04 + 1e-6
+  np.testing.assert_allclose(words.std(), 0.02 * 0.8796, rtol=0.02)
+  layer = params["bert"]["encoder"]["layer_0"]
+  np.testing.assert_array_equal(layer["attention_layer_norm"]["scale"], 1.0)
+  np.testing.assert_array_equal(layer["attention_layer_norm"]["bias"], 0.0)
+  np.testing.assert_array_equal(layer["intermediate"]["bias"], 0.0)
+  np.testing.assert_array_equal(params["mlm_head"]["output_bias"], 0.0)
+
+
+def _abstract_count(config, model_cls=None):
+  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0),
+                                                        model_cls=model_cls))
+  return model_lib.count_params(shapes)
+
+
+def test_param_counts_of_presets():
+  base = model_lib.get_bert_config("base")
+  # google-research/bert BERT-base: 110.1M with the pre-training heads, 109.48M without.
+  assert _abstract_count(base) == 110_106_428
+  assert _abstract_count(base, model_lib.BertModel) == 109_482_240
+  assert abs(_abstract_count(model_lib.get_bert_config("large")) - 335e6) < 1.5e6
+
+
+@pytest.mark.parametrize("name", ["tiny", "L-4_H-256", "base", "large"])
+def test_param_counts_match_transformers(name):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  c = model_lib.get_bert_config(name)
+  hf_config = transformers.BertConfig(
+      vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads, intermediate_size=c.intermediate_size,
+      max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size)
+  with torch.device("meta"):  # shapes only: no memory for the 335M large model
+    hf = transformers.BertForPreTraining(hf_config)
+  hf_count = sum(p.numel() for p in hf.parameters())  # tied decoder weight/bias counted once
+  assert _abstract_count(c) == hf_count
+
+
+def test_config_round_trip_and_errors():
+  c = model_lib.get_bert_config("L-6_H-512", dtype="bfloat16")
+  assert (c.num_layers, c.hidden_size, c.num_heads, c.intermediate_size) == (6, 512, 8, 2048)
+  assert model_lib.BertConfig.from_dict(c.to_dict()) == c
+  with pytest.raises(ValueError, match="unknown keys \\['hidden_layers'\\]"):
+    model_lib.BertConfig.from_dict({"hidden_layers": 3})
+  with pytest.raises(ValueError, match="Unknown BERT model 'huge'.*L-12_H-768"):
+    model_lib.get_bert_config("huge")
+  with pytest.raises(ValueError, match="not divisible"):
+    model_lib.BertConfig(hidden_size=100, num_heads=3)
+  with pytest.raises(ValueError, match="hidden_act"):
+    model_lib.BertConfig(hidden_act="swish")
+  assert len([n for n in model_lib.PRESETS if n.startswith("L-")]) == 24
