@@ -145,6 +145,29 @@ def _constrain(x, *names):
   return nn.with_logical_constraint(x, names)
 
 
+class _HeadsDense(nn.Module):
+  """An einsum projection to/from heads: kernel [H, N, D] or [N, D, H], plus a bias.
+
+  Same parameter names and shapes as nn.DenseGeneral, written out because flax's DenseGeneral
+  creates its kernel flat ([H, N*D]) and reshapes it after the logical-partitioning box has
+  applied its 3-axis sharding constraint, which fails under a mesh (flax 0.12).
+  """
+  config: BertConfig
+  equation: str
+  kernel_shape: tuple
+  kernel_axes: tuple
+  bias_shape: tuple
+  bias_axes: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
+    bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=c.dtype)
+    return jnp.einsum(self.equation, x, kernel) + bias
+
+
 BTH = ("activation_batch", "activation_length", "activation_embed")
 BTND = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
 
@@ -201,9 +224,8 @@ class SelfAttention(nn.Module):
   def __call__(self, x, input_mask, deterministic):
     c = self.config
     n, d = c.num_heads, c.head_dim
-    qkv = lambda name: nn.DenseGeneral(
-        (n, d), dtype=c.dtype, param_dtype=c.param_dtype, name=name,
-        kernel_init=_init(c, ("embed", "heads", "kv")), bias_init=_zeros(("heads", "kv")))
+    qkv = lambda name: _HeadsDense(c, "BTH,HND->BTND", (c.hidden_size, n, d),
+                                   ("embed", "heads", "kv"), (n, d), ("heads", "kv"), name=name)
     q = _constrain(qkv("query")(x), *BTND)   # [B, T, N, D]
     k = _constrain(qkv("key")(x), *BTND)     # [B, S, N, D]
     v = _constrain(qkv("value")(x), *BTND)   # [B, S, N, D]
@@ -227,10 +249,8 @@ class SelfAttention(nn.Module):
       # Fused kernels on accelerators; scale 1/sqrt(D), softmax in float32 inside.
       ctx = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, T, N, D]
     ctx = _constrain(ctx, *BTND)
-    out = nn.DenseGeneral(c.hidden_size, axis=(-2, -1), dtype=c.dtype,
-                          param_dtype=c.param_dtype, name="output",
-                          kernel_init=_init(c, ("heads", "kv", "embed")),
-                          bias_init=_zeros(("embed",)))(ctx)  # 'BTND,NDH->BTH'
+    out = _HeadsDense(c, "BTND,NDH->BTH", (n, d, c.hidden_size), ("heads", "kv", "embed"),
+                      (c.hidden_size,), ("embed",), name="output")(ctx)
     return _constrain(out, *BTH)
 
 

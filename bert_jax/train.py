@@ -120,11 +120,17 @@ def build_training(config, model_config, mesh, rules=sharding_lib.LOGICAL_AXIS_R
       masked_lm_positions=(1, config.max_predictions_per_seq)).items()}
 
   def init_variables(rng):
-    return model.init({"params": rng, "dropout": rng}, dummy["input_ids"], dummy["input_mask"],
-                      dummy["segment_ids"], dummy["masked_lm_positions"], deterministic=True)
+    # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
+    # builds a [H, N*D] kernel and reshapes it to [H, N, D] only after the box applies its 3-axis
+    # constraint. Placement comes from the jit out_shardings below instead.
+    with nn.logical_axis_rules(()):
+      return model.init({"params": rng, "dropout": rng}, dummy["input_ids"], dummy["input_mask"],
+                        dummy["segment_ids"], dummy["masked_lm_positions"],
+                        deterministic=True)
 
   def init_state(rng):
-    params = nn.unbox(init_variables(rng)["params"])
+    with nn.logical_axis_rules(()):
+      params = nn.unbox(init_variables(rng)["params"])
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                 rng=rng)
 
