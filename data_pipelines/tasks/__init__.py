@@ -1,0 +1,35 @@
+"""Fine-tuning tasks: one module per family, and `TASKS`, the registry of named tasks.
+
+  family            module  tasks
+  classification    glue    cola sst2 mrpc qqp mnli qnli rte wnli (+ glue.custom_task)
+  regression        glue    stsb (+ glue.custom_task(labels=()))
+  span              squad   squad_v1 squad_v2
+  tagging           ner     conll03 (+ ner.custom_task)
+  multiple_choice   swag    swag
+
+Each task is a frozen dataclass with `name`, `family`, `files` (split -> file under data_dir),
+`eval_splits` and `metrics`; the family module reads its files, builds numpy features with a
+tokenizer from `data_pipelines.tokenization.get_tokenizer`, and writes test predictions.
+"""
+
+from data_pipelines.tasks import glue
+from data_pipelines.tasks import ner
+from data_pipelines.tasks import squad
+from data_pipelines.tasks import swag
+from data_pipelines.tasks.common import TaskDataError
+
+TASKS = {**glue.TASKS, **squad.TASKS, **ner.TASKS, **swag.TASKS}
+
+FAMILY_MODULES = {"classification": glue, "regression": glue, "span": squad, "tagging": ner,
+                  "multiple_choice": swag}
+
+
+def get_task(name):
+  """The registered task called `name`, or a one-line error listing the names."""
+  if name not in TASKS:
+    raise TaskDataError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))} "
+                        "(or a custom task built with glue.custom_task / ner.custom_task).")
+  return TASKS[name]
+
+
+__all__ = ["TASKS", "FAMILY_MODULES", "get_task", "TaskDataError", "glue", "ner", "squad", "swag"]
