@@ -48,7 +48,7 @@ def expand_file_pattern(file_pattern):
   for p in patterns:
     files.update(tf.io.gfile.glob(p))
   # An output dir also holds dataset_info.json; a pattern such as "out/*" must not read it.
-  files = sorted(f for f in files if not f.endswith(".json") and not tf.io.gfile.isdir(f))
+  files = sorted(f for f in files if not f.endswith(".json"))
   if not files:
     raise InputPipelineError(
         f"file_pattern={file_pattern!r}: no file matches; write the records with "
@@ -236,7 +236,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
             tf.data.Dataset.range(first_epoch, first_epoch + 1))
   ds = epochs.flat_map(lambda e: _epoch_records(files, e, data_key, shuffle, shuffle_buffer,
                                                 num_parallel_calls))
-  ds = ds.skip(skip)  # raw records: no parsing, no masking
+  if skip:
+    ds = ds.skip(skip)  # raw records: no parsing, no masking
   ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=start_batch)
   spec = _parse_spec(seq_length, max_predictions_per_seq, found_premasked)
 
@@ -287,7 +288,8 @@ def as_numpy_batches(ds) -> Iterator[dict]:
       batch = next(it)
     except StopIteration:
       return
-    except tf.errors.OpError as e:
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+      # A record that does not parse or a corrupt file: find and name it (slow, error path only).
       info = _DATASET_INFO.get(ds)
       if info is not None:
         find_bad_record(**info)
