@@ -398,7 +398,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       last_eval = run_eval(0)
       history["eval"].append((0, last_eval))
   log_every = config.log_every * accum
-  t0, t_start, pending = time.time(), time.time(), []
+  # `paused` excludes evaluation and checkpoint time from the throughput figures.
+  t0, t_start, pending, paused = time.time(), time.time(), [], 0.0
   step = start_step
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     for step in range(start_step + 1, total_steps + 1):
@@ -415,7 +416,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       if step % log_every == 0 or step == total_steps:
         host = jax.device_get(pending)
         avg = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-        dt = time.time() - t0
+        dt = time.time() - t0 - paused
         seqs = len(host) * micro_batch / dt
         avg.update(sequences_per_sec=seqs, tokens_per_sec=seqs * config.seq_length,
                    tflops=len(host) * flops_per_step / dt / 1e12)
@@ -432,13 +433,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
                 f"{seqs * config.seq_length:.0f} tok/s {avg['tflops']:.3f} TFLOP/s"
                 + (f" MFU {avg['mfu']:.1%}" if peak else "")
                 + f" | ETA {_fmt_time(eta)}", flush=True)
-        pending, t0 = [], time.time()
+        pending, t0, paused = [], time.time(), 0.0
       if eval_files and step % accum == 0 and (opt_step % config.eval_every == 0
                                                or step == total_steps):
+        t_pause = time.time()
         last_eval = run_eval(opt_step)
         history["eval"].append((opt_step, last_eval))
+        paused += time.time() - t_pause
       if step % accum == 0 and (opt_step % config.checkpoint_every == 0 or step == total_steps):
+        t_pause = time.time()
         save(step)
+        paused += time.time() - t_pause
       # Checked only at optimizer-step boundaries, so a saved state never holds half-accumulated
       # gradients.
       if step % accum == 0 and step < total_steps and preempted(step):
@@ -459,6 +464,13 @@ def _load_init_checkpoint(state, path, param_shardings, model_config):
     params, ckpt_config, _ = ckpt_lib.load_params(path)
   except ckpt_lib.CheckpointError as e:
     raise ConfigError(str(e)) from e
+  sizes = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+           "max_position_embeddings", "type_vocab_size")
+  diff = {k: (getattr(ckpt_config, k), getattr(model_config, k)) for k in sizes
+          if getattr(ckpt_config, k) != getattr(model_config, k)}
+  if diff:
+    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
+                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
   target = jax.device_get(state["params"])
   # Heads missing in a BertModel-only checkpoint keep their fresh initialisation.
   merged = dict(target)
@@ -499,7 +511,7 @@ def main(argv):
                          "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, ckpt_lib.CheckpointError) as e:
+  except (ConfigError, ckpt_lib.CheckpointError, optimizer_lib.OptimizerError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

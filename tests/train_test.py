@@ -88,7 +88,6 @@ def test_loss_decreases_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
   full = train.train_and_evaluate(config, str(tmp_path / "full"))
   losses_full = [m["loss"] for _, m in full["history"]["train"]]
   assert len(losses_full) == 8
-  assert losses_full[-1] < losses_full[0]
 
   # Interrupt: SIGTERM arrives while batch 5 is read -> the loop saves step 5 and exits.
   real = input_source.make_batches
@@ -110,6 +109,25 @@ def test_loss_decreases_and_resume_matches_uninterrupted(tmp_path, monkeypatch):
   losses_resumed = [m["loss"] for _, m in first["history"]["train"] + second["history"]["train"]]
   np.testing.assert_allclose(losses_resumed, losses_full, rtol=1e-5)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_overfits_one_batch():
+  """The step really learns: 15 steps on one fixed batch lower the loss well below its start."""
+  config = tiny_config(num_train_steps=15, warmup_steps=1)
+  config.model.hidden_dropout_prob = 0.0
+  config.model.attention_dropout_prob = 0.0
+  mesh = sharding_lib.create_mesh((8, 1, 1))
+  t = train.build_training(config, train.create_model_config(config, train.load_vocab(config)),
+                           mesh)
+  batch = sharding_lib.make_global_batch(next(input_source.synthetic_batches(
+      batch_size=8, seq_length=32, max_predictions_per_seq=6, vocab_size=512, seed=9)), mesh)
+  with jax.set_mesh(mesh):
+    state = t.init_state(jax.random.PRNGKey(0))
+    losses = []
+    for _ in range(15):
+      state, m = t.train_step(state, batch)
+      losses.append(float(m["mlm_loss"]))
+  assert losses[-1] < 0.75 * losses[0], losses
 
 
 def test_save_restore_gives_identical_next_step_loss(tmp_path):
@@ -138,7 +156,7 @@ def test_save_restore_gives_identical_next_step_loss(tmp_path):
 
 def test_grad_accumulation_matches_big_batch_first_step():
   """Two micro-batches of 4 accumulate to the same update as one batch of 8 (no dropout)."""
-  kw = dict(batch_size=8, num_train_steps=1)
+  kw = dict(batch_size=8, num_train_steps=2, warmup_steps=0)
   base = tiny_config(**kw)
   base.model.hidden_dropout_prob = 0.0
   base.model.attention_dropout_prob = 0.0
@@ -162,7 +180,7 @@ def test_grad_accumulation_matches_big_batch_first_step():
     for h in halves:
       s2, _ = t2.train_step(s2, sharding_lib.make_global_batch(h, mesh))
   for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s2["params"])):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 # ---- Bad input: one-line errors before any compute. ----
@@ -227,7 +245,7 @@ def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path):
   assert out["final_step"] == 2
   # A checkpoint of another size is refused with the parameter named.
   c3 = tiny_config(num_train_steps=2, init_checkpoint=str(tmp_path / "p1"), model_name="mini")
-  with pytest.raises(train.ConfigError, match="shape"):
+  with pytest.raises(train.ConfigError, match=r"another model size .*num_layers.: \(2, 4\)"):
     train.train_and_evaluate(c3, str(tmp_path / "p3"))
 
 
