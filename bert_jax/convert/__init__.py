@@ -1,0 +1,243 @@
+"""Checkpoint interop: google TF / Hugging Face BERT -> Orbax params, and Orbax -> Hugging Face.
+
+  python -m bert_jax.convert --input=uncased_L-12_H-768_A-12 --output=ckpt/bert_base   # TF
+  python -m bert_jax.convert --input=hf_dir --output=ckpt/from_hf                      # HF
+  python -m bert_jax.convert --input=ckpt/bert_base --output=hf_export                 # -> HF
+
+The Orbax output (`bert_jax.checkpoint.save_params` layout + vocab.txt) is a complete
+BertForPreTraining parameter tree usable as `--config.init_checkpoint`; its bert_config.json
+records the model config, casing, the numerical choices of the source implementation, every
+ignored source variable and every parameter the source lacked (initialised like a fresh model).
+Outputs are built in a temp directory and renamed into place only when complete.
+"""
+
+import json
+import os
+import re
+import shutil
+import uuid
+
+import jax
+import numpy as np
+from flax import linen as nn
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import model as model_lib
+from bert_jax.convert import formats
+from bert_jax.convert import names
+from bert_jax.convert.formats import ConversionError, check_casing  # noqa: F401 (public API)
+
+VOCAB_NAME = "vocab.txt"
+
+
+def detect_source(path):
+  """"tf", "hf" or "orbax" from the files in `path` (a directory or a TF checkpoint prefix)."""
+  if os.path.isfile(path + ".index"):
+    return "tf"
+  if not os.path.isdir(path):
+    raise ConversionError(f"--input={path}: no such directory or TF checkpoint prefix.")
+  files = set(os.listdir(path))
+  if "config.json" in files and files & {"model.safetensors", "model.safetensors.index.json",
+                                         "pytorch_model.bin"}:
+    return "hf"
+  if ckpt_lib.CONFIG_NAME in files and "params" in files:
+    return "orbax"
+  if any(f.endswith(".index") for f in files):
+    return "tf"
+  raise ConversionError(f"--input={path}: unknown layout; expected a google TF checkpoint "
+                        "(bert_model.ckpt.index + bert_config.json), a Hugging Face directory "
+                        "(config.json + model.safetensors/pytorch_model.bin) or an Orbax export "
+                        f"({ckpt_lib.CONFIG_NAME} + params/).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Source variables -> Flax parameters.
+# ----------------------------------------------------------------------------------------------
+def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
+  """(flat {path: float32 array} for every BertForPreTraining param, report dict).
+
+  Every source variable is mapped, ignored for a stated reason, or a one-line error.
+  """
+  table = names.specs(config)
+  by_name = {(s.hf if kind == "hf" else s.tf): s for s in table}
+  ignored, casts, flat = {}, {}, {}
+  for name in sorted(source.shapes):
+    shape = source.shapes[name]
+    why = formats.tf_ignored(name) if kind == "tf" else None
+    if why is None and ignore and re.search(ignore, name):
+      why = f"--ignore={ignore}"
+    if why:
+      ignored[name] = why
+      continue
+    spec = by_name.get(name)
+    if spec is None:
+      raise ConversionError(
+          f"{where}: variable {name} (shape {shape}) has no place in BertForPreTraining "
+          "(a fine-tuned head or another architecture?); skip it with --ignore='<regex>'.")
+    expected = spec.source_shape(kind)
+    if shape != expected:
+      raise ConversionError(
+          f"{where}: variable {name} has shape {shape} but {config_file} gives {expected} "
+          f"(hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
+          f"vocab_size={config.vocab_size}); use the config that belongs to this checkpoint.")
+    flat[spec.path] = names.to_flax(spec, formats.as_float32(source.get(name), name, casts),
+                                    kind)
+  for tied_name, (target, get) in source.tied.items():
+    if target in source.shapes and not np.array_equal(get(tied_name), source.get(target)):
+      raise ConversionError(f"{where}: {tied_name} differs from {target}; this model ties the "
+                            "MLM decoder to the word embeddings (and its bias), as BERT does.")
+
+  missing = [s for s in table if s.path not in flat]
+  fatal = [s for s in missing if s.path.startswith("bert/") and not s.path.startswith(
+      "bert/pooler/")]
+  if fatal:
+    s = fatal[0]
+    raise ConversionError(
+        f"{where}: variable {s.hf if kind == 'hf' else s.tf} (expected shape "
+        f"{s.source_shape(kind)} from {config_file}) is missing ({len(fatal)} encoder variables "
+        "missing); num_layers or the layout does not match the checkpoint.")
+  if missing:  # pooler (BertForMaskedLM) and heads (BertModel): a fresh, google-style init
+    fresh = names.flatten(nn.meta.unbox(model_lib.init_params(config, jax.random.key(seed))))
+    for s in missing:
+      flat[s.path] = np.asarray(fresh[s.path], np.float32)
+  report = {"ignored_variables": ignored, "initialized_randomly": [s.path for s in missing],
+            "cast_to_float32_from": casts, "num_mapped": len(table) - len(missing)}
+  return flat, report
+
+
+# ----------------------------------------------------------------------------------------------
+# Import (TF or HF) -> (params, BertConfig, meta).
+# ----------------------------------------------------------------------------------------------
+def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=None,
+                      do_lower_case=None, gelu="auto", ignore=None, seed=0):
+  """Reads a google TF or HF checkpoint; returns (params tree, BertConfig, meta). Writes nothing."""
+  kind = detect_source(path) if source == "auto" else source
+  tokenizer_config = None
+  if kind == "tf":
+    prefix = formats.find_tf_checkpoint(path)
+    base = os.path.dirname(prefix)
+    config_file = bert_config_file or os.path.join(base, "bert_config.json")
+    config_json = formats.read_json(config_file, "--bert_config_file")
+    src = formats.read_tf(prefix)
+    where, pre_ignored = prefix, {}
+  elif kind == "hf":
+    config_json, src, pre_ignored, tokenizer_config = formats.read_hf(path)
+    base = path
+    config_file = os.path.join(path, "config.json")
+    where = ",".join(os.path.basename(f) for f in src.files)
+    where = os.path.join(path, where) if len(src.files) == 1 else f"{path} ({where})"
+  else:
+    raise ConversionError(f"--source={kind}: import reads 'tf' or 'hf' checkpoints.")
+  config, numerics = formats.bert_config_from_json(config_json, config_file, kind, gelu)
+
+  vocab_file = vocab_file or os.path.join(base, VOCAB_NAME)
+  if not os.path.isfile(vocab_file):
+    raise ConversionError(f"--vocab_file={vocab_file}: not found; pass the vocab.txt of this "
+                          "checkpoint with --vocab_file.")
+  tokens = formats.read_vocab(vocab_file)
+  formats.check_vocab_size(tokens, config, vocab_file, config_file)
+  recorded = ((tokenizer_config or {}).get("do_lower_case"), "tokenizer_config.json do_lower_case")
+  inferred, how = formats.infer_casing(where if kind == "tf" else path, tokens, recorded)
+  lower = formats.resolve_casing(do_lower_case, inferred, how)
+
+  flat, report = map_source(src, kind, config, where, config_file, ignore, seed)
+  report["ignored_variables"] = {**pre_ignored, **report["ignored_variables"]}
+  meta = {
+      "converted_from": {"format": kind, "path": os.path.abspath(path),
+                         "files": [os.path.basename(f) for f in src.files]},
+      "do_lower_case": lower, "casing_inferred_from": how if inferred is not None else
+      ("--do_lower_case" if do_lower_case is not None else "default (uncased)"),
+      "vocab_file": VOCAB_NAME, "vocab_size": len(tokens), "numerics": numerics, **report,
+  }
+  return names.unflatten(flat), config, {"_vocab_path": vocab_file, **meta}
+
+
+def _finish_atomically(output, write):
+  """Runs write(tmp_dir) then renames tmp_dir -> output; leaves nothing behind on failure."""
+  if "://" in output:
+    raise ConversionError(f"--output={output}: write locally, then copy (gsutil -m cp -r).")
+  if os.path.exists(output):
+    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  parent = os.path.dirname(os.path.abspath(output))
+  os.makedirs(parent, exist_ok=True)
+  tmp = os.path.join(parent, f".{os.path.basename(output)}.partial-{uuid.uuid4().hex[:8]}")
+  try:
+    write(tmp)
+    os.rename(tmp, output)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp)
+  return output
+
+
+def convert_to_orbax(path, output, source="auto", **kwargs):
+  """google TF / HF checkpoint -> Orbax params export + vocab.txt. Returns meta."""
+  if os.path.exists(output):  # before the (slow) read
+    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  params, config, meta = import_checkpoint(path, source, **kwargs)
+  vocab_path = meta.pop("_vocab_path")
+
+  def write(tmp):
+    ckpt_lib.save_params(tmp, params, config, meta)
+    shutil.copyfile(vocab_path, os.path.join(tmp, VOCAB_NAME))
+
+  _finish_atomically(output, write)
+  return meta
+
+
+# ----------------------------------------------------------------------------------------------
+# Orbax -> Hugging Face.
+# ----------------------------------------------------------------------------------------------
+def hf_state_dict(params, config, where="checkpoint"):
+  """Flax BertForPreTraining params -> {HF name: array} (tied decoder left to transformers)."""
+  flat = names.flatten(params)
+  table = names.specs(config)
+  for s in table:
+    if s.path not in flat:
+      raise ConversionError(f"{where}: parameter {s.path} (shape {s.shape}) is missing; export "
+                            "needs a BertForPreTraining checkpoint (bert, mlm_head, nsp_head).")
+    if tuple(flat[s.path].shape) != s.shape:
+      raise ConversionError(f"{where}: parameter {s.path} has shape {tuple(flat[s.path].shape)} "
+                            f"but its {ckpt_lib.CONFIG_NAME} gives {s.shape}.")
+  return {s.hf: names.from_flax(s, np.asarray(flat[s.path]), "hf") for s in table}
+
+
+def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
+  """Orbax params export (or training workdir) -> HF directory for BertForPreTraining."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  if os.path.exists(output):
+    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  try:
+    params, config, meta = ckpt_lib.load_params(checkpoint)
+  except ckpt_lib.CheckpointError as e:
+    raise ConversionError(str(e)) from e
+  state = hf_state_dict(params, config, checkpoint)
+  vocab_file = vocab_file or find_vocab(checkpoint, meta)
+  tokens = formats.read_vocab(vocab_file)
+  formats.check_vocab_size(tokens, config, vocab_file, f"{checkpoint}/{ckpt_lib.CONFIG_NAME}")
+  stored = meta.get("do_lower_case", (meta.get("config") or {}).get("do_lower_case"))
+  inferred, how = formats.infer_casing(
+      checkpoint, tokens, (stored, f"{ckpt_lib.CONFIG_NAME} do_lower_case"))
+  lower = formats.resolve_casing(do_lower_case, inferred, how)
+  pad_id = tokens.index("[PAD]") if "[PAD]" in tokens else 0
+
+  def write(tmp):
+    os.makedirs(tmp)
+    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(formats.hf_config_json(config, pad_id), f, indent=2, sort_keys=True)
+    formats.write_tokenizer_files(tmp, vocab_file, lower, config.max_position_embeddings)
+
+  return _finish_atomically(output, write)
+
+
+def find_vocab(checkpoint, meta):
+  """vocab.txt beside a checkpoint, or the one its training config names."""
+  # A conversion output holds vocab.txt; a training workdir's meta has its config.vocab_file.
+  train_config = meta.get("config") or {}
+  for candidate in (os.path.join(checkpoint, VOCAB_NAME), meta.get("vocab_file") or "",
+                    train_config.get("vocab_file") or ""):
+    if candidate and os.path.isfile(candidate):
+      return candidate
+  raise ConversionError(f"{checkpoint}: no {VOCAB_NAME} beside the checkpoint; pass "
+                        "--vocab_file.")

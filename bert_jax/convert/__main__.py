@@ -1,0 +1,80 @@
+r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Hugging Face.
+
+  # google-research/bert release (bert_model.ckpt.*, bert_config.json, vocab.txt) -> Orbax
+  python -m bert_jax.convert --input=uncased_L-12_H-768_A-12 --output=ckpt/bert_base
+  # Hugging Face directory (config.json + model.safetensors or pytorch_model.bin) -> Orbax
+  python -m bert_jax.convert --input=hf/bert-base-uncased --output=ckpt/bert_base_hf
+  # Orbax export (or a pre-training workdir) -> Hugging Face BertForPreTraining
+  python -m bert_jax.convert --input=ckpt/bert_base --output=hf/exported
+
+The direction follows from --input (auto-detected; --source overrides).
+"""
+
+import collections
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from bert_jax import convert
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir or Orbax export.")
+flags.DEFINE_string("output", None, "New directory to write (must not exist).")
+flags.DEFINE_enum("source", "auto", ["auto", "tf", "hf", "orbax"], "Format of --input.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --input).")
+flags.DEFINE_string("bert_config_file", None,
+                    "TF only: bert_config.json (default: beside the checkpoint).")
+flags.DEFINE_bool("do_lower_case", None,
+                  "Casing of the checkpoint's tokenizer; checked against the checkpoint "
+                  "(default: inferred from it).")
+flags.DEFINE_enum("gelu", "auto", ["auto", "gelu", "gelu_tanh"],
+                  "GELU to record: auto = the source implementation's (TF: tanh approximation "
+                  "as google's modeling.py; HF: as config.json says).")
+flags.DEFINE_string("ignore", None, "Regex of extra source variables to skip (reported), e.g. "
+                    "'^classifier\\.' for a fine-tuned HF model.")
+flags.DEFINE_integer("seed", 0, "Init seed for parameters the source lacks (pooler/heads).")
+
+
+def _summary(meta):
+  lines = [f"  mapped {meta['num_mapped']} parameters; do_lower_case={meta['do_lower_case']} "
+           f"({meta['casing_inferred_from']}); hidden_act={meta['numerics']['hidden_act']} "
+           f"({meta['numerics']['hidden_act_note']})"]
+  reasons = collections.Counter(meta["ignored_variables"].values())
+  for why, n in sorted(reasons.items()):
+    lines.append(f"  ignored {n} variables: {why}")
+  if meta["initialized_randomly"]:
+    lines.append(f"  not in the source, initialised randomly: "
+                 f"{', '.join(meta['initialized_randomly'])}")
+  if meta["cast_to_float32_from"]:
+    dtypes = collections.Counter(meta["cast_to_float32_from"].values())
+    lines.append(f"  cast to float32: {dict(dtypes)}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if not FLAGS.input or not FLAGS.output:
+    raise app.UsageError("--input and --output are required.")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
+  try:
+    source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
+    if source == "orbax":
+      out = convert.export_to_hf(FLAGS.input, FLAGS.output, vocab_file=FLAGS.vocab_file,
+                                 do_lower_case=FLAGS.do_lower_case)
+      print(f"wrote Hugging Face BertForPreTraining to {out}")
+      return
+    meta = convert.convert_to_orbax(
+        FLAGS.input, FLAGS.output, source, vocab_file=FLAGS.vocab_file,
+        bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
+        gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
+    print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{_summary(meta)}")
+  except convert.ConversionError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

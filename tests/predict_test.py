@@ -1,0 +1,86 @@
+"""Tests for bert_jax/predict.py: fill-mask equals transformers' pipeline on the same weights."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from bert_jax import convert  # noqa: E402
+from bert_jax import predict  # noqa: E402
+from tests import hf_testlib  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  root = tmp_path_factory.mktemp("predict")
+  hf = hf_testlib.random_hf_model(hf_testlib.hf_config(), seed=5, scale=0.5)
+  hf_dir = hf_testlib.save_hf(hf, str(root / "hf"))
+  convert.convert_to_orbax(hf_dir, str(root / "orbax"))
+  return hf_dir, str(root / "orbax")
+
+
+def test_fill_mask_equals_transformers_pipeline(converted):
+  hf_dir, orbax_dir = converted
+  predictor = predict.load(orbax_dir)
+  tokenizer = transformers.BertTokenizer(os.path.join(hf_dir, "vocab.txt"), do_lower_case=True)
+  fill = transformers.pipeline("fill-mask", model=transformers.BertForMaskedLM.from_pretrained(
+      hf_dir), tokenizer=tokenizer, device="cpu")
+  for text in ["The man went to the [MASK] .", "Penguins are [MASK] birds , [MASK] ."]:
+    ours = predict.predict(predictor, text, top_k=5)["masks"]
+    ref = fill(text, top_k=5)
+    ref = [ref] if isinstance(ref[0], dict) else ref  # one [MASK]: a flat list
+    assert len(ours) == len(ref) == text.count("[MASK]")
+    for got, want in zip(ours, ref):
+      assert [i for _, i, _ in got] == [w["token"] for w in want]
+      assert [t for t, _, _ in got] == [tokenizer.convert_ids_to_tokens(w["token"]) for w in want]
+      np.testing.assert_allclose([p for _, _, p in got], [w["score"] for w in want], atol=1e-5)
+    assert got[0][2] > 2 / 64  # a peaked distribution, so the ranking comparison means something
+
+
+def test_next_sentence_probability_equals_transformers(converted):
+  hf_dir, orbax_dir = converted
+  predictor = predict.load(orbax_dir)
+  a, b = "The man went to the [MASK] .", "He bought a gallon of milk ."
+  result = predict.predict(predictor, a, b)
+  tokenizer = transformers.BertTokenizer(os.path.join(hf_dir, "vocab.txt"))
+  enc = tokenizer(a, b, return_tensors="pt")
+  assert predict.encode(predictor, a, b)[0].tolist() == enc["input_ids"].tolist()
+  assert predict.encode(predictor, a, b)[2].tolist() == enc["token_type_ids"].tolist()
+  with torch.no_grad():
+    logits = transformers.BertForPreTraining.from_pretrained(hf_dir)(**enc).seq_relationship_logits
+  np.testing.assert_allclose(result["is_next"], torch.softmax(logits, -1)[0, 0].item(), atol=1e-5)
+  assert len(result["masks"]) == 1
+  assert predict.predict(predictor, a.replace("[MASK]", "store"), b)["masks"] == []
+
+
+def test_errors(converted):
+  _, orbax_dir = converted
+  predictor = predict.load(orbax_dir)
+  with pytest.raises(predict.PredictError, match="no \\[MASK\\] in 'the store'"):
+    predict.predict(predictor, "the store")
+  with pytest.raises(predict.PredictError, match="empty text"):
+    predict.predict(predictor, "  ")
+  with pytest.raises(predict.PredictError, match="at most 40"):
+    predict.predict(predictor, "the man " * 30 + "[MASK]")
+  with pytest.raises(convert.ConversionError, match="do_lower_case=False but the checkpoint"):
+    predict.load(orbax_dir, do_lower_case=False)
+
+
+def test_cli(converted):
+  _, orbax_dir = converted
+  r = subprocess.run(
+      [sys.executable, "-m", "bert_jax.predict", f"--checkpoint={orbax_dir}", "fill-mask",
+       "The man went to the [MASK] .", "--text_b=He bought milk .", "--top_k=3"],
+      env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT), cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  lines = r.stdout.strip().splitlines()
+  assert lines[0] == "[MASK] #1:" and len(lines) == 5 and lines[-1].startswith(
+      "next sentence: P(IsNext) = 0.")
