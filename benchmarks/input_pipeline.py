@@ -5,7 +5,7 @@ r"""Masked-LM input throughput on ONE CPU core: our tf.data pipeline vs HF's col
 Both sides mask the same token ids, BERT's recipe (15%, 80/10/10), batch 256, one after the other
 in this process, which is pinned to a single core before numpy or TensorFlow start
 (`os.sched_setaffinity`; OMP/MKL/OpenBLAS threads = 1). TensorFlow also gets 1 intra-op and 1
-inter-op thread and tf.data a private thread pool of 1 thread; HF's collator is single-threaded numpy.
+inter-op thread and tf.data a private pool of 1 thread; HF's collator is single-threaded numpy.
 
 Rows:
   ours, TFRecord -> batch   make_pretrain_dataset on TFRecord files: read, shuffle (buffer 10000),

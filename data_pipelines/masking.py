@@ -11,8 +11,8 @@ The recipe follows google-research/bert's `create_masked_lm_predictions`:
     which moves the expected count at seq 128 by ~0.45 of a prediction), and never more than n;
   * each selected token becomes [MASK] 80% of the time, a random non-special token 10% and stays
     unchanged 10% (drawn per token, as google-research/bert does, whole-word masking included);
-  * whole-word masking selects words (a piece plus its "##" continuations) in random order, skipping a
-    word that would overflow num_to_predict, exactly the greedy rule of google-research/bert.
+  * whole-word masking selects words (a piece plus its "##" continuations) in random order,
+    skipping a word that would overflow num_to_predict: the greedy rule of google-research/bert.
 Positions come out sorted ascending and padded with 0; padding has id 0 and weight 0.0.
 
 Randomness comes only from `tf.random.stateless_*` ops seeded by `key`, so the same (ids, key)

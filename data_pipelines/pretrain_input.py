@@ -1,4 +1,4 @@
-"""tf.data input pipeline for BERT pre-training: sharded per host, shuffled, resumable, masked in-graph.
+"""tf.data pre-training input: sharded per host, shuffled, resumable, masked in-graph.
 
 Reads TFRecords of tf.train.Example with int64 features `input_ids`, `input_mask`, `segment_ids`
 ([seq_length], padded with 0) and `next_sentence_labels` ([1]), as written by
@@ -21,8 +21,6 @@ files, no parsing) to find the epoch to start in.
 
 import weakref
 from typing import Iterator
-
-import numpy as np
 
 from data_pipelines import masking
 from data_pipelines.tf_setup import tf
@@ -208,7 +206,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
       raise InputPipelineError(f"{name}={value}: expected a positive integer.")
   if max_predictions_per_seq > seq_length:
     raise InputPipelineError(f"max_predictions_per_seq={max_predictions_per_seq} > seq_length="
-                             f"{seq_length}: lower --max_predictions_per_seq (20 for 128, 80 for 512).")
+                             f"{seq_length}: lower --max_predictions_per_seq (20 for seq 128, "
+                             "80 for 512).")
   if start_batch < 0:
     raise InputPipelineError(f"start_batch={start_batch}: expected >= 0 (the step to resume at).")
   files = host_files(expand_file_pattern(file_pattern), process_index, process_count,

@@ -90,8 +90,9 @@ def rows(batches):
   return [tuple(row) for b in batches for row in unmask(b)]
 
 
-def test_shapes_and_dtypes(data, vocab):
-  ds = dataset(data[0] + "/*", vocab)
+@pytest.mark.parametrize("whole_word_masking", [False, True])
+def test_shapes_and_dtypes(data, vocab, whole_word_masking):
+  ds = dataset(data[0] + "/*", vocab, whole_word_masking=whole_word_masking)
   spec = ds.element_spec
   assert spec["input_ids"].shape == (BATCH, SEQ) and spec["next_sentence_labels"].shape == (BATCH,)
   assert spec["masked_lm_positions"].shape == (BATCH, PREDS)
