@@ -1,0 +1,127 @@
+r"""Fine-tuning presets with the BERT paper's hyper-parameters (Devlin et al. 2018, sec. 4, A.3).
+
+  python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:glue_mrpc \
+      --config.init_checkpoint=gs://BUCKET/bert-base --config.vocab_file=vocab.txt \
+      --config.data_dir=glue_data/MRPC --workdir=runs/mrpc
+
+The argument after ':' is TASK[,sweep][,runlocal]:
+  TASK      glue_cola glue_sst2 glue_mrpc glue_stsb glue_qqp glue_mnli glue_qnli glue_rte
+            glue_wnli squad_v1 squad_v2 conll03 swag custom (the glue_ prefix is optional).
+  sweep     the paper's learning-rate grid {5e-5, 4e-5, 3e-5, 2e-5}, one run each, best on dev.
+  runlocal  a laptop-sized run: short sequences, 256 training examples, 1 epoch.
+
+Paper defaults: batch 32, Adam lr in 2e-5..5e-5, 3 epochs (SQuAD 2), warmup over the first 10%
+of steps then linear decay, dropout 0.1. E.g. MRPC: 3,668 pairs / 32 = 114 steps an epoch x 3 =
+342 steps, 34 of them warmup. SQuAD v1.1: 87,599 questions -> ~88.6k windows of 384 / 32 = 2,768
+steps an epoch x 2.
+"""
+
+import ml_collections
+
+GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+TASKS = tuple(f"glue_{t}" for t in GLUE) + ("squad_v1", "squad_v2", "conll03", "swag", "custom")
+
+
+def get_config(arg="glue_mrpc"):
+  parts = [p for p in (arg or "glue_mrpc").split(",") if p]
+  name, variants = parts[0], set(parts[1:])
+  if name in GLUE:
+    name = f"glue_{name}"
+  if name not in TASKS:
+    raise ValueError(f"--config=...:{arg}: unknown task {name!r}; one of {', '.join(TASKS)}.")
+  unknown = variants - {"sweep", "runlocal"}
+  if unknown:
+    raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
+                     "TASK[,sweep][,runlocal].")
+
+  c = ml_collections.ConfigDict()
+  c.task = name.removeprefix("glue_")  # name in data_pipelines.tasks.TASKS, or "custom"
+  # Your own classification/regression (TSV/CSV/JSONL) or tagging (CoNLL) data: task=custom.
+  c.custom = ml_collections.ConfigDict(dict(
+      family="classification",  # classification | regression | tagging
+      format="tsv",             # tsv | csv | jsonl (classification/regression)
+      text_a="sentence",        # column (header name or JSON key) of the first text
+      text_b="",                # second text for pairs; empty for single sentences
+      label="label",
+      labels=(),                # class names as written in the files; () for regression
+      index="",                 # id column written into test predictions (row number if empty)
+      train_file="train.tsv", dev_file="dev.tsv", test_file=""))
+
+  # Data and vocabulary.
+  c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
+  c.data_source = "files"       # "files", or "tfds" for glue/* and squad/* prepared in data_dir
+  c.vocab_file = ""             # the WordPiece vocab.txt of the checkpoint ...
+  c.spm_model_file = ""         # ... or its SentencePiece model
+  c.do_lower_case = True        # uncased checkpoints; must match how it was pre-trained
+  c.max_seq_length = 128
+  c.max_train_examples = 0      # >0 keeps only the first N (quick experiments); 0 = all
+  c.max_eval_examples = 0
+
+  # SQuAD only (google-research/bert run_squad.py defaults).
+  c.doc_stride = 128            # window step over long contexts, in word pieces
+  c.max_query_length = 64       # longer questions are cut (and counted)
+  c.n_best_size = 20
+  c.max_answer_length = 30
+  c.null_score_diff_threshold = 0.0  # v2: predict "" when null - best span > this; tune it
+  #                                    with eval_results.json's best_f1_thresh
+
+  # Model: the pre-trained encoder and what fine-tuning may change.
+  c.init_checkpoint = ""        # convert export, pre-training workdir or a best_epoch* export
+  c.model_name = ""             # only without init_checkpoint: random init (tests, benchmarks)
+  c.model = ml_collections.ConfigDict(dict(
+      hidden_dropout_prob=0.1,
+      attention_dropout_prob=0.1,
+      dtype="float32",          # "bfloat16" on TPU/GPU: bf16 compute, f32 params and Adam
+      remat=False))
+
+  # Optimisation.
+  c.batch_size = 32
+  c.eval_batch_size = 64
+  c.learning_rate = 2e-5
+  c.learning_rates = ()         # non-empty: sweep these rates (one sub-run each)
+  c.num_train_epochs = 3.0
+  c.warmup_proportion = 0.1
+  c.optimizer = "adamw"
+  c.weight_decay = 0.01         # google-research/bert's AdamWeightDecay rate
+  c.b1 = 0.9
+  c.b2 = 0.999
+  c.eps = 1e-6
+  c.clip_norm = 1.0
+
+  # Run.
+  c.do_train = True
+  c.do_eval = True              # dev metrics after every epoch; the best epoch is kept
+  c.do_predict = True           # test-set submission files from the best epoch
+  c.mesh_shape = (-1, 1, 1)     # (data, fsdp, tensor); fine-tuning fits data parallelism
+  c.seed = 0
+  c.log_every = 50
+
+  if name.startswith("squad"):
+    # SQuAD: 384-token windows, 2 epochs (the paper trains v1.1 3 epochs at 5e-5 and v2.0 2
+    # epochs at 5e-5; google-research/bert's README uses 2 epochs at 3e-5 for v1.1).
+    c.max_seq_length = 384
+    c.num_train_epochs = 2.0
+    c.learning_rate = 5e-5 if name == "squad_v2" else 3e-5
+    c.eval_batch_size = 32
+  elif name == "swag":
+    c.learning_rate = 2e-5      # paper: 3 epochs, lr 2e-5, batch 16
+    c.batch_size = 16
+    c.eval_batch_size = 32      # x 4 choices = 128 sequences
+  elif name == "conll03":
+    c.learning_rate = 5e-5
+  if "sweep" in variants:
+    c.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
+
+  if "runlocal" in variants:
+    c.max_seq_length = 128 if name.startswith("squad") else 64
+    c.doc_stride = 32
+    c.max_query_length = 24
+    c.batch_size = 8
+    c.eval_batch_size = 16
+    c.num_train_epochs = 1.0
+    c.max_train_examples = 256
+    c.max_eval_examples = 256
+    c.log_every = 8
+    if "sweep" in variants:
+      c.learning_rates = (5e-5, 2e-5)
+  return c

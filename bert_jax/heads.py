@@ -1,0 +1,109 @@
+"""Fine-tuning heads: BertModel (submodule `bert`) plus one output layer (BERT paper, Fig. 4).
+
+  family            head                                     output
+  classification    dropout + dense on the pooled [CLS]       [B, num_labels] logits
+  regression        the same with num_labels=1                [B, 1] score
+  span              dense(2) on every position (no dropout)   [B, T] start, [B, T] end logits
+  tagging           dropout + dense on every position         [B, T, num_labels] logits
+  multiple_choice   [B, C, T] flattened to [B*C, T], dropout  [B, C] logits (one score per
+                    + dense(1) on each pooled [CLS]          choice, softmax over choices)
+
+Parameter trees are {"bert": <BertModel>, "<head>": {kernel, bias}}, so `params["bert"]` is
+exactly what pre-training (params["bert"] of BertForPreTraining) or conversion provides; the
+head names follow google-research/bert and HF ("classifier", "qa_outputs"). Head kernels are
+truncated-normal(0.02) like the rest of BERT, biases zero, and logits are float32 whatever the
+compute dtype, for a stable loss.
+"""
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bert_jax import model as model_lib
+
+
+def _head_dense(config, features, name):
+  return nn.Dense(
+      features, dtype=jnp.float32, param_dtype=config.param_dtype,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.truncated_normal(config.initializer_range), ("embed", "classes")),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",)),
+      name=name)
+
+
+class BertForSequenceClassification(nn.Module):
+  """Sentence (pair) classification, or regression with num_labels=1."""
+  config: model_lib.BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+    out = model_lib.BertModel(self.config, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    x = nn.Dropout(self.config.hidden_dropout_prob)(out["pooled_output"],
+                                                   deterministic=deterministic)  # [B, H]
+    return _head_dense(self.config, self.num_labels, "classifier")(x)           # [B, L]
+
+
+class BertForQuestionAnswering(nn.Module):
+  """SQuAD: a start and an end score per position (google-research/bert has no dropout here)."""
+  config: model_lib.BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+    out = model_lib.BertModel(self.config, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    logits = _head_dense(self.config, 2, "qa_outputs")(out["sequence_output"])  # [B, T, 2]
+    return logits[..., 0], logits[..., 1]                                        # [B, T] x 2
+
+
+class BertForTokenClassification(nn.Module):
+  """NER: a tag distribution per position (only first word pieces are trained/predicted)."""
+  config: model_lib.BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+    out = model_lib.BertModel(self.config, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    x = nn.Dropout(self.config.hidden_dropout_prob)(out["sequence_output"],
+                                                   deterministic=deterministic)  # [B, T, H]
+    return _head_dense(self.config, self.num_labels, "classifier")(x)           # [B, T, L]
+
+
+class BertForMultipleChoice(nn.Module):
+  """SWAG: each choice is its own sequence; one shared vector scores each [CLS]."""
+  config: model_lib.BertConfig
+  num_choices: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+    b, c, t = input_ids.shape
+    flat = lambda x: x.reshape(b * c, t)  # noqa: E731 - [B, C, T] -> [B*C, T]
+    out = model_lib.BertModel(self.config, name="bert")(
+        flat(input_ids), flat(input_mask), flat(segment_ids), deterministic=deterministic)
+    x = nn.Dropout(self.config.hidden_dropout_prob)(out["pooled_output"],
+                                                   deterministic=deterministic)  # [B*C, H]
+    return _head_dense(self.config, 1, "classifier")(x).reshape(b, c)            # [B, C]
+
+
+def create_model(family, config, *, num_labels=2, num_choices=4):
+  """The head model of a task family (see data_pipelines.tasks)."""
+  if family == "classification":
+    return BertForSequenceClassification(config, num_labels)
+  if family == "regression":
+    return BertForSequenceClassification(config, 1)
+  if family == "span":
+    return BertForQuestionAnswering(config)
+  if family == "tagging":
+    return BertForTokenClassification(config, num_labels)
+  if family == "multiple_choice":
+    return BertForMultipleChoice(config, num_choices)
+  raise ValueError(f"unknown task family {family!r}; one of classification, regression, span, "
+                   "tagging, multiple_choice.")
+
+
+def dummy_inputs(family, seq_length, num_choices=4):
+  """Zero inputs of the right shapes for model.init."""
+  shape = (1, num_choices, seq_length) if family == "multiple_choice" else (1, seq_length)
+  ids = jnp.zeros(shape, jnp.int32)
+  return ids, jnp.ones_like(ids), ids

@@ -1,0 +1,206 @@
+"""End to end fine-tuning on small data in the real file formats: the loss drops, files appear."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import finetune
+from bert_jax import metrics_writer
+from bert_jax import model as model_lib
+from bert_jax.configs import finetune as finetune_config
+from tests import tasks_testlib
+
+WORDS = ("the a cat dog man woman sat ran saw park mat house good bad happy sad at in on paris "
+         "london rome where did go yes no john mary went to").split()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A tiny 'pre-trained' checkpoint (random BertForPreTraining) and its vocab."""
+  d = tmp_path_factory.mktemp("ckpt")
+  vocab_file = tasks_testlib.write_vocab(str(d), " ".join(WORDS) + " .")
+  vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
+  cfg = model_lib.get_bert_config("tiny", vocab_size=vocab.size, max_position_embeddings=128,
+                                  hidden_size=64, num_heads=2, intermediate_size=128)
+  params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
+  from flax import linen as nn
+  path = ckpt_lib.save_params(str(d / "export"), nn.unbox(params), cfg,
+                              meta={"do_lower_case": True})
+  return path, vocab_file
+
+
+def _config(task, pretrained, data_dir, **overrides):
+  c = finetune_config.get_config(f"{task},runlocal")
+  c.init_checkpoint, c.vocab_file = pretrained
+  c.data_dir = str(data_dir)
+  c.max_seq_length = 32
+  c.batch_size = 8
+  c.eval_batch_size = 8
+  c.num_train_epochs = 4.0
+  c.learning_rate = 1e-3  # a tiny random model learns these toy rules only with a large rate
+  c.log_every = 4
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+def _train_losses(workdir):
+  scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
+  return [v for _, v in scalars["train/loss"]]
+
+
+def _write(path, lines):
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_glue_pair_classification_end_to_end(tmp_path, pretrained):
+  rng = np.random.default_rng(0)
+  data = tmp_path / "MRPC"
+  data.mkdir()
+  head = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+
+  def rows(n, labelled=True):
+    out = []
+    for i in range(n):
+      label = int(rng.integers(0, 2))
+      a = " ".join(list(rng.choice(WORDS[:10], 4)) + [("bad", "good")[label]])  # a toy rule
+      b = " ".join(rng.choice(WORDS[:10], 5))
+      out.append(f"{label if labelled else i}\t{i}\t{i}\t{a}\t{b}")
+    return out
+
+  _write(data / "train.tsv", [head] + rows(256))
+  _write(data / "dev.tsv", [head] + rows(20))
+  _write(data / "test.tsv", ["index\t#1 ID\t#2 ID\t#1 String\t#2 String"] + rows(6, False))
+  workdir = str(tmp_path / "run")
+  summary = finetune.finetune(_config("glue_mrpc", pretrained, data), workdir)
+  losses = _train_losses(workdir)
+  assert np.mean(losses[-3:]) < losses[0] / 2
+  assert summary["best_epoch"] in (1, 2, 3, 4) and summary["best_score"] > 0.8
+  results = json.load(open(os.path.join(workdir, "eval_results.json")))
+  assert len(results["history"]) == 4 and "dev/f1" in results["history"][0]
+  lines = open(os.path.join(workdir, "predictions", "MRPC.tsv")).read().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 7
+  assert all(l.split("\t")[1] in ("0", "1") for l in lines[1:])
+  # The best epoch is a loadable export with the head, usable for prediction only.
+  params, cfg, meta = ckpt_lib.load_params(summary["best_checkpoint"])
+  assert set(params) == {"bert", "classifier"} and meta["task"] == "mrpc"
+  eval_only = finetune.finetune(
+      _config("glue_mrpc", (summary["best_checkpoint"], pretrained[1]), data, do_train=False),
+      str(tmp_path / "eval"))
+  assert eval_only["best_score"] == pytest.approx(summary["best_score"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_squad_v2_end_to_end(tmp_path, pretrained):
+  rng = np.random.default_rng(1)
+
+  def dataset(n, prefix):
+    articles = []
+    for i in range(n):
+      city = str(rng.choice(["paris", "london", "rome"]))
+      who = str(rng.choice(["john", "mary"]))
+      filler = " ".join(rng.choice(WORDS[:12], 6))
+      context = f"{filler}. {who.title()} went to {city.title()} .  {filler} the end."
+      start = context.index(city.title())
+      qas = [{"id": f"{prefix}{i}", "question": f"where did {who} go",
+              "answers": [{"text": city.title(), "answer_start": start}], "is_impossible": False}]
+      if i % 4 == 0:
+        qas.append({"id": f"{prefix}{i}n", "question": "where did the dog go", "answers": [],
+                    "is_impossible": True})
+      articles.append({"title": f"t{i}", "paragraphs": [{"context": context, "qas": qas}]})
+    return {"version": "v2.0", "data": articles}
+
+  (tmp_path / "train-v2.0.json").write_text(json.dumps(dataset(256, "t")))
+  (tmp_path / "dev-v2.0.json").write_text(json.dumps(dataset(12, "d")))
+  workdir = str(tmp_path / "run")
+  config = _config("squad_v2", pretrained, tmp_path, max_seq_length=48, doc_stride=16,
+                   max_query_length=12)
+  summary = finetune.finetune(config, workdir)
+  losses = _train_losses(workdir)
+  assert np.mean(losses[-3:]) < losses[0]
+  out = os.path.join(workdir, "predictions")
+  preds = json.load(open(os.path.join(out, "predictions.json")))
+  assert len(preds) == 15 and all(isinstance(v, str) for v in preds.values())
+  nbest = json.load(open(os.path.join(out, "nbest_predictions.json")))
+  assert all(1 <= len(v) <= 20 for v in nbest.values())
+  assert os.path.exists(os.path.join(out, "null_odds.json"))
+  assert "dev/best_f1_thresh" in summary["history"][-1]
+  # Every prediction is a substring of its context, char for char.
+  dev = json.load(open(tmp_path / "dev-v2.0.json"))["data"]
+  by_id = {qa["id"]: p["context"] for a in dev for p in a["paragraphs"] for qa in p["qas"]}
+  assert all(v in by_id[k] for k, v in preds.items())
+
+
+@pytest.mark.slow
+def test_conll03_ner_end_to_end(tmp_path, pretrained):
+  rng = np.random.default_rng(2)
+
+  def conll(n):
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for _ in range(n):
+      for w in rng.choice(WORDS[:12], 4):
+        lines.append(f"{w} NN O O")
+      lines.append(f"{rng.choice(['John', 'Mary'])} NNP B-NP B-PER")
+      lines.append(f"went VBD O O")
+      lines.append(f"to TO O O")
+      lines.append(f"{rng.choice(['Paris', 'London', 'Rome'])} NNP B-NP B-LOC")
+      lines.append("")
+    return lines
+
+  _write(tmp_path / "train.txt", conll(128))
+  _write(tmp_path / "valid.txt", conll(16))
+  _write(tmp_path / "test.txt", conll(8))
+  workdir = str(tmp_path / "run")
+  summary = finetune.finetune(_config("conll03", pretrained, tmp_path), workdir)
+  losses = _train_losses(workdir)
+  assert np.mean(losses[-3:]) < losses[0] / 2
+  assert summary["history"][-1]["dev/f1"] > 0.5  # PER/LOC here are easy
+  lines = open(os.path.join(workdir, "predictions", "conll03_test_predictions.txt")).read()
+  assert len([l for l in lines.splitlines() if l]) == 8 * 8
+  assert os.path.exists(os.path.join(workdir, "predictions", "conll03_dev_predictions.txt"))
+
+
+@pytest.mark.slow
+def test_swag_end_to_end(tmp_path, pretrained):
+  rng = np.random.default_rng(3)
+  header = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
+
+  def rows(n, labelled=True):
+    out = []
+    for i in range(n):
+      label = int(rng.integers(0, 4))
+      endings = ["sad no" if j != label else "happy yes" for j in range(4)]
+      ctx = " ".join(rng.choice(WORDS[:12], 5))
+      out.append(f"{i},v{i},{i},{ctx} he,{ctx},he,gold," + ",".join(endings)
+                 + (f",{label}" if labelled else ""))
+    return out
+
+  _write(tmp_path / "train.csv", [header + ",label"] + rows(128))
+  _write(tmp_path / "val.csv", [header + ",label"] + rows(16))
+  _write(tmp_path / "test.csv", [header] + rows(5, False))
+  workdir = str(tmp_path / "run")
+  summary = finetune.finetune(_config("swag", pretrained, tmp_path), workdir)
+  losses = _train_losses(workdir)
+  assert np.mean(losses[-3:]) < losses[0]
+  assert summary["best_score"] > 0.5
+  lines = open(os.path.join(workdir, "predictions", "swag_test_predictions.csv")).read().split()
+  assert lines[0] == "pred" and len(lines) == 6
+
+
+def test_config_errors(tmp_path, pretrained):
+  c = _config("glue_rte", pretrained, tmp_path)
+  c.init_checkpoint = str(tmp_path / "missing")
+  with pytest.raises(finetune.ConfigError, match="init_checkpoint=.*missing: no such directory"):
+    finetune.finetune(c, str(tmp_path / "run"))
+  c = _config("glue_rte", pretrained, tmp_path, do_lower_case=False)
+  with pytest.raises(finetune.ConfigError, match="trained with do_lower_case=True"):
+    finetune.finetune(c, str(tmp_path / "run"))
+  c = _config("glue_rte", pretrained, tmp_path)
+  with pytest.raises(Exception, match=r"train.tsv: no such file"):
+    finetune.finetune(c, str(tmp_path / "run"))
+  with pytest.raises(ValueError, match="unknown task 'glue_foo'"):
+    finetune_config.get_config("glue_foo")
