@@ -141,6 +141,11 @@ def test_hf_layouts(layout, hf_model, hf_dir, tmp_path):
   for k in ref:
     if k not in fresh:
       np.testing.assert_array_equal(flat[k], ref[k], err_msg=k)
+  if layout == "BertModel":  # fresh heads: google's init (truncated normal 0.02, LN 1/0)
+    kernel = flat["mlm_head/transform/kernel"]
+    assert np.abs(kernel).max() <= 0.04 and 0.015 < kernel.std() < 0.02
+    np.testing.assert_array_equal(flat["mlm_head/transform_layer_norm/scale"], 1.0)
+    np.testing.assert_array_equal(flat["nsp_head/bias"], 0.0)
   if layout == "old_names_and_bin":
     assert set(meta["ignored_variables"]) == {"cls.predictions.decoder.weight",
                                               "cls.predictions.decoder.bias",

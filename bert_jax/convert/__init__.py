@@ -17,12 +17,9 @@ import re
 import shutil
 import uuid
 
-import jax
 import numpy as np
-from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import model as model_lib
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert.formats import ConversionError, check_casing  # noqa: F401 (public API)
@@ -96,13 +93,26 @@ def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
         f"{where}: variable {s.hf if kind == 'hf' else s.tf} (expected shape "
         f"{s.source_shape(kind)} from {config_file}) is missing ({len(fatal)} encoder variables "
         "missing); num_layers or the layout does not match the checkpoint.")
-  if missing:  # pooler (BertForMaskedLM) and heads (BertModel): a fresh, google-style init
-    fresh = names.flatten(nn.meta.unbox(model_lib.init_params(config, jax.random.key(seed))))
-    for s in missing:
-      flat[s.path] = np.asarray(fresh[s.path], np.float32)
+  rng = np.random.default_rng(seed)
+  for s in missing:  # pooler (BertForMaskedLM) and heads (BertModel): a fresh init
+    flat[s.path] = _fresh(s, config.initializer_range, rng)
   report = {"ignored_variables": ignored, "initialized_randomly": [s.path for s in missing],
             "cast_to_float32_from": casts, "num_mapped": len(table) - len(missing)}
   return flat, report
+
+
+def _fresh(spec, stddev, rng):
+  """model.py's initialisation in numpy (no model build): kernels truncated normal(stddev) cut
+  at 2 stddev, LayerNorm scale 1, biases 0."""
+  leaf = spec.path.rsplit("/", 1)[-1]
+  if leaf == "scale":
+    return np.ones(spec.shape, np.float32)
+  if leaf not in ("kernel", "embedding"):
+    return np.zeros(spec.shape, np.float32)
+  x = rng.standard_normal(spec.shape)
+  while (bad := np.abs(x) > 2).any():
+    x[bad] = rng.standard_normal(int(bad.sum()))
+  return (x * stddev).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
