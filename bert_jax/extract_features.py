@@ -1,0 +1,236 @@
+r"""Contextual features from a pre-trained BERT: the paper's feature-based approach (sec. 5.3).
+
+  python -m bert_jax.extract_features --input_file=sentences.txt --output_file=features.npz \
+      --init_checkpoint=DIR --vocab_file=vocab.txt --layers=-1,-2,-3,-4 --pooling=concat
+
+Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
+Each whitespace-separated word is tokenized on its own, so every word piece knows its word.
+Layer indices count encoder layers as google-research/bert does: -1 is the last layer, 0 the
+first layer's output (the embeddings are not a layer). The paper's best feature-based NER
+result concatenates the last four layers (96.1 dev F1 vs 96.4 fine-tuned).
+
+Output (.npz, np.load without pickle):
+  features       [tokens, D] float32   per word piece, D = H * len(layers) (concat) or H (sum)
+  tokens         [tokens] str          the pieces, with [CLS] and [SEP]
+  token_offsets  [lines + 1] int64     line i owns tokens[token_offsets[i]:token_offsets[i+1]]
+  word_index     [tokens] int32        index of the piece's word within its line, -1 for
+                                       [CLS]/[SEP]; the words of text_b follow those of text_a
+  segment_ids    [tokens] int32
+  words          [words] str           the whitespace words of every line, in order
+  word_offsets   [lines + 1] int64
+  word_features  [words, D] float32    mean over each word's pieces (zeros if all were cut)
+  layers         [len(layers)] int32
+E.g. the vectors of line 3: f = np.load(path); a, b = f["token_offsets"][3:5];
+f["features"][a:b].
+"""
+
+import os
+import sys
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import model as model_lib
+
+
+class ExtractError(ValueError):
+  pass
+
+
+def read_inputs(path):
+  """[(words_a, words_b or None)] from the input file; empty lines are an error."""
+  from data_pipelines.tasks import common
+  lines = common.read_text(path).splitlines()
+  out = []
+  for n, line in enumerate(lines, start=1):
+    if not line.strip():
+      if n == len(lines):
+        continue
+      raise ExtractError(f"{path}:{n}: empty line; give one text (or 'a ||| b') per line.")
+    a, sep, b = line.partition(" ||| ")
+    if sep and not b.split():
+      raise ExtractError(f"{path}:{n}: empty text after ' ||| '.")
+    out.append((a.split(), b.split() if sep else None))
+  return out
+
+
+def build_inputs(inputs, tokenizer, max_seq_length):
+  """Packed ids and the piece -> word map of every line; returns (arrays, per_line, truncated)."""
+  vocab = tokenizer.vocab
+  distinct = {}
+  for a, b in inputs:
+    for w in a + (b or []):
+      distinct.setdefault(w, len(distinct))
+  pieces = tokenizer.encode(list(distinct)) if distinct else []
+
+  def word_pieces(words, first_index):
+    ids, index = [], []
+    for i, w in enumerate(words):
+      p = pieces[distinct[w]]
+      ids += p
+      index += [first_index + i] * len(p)
+    return ids, index
+
+  n = len(inputs)
+  input_ids = np.full((n, max_seq_length), vocab.pad_id, np.int32)
+  input_mask = np.zeros((n, max_seq_length), np.int32)
+  segment_ids = np.zeros((n, max_seq_length), np.int32)
+  per_line, truncated = [], 0
+  for i, (a, b) in enumerate(inputs):
+    ids_a, idx_a = word_pieces(a, 0)
+    ids_b, idx_b = word_pieces(b, len(a)) if b is not None else ([], [])
+    room = max_seq_length - (3 if b is not None else 2)
+    if len(ids_a) + len(ids_b) > room:
+      truncated += 1
+      while len(ids_a) + len(ids_b) > room:  # longest first, as google's _truncate_seq_pair
+        if len(ids_a) > len(ids_b):
+          ids_a.pop(), idx_a.pop()
+        else:
+          ids_b.pop(), idx_b.pop()
+    ids = [vocab.cls_id] + ids_a + [vocab.sep_id]
+    word_index = [-1] + idx_a + [-1]
+    segments = [0] * len(ids)
+    if b is not None:
+      ids += ids_b + [vocab.sep_id]
+      word_index += idx_b + [-1]
+      segments += [1] * (len(ids_b) + 1)
+    input_ids[i, :len(ids)] = ids
+    input_mask[i, :len(ids)] = 1
+    segment_ids[i, :len(ids)] = segments
+    per_line.append((np.asarray(word_index, np.int32), np.asarray(segments, np.int32)))
+  return dict(input_ids=input_ids, input_mask=input_mask, segment_ids=segment_ids), per_line, \
+      truncated
+
+
+def parse_layers(spec, num_layers):
+  try:
+    layers = [int(x) for x in str(spec).split(",") if x.strip()]
+  except ValueError:
+    raise ExtractError(f"--layers={spec}: expected comma-separated integers like -1,-2,-3,-4.")
+  bad = [l for l in layers if not -num_layers <= l < num_layers]
+  if not layers or bad:
+    raise ExtractError(f"--layers={spec}: the model has {num_layers} layers, so use indices in "
+                       f"[{-num_layers}, {num_layers - 1}] (-1 = last).")
+  return layers
+
+
+def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
+            pooling="concat", max_seq_length=128, batch_size=32):
+  """Returns the dict of arrays described in the module docstring."""
+  if pooling not in ("concat", "sum"):
+    raise ExtractError(f"--pooling={pooling}: use concat or sum.")
+  layers = parse_layers(",".join(map(str, layers)), model_config.num_layers)
+  if max_seq_length > model_config.max_position_embeddings:
+    raise ExtractError(f"--max_seq_length={max_seq_length} exceeds the model's "
+                       f"max_position_embeddings={model_config.max_position_embeddings}.")
+  arrays, per_line, truncated = build_inputs(inputs, tokenizer, max_seq_length)
+  model = model_lib.BertModel(model_config)
+
+  @jax.jit
+  def forward(params, input_ids, input_mask, segment_ids):
+    out = model.apply({"params": params}, input_ids, input_mask, segment_ids,
+                      output_hidden_states=True)
+    encoder_layers = out["hidden_states"][1:]  # L x [B, T, H]; [0] is the embeddings
+    chosen = [encoder_layers[l].astype(jnp.float32) for l in layers]
+    return jnp.concatenate(chosen, -1) if pooling == "concat" else sum(chosen)  # [B, T, D]
+
+  n = len(inputs)
+  feats = []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, min(start + batch_size, n))
+    pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[0])])  # one compiled shape
+    out = forward(params, *(arrays[k][pad] for k in ("input_ids", "input_mask",
+                                                     "segment_ids")))
+    out = np.asarray(out)[:len(rows)]
+    for i, r in enumerate(rows):
+      feats.append(out[i, :arrays["input_mask"][r].sum()])
+  token_counts = [len(f) for f in feats]
+  features = np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)
+  all_ids = np.concatenate([arrays["input_ids"][i, :c] for i, c in enumerate(token_counts)])
+  words = [w for a, b in inputs for w in a + (b or [])]
+  word_counts = [len(a) + len(b or []) for a, b in inputs]
+  word_index = np.concatenate([wi for wi, _ in per_line])
+  # Mean over each word's pieces.
+  word_features = np.zeros((len(words), features.shape[-1]), np.float32)
+  counts = np.zeros(len(words), np.int64)
+  word_base = np.repeat(np.cumsum([0] + word_counts[:-1]), token_counts)
+  valid = word_index >= 0
+  global_word = (word_base + word_index)[valid]
+  np.add.at(word_features, global_word, features[valid])
+  np.add.at(counts, global_word, 1)
+  word_features /= np.maximum(counts, 1)[:, None]
+  return dict(
+      features=features.astype(np.float32),
+      tokens=np.asarray(tokenizer.id_to_token(all_ids), dtype=str),
+      token_offsets=np.cumsum([0] + token_counts).astype(np.int64),
+      word_index=word_index,
+      segment_ids=np.concatenate([s for _, s in per_line]),
+      words=np.asarray(words, dtype=str),
+      word_offsets=np.cumsum([0] + word_counts).astype(np.int64),
+      word_features=word_features,
+      layers=np.asarray(layers, np.int32)), truncated
+
+
+def save_npz(path, arrays):
+  """np.savez to a temporary name, then rename: no half-written file under the final name."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(tmp, path)
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
+flags.DEFINE_string("output_file", None, "Where to write the .npz.")
+flags.DEFINE_string("init_checkpoint", None, "Params export, pre-training workdir or step dir.")
+flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt of the checkpoint.")
+flags.DEFINE_string("spm_model_file", None, "SentencePiece model of the checkpoint.")
+flags.DEFINE_bool("do_lower_case", True, "Uncased checkpoint.")
+flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to use (-1 = last).")
+flags.DEFINE_enum("pooling", "concat", ["concat", "sum"], "How to combine the layers.")
+flags.DEFINE_integer("max_seq_length", 128, "Longer lines are truncated (and counted).")
+flags.DEFINE_integer("batch_size", 32, "Lines per forward pass.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+
+
+def main(argv):
+  del argv
+  from data_pipelines import tokenization
+  from data_pipelines import vocab as vocab_lib
+  try:
+    if not FLAGS.output_file:
+      raise ExtractError("--output_file is empty: pass a path ending in .npz.")
+    if not FLAGS.init_checkpoint:
+      raise ExtractError("--init_checkpoint is empty: pass a pre-trained BERT.")
+    inputs = read_inputs(FLAGS.input_file or "")
+    tokenizer = tokenization.get_tokenizer(vocab_file=FLAGS.vocab_file,
+                                           spm_model_file=FLAGS.spm_model_file,
+                                           do_lower_case=FLAGS.do_lower_case)
+    params, cfg, meta = ckpt_lib.load_params(FLAGS.init_checkpoint)
+    if meta.get("do_lower_case") is not None and bool(meta["do_lower_case"]) != \
+        FLAGS.do_lower_case:
+      raise ExtractError(f"--do_lower_case={FLAGS.do_lower_case} but the checkpoint was "
+                         f"trained with do_lower_case={meta['do_lower_case']}.")
+    if cfg.vocab_size != tokenizer.vocab.size:
+      raise ExtractError(f"--init_checkpoint has vocab_size={cfg.vocab_size} but the vocab has "
+                         f"{tokenizer.vocab.size} tokens; use the checkpoint's vocab.")
+    cfg = model_lib.BertConfig(**{**cfg.to_dict(), "dtype": FLAGS.dtype})
+    bert = params.get("bert", params)
+    arrays, truncated = extract(inputs, tokenizer, bert, cfg,
+                                layers=parse_layers(FLAGS.layers, cfg.num_layers),
+                                pooling=FLAGS.pooling, max_seq_length=FLAGS.max_seq_length,
+                                batch_size=FLAGS.batch_size)
+  except (ExtractError, ckpt_lib.CheckpointError, vocab_lib.VocabError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  save_npz(FLAGS.output_file, arrays)
+  print(f"wrote {FLAGS.output_file}: {len(inputs)} lines, {len(arrays['tokens'])} tokens, "
+        f"features {arrays['features'].shape[1]}-d"
+        + (f"; {truncated} lines truncated to {FLAGS.max_seq_length}" if truncated else ""))
+
+
+if __name__ == "__main__":
+  app.run(main)
