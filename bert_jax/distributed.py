@@ -1,0 +1,162 @@
+"""Multi-host start-up: one call that joins the JAX distributed system, and a cross-host check.
+
+`maybe_initialize_distributed()` is the first thing the trainer calls, before any other JAX call
+(jax.distributed.initialize must run before the backend starts). It picks one of three paths:
+
+  1. `BERT_JAX_COORDINATOR` is set (the local pod simulation `python -m launch.local_pod`, or a
+     hand-launched multi-node GPU job): explicit `jax.distributed.initialize(coordinator, N, id)`
+     from `BERT_JAX_COORDINATOR` (host:port), `BERT_JAX_NUM_PROCESSES`, `BERT_JAX_PROCESS_ID`,
+     with gloo for cross-process collectives on CPU. Wins over everything else: the launcher
+     asked for it.
+  2. `distributed=True` (`--config.distributed=True`): `jax.distributed.initialize()` with no
+     arguments; JAX detects Cloud TPU, Slurm, Open MPI and Kubernetes JobSets by itself.
+  3. `distributed=None` (the default): the same no-argument call when the environment says
+     "multi-host": a Cloud TPU VM (libtpu found TPU chips when jax was imported; on a one-host
+     VM this makes a 1-process system, which costs a metadata query and nothing else), a TPU
+     GKE pod (`TPU_WORKER_HOSTNAMES` / `MEGASCALE_COORDINATOR_ADDRESS`), Slurm with
+     `SLURM_NTASKS` > 1 or Open MPI with `OMPI_COMM_WORLD_SIZE` > 1. Otherwise nothing: a laptop
+     or a single GPU box runs as one process.
+  `distributed=False` never initializes (except path 1).
+
+Dead peers: the coordination service drops a process that has not sent a heartbeat for
+`heartbeat_timeout_seconds`, and then terminates every other process with an error naming the
+service, so a crashed or preempted host stops the whole job instead of leaving the rest blocked
+in a collective forever. `BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS` overrides the value (the local
+launcher uses 10 s so tests fail fast; pods keep JAX's 100 s, which rides over short network
+blips).
+"""
+
+import hashlib
+import os
+
+import jax
+import numpy as np
+
+ENV_COORDINATOR = "BERT_JAX_COORDINATOR"
+ENV_NUM_PROCESSES = "BERT_JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "BERT_JAX_PROCESS_ID"
+ENV_HEARTBEAT = "BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS"
+
+# JAX's own defaults (jax 0.10.2): 100 s heartbeat, 300 s to connect, 300 s shutdown barrier.
+DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 100
+DEFAULT_INITIALIZATION_TIMEOUT_SECONDS = 300
+DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 300
+
+
+class DistributedSetupError(ValueError):
+  """The BERT_JAX_* environment is malformed, or hosts disagree on a value."""
+
+
+_ENV_FIX = (f"because {ENV_COORDINATOR} is set; launch with `python -m launch.local_pod` or "
+            "set all three BERT_JAX_* variables")
+
+
+def _env_int(name: str, lo: int, hi: int | None = None, fix: str = _ENV_FIX) -> int:
+  raw = os.environ.get(name, "")
+  try:
+    value = int(raw)
+  except ValueError:
+    value = None
+  if value is None or value < lo or (hi is not None and value > hi):
+    bound = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    raise DistributedSetupError(f"env {name}={raw!r}: expected {bound} {fix}.")
+  return value
+
+
+def _multihost_env_detected() -> bool:
+  """True where a no-argument jax.distributed.initialize() finds a cluster (see docstring)."""
+  # jax sets this at import time when libtpu sees TPU chips; a private flag, hence getattr.
+  from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+  if getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False):
+    return True
+  if os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return True
+  for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+    try:
+      if int(os.environ.get(name, "1")) > 1:
+        return True
+    except ValueError:
+      pass
+  return False
+
+
+def maybe_initialize_distributed(
+    distributed: bool | None = None,
+    *,
+    heartbeat_timeout_seconds: int | None = None,
+    initialization_timeout: int = DEFAULT_INITIALIZATION_TIMEOUT_SECONDS,
+    shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
+) -> str:
+  """Joins the JAX distributed system when the environment calls for it; see module docstring.
+
+  Args:
+    distributed: True forces `jax.distributed.initialize()`, False never calls it, None detects.
+    heartbeat_timeout_seconds: a peer silent this long is declared dead and the job stops;
+      None reads `BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS`, else 100.
+    initialization_timeout: seconds to wait for every process to connect.
+    shutdown_timeout_seconds: seconds the exit barrier waits for the other processes.
+
+  Returns:
+    How it started: "env" (BERT_JAX_* variables), "auto" (no-argument initialize),
+    "already" (initialized before this call) or "single" (one process, nothing done).
+  """
+  if jax.distributed.is_initialized():
+    return "already"
+  if heartbeat_timeout_seconds is None:
+    heartbeat_timeout_seconds = (_env_int(ENV_HEARTBEAT, 1, fix="(seconds); unset it for 100")
+                                 if os.environ.get(ENV_HEARTBEAT)
+                                 else DEFAULT_HEARTBEAT_TIMEOUT_SECONDS)
+  timeouts = dict(initialization_timeout=initialization_timeout,
+                  heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+                  shutdown_timeout_seconds=shutdown_timeout_seconds)
+  coordinator = os.environ.get(ENV_COORDINATOR, "")
+  if coordinator:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+      raise DistributedSetupError(
+          f"env {ENV_COORDINATOR}={coordinator!r}: expected host:port such as "
+          "localhost:12345 (the address of process 0).")
+    num_processes = _env_int(ENV_NUM_PROCESSES, 1)
+    process_id = _env_int(ENV_PROCESS_ID, 0, num_processes - 1)
+    # Cross-process collectives between CPU devices (the local simulation) go through gloo
+    # over TCP; jax 0.10.2 defaults to it already, set here so the choice is explicit.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, **timeouts)
+    return "env"
+  if distributed is False:
+    return "single"
+  if distributed or _multihost_env_detected():
+    jax.distributed.initialize(**timeouts)
+    return "auto"
+  return "single"
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+  return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def assert_same_on_all_hosts(name: str, value: bytes | str) -> str:
+  """Raises on every host unless all processes passed the same `value`; returns its sha256.
+
+  Each host hashes its value and all hosts exchange the 32-byte digests with one allgather, so
+  every host sees the whole table and raises the same error: no host is left waiting.
+  Use it at start-up for the config, the vocab file and anything else that must match.
+  """
+  digest = hashlib.sha256(_as_bytes(value)).digest()
+  if jax.process_count() == 1:
+    return digest.hex()
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  local = np.frombuffer(digest, dtype=np.uint8)  # [32]
+  table = np.asarray(multihost_utils.process_allgather(local))  # [num_processes, 32]
+  hexes = [bytes(row.astype(np.uint8)).hex() for row in table]
+  if len(set(hexes)) != 1:
+    groups = {}
+    for pid, h in enumerate(hexes):
+      groups.setdefault(h, []).append(pid)
+    found = "; ".join(f"processes {pids} have sha256 {h[:12]}" for h, pids in groups.items())
+    raise DistributedSetupError(
+        f"{name} differs across hosts (this is process {jax.process_index()}): {found}. "
+        f"Every host must run the same code, config and files: re-run launch/setup.sh so all "
+        f"workers get the same checkout, and pass identical flags to all of them.")
+  return digest.hex()

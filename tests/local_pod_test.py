@@ -1,0 +1,110 @@
+"""The local pod simulation: 2 processes x 4 fake CPU devices joined by jax.distributed.
+
+Each test starts real processes through `python -m launch.local_pod` running the
+`launch.pod_check` demo (about 3 s a run on 2 cores), so the path under test is the one a TPU
+pod takes: BERT_JAX_* env -> maybe_initialize_distributed -> jax.distributed.initialize.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from launch import local_pod
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pod(*args, pod_flags=(), timeout=120):
+  """Runs the launcher with pod_check; returns (returncode, output lines, seconds)."""
+  cmd = [sys.executable, "-m", "launch.local_pod", "--timeout_seconds=90", *pod_flags, "--",
+         "launch.pod_check", *args]
+  start = time.monotonic()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  return proc.returncode, (proc.stdout + proc.stderr).splitlines(), time.monotonic() - start
+
+
+def _result(lines):
+  results = [json.loads(l.split("RESULT ", 1)[1]) for l in lines if "RESULT " in l]
+  assert len(results) == 1, "\n".join(lines[-40:])
+  return results[0]
+
+
+def test_child_env_sets_distributed_vars_and_device_count():
+  base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x",
+          "PATH": "/bin"}
+  env = local_pod.child_env(base, process_id=1, num_processes=2, devices_per_process=4,
+                            port=1234, heartbeat_timeout_seconds=7)
+  assert env["XLA_FLAGS"].split() == ["--xla_dump_to=/tmp/x",
+                                      "--xla_force_host_platform_device_count=4"]
+  assert env["BERT_JAX_COORDINATOR"] == "localhost:1234"
+  assert (env["BERT_JAX_NUM_PROCESSES"], env["BERT_JAX_PROCESS_ID"]) == ("2", "1")
+  assert env["BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS"] == "7"
+  assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/bin"
+  assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+  assert base["XLA_FLAGS"].startswith("--xla_force_host_platform_device_count=8")  # untouched
+
+
+def test_two_hosts_equal_one_host_on_disjoint_shards():
+  rc, lines, _ = _pod(pod_flags=["--num_processes=2", "--devices_per_process=4"])
+  assert rc == 0, "\n".join(lines[-40:])
+  two = _result(lines)
+  assert any(l.startswith("[p0] process 0/2 (env): 4 local devices, 8 global") for l in lines)
+  assert any(l.startswith("[p1] process 1/2 (env): 4 local devices, 8 global") for l in lines)
+  assert (two["process_count"], two["device_count"]) == (2, 8)
+  # The global batch stays 16 rows; host 0 fed rows [0, 8) and host 1 rows [8, 16).
+  assert two["global_shape"] == [16, 8]
+  assert two["host_rows"] == [[0, 8], [8, 16]]
+
+  rc, lines, _ = _pod(pod_flags=["--num_processes=1", "--devices_per_process=8"])
+  assert rc == 0, "\n".join(lines[-40:])
+  one = _result(lines)
+  assert one["process_count"] == 1 and one["host_rows"] == [[0, 16]]
+  assert two["sum"] == one["sum"] and two["mean"] == one["mean"]
+  assert two["config_sha256"] == one["config_sha256"]
+
+
+def test_config_mismatch_is_an_error_on_every_host():
+  # Grace so that both hosts get to print their own error before the launcher steps in.
+  rc, lines, secs = _pod("--mismatch_process=1", pod_flags=["--peer_grace_seconds=30"])
+  assert rc == 1
+  for pid in (0, 1):
+    errors = [l for l in lines if l.startswith(f"[p{pid}] ") and "DistributedSetupError" in l]
+    assert errors, "\n".join(lines[-40:])
+    assert f"config differs across hosts (this is process {pid})" in errors[-1]
+    assert "processes [0] have sha256" in errors[-1]
+    assert "processes [1] have sha256" in errors[-1]
+  assert any(l.startswith("[local_pod] FAILED: process") for l in lines)
+  assert secs < 60
+
+
+def test_dead_peer_stops_the_others_within_heartbeat_timeout():
+  # Process 1 SIGKILLs itself after step 0; process 0 keeps running collectives. The launcher
+  # waits (grace 60 s) so only JAX's heartbeat check (3 s) can stop process 0.
+  rc, lines, secs = _pod("--crash_process=1", "--steps=100000", "--step_sleep_seconds=0.05",
+                         pod_flags=["--heartbeat_timeout_seconds=3", "--peer_grace_seconds=60"])
+  text = "\n".join(lines)
+  assert rc == 1
+  assert "[local_pod] process 1 " in text and "was killed by SIGKILL; waiting up to 60s" in text
+  assert any(l.startswith("[p0] ") and "JAX distributed service detected fatal errors" in l
+             for l in lines), text[-3000:]
+  assert "p0: was killed by SIGABRT" in text  # JAX aborted it, not the launcher
+  assert secs < 45, secs
+
+
+def test_launcher_stops_survivors_at_once_without_grace():
+  rc, lines, secs = _pod("--crash_process=1", "--steps=100000", "--step_sleep_seconds=0.05",
+                         pod_flags=["--heartbeat_timeout_seconds=100"])
+  text = "\n".join(lines)
+  assert rc == 1
+  assert "was killed by SIGKILL; stopping p0" in text
+  assert "[local_pod] FAILED: process 1 was killed by SIGKILL first" in text
+  assert secs < 45, secs  # far below the 100 s heartbeat: the launcher stopped p0
+
+
+def test_missing_module_is_a_usage_error():
+  proc = subprocess.run([sys.executable, "-m", "launch.local_pod", "--num_processes=2"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0
+  assert "no module to run: pass it after `--`" in proc.stderr
