@@ -181,18 +181,20 @@ def build(input_file, vocab_size, output, lower_case=True, model_type="wordpiece
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(flag_values=flags.FLAGS):
   """CLI flags; defined only when run as a program, so importing this module defines none."""
-  flags.DEFINE_string("input_file", None, "Glob(s) of UTF-8 text files, comma-separated.")
+  fv = dict(flag_values=flag_values)
+  flags.DEFINE_string("input_file", None, "Glob(s) of UTF-8 text files, comma-separated.", **fv)
   flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary size (WordPiece may stop short "
-                       "when the corpus has fewer useful pieces).")
-  flags.DEFINE_string("output", None, "vocab.txt (wordpiece) or .model (unigram/bpe) to write.")
+                       "when the corpus has fewer useful pieces).", **fv)
+  flags.DEFINE_string("output", None, "vocab.txt (wordpiece) or .model (unigram/bpe) to write.",
+                      **fv)
   flags.DEFINE_bool("lower_case", True, "Lower-case and strip accents (BERT uncased); "
-                    "--nolower_case for a cased vocab.")
+                    "--nolower_case for a cased vocab.", **fv)
   flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "unigram", "bpe"],
-                    "WordPiece vocab.txt, or a SentencePiece unigram/BPE model.")
+                    "WordPiece vocab.txt, or a SentencePiece unigram/BPE model.", **fv)
   flags.DEFINE_integer("num_unused", 0, "WordPiece only: [unused0..N-1] tokens after [PAD], "
-                       "free slots for tokens added at fine-tuning time (BERT has 994).")
+                       "free slots for tokens added at fine-tuning time (BERT has 994).", **fv)
 
 
 def main(argv):

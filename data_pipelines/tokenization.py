@@ -1,4 +1,4 @@
-"""In-graph tokenizers: BERT WordPiece (id-identical to `transformers.BertTokenizer`) and SentencePiece.
+"""In-graph tokenizers: WordPiece (ids identical to `transformers.BertTokenizer`) and SentencePiece.
 
 Both take a `tf.Tensor[string]` of shape [N] and return a `tf.RaggedTensor` int32 [N, (tokens)]
 built from TF ops only, so `tokenize` runs inside `tf.data` `.map` (no Python per example).
@@ -162,9 +162,10 @@ class WordPieceTokenizer:
         vocab=self.tokens, suffix_indicator="##", max_bytes_per_word=4 * self.max_chars_per_word,
         token_out_type=tf.int32, unknown_token=self._unk, no_pretokenization=True)
     ids = self.vocab.special_ids
-    self._special_table = _table(
-        tf.constant(_SPECIALS),
-        tf.constant([ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"]], tf.int32), -1)
+    with tf.init_scope():
+      self._special_table = _table(
+          tf.constant(_SPECIALS),
+          tf.constant([ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"]], tf.int32), -1)
 
   def _word_ids(self, texts, exotic):
     """[N] valid UTF-8 (no special tokens) -> RaggedTensor int32 [N, (tokens)]."""

@@ -18,15 +18,17 @@ from data_pipelines import vocab as vocab_lib
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(flag_values=flags.FLAGS):
   """CLI flags; defined only when run as a program, so importing this module defines none."""
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
-  flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).")
+  fv = dict(flag_values=flag_values)
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
+                      **fv)
   flags.DEFINE_bool("do_lower_case", True, "WordPiece: lower-case and strip accents (uncased "
-                    "BERT). SentencePiece models carry their own case handling.")
+                    "BERT). SentencePiece models carry their own case handling.", **fv)
   flags.DEFINE_integer("max_chars_per_word", tokenization.MAX_CHARS_PER_WORD,
-                       "WordPiece: longer words become [UNK] (HF's default is 100).")
-  flags.DEFINE_bool("tokens", False, "Print the tokens instead of the ids.")
+                       "WordPiece: longer words become [UNK] (HF's default is 100).", **fv)
+  flags.DEFINE_bool("tokens", False, "Print the tokens instead of the ids.", **fv)
 
 
 def main(argv):

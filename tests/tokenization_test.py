@@ -95,10 +95,16 @@ def vocab_file(corpus, tmp_path_factory):
   return path
 
 
+@pytest.fixture(scope="module")
+def ours_by_case(vocab_file):
+  # Shared: each tokenizer traces its tf.function once (~2 s).
+  return {lower: tokenization.WordPieceTokenizer(vocab_file, lower) for lower in (True, False)}
+
+
 @pytest.fixture(scope="module", params=[True, False], ids=["uncased", "cased"])
-def pair(request, vocab_file):
+def pair(request, vocab_file, ours_by_case):
   lower = request.param
-  return tokenization.WordPieceTokenizer(vocab_file, lower), hf_tokenizer(vocab_file, lower)
+  return ours_by_case[lower], hf_tokenizer(vocab_file, lower)
 
 
 def test_edge_cases_match_hf(pair):
@@ -139,7 +145,8 @@ def _fuzz_pool(with_fixes):
            "\x85", "\u200b", "\ufeff", "\u2028", "\u00a0", "\u3000", "\u2003", "\ue000",
            "\u0378", "\u2e43", "\u166d", "ﬁ", "Ａ", "²", "—", "«", "¿", "\ufffd"]
   if with_fixes:
-    pool += ["Σ", "ΣΑΣ"] + [chr(c) for c in list(tokenization._FIXES)[::6]]  # pylint: disable=protected-access
+    fixes = list(tokenization._FIXES)  # pylint: disable=protected-access
+    pool += ["Σ", "ΣΑΣ"] + [chr(c) for c in fixes[::6]]
   return pool
 
 
@@ -188,14 +195,14 @@ def test_every_code_point_splits_like_hf(lower_case):
           raise AssertionError(f"HF word {diff[0]!r} (U+{ord(diff[0][1]):04X}), ours {diff[1]!r}")
 
 
-def test_final_sigma_and_case_folding_differ_from_icu(vocab_file):
-  ours = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=True)
+def test_final_sigma_and_case_folding_differ_from_icu(ours_by_case):
+  ours = ours_by_case[True]
   # HF lower-cases per character: no final-sigma rule, no NFKC case folding ('ß' stays).
   assert ours.id_to_token(ours.encode(["ΟΔΟΣ straße ﬁ"])[0]) == ["οδοσ", "straße", "ﬁ"]
 
 
-def test_word_length_limit(vocab_file):
-  ours = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=True)
+def test_word_length_limit(vocab_file, ours_by_case):
+  ours = ours_by_case[True]
   ids = ours.encode(["a" * 200, "a" * 201, "ß" * 200])
   assert ids[1] == [ours.vocab.unk_id] and ids[0] != ids[1] and len(ids[0]) > 1
   assert ids[2] != [ours.vocab.unk_id]  # 200 characters but 400 bytes: still tokenized
@@ -206,7 +213,7 @@ def test_word_length_limit(vocab_file):
   assert short.encode(texts) == hf_ids(default_hf, texts)
 
 
-def test_legacy_python_bert_tokenizer_agrees_on_ordinary_text(vocab_file):
+def test_legacy_python_bert_tokenizer_agrees_on_ordinary_text(vocab_file, ours_by_case):
   """The slow Python BertTokenizer (transformers' legacy) agrees where the two HF ones agree.
 
   They differ on NFD input (legacy NFC-composes first), CJK Ext-E and post-Unicode-9
@@ -216,12 +223,12 @@ def test_legacy_python_bert_tokenizer_agrees_on_ordinary_text(vocab_file):
   for lower in (True, False):
     legacy = BertTokenizerLegacy(vocab_file, do_lower_case=lower)
     legacy.wordpiece_tokenizer.max_input_chars_per_word = tokenization.MAX_CHARS_PER_WORD
-    ours = tokenization.WordPieceTokenizer(vocab_file, lower)
-    assert ours.encode(texts) == [legacy.encode(t, add_special_tokens=False) for t in texts]
+    expected = [legacy.encode(t, add_special_tokens=False) for t in texts]
+    assert ours_by_case[lower].encode(texts) == expected
 
 
-def test_single_words_and_tf_data(vocab_file):
-  ours = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=True)
+def test_single_words_and_tf_data(vocab_file, ours_by_case):
+  ours = ours_by_case[True]
   hf = hf_tokenizer(vocab_file, True)
   words = EDGE_TEXTS[0].split() + EDGE_TEXTS[1].split() + ["", "[MASK]", "İ"]
   assert ours.encode(words) == hf_ids(hf, words)

@@ -1,0 +1,123 @@
+"""Vocabulary learning: WordPiece vocab.txt and SentencePiece unigram/BPE models, and bad inputs."""
+
+import os
+import subprocess
+import sys
+
+from absl import flags
+import pytest
+from sentencepiece import sentencepiece_model_pb2
+
+from data_pipelines import build_vocab, stdlib_corpus, tokenization
+from data_pipelines import vocab as vocab_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  out = tmp_path_factory.mktemp("corpus")
+  stdlib_corpus.write_corpus(str(out), num_files=2, max_modules=120)  # ~0.15 MB
+  return str(out / "*.txt")
+
+
+def test_wordpiece_vocab_with_specials_first(corpus, tmp_path):
+  path = str(tmp_path / "vocab.txt")
+  size, num_files = build_vocab.build(corpus, 1000, path, lower_case=True, num_unused=3)
+  tokens = vocab_lib.load_wordpiece_vocab(path)
+  assert num_files == 2 and size == len(tokens)
+  assert 950 <= len(tokens) <= 1000  # within the learner's 5% slack under the target
+  assert tokens[:8] == ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]",
+                        "[SEP]", "[MASK]"]
+  assert len(set(tokens)) == len(tokens)
+  info = vocab_lib.wordpiece_info(path)
+  assert (info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (0, 4, 5, 6, 7)
+  assert not any(t.lower() != t for t in tokens[8:])  # uncased: no capitals
+  assert any(t.startswith("##") for t in tokens) and "the" in tokens
+  # Every character is a piece (alone and as ##char), so the corpus tokenizes without [UNK].
+  _, lines = build_vocab.read_corpus(corpus)
+  ids = tokenization.WordPieceTokenizer(path, do_lower_case=True).encode(lines)
+  assert sum(i == info.unk_id for row in ids for i in row) == 0
+  assert not os.path.exists(path + ".tmp")
+
+
+def test_cased_wordpiece_keeps_capitals(corpus, tmp_path):
+  path = str(tmp_path / "vocab.txt")
+  build_vocab.build(corpus, 600, path, lower_case=False)
+  tokens = vocab_lib.load_wordpiece_vocab(path)
+  assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert "A" in tokens and "##A" in tokens and len(tokens) <= 600
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_models(corpus, tmp_path, model_type):
+  path = str(tmp_path / f"{model_type}.model")
+  build_vocab.build(corpus, 800, path, lower_case=True, model_type=model_type)
+  info = vocab_lib.sentencepiece_info(path)
+  assert info.size == 800 and info.kind == "sentencepiece"
+  assert (info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (0, 1, 2, 3, 4)
+  with open(path, "rb") as f:
+    proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+  expected = sentencepiece_model_pb2.TrainerSpec.ModelType.Value(model_type.upper())
+  assert proto.trainer_spec.model_type == expected
+  assert proto.normalizer_spec.name == "nmt_nfkc_cf"  # --lower_case: the model case-folds
+  tok = tokenization.get_tokenizer(spm_model_file=path)
+  assert tok.encode(["Hello World"]) == tok.encode(["hello world"])
+
+
+def _write(path, data):
+  with open(path, "wb") as f:
+    f.write(data)
+  return str(path)
+
+
+def _error(**kwargs):
+  with pytest.raises(build_vocab.BuildVocabError) as e:
+    build_vocab.build(**kwargs)
+  message = str(e.value)
+  assert "\n" not in message
+  return message
+
+
+def test_bad_inputs_raise_one_line_errors(corpus, tmp_path):
+  out = str(tmp_path / "out" / "vocab.txt")
+  msg = _error(input_file=str(tmp_path / "nothing" / "*.txt"), vocab_size=500, output=out)
+  assert "--input_file=" in msg and "no file matches" in msg
+  blank = _write(tmp_path / "blank.txt", b"\n  \n\t\n")
+  assert "no text" in _error(input_file=blank, vocab_size=500, output=out)
+  latin1 = _write(tmp_path / "latin1.txt", "ok line\ncaf\xe9\n".encode("latin-1"))
+  msg = _error(input_file=latin1, vocab_size=500, output=out)
+  assert "latin1.txt is not UTF-8" in msg and "byte 11, line 2" in msg
+  msg = _error(input_file=corpus, vocab_size=5, output=out)
+  assert "--vocab_size=5 is too small" in msg
+  msg = _error(input_file=corpus, vocab_size=60, output=out)
+  assert "--vocab_size=60 is too small" in msg and "characters" in msg
+  msg = _error(input_file=corpus, vocab_size=40, output=out, model_type="bpe")
+  assert "--vocab_size=40" in msg and "required_chars" in msg
+  msg = _error(input_file=corpus, vocab_size=90000, output=out, model_type="unigram")
+  assert "Vocabulary size too high" in msg
+  assert "--model_type=char" in _error(input_file=corpus, vocab_size=500, output=out,
+                                       model_type="char")
+  assert not os.path.exists(os.path.dirname(out))  # nothing written on any error
+
+
+def test_cli_error_is_one_line(corpus, tmp_path, monkeypatch):
+  flag_values = flags.FlagValues()  # not the global FLAGS: other modules may define these names
+  build_vocab.define_flags(flag_values)
+  flag_values(["build_vocab", f"--input_file={tmp_path}/none-*.txt", "--vocab_size=100",
+               f"--output={tmp_path}/v.txt"])
+  monkeypatch.setattr(build_vocab, "FLAGS", flag_values)
+  with pytest.raises(SystemExit) as e:
+    build_vocab.main([])
+  assert str(e.value.code).startswith("build_vocab: error: --input_file=")
+  assert "\n" not in str(e.value.code)
+
+
+def test_cli_writes_vocab(corpus, tmp_path):
+  out = str(tmp_path / "vocab.txt")
+  result = subprocess.run(
+      [sys.executable, "-m", "data_pipelines.build_vocab", f"--input_file={corpus}",
+       "--vocab_size=500", f"--output={out}", "--nolower_case"],
+      capture_output=True, text=True, cwd=ROOT, check=True)
+  assert result.stdout.startswith(f"wrote {out}: wordpiece vocabulary of ")
+  assert vocab_lib.wordpiece_info(out).size <= 500
