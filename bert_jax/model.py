@@ -1,4 +1,4 @@
-"""BERT (Devlin et al., 2018) in Flax linen: config, embeddings, encoder, pooler, pre-training heads.
+"""BERT (Devlin et al., 2018) in Flax linen: config, embeddings, encoder, pooler, MLM/NSP heads.
 
 Reads top to bottom: BertConfig and the presets, then the modules from the bottom of the network
 (embeddings) to the top (MLM/NSP heads). Numerics follow google-research/bert `modeling.py`:
@@ -279,7 +279,7 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic, output_hidden_states=False):
+  def __call__(self, x, input_mask, deterministic):
     c = self.config
     # static_argnums counts `self` as 0: (x=1, input_mask=2, deterministic=3). A static
     # `deterministic` keeps the Python `if` on dropout legal inside jax.checkpoint.
