@@ -10,11 +10,22 @@ import numpy as np
 
 
 def synthetic_batches(*, batch_size, seq_length, max_predictions_per_seq, vocab_size, seed,
-                      start_batch=0, process_index=0):
-  """Yields random but valid batches; batch i depends only on (seed, i, process_index)."""
-  i = start_batch
+                      start_batch=0, process_index=0, process_count=1):
+  """Yields this host's rows of random but valid global batches.
+
+  Global batch i is a pure function of (seed, i), and host p gets rows
+  [p * batch_size, (p + 1) * batch_size): the same global batches whatever the host count, so a
+  2-process run can be compared with a 1-process run step by step.
+  """
+  for batch in _synthetic_global(batch_size * process_count, seq_length,
+                                 max_predictions_per_seq, vocab_size, seed, start_batch):
+    lo = process_index * batch_size
+    yield {k: v[lo:lo + batch_size] for k, v in batch.items()}
+
+
+def _synthetic_global(batch_size, seq_length, max_predictions_per_seq, vocab_size, seed, i):
   while True:
-    rng = np.random.default_rng([seed, i, process_index])
+    rng = np.random.default_rng([seed, i])
     lengths = rng.integers(seq_length // 2, seq_length + 1, size=batch_size)
     pos = np.arange(seq_length)[None, :]
     input_mask = (pos < lengths[:, None]).astype(np.int32)            # [B, T]
@@ -43,7 +54,7 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
     return synthetic_batches(batch_size=local_batch_size, seq_length=config.seq_length,
                              max_predictions_per_seq=config.max_predictions_per_seq,
                              vocab_size=vocab.size, seed=seed, start_batch=start_batch,
-                             process_index=process_index)
+                             process_index=process_index, process_count=process_count)
   from data_pipelines import pretrain_input  # TF only when real records are read
   ds = pretrain_input.make_pretrain_dataset(
       files, batch_size=local_batch_size, seq_length=config.seq_length,

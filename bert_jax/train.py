@@ -292,6 +292,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     raise ConfigError(f"config.seq_length={config.seq_length} exceeds the model's "
                       f"max_position_embeddings={model_config.max_position_embeddings}.")
   is_main = jax.process_index() == 0
+  # Every host must train the same model on the same vocabulary: a mismatch is an error on all
+  # hosts at start-up, not a hang in the first collective.
+  from bert_jax import distributed
+  distributed.assert_same_on_all_hosts("config", config.to_json_best_effort(sort_keys=True))
+  distributed.assert_same_on_all_hosts("vocab", _file_hash(vocab.path) or str(vocab.size))
   accum = int(config.grad_accum_steps)
   total_steps = int(config.num_train_steps) * accum     # micro-steps (one host batch each)
 
@@ -303,6 +308,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     raise ConfigError(str(e)) from e
   micro_batch = config.batch_size // accum
   local_batch = micro_batch // jax.process_count()
+  if is_main:
+    print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
+          f"host(s); global batch {micro_batch} = {jax.process_count()} x {local_batch} rows per "
+          f"host" + (f", {accum} micro-batches per step" if accum > 1 else ""), flush=True)
   rules = sharding_lib.LOGICAL_AXIS_RULES
 
   # --- Model, optimizer, shardings, compiled steps. ---
@@ -327,9 +336,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
                           f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
       state, meta = ckpt_lib.restore(manager, latest, abstract_state)
       start = int(meta["input_position"])
-      logging.info("Resumed from %s/checkpoints/%d (input position %d).", workdir, latest, start)
-      if is_main:
-        print(f"resuming from step {latest // accum} in {workdir}", flush=True)
+      print(f"resuming from step {latest // accum} in {workdir} (input position {start})",
+            flush=True)
     else:
       state = t.init_state(jax.random.PRNGKey(config.seed))
       start = 0
@@ -511,7 +519,8 @@ def main(argv):
                          "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, ckpt_lib.CheckpointError, optimizer_lib.OptimizerError) as e:
+  except (ConfigError, ckpt_lib.CheckpointError, optimizer_lib.OptimizerError,
+          distributed.DistributedSetupError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 
