@@ -1,6 +1,6 @@
 """Tokenization throughput: our in-graph WordPiece (tf.data) vs HF `tokenizers` (Rust), same text.
 
-  python -m benchmarks.tokenization                       # stdlib corpus, learned 8k vocab
+  python -m benchmarks.tokenization                       # stdlib corpus x5, learned 8k vocab
   python -m benchmarks.tokenization --input_file='data/corpus/*.txt' --vocab_file=data/vocab.txt
 
 Both sides tokenize the same lines (one per corpus line) with the same vocab.txt and casing, and
@@ -29,7 +29,8 @@ flags.DEFINE_bool("do_lower_case", True, "Uncased (BERT-base-uncased style) or c
 flags.DEFINE_integer("vocab_size", 8000, "Size of the vocab learned when --vocab_file is unset.")
 flags.DEFINE_integer("batch_size", 512, "Lines per tf.data batch / per encode_batch call.")
 flags.DEFINE_integer("repeats", 3, "Timed passes per side (best counts).")
-flags.DEFINE_integer("copies", 1, "Repeat the corpus lines this many times (more text).")
+flags.DEFINE_integer("copies", 5, "Repeat the corpus lines this many times: ~5 MB keeps a timed "
+                     "pass well above timer and prefetch-buffer noise.")
 
 
 def run(tmp):

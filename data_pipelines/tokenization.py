@@ -90,31 +90,34 @@ def _map_codepoints(texts, table):
   return tf.strings.unicode_encode(cps, "UTF-8")
 
 
-def _lower_strip(texts, with_fixes):
+def _on_subset(texts, mask, fn):
+  """texts [N] with fn applied to texts[mask] only; free when `mask` is all False."""
+  def apply():
+    idx = tf.where(mask)  # [E, 1]
+    return tf.tensor_scatter_nd_update(texts, idx, fn(tf.gather_nd(texts, idx)))
+  return tf.cond(tf.reduce_any(mask), apply, lambda: texts)
+
+
+def _lower_strip(texts, exotic):
   """HF's uncased steps: NFD, drop non-spacing marks, per-character lower-casing."""
-  if with_fixes:
-    to_holder, _ = _fix_tables()
-    texts = _map_codepoints(texts, to_holder)
+  to_holder, from_holder = _fix_tables()
+  texts = _on_subset(texts, exotic, lambda t: _map_codepoints(t, to_holder))
   texts = tf_text.normalize_utf8(texts, "NFD")
   texts = tf.strings.regex_replace(texts, _MARK_RE, "")
   texts = tf.strings.lower(texts, encoding="utf-8")
-  if with_fixes:
-    _, from_holder = _fix_tables()
-    texts = _map_codepoints(texts, from_holder)
-  return texts
+  return _on_subset(texts, exotic, lambda t: _map_codepoints(t, from_holder))
 
 
 def _check(texts, lower_case):
-  """[N] string (any bytes) -> ([N] valid UTF-8 string, `exotic`: scalar bool tensor).
+  """[N] string (any bytes) -> ([N] valid UTF-8 string, `exotic`: [N] bool).
 
-  `exotic` batches hold invalid UTF-8 or one of the ~120 rare letters (Unicode 14-16 scripts,
-  and 'Σ') that need the code-point fixes. Nearly every batch is not exotic, and pays one regex
-  scan instead of a transcoding pass and two code-point decode/encode passes.
+  Exotic strings hold invalid UTF-8 or one of the ~120 rare letters (Unicode 14-16 scripts,
+  and 'Σ') that need the code-point fixes; only they pay for transcoding and the two code-point
+  decode/encode passes, and a batch without any (nearly all) pays one regex scan.
   """
-  ordinary = tf.reduce_all(tf.strings.regex_full_match(
+  exotic = tf.logical_not(tf.strings.regex_full_match(
       texts, _VALID_NO_FIX_RE if lower_case else _VALID_RE))
-  texts = tf.cond(ordinary, lambda: texts, lambda: _utf8_safe(texts))
-  return texts, tf.logical_not(ordinary)
+  return _on_subset(texts, exotic, _utf8_safe), exotic
 
 
 def _normalize(texts, lower_case, exotic):
@@ -122,8 +125,7 @@ def _normalize(texts, lower_case, exotic):
   texts = tf.strings.regex_replace(texts, _SPACE_RE, " ")
   texts = tf.strings.regex_replace(texts, _CJK_RE, r" \0 ")
   if lower_case:
-    texts = tf.cond(exotic, lambda: _lower_strip(texts, with_fixes=True),
-                    lambda: _lower_strip(texts, with_fixes=False))
+    texts = _lower_strip(texts, exotic)
   return texts
 
 
@@ -168,7 +170,7 @@ class WordPieceTokenizer:
           tf.constant([ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"]], tf.int32), -1)
 
   def _word_ids(self, texts, exotic):
-    """[N] valid UTF-8 (no special tokens) -> RaggedTensor int32 [N, (tokens)]."""
+    """[N] valid UTF-8 (no special tokens), [N] bool -> RaggedTensor int32 [N, (tokens)]."""
     words = _split_words(_normalize(texts, self.do_lower_case, exotic))  # [N, (words)]
     flat = words.flat_values  # [W]
     too_long = tf.strings.length(flat, unit="UTF8_CHAR") > self.max_chars_per_word
@@ -183,6 +185,7 @@ class WordPieceTokenizer:
     texts = tf.strings.regex_replace(texts, r"\x00", "\x01")
     segments = tf_text.regex_split(texts, _SPECIAL_RE, _SPECIAL_RE)  # [N, (segments)]
     flat = segments.flat_values  # [S]
+    exotic = tf.gather(exotic, segments.value_rowids())  # [S]
     special = self._special_table.lookup(flat)  # [S], -1 where not a special token
     is_special = special >= 0
     ids = self._word_ids(tf.where(is_special, "", flat), exotic)  # [S, (tokens)]; specials: []
