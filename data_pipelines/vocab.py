@@ -93,9 +93,8 @@ def load_wordpiece_vocab(path, flag="--vocab_file"):
 
 def wordpiece_info(path, flag="--vocab_file"):
   tokens = load_wordpiece_vocab(path, flag)
-  index = {}
-  for i, t in enumerate(tokens):
-    index.setdefault(t, i)
+  # A token listed twice maps to its last line, as google-research/bert's load_vocab and HF do.
+  index = {t: i for i, t in enumerate(tokens)}
   missing = [t for t in SPECIAL_TOKENS if t not in index]
   if missing:
     raise VocabError(f"{flag}={path}: missing special token(s) {', '.join(missing)}; a BERT "

@@ -15,7 +15,7 @@ if [ ! -f "$OUT/corpus/stdlib-03-of-04.txt" ]; then
 fi
 if [ ! -f "$OUT/vocab.txt" ]; then
   python -m data_pipelines.build_vocab --input_file="$OUT/corpus/stdlib-0[0-2]-of-04.txt" \
-    --vocab_size=8000 --lower_case --output="$OUT/vocab.txt"
+    --vocab_size=5000 --lower_case --output="$OUT/vocab.txt"
 fi
 if [ ! -f "$OUT/records/train/dataset_info.json" ]; then
   python -m data_pipelines.create_pretraining_data \
