@@ -20,6 +20,7 @@ import functools
 import os
 import sys
 import time
+from typing import Callable, NamedTuple
 
 from absl import app, flags
 import jax
@@ -69,6 +70,63 @@ def train_step(state, batch, *, model, family, tx, schedule):
 
 def eval_step(params, batch, *, model, family):
   return ft.predict_outputs(family, _apply(model, params, batch, True))
+
+
+class Training(NamedTuple):
+  model: nn.Module
+  param_shardings: dict
+  init_state: Callable      # rng -> sharded state dict(step, params, opt_state, rng) (jitted)
+  init_opt_state: Callable  # params -> sharded optimizer state (after loading `bert`)
+  train_step: Callable      # (state, global batch) -> (state, metrics); state donated
+  eval_step: Callable       # (params, global batch) -> predict_outputs (replicated)
+
+
+def build_training(family, model_config, config, mesh, *, num_train_steps, warmup_steps,
+                   num_labels=2, num_choices=4, rules=sharding_lib.LOGICAL_AXIS_RULES):
+  """The head model, AdamW with BERT's schedule, and jitted steps sharded by logical axes."""
+  model = heads.create_model(family, model_config, num_labels=num_labels,
+                             num_choices=num_choices)
+  tx, schedule = optimizer_lib.create_optimizer(
+      learning_rate=config.learning_rate, warmup_steps=warmup_steps,
+      num_train_steps=num_train_steps, optimizer=config.optimizer,
+      weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
+      clip_norm=config.clip_norm)
+  dummy = heads.dummy_inputs(family, config.max_seq_length, num_choices=num_choices)
+
+  def init_params(rng, unbox=False):
+    with nn.logical_axis_rules(()):  # placement comes from out_shardings (see train.py)
+      params = model.init({"params": rng, "dropout": rng}, *dummy, deterministic=True)["params"]
+      return nn.unbox(params) if unbox else params
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+    param_shardings = sharding_lib.logical_to_sharding(nn.get_partition_spec(abstract), mesh,
+                                                       rules)
+    abstract_params = jax.eval_shape(functools.partial(init_params, unbox=True),
+                                     jax.random.PRNGKey(0))
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  repl = sharding_lib.replicated(mesh)
+  # Adam moments mirror their parameter's sharding; counters are replicated.
+  opt_shardings = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_shardings,
+                                        transform_non_params=lambda _: repl)
+  state_shardings = dict(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+
+  def init_state(rng):
+    params = init_params(rng, unbox=True)
+    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                rng=jax.random.fold_in(rng, 1))
+
+  return Training(
+      model=model, param_shardings=param_shardings,
+      init_state=jax.jit(init_state, out_shardings=state_shardings),
+      init_opt_state=jax.jit(tx.init, out_shardings=opt_shardings),
+      train_step=jax.jit(functools.partial(train_step, model=model, family=family, tx=tx,
+                                           schedule=schedule),
+                         in_shardings=(state_shardings, batch_sharding),
+                         out_shardings=(state_shardings, repl), donate_argnums=(0,)),
+      eval_step=jax.jit(functools.partial(eval_step, model=model, family=family),
+                        in_shardings=(param_shardings, batch_sharding), out_shardings=repl))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,50 +253,19 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
   num_train_steps = max(1, int(config.num_train_epochs * steps_per_epoch))
   warmup_steps = int(config.warmup_proportion * num_train_steps)
 
-  # --- Model, optimizer and shardings from the logical axis names. ---
-  model = heads.create_model(family, model_config, num_labels=getattr(task, "num_labels", 2),
-                             num_choices=getattr(task, "num_choices", 4))
-  tx, schedule = optimizer_lib.create_optimizer(
-      learning_rate=config.learning_rate, warmup_steps=warmup_steps,
-      num_train_steps=num_train_steps, optimizer=config.optimizer,
-      weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
-      clip_norm=config.clip_norm)
-  dummy = heads.dummy_inputs(family, config.max_seq_length,
-                             num_choices=getattr(task, "num_choices", 4))
-
-  def init_params(rng, unbox=False):
-    with nn.logical_axis_rules(()):  # placement comes from out_shardings (see train.py)
-      params = model.init({"params": rng, "dropout": rng}, *dummy, deterministic=True)["params"]
-      return nn.unbox(params) if unbox else params
-
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_params, jax.random.PRNGKey(0))
-    param_shardings = sharding_lib.logical_to_sharding(nn.get_partition_spec(abstract), mesh,
-                                                       rules)
-    abstract_params = jax.eval_shape(functools.partial(init_params, unbox=True),
-                                     jax.random.PRNGKey(0))
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-  repl = sharding_lib.replicated(mesh)
-  opt_shardings = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_shardings,
-                                        transform_non_params=lambda _: repl)
-  state_shardings = dict(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
-  batch_sharding = sharding_lib.batch_sharding(mesh)
+  # --- Model, optimizer, shardings and the compiled steps. ---
+  t = build_training(family, model_config, config, mesh, num_train_steps=num_train_steps,
+                     warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
+                     num_choices=getattr(task, "num_choices", 4))
+  param_shardings, p_train, p_eval = t.param_shardings, t.train_step, t.eval_step
 
   # --- State: pre-trained `bert`, a freshly initialised head (or the checkpoint's head when
   # only evaluating a fine-tuned export). ---
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    params = jax.jit(functools.partial(init_params, unbox=True), out_shardings=param_shardings)(
-        jax.random.PRNGKey(config.seed))
-    params = _merge_pretrained(params, bert_params, head_params, param_shardings, config)
-    state = dict(step=jnp.zeros((), jnp.int32), params=params,
-                 opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
-                 rng=jax.random.PRNGKey(config.seed + 1))
-    p_train = jax.jit(functools.partial(train_step, model=model, family=family, tx=tx,
-                                        schedule=schedule),
-                      in_shardings=(state_shardings, batch_sharding),
-                      out_shardings=(state_shardings, repl), donate_argnums=(0,))
-    p_eval = jax.jit(functools.partial(eval_step, model=model, family=family),
-                     in_shardings=(param_shardings, batch_sharding), out_shardings=repl)
+    state = t.init_state(jax.random.PRNGKey(config.seed))
+    params = _merge_pretrained(state["params"], bert_params, head_params, param_shardings,
+                               config)
+    state = dict(state, params=params, opt_state=t.init_opt_state(params))
 
   input_keys = ft.INPUT_KEYS + ft.LABEL_KEYS[family]
 

@@ -47,13 +47,15 @@ def build_task(config):
   if config.task != "custom":
     return tasks_lib.get_task(config.task)
   c = config.custom
+  # --config.custom.labels='neg,pos' arrives as ('neg,pos',): split on commas.
+  labels = tuple(x.strip() for l in c.labels for x in str(l).split(",") if x.strip())
   if c.family == "tagging":
-    return ner.custom_task("custom", tuple(c.labels), train_file=c.train_file,
+    return ner.custom_task("custom", labels, train_file=c.train_file,
                            dev_file=c.dev_file, test_file=c.test_file)
   if c.family not in ("classification", "regression"):
     raise TaskDataError(f"config.custom.family={c.family!r}; use classification, regression or "
                         "tagging (SQuAD-style and multiple-choice data use squad_v1/v2, swag).")
-  labels = () if c.family == "regression" else tuple(c.labels)
+  labels = () if c.family == "regression" else labels
   if c.family == "classification" and not labels:
     raise TaskDataError("config.custom.labels is empty; list the classes, e.g. "
                         "--config.custom.labels='neg,pos'.")

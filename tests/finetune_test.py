@@ -204,3 +204,25 @@ def test_config_errors(tmp_path, pretrained):
     finetune.finetune(c, str(tmp_path / "run"))
   with pytest.raises(ValueError, match="unknown task 'glue_foo'"):
     finetune_config.get_config("glue_foo")
+
+
+@pytest.mark.slow
+def test_custom_csv_task_with_learning_rate_sweep(tmp_path, pretrained):
+  rng = np.random.default_rng(4)
+  for name, n in (("train.csv", 32), ("dev.csv", 8)):
+    rows = ["id,review,stars"]
+    for i in range(n):
+      y = int(rng.integers(0, 2))
+      rows.append(f'{i},"{" ".join(rng.choice(WORDS[:10], 4))}, {("bad", "good")[y]}",'
+                  f'{("neg", "pos")[y]}')
+    _write(tmp_path / name, rows)
+  c = _config("custom", pretrained, tmp_path, num_train_epochs=1.0)
+  c.learning_rates = (1e-3, 1e-4)
+  c.custom.update(dict(format="csv", text_a="review", label="stars", labels=("neg,pos",),
+                       train_file="train.csv", dev_file="dev.csv"))
+  summary = finetune.finetune(c, str(tmp_path / "sweep"))
+  results = json.load(open(tmp_path / "sweep" / "sweep_results.json"))
+  assert [r["learning_rate"] for r in results["runs"]] == [1e-3, 1e-4]
+  best = max(results["runs"], key=lambda r: r["best_score"])
+  assert summary["best_learning_rate"] == best["learning_rate"]
+  assert os.path.isdir(results["best_checkpoint"])
