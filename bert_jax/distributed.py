@@ -8,8 +8,9 @@
      from `BERT_JAX_COORDINATOR` (host:port), `BERT_JAX_NUM_PROCESSES`, `BERT_JAX_PROCESS_ID`,
      with gloo for cross-process collectives on CPU. Wins over everything else: the launcher
      asked for it.
-  2. `distributed=True` (`--config.distributed=True`): `jax.distributed.initialize()` with no
-     arguments; JAX detects Cloud TPU, Slurm, Open MPI and Kubernetes JobSets by itself.
+  2. `distributed=True`: `jax.distributed.initialize()` with no arguments; JAX detects Cloud
+     TPU, Slurm, Open MPI and Kubernetes JobSets by itself (use it for a cluster that path 3
+     does not recognise, e.g. a Kubernetes JobSet of GPU nodes).
   3. `distributed=None` (the default): the same no-argument call when the environment says
      "multi-host": a Cloud TPU VM (libtpu found TPU chips when jax was imported; on a one-host
      VM this makes a 1-process system, which costs a metadata query and nothing else), a TPU
