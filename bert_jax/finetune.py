@@ -202,6 +202,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
   if not workdir:
     raise ConfigError("--workdir is empty: pass a directory for checkpoints and predictions.")
   from data_pipelines import tokenization  # TF: imported only when a run starts
+  if not (config.vocab_file or config.spm_model_file) and config.init_checkpoint:
+    # `python -m bert_jax.convert` exports carry their vocab.txt.
+    bundled = os.path.join(config.init_checkpoint, "vocab.txt")
+    if os.path.isfile(bundled):
+      config = ml_collections.ConfigDict(config.to_dict())
+      config.vocab_file = bundled
   try:
     tokenizer = tokenization.get_tokenizer(
         vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,

@@ -50,7 +50,7 @@ def get_config(arg="glue_mrpc"):
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
   c.data_source = "files"       # "files", or "tfds" for glue/* and squad/* prepared in data_dir
-  c.vocab_file = ""             # the WordPiece vocab.txt of the checkpoint ...
+  c.vocab_file = ""             # the WordPiece vocab.txt (default: init_checkpoint/vocab.txt) ...
   c.spm_model_file = ""         # ... or its SentencePiece model
   c.do_lower_case = True        # uncased checkpoints; must match how it was pre-trained
   c.max_seq_length = 128
