@@ -31,7 +31,8 @@ from absl import flags
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "JAX processes (simulated hosts).")
 _DEVICES = flags.DEFINE_integer("devices_per_process", 4, "Fake CPU devices in each process.")
-_PORT = flags.DEFINE_integer("port", 0, "Coordinator port on localhost; 0 picks a free one.")
+_PORT = flags.DEFINE_integer("coordinator_port", 0,
+                             "Coordinator port on localhost; 0 picks a free one.")
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 10,
     "A process silent this long is declared dead by the coordination service (JAX: 100).")

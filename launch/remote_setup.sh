@@ -33,7 +33,11 @@ if [ ! -x "$venv/bin/python" ]; then
     "python$python_version" -m venv "$venv"
   else
     say "python$python_version not on this image; installing uv==$uv_version to fetch it"
-    python3 -m pip install --user --quiet "uv==$uv_version"
+    # pip on Ubuntu 22.04 images; 24.04 images need --break-system-packages (PEP 668) for a
+    # --user install; with no pip at all, uv's own installer.
+    python3 -m pip install --user --quiet "uv==$uv_version" 2>/dev/null \
+      || python3 -m pip install --user --quiet --break-system-packages "uv==$uv_version" 2>/dev/null \
+      || curl -LsSf "https://astral.sh/uv/$uv_version/install.sh" | sh
     "$HOME/.local/bin/uv" venv --seed --python "$python_version" "$venv"
   fi
 fi
