@@ -1,6 +1,6 @@
 # Shared helpers of the launch/*.sh scripts; sourced, never run. Loads launch/config.env (or
 # $LAUNCH_CONFIG) and defines logging, variable checks and the gcloud calls they share.
-# shellcheck shell=bash
+# shellcheck shell=bash source-path=SCRIPTDIR
 
 LAUNCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck disable=SC2034  # used by the scripts that source this file
