@@ -183,17 +183,21 @@ def save_npz(path, arrays):
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
-flags.DEFINE_string("output_file", None, "Where to write the .npz.")
-flags.DEFINE_string("init_checkpoint", None, "Params export, pre-training workdir or step dir.")
-flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt of the checkpoint.")
-flags.DEFINE_string("spm_model_file", None, "SentencePiece model of the checkpoint.")
-flags.DEFINE_bool("do_lower_case", True, "Uncased checkpoint.")
-flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to use (-1 = last).")
-flags.DEFINE_enum("pooling", "concat", ["concat", "sum"], "How to combine the layers.")
-flags.DEFINE_integer("max_seq_length", 128, "Longer lines are truncated (and counted).")
-flags.DEFINE_integer("batch_size", 32, "Lines per forward pass.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+
+
+def define_flags():
+  """Flags are defined only when run as a program, so modules import side-effect free."""
+  flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
+  flags.DEFINE_string("output_file", None, "Where to write the .npz.")
+  flags.DEFINE_string("init_checkpoint", None, "Params export, pre-training workdir or step dir.")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt of the checkpoint.")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model of the checkpoint.")
+  flags.DEFINE_bool("do_lower_case", True, "Uncased checkpoint.")
+  flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to use (-1 = last).")
+  flags.DEFINE_enum("pooling", "concat", ["concat", "sum"], "How to combine the layers.")
+  flags.DEFINE_integer("max_seq_length", 128, "Longer lines are truncated (and counted).")
+  flags.DEFINE_integer("batch_size", 32, "Lines per forward pass.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 
 
 def main(argv):
@@ -233,4 +237,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -439,10 +439,14 @@ def _sweep(config, workdir):
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                "bert_jax/configs/finetune.py:glue_mrpc[,runlocal][,sweep].",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Best checkpoint, eval results and predictions go here.")
+
+
+def define_flags():
+  """Flags are defined only when run as a program, so modules import side-effect free."""
+  config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                  "bert_jax/configs/finetune.py:glue_mrpc[,runlocal][,sweep].",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Best checkpoint, eval results and predictions go here.")
 
 
 def main(argv):
@@ -460,4 +464,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

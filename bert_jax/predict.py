@@ -119,11 +119,15 @@ def format_prediction(result):
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Converted export or pre-training workdir.")
-flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --checkpoint).")
-flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
-flags.DEFINE_string("text_b", None, "Second sentence: also print P(IsNext).")
-flags.DEFINE_integer("top_k", 5, "Candidates per [MASK].")
+
+
+def define_flags():
+  """Flags are defined only when run as a program, so modules import side-effect free."""
+  flags.DEFINE_string("checkpoint", None, "Converted export or pre-training workdir.")
+  flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --checkpoint).")
+  flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
+  flags.DEFINE_string("text_b", None, "Second sentence: also print P(IsNext).")
+  flags.DEFINE_integer("top_k", 5, "Candidates per [MASK].")
 
 
 def main(argv):
@@ -144,4 +148,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

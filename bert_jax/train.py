@@ -503,10 +503,14 @@ def _fmt_time(seconds):
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                "bert_jax/configs/pretrain.py:base[,runlocal].",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events and logs go here.")
+
+
+def define_flags():
+  """Flags are defined only when run as a program, so modules import side-effect free."""
+  config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                  "bert_jax/configs/pretrain.py:base[,runlocal].",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events and logs go here.")
 
 
 def main(argv):
@@ -526,4 +530,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -110,9 +110,13 @@ def write_corpus(output_dir, num_files=4, max_modules=None):
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output_dir", "data/corpus", "Where to write the text files.")
-flags.DEFINE_integer("num_files", 4, "Number of text files (input shards).")
-flags.DEFINE_integer("max_modules", None, "Only the first N modules (for quick tests).")
+
+
+def define_flags():
+  """Flags are defined only when run as a program, so modules import side-effect free."""
+  flags.DEFINE_string("output_dir", "data/corpus", "Where to write the text files.")
+  flags.DEFINE_integer("num_files", 4, "Number of text files (input shards).")
+  flags.DEFINE_integer("max_modules", None, "Only the first N modules (for quick tests).")
 
 
 def main(argv):
@@ -123,4 +127,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
