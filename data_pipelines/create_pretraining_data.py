@@ -1,0 +1,530 @@
+"""Raw text -> sharded TFRecords of unmasked BERT pre-training instances.
+
+  python -m data_pipelines.create_pretraining_data --input_file='data/corpus/*.txt' \
+      --output_dir=data/records --vocab_file=data/vocab.txt --max_seq_length=128 \
+      --dupe_factor=10 --num_shards=16 --num_workers=8
+
+Flags follow google-research/bert's create_pretraining_data.py. Masking is not done here: the
+input pipeline (`pretrain_input.py`) masks on the fly, so each record holds only `input_ids`,
+`input_mask`, `segment_ids` (int64 [max_seq_length], padded with 0) and `next_sentence_labels`
+(int64 [1]: 0 = IsNext, 1 = NotNext). `dataset_info.json` beside the shards gives the instance
+count per shard, max_seq_length, the vocab path and sha256, do_lower_case and the NSP flag.
+
+Inputs (`--input_format`):
+  text:  the original format, one sentence per line, a blank line between documents.
+  jsonl: one JSON object per line, the document in `--jsonl_text_key`; split into sentences by
+         `instances.split_sentences` (line breaks, then `. ! ?` + space + capital/digit/quote).
+  tfds:  a TFDS dataset already prepared in `--tfds_data_dir` (never downloaded), split into
+         `--tfds_num_parts` even parts; its text field is split like jsonl.
+
+Deviations from the original, for bounded memory and parallelism:
+  * The original holds the whole corpus, shuffles all documents, draws the "random next"
+    document from all of them, and shuffles all instances. Here each source (input file or TFDS
+    part) is read in blocks of `--document_pool_size` documents (1000: ~1 MB of token ids); the
+    random-next document comes from the same block, and the block's instances (all dupes) are
+    shuffled together. Memory per worker is one block, whatever the corpus size. Instances
+    from different blocks are mixed by the training input pipeline (file interleave + shuffle).
+  * Each source has its own random streams, seeded from (random_seed, source index, dupe index),
+    so the output is byte-identical for a seed whatever --num_workers is.
+  * Shard s holds instances [s*N/S, (s+1)*N/S) of the sources' outputs concatenated in input
+    order (balanced to +-1 instance); the original dealt a shuffled list round robin.
+"""
+
+import array
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import queue as queue_lib
+import random
+import sys
+import time
+
+from absl import app, flags
+import numpy as np
+import tqdm
+
+from data_pipelines import instances as instances_lib
+from data_pipelines import text_sources
+from data_pipelines import tokenization
+from data_pipelines import vocab as vocab_lib
+from data_pipelines.tf_setup import tf
+
+INFO_FILE = "dataset_info.json"
+_TMP_DIR = ".tmp-create_pretraining_data"  # per-source part files, removed at the end
+_COPY_CHUNK = 16 << 20  # bytes per read when merging part files into shards
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  input_file: str = ""  # glob, or comma-separated globs (text / jsonl)
+  output_dir: str = ""
+  vocab_file: str = ""
+  spm_model_file: str = ""
+  do_lower_case: bool = True
+  max_seq_length: int = 128
+  short_seq_prob: float = 0.1
+  random_seed: int = 12345
+  dupe_factor: int = 10
+  no_nsp: bool = False
+  num_shards: int = 16
+  num_workers: int = 1
+  input_format: str = "text"  # text | jsonl | tfds
+  jsonl_text_key: str = "text"
+  tfds_name: str = ""
+  tfds_split: str = "train"
+  tfds_text_key: str = "text"
+  tfds_data_dir: str = ""
+  tfds_num_parts: int = 16
+  document_pool_size: int = 1000
+  overwrite: bool = False
+
+
+@dataclasses.dataclass
+class Stats:
+  documents: int = 0  # kept (at least one token)
+  dropped: int = 0  # empty or blank-only documents
+  replaced: int = 0  # U+FFFD introduced for invalid UTF-8
+  sentences: int = 0
+  input_tokens: int = 0  # tokens of the kept sentences (counted once, not per dupe)
+  instances: int = 0
+  random_next: int = 0
+  tokens: int = 0  # non-padding tokens written, [CLS]/[SEP] included
+
+  def add(self, other):
+    for f in dataclasses.fields(self):
+      setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+PretrainingDataError = _Error = text_sources.PretrainingDataError
+open_file = text_sources.open_file
+
+
+def _seed(*parts):
+  # Python's hash() of a str changes per process; sha256 is the same everywhere.
+  return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: every problem is a one-line error before anything is written.
+# ----------------------------------------------------------------------------------------------
+def validate_config(cfg):
+  if cfg.input_format not in ("text", "jsonl", "tfds"):
+    raise _Error(f"--input_format={cfg.input_format}: expected text, jsonl or tfds.")
+  if not cfg.output_dir:
+    raise _Error("--output_dir is empty: pass the directory to write the TFRecord shards to.")
+  min_len = 3 if cfg.no_nsp else 5  # [CLS] A [SEP] B [SEP] with len(A), len(B) >= 1
+  if cfg.max_seq_length < min_len:
+    raise _Error(f"--max_seq_length={cfg.max_seq_length}: must be >= {min_len} "
+                 "(BERT uses 128, then 512).")
+  if not 0.0 <= cfg.short_seq_prob <= 1.0:
+    raise _Error(f"--short_seq_prob={cfg.short_seq_prob}: expected a probability in [0, 1].")
+  for name in ("dupe_factor", "num_shards", "num_workers", "tfds_num_parts",
+               "document_pool_size"):
+    if getattr(cfg, name) < 1:
+      raise _Error(f"--{name}={getattr(cfg, name)}: must be >= 1.")
+
+
+def _check_output_dir(cfg):
+  """Existing output: refused, or with --overwrite removed (dataset_info.json first)."""
+  if not tf.io.gfile.isdir(cfg.output_dir):
+    return
+  old = [os.path.join(cfg.output_dir, f) for f in tf.io.gfile.listdir(cfg.output_dir)
+         if f == INFO_FILE or (f.startswith("part-") and ".tfrecord" in f)]
+  if old and not cfg.overwrite:
+    raise _Error(f"--output_dir={cfg.output_dir}: already holds {len(old)} output file(s); "
+                 "pass --overwrite to replace them or choose another directory.")
+  for path in sorted(old, key=lambda p: not p.endswith(INFO_FILE)):
+    tf.io.gfile.remove(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# One source -> one part file of serialized tf.train.Examples (+ its record sizes).
+# ----------------------------------------------------------------------------------------------
+def _int_feature(values):
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def serialize_instance(instance, max_seq_length):
+  n = len(instance.tokens)
+  pad = [0] * (max_seq_length - n)
+  feature = {
+      "input_ids": _int_feature(list(instance.tokens) + pad),
+      "input_mask": _int_feature([1] * n + pad),
+      "segment_ids": _int_feature(list(instance.segment_ids) + pad),
+      "next_sentence_labels": _int_feature([int(instance.is_random_next)]),
+  }
+  example = tf.train.Example(features=tf.train.Features(feature=feature))
+  return example.SerializeToString(deterministic=True)  # map order fixed: byte-identical output
+
+
+def tokenize_documents(documents, encode, stats):
+  """list of lists of sentence strings -> documents of array('i') sentences, empties dropped."""
+  flat = [s for doc in documents for s in doc]
+  ids = encode(flat) if flat else []
+  out, k = [], 0
+  for doc in documents:
+    sentences = [array.array("i", t) for t in ids[k:k + len(doc)] if len(t)]
+    k += len(doc)
+    if sentences:
+      out.append(sentences)
+      stats.sentences += len(sentences)
+      stats.input_tokens += sum(map(len, sentences))
+    else:
+      stats.dropped += 1  # e.g. only control characters: no token at all
+  stats.documents += len(out)
+  return out
+
+
+def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs):
+  """All dupes' instances of one block, shuffled together (pure: no I/O, explicit rngs)."""
+  result = []
+  if not no_nsp:
+    block_rng.shuffle(documents)  # as the original shuffles documents before the dupe loop
+  for dupe in range(dupe_factor):
+    rng = dupe_rngs[dupe]
+    if no_nsp:
+      order = list(documents)
+      rng.shuffle(order)  # another packing per dupe
+      result.extend(instances_lib.pack_full_sentences(order, params))
+    else:
+      for index in range(len(documents)):
+        result.extend(instances_lib.create_instances_from_document(documents, index, rng, params))
+  block_rng.shuffle(result)
+  return result
+
+
+def process_source(source, cfg, encode, params, part_dir, progress=lambda n: None):
+  """Writes part-<index>.tfrecord and .sizes (int64 bytes per record); returns Stats."""
+  stats = Stats()
+  block_rng = random.Random(_seed(cfg.random_seed, source.index, "block"))
+  dupe_rngs = [random.Random(_seed(cfg.random_seed, source.index, d))
+               for d in range(cfg.dupe_factor)]
+  base = os.path.join(part_dir, f"part-{source.index:05d}")
+  sizes = array.array("q")
+  pool = cfg.document_pool_size
+
+  with tf.io.TFRecordWriter(base + ".tfrecord") as writer:
+    def flush(raw_documents):
+      documents = tokenize_documents(raw_documents, encode, stats)
+      if not documents:
+        return
+      for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
+                                  dupe_rngs):
+        record = serialize_instance(inst, cfg.max_seq_length)
+        writer.write(record)
+        sizes.append(len(record) + 16)  # TFRecord framing: u64 length, 2 x u32 masked crc32c
+        stats.instances += 1
+        stats.random_next += inst.is_random_next
+        stats.tokens += len(inst.tokens)
+
+    pending = []
+    for document in text_sources.read_documents(source, cfg, stats, progress):
+      pending.append(document)
+      # Process `pool` documents once 1.5 x pool are read: the last block then holds between
+      # pool/2 and 1.5 x pool documents, never a handful with too few random-next candidates.
+      if len(pending) >= pool + pool // 2:
+        flush(pending[:pool])
+        del pending[:pool]
+    flush(pending)
+  with open_file(base + ".sizes", "wb") as f:
+    f.write(sizes.tobytes())
+  return stats
+
+
+# Worker processes get the config and build their own tokenizer (TF objects do not pickle).
+_WORKER = {}
+
+
+def _init_worker(cfg, params, part_dir, progress_queue):
+  tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
+                                   spm_model_file=cfg.spm_model_file or None,
+                                   do_lower_case=cfg.do_lower_case)
+  _WORKER.update(cfg=cfg, encode=tok.encode, params=params, part_dir=part_dir,
+                 queue=progress_queue)
+
+
+def _worker_process_source(source):
+  w = _WORKER
+  pending = [0]
+
+  def progress(n):  # batch updates: one queue message per ~1 MB or 1000 examples
+    pending[0] += n
+    if pending[0] >= (1 << 20 if source.tfds_part == () else 1000):
+      w["queue"].put(pending[0])
+      pending[0] = 0
+
+  stats = process_source(source, w["cfg"], w["encode"], w["params"], w["part_dir"], progress)
+  w["queue"].put(pending[0])
+  return stats
+
+
+def _worker_merge(task):
+  merge_shard(*task)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shards: contiguous ranges of the concatenated part files, copied as bytes.
+# ----------------------------------------------------------------------------------------------
+def plan_shards(counts, num_shards):
+  """counts[i] records in source i -> per shard a list of (source, first, end) record ranges."""
+  total = sum(counts)
+  starts = np.concatenate([[0], np.cumsum(counts)])
+  plan = []
+  for s in range(num_shards):
+    lo, hi = s * total // num_shards, (s + 1) * total // num_shards
+    ranges = []
+    for i, n in enumerate(counts):
+      a, b = max(lo, starts[i]), min(hi, starts[i] + n)
+      if a < b:
+        ranges.append((i, int(a - starts[i]), int(b - starts[i])))
+    plan.append(ranges)
+  return plan
+
+
+def merge_shard(path, byte_ranges):
+  """Concatenates [(part file, start byte, end byte)] into path.tmp, then renames to path."""
+  with open_file(path + ".tmp", "wb") as out:
+    for part, start, end in byte_ranges:
+      with open_file(part, "rb") as f:
+        f.seek(start)
+        while start < end:
+          chunk = f.read(min(_COPY_CHUNK, end - start))
+          if not chunk:
+            raise _Error(f"{part}: ended at byte {start}, expected {end}; was it removed while "
+                         "running?")
+          out.write(chunk)
+          start += len(chunk)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+def _byte_ranges(plan, part_dir):
+  """Record ranges -> byte ranges, loading one source's sizes at a time (bounded memory)."""
+  wanted = {}
+  for s, ranges in enumerate(plan):
+    for i, a, b in ranges:
+      wanted.setdefault(i, []).append((s, a, b))
+  out = [[] for _ in plan]
+  for i in sorted(wanted):
+    base = os.path.join(part_dir, f"part-{i:05d}")
+    with open_file(base + ".sizes", "rb") as f:
+      offsets = np.concatenate([[0], np.cumsum(np.frombuffer(f.read(), np.int64))])
+    for s, a, b in wanted[i]:
+      out[s].append((base + ".tfrecord", int(offsets[a]), int(offsets[b])))
+  return out
+
+
+def shard_name(s, num_shards):
+  return f"part-{s:05d}-of-{num_shards:05d}.tfrecord"
+
+
+# ----------------------------------------------------------------------------------------------
+# The run.
+# ----------------------------------------------------------------------------------------------
+def _file_sha256(path):
+  h = hashlib.sha256()
+  with open_file(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def _drain(queue, bar, timeout):
+  """Moves queued progress counts to the bar, waiting up to `timeout` s for the first one."""
+  if queue is None:
+    time.sleep(timeout)
+    return
+  try:
+    bar.update(queue.get(timeout=timeout) if timeout else queue.get_nowait())
+    while True:
+      bar.update(queue.get_nowait())
+  except queue_lib.Empty:
+    pass
+
+
+def _run_pool(pool, fn, tasks, queue=None, bar=None):
+  """Runs tasks on the pool, results in task order, feeding the bar; raises the first failure."""
+  pending = [pool.apply_async(fn, (t,)) for t in tasks]
+  while not all(p.ready() for p in pending):
+    for p in pending:
+      if p.ready() and not p.successful():
+        p.get()  # re-raises the worker's exception
+    _drain(queue, bar, 0.1)
+  _drain(queue, bar, 0)
+  return [p.get() for p in pending]
+
+
+def run(cfg, show_progress=True):
+  """Validates everything, writes the shards and dataset_info.json; returns the summary dict."""
+  start = time.time()
+  validate_config(cfg)
+  tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
+                                   spm_model_file=cfg.spm_model_file or None,
+                                   do_lower_case=cfg.do_lower_case)
+  vocab = tok.vocab
+  params = instances_lib.InstanceParams(cfg.max_seq_length, cfg.short_seq_prob, vocab.cls_id,
+                                        vocab.sep_id)
+  sources = text_sources.resolve_sources(cfg)
+  _check_output_dir(cfg)
+
+  created_output_dir = not tf.io.gfile.isdir(cfg.output_dir)
+  part_dir = os.path.join(cfg.output_dir, _TMP_DIR)
+  if tf.io.gfile.exists(part_dir):
+    tf.io.gfile.rmtree(part_dir)  # left over from a crashed run
+  tf.io.gfile.makedirs(part_dir)
+  num_workers = min(cfg.num_workers, len(sources))
+  bar = tqdm.tqdm(total=sum(s.size for s in sources), disable=not show_progress,
+                  unit="B" if cfg.input_format != "tfds" else "doc", unit_scale=True,
+                  desc=f"{len(sources)} source(s), {num_workers} worker(s)")
+  pool, names = None, []
+  try:
+    if num_workers == 1:
+      results = [process_source(s, cfg, tok.encode, params, part_dir, bar.update)
+                 for s in sources]
+    else:
+      ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
+      queue = ctx.Queue()
+      pool = ctx.Pool(num_workers, initializer=_init_worker,
+                      initargs=(cfg, params, part_dir, queue))
+      results = _run_pool(pool, _worker_process_source, sources, queue, bar)
+    bar.close()
+    stats = Stats()
+    for r in results:
+      stats.add(r)
+    if stats.instances == 0:
+      raise _Error(f"--input_file={cfg.input_file or cfg.tfds_name}: no instance made from "
+                   f"{stats.documents} document(s) ({stats.dropped} empty or blank-only "
+                   "dropped); check the input format.")
+    # Fewer instances than shards: one shard per instance rather than empty shards.
+    num_shards = min(cfg.num_shards, stats.instances)
+    plan = plan_shards([r.instances for r in results], num_shards)
+    names = [shard_name(s, num_shards) for s in range(num_shards)]
+    tasks = [(os.path.join(cfg.output_dir, n), r)
+             for n, r in zip(names, _byte_ranges(plan, part_dir))]
+    if pool is None:
+      for task in tasks:
+        merge_shard(*task)
+    else:
+      _run_pool(pool, _worker_merge, tasks)
+      pool.close()
+      pool.join()
+  except BaseException:
+    # Nothing that looks complete may stay: no shard of this run, no empty output dir.
+    bar.close()
+    if pool is not None:
+      pool.terminate()
+    tf.io.gfile.rmtree(part_dir)
+    for n in names:
+      for path in (os.path.join(cfg.output_dir, n), os.path.join(cfg.output_dir, n + ".tmp")):
+        if tf.io.gfile.exists(path):
+          tf.io.gfile.remove(path)
+    if created_output_dir and not tf.io.gfile.listdir(cfg.output_dir):
+      tf.io.gfile.rmtree(cfg.output_dir)
+    raise
+
+  per_shard = [sum(b - a for _, a, b in ranges) for ranges in plan]
+  info = {
+      "num_instances": stats.instances,
+      "shards": [{"file": n, "num_instances": c} for n, c in zip(names, per_shard)],
+      "max_seq_length": cfg.max_seq_length,
+      "nsp": not cfg.no_nsp,
+      "vocab_file": cfg.vocab_file or cfg.spm_model_file,
+      "vocab_kind": vocab.kind,
+      "vocab_size": vocab.size,
+      "vocab_sha256": _file_sha256(cfg.vocab_file or cfg.spm_model_file),
+      "do_lower_case": cfg.do_lower_case,
+      "dupe_factor": cfg.dupe_factor,
+      "short_seq_prob": cfg.short_seq_prob,
+      "random_seed": cfg.random_seed,
+      "input_format": cfg.input_format,
+      "sources": [s.name for s in sources],
+      "documents": stats.documents,
+      "dropped_documents": stats.dropped,
+      "replaced_characters": stats.replaced,
+      "tokens": stats.tokens,
+  }
+  info_path = os.path.join(cfg.output_dir, INFO_FILE)
+  with open_file(info_path + ".tmp", "w") as f:
+    f.write(json.dumps(info, indent=1) + "\n")
+  tf.io.gfile.rename(info_path + ".tmp", info_path, overwrite=True)
+  tf.io.gfile.rmtree(part_dir)
+
+  slots = stats.instances * cfg.max_seq_length
+  return dict(
+      sources=len(sources), documents=stats.documents, dropped=stats.dropped,
+      replaced=stats.replaced, sentences=stats.sentences, input_tokens=stats.input_tokens,
+      instances=stats.instances, not_next_fraction=stats.random_next / stats.instances,
+      tokens=stats.tokens, padding_fraction=1.0 - stats.tokens / slots, shards=num_shards,
+      seconds=time.time() - start)
+
+
+def format_summary(s, output_dir):
+  return "\n".join([
+      f"wrote {s['instances']:,} instances in {s['shards']} shard(s) to {output_dir} in "
+      f"{s['seconds']:.1f} s",
+      f"  documents {s['documents']:,} from {s['sources']} source(s); dropped (empty or "
+      f"blank-only) {s['dropped']:,}; replaced (invalid UTF-8) {s['replaced']:,}",
+      f"  sentences {s['sentences']:,}, input tokens {s['input_tokens']:,}",
+      f"  instance tokens {s['tokens']:,}, padding fraction {s['padding_fraction']:.3f}, "
+      f"NotNext fraction {s['not_next_fraction']:.3f}",
+  ])
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI.
+# ----------------------------------------------------------------------------------------------
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values=flags.FLAGS):
+  """CLI flags; defined only when run as a program, so importing this module defines none."""
+  fv = dict(flag_values=flag_values)
+  d = Config()
+  flags.DEFINE_string("input_file", None, "Input glob(s), comma-separated (text or jsonl).", **fv)
+  flags.DEFINE_string("output_dir", None, "Directory for the TFRecord shards.", **fv)
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
+                      **fv)
+  flags.DEFINE_bool("do_lower_case", d.do_lower_case, "Lower-case (uncased models).", **fv)
+  flags.DEFINE_integer("max_seq_length", d.max_seq_length, "Maximum sequence length.", **fv)
+  flags.DEFINE_float("short_seq_prob", d.short_seq_prob,
+                     "Probability of aiming a document's instances at a shorter length.", **fv)
+  flags.DEFINE_integer("random_seed", d.random_seed, "Random seed for data generation.", **fv)
+  flags.DEFINE_integer("dupe_factor", d.dupe_factor,
+                       "Passes over the input (different pairs and splits each time).", **fv)
+  flags.DEFINE_bool("no_nsp", d.no_nsp, "RoBERTa FULL-SENTENCES packing, no NSP pairs.", **fv)
+  flags.DEFINE_integer("num_shards", d.num_shards, "Output TFRecord shards.", **fv)
+  flags.DEFINE_integer("num_workers", d.num_workers, "Processes (output does not depend on it).",
+                       **fv)
+  flags.DEFINE_enum("input_format", d.input_format, ["text", "jsonl", "tfds"], "Input kind.",
+                    **fv)
+  flags.DEFINE_string("jsonl_text_key", d.jsonl_text_key, "JSONL field with the text.", **fv)
+  flags.DEFINE_string("tfds_name", None, "TFDS dataset (prepared; never downloaded).", **fv)
+  flags.DEFINE_string("tfds_split", d.tfds_split, "TFDS split.", **fv)
+  flags.DEFINE_string("tfds_text_key", d.tfds_text_key, "TFDS feature with the text.", **fv)
+  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", **fv)
+  flags.DEFINE_integer("tfds_num_parts", d.tfds_num_parts,
+                       "TFDS split is read as this many parallel parts (fixes the output).", **fv)
+  flags.DEFINE_integer("document_pool_size", d.document_pool_size,
+                       "Documents per block: random-next pool and instance shuffle.", **fv)
+  flags.DEFINE_bool("overwrite", d.overwrite, "Replace shards already in --output_dir.", **fv)
+
+
+def config_from_flags(fv):
+  values = {f.name: getattr(fv, f.name) for f in dataclasses.fields(Config)}
+  return Config(**{k: v for k, v in values.items() if v is not None})  # None: unset string
+
+
+def main(argv):
+  del argv
+  try:
+    summary = run(config_from_flags(FLAGS), show_progress=sys.stderr.isatty())
+  except (PretrainingDataError, vocab_lib.VocabError, tf.errors.OpError) as e:
+    sys.exit(f"create_pretraining_data: error: {str(e).splitlines()[0]}")
+  print(format_summary(summary, FLAGS.output_dir))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

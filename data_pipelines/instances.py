@@ -1,0 +1,194 @@
+"""Pure per-document logic of pre-training example creation (no TensorFlow, no I/O).
+
+Every function here maps token ids to token ids with an explicit `random.Random`, so the same
+code runs in the local multiprocessing runner (`create_pretraining_data.py`) and could run
+unchanged inside a distributed runner (an Apache Beam `DoFn` calling it per document group).
+
+Two instance layouts:
+  * NSP (BERT, Devlin et al. 2018): `[CLS] A [SEP] B [SEP]`, segment ids 0 for `[CLS] A [SEP]` and
+    1 for `B [SEP]`; B is the actual continuation of A (label 0 = IsNext) or, half the time, text
+    from another document (label 1 = NotNext). `create_instances_from_document` draws its random
+    numbers in the same order as google-research/bert's function of the same name, so for the
+    same document pool and the same `random.Random` state it builds the same pairs.
+  * FULL-SENTENCES (RoBERTa, Liu et al. 2019, section 4.2): `[CLS] s1 s2 ... [SEP]`, whole
+    sentences packed contiguously and across document boundaries with an extra `[SEP]` between
+    documents; one segment, label 0.
+
+A document is a sequence of sentences; a sentence is a sequence of token ids (a list or an
+`array.array`, anything with len() that list.extend() accepts).
+"""
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceParams:
+  max_seq_length: int = 128
+  # Probability that a document's instances target a random length in [2, max_seq_length - 3]
+  # instead of the full length, to narrow the gap to short fine-tuning inputs.
+  short_seq_prob: float = 0.1
+  cls_id: int = 2
+  sep_id: int = 3
+
+
+@dataclasses.dataclass
+class Instance:
+  tokens: list  # [seq <= max_seq_length] token ids, [CLS]/[SEP] included, unpadded
+  segment_ids: list  # [seq] 0 or 1
+  is_random_next: bool  # next_sentence_labels: 1 if True (NotNext), else 0 (IsNext)
+
+
+def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+  """Truncates two lists in place until len(a) + len(b) <= max_num_tokens.
+
+  As google-research/bert: each step removes one token from the longer list (from B on a tie),
+  from the front or the back with probability 1/2 each. Tracked with bounds and sliced once so a
+  10,000-token sentence costs O(excess), not O(excess * length) list deletions; the random draws
+  are the same as deleting one token at a time.
+  """
+  a_lo, a_hi, b_lo, b_hi = 0, len(tokens_a), 0, len(tokens_b)
+  while (a_hi - a_lo) + (b_hi - b_lo) > max_num_tokens:
+    front = rng.random() < 0.5
+    if a_hi - a_lo > b_hi - b_lo:
+      if front:
+        a_lo += 1
+      else:
+        a_hi -= 1
+    else:
+      if front:
+        b_lo += 1
+      else:
+        b_hi -= 1
+  tokens_a[:] = tokens_a[a_lo:a_hi]
+  tokens_b[:] = tokens_b[b_lo:b_hi]
+
+
+def create_instances_from_document(documents, document_index, rng, params):
+  """NSP instances for `documents[document_index]`; the other documents are the random-next pool.
+
+  `documents` holds only non-empty documents of non-empty sentences. The original passes the
+  whole corpus; the runner passes a bounded pool (the document's block), see the module docstring
+  of create_pretraining_data.
+  """
+  document = documents[document_index]
+  max_num_tokens = params.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
+
+  # Mostly fill the whole sequence (padding is wasted compute), but for short_seq_prob of the
+  # documents (10% by default) aim at a random shorter length. One draw per document, as the
+  # original. The target is soft; max_seq_length is the hard limit.
+  target_seq_length = max_num_tokens
+  if rng.random() < params.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+
+  # A and B are made of whole sentences (not an arbitrary split of the token stream), otherwise
+  # NSP is too easy.
+  instances = []
+  current_chunk = []
+  current_length = 0
+  i = 0
+  while i < len(document):
+    segment = document[i]
+    current_chunk.append(segment)
+    current_length += len(segment)
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      # How many sentences of the chunk go into A.
+      a_end = 1
+      if len(current_chunk) >= 2:
+        a_end = rng.randint(1, len(current_chunk) - 1)
+      tokens_a = []
+      for j in range(a_end):
+        tokens_a.extend(current_chunk[j])
+
+      tokens_b = []
+      if len(current_chunk) == 1 or rng.random() < 0.5:
+        is_random_next = True
+        target_b_length = target_seq_length - len(tokens_a)
+        # Ten tries to pick another document (a one-document pool falls back to itself).
+        for _ in range(10):
+          random_document_index = rng.randint(0, len(documents) - 1)
+          if random_document_index != document_index:
+            break
+        random_document = documents[random_document_index]
+        random_start = rng.randint(0, len(random_document) - 1)
+        for j in range(random_start, len(random_document)):
+          tokens_b.extend(random_document[j])
+          if len(tokens_b) >= target_b_length:
+            break
+        # The chunk's sentences after A were not used: put them back for the next chunk.
+        i -= len(current_chunk) - a_end
+      else:
+        is_random_next = False
+        for j in range(a_end, len(current_chunk)):
+          tokens_b.extend(current_chunk[j])
+      truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+      assert tokens_a and tokens_b, "empty segment: documents must hold non-empty sentences"
+
+      tokens = [params.cls_id, *tokens_a, params.sep_id, *tokens_b, params.sep_id]
+      segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+      instances.append(Instance(tokens, segment_ids, is_random_next))
+      current_chunk = []
+      current_length = 0
+    i += 1
+  return instances
+
+
+def pack_full_sentences(documents, params):
+  """RoBERTa FULL-SENTENCES instances from `documents` in the given order (no randomness).
+
+  Sentences are packed whole until the next one would not fit in max_seq_length - 2; packing goes
+  on across documents with one [SEP] between them. A sentence longer than the budget is cut into
+  budget-sized pieces (kept, not dropped). short_seq_prob does not apply (RoBERTa uses none).
+  """
+  max_num_tokens = params.max_seq_length - 2  # room for [CLS] ... [SEP]
+  instances = []
+  current = []
+
+  def flush():
+    if current:
+      tokens = [params.cls_id, *current, params.sep_id]
+      instances.append(Instance(tokens, [0] * len(tokens), False))
+      current.clear()
+
+  for document in documents:
+    new_document = True
+    for sentence in document:
+      for start in range(0, len(sentence), max_num_tokens):
+        piece = sentence[start:start + max_num_tokens]
+        separator = 1 if (new_document and current) else 0
+        if len(current) + separator + len(piece) > max_num_tokens:
+          flush()
+          separator = 0
+        if separator:
+          current.append(params.sep_id)
+        current.extend(piece)
+        new_document = False
+  flush()
+  return instances
+
+
+# Sentence end: . ! ? (optionally followed by closing quotes/brackets), whitespace, then what
+# can open a sentence: an upper-case letter, a digit, a quote or an opening bracket. Crude (it
+# splits after "Dr. Smith") but, like the original's "one sentence per line" input, only the NSP
+# split points depend on it; no text is lost.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[0-9A-Z])")
+
+
+def split_sentences(text):
+  """Text (e.g. a JSONL or TFDS document) -> list of sentences.
+
+  Lines are split first (a line break always ends a sentence: headings, list items), then each
+  line at sentence-ending punctuation followed by whitespace and a sentence opener. Blank-only
+  text gives [].
+  """
+  sentences = []
+  for line in text.splitlines():
+    line = " ".join(line.split())
+    if not line:
+      continue
+    start = 0
+    for m in _SENTENCE_END.finditer(line):
+      sentences.append(line[start:m.start() + len(m.group(0).rstrip())].rstrip())
+      start = m.end()
+    sentences.append(line[start:])
+  return [s for s in sentences if s]

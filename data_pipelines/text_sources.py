@@ -1,0 +1,189 @@
+"""Inputs of create_pretraining_data: text/JSONL globs or a TFDS split -> documents.
+
+A *source* is one input file, or one of `--tfds_num_parts` even parts of a TFDS split; each is read
+by one worker, in order, and seeds its own random streams, so sources fix the output whatever
+the number of workers. A *document* is a list of sentence strings.
+
+  text:  google-research/bert's format: one sentence per line, blank lines between documents.
+  jsonl: one JSON object per line, the document text in a string field; split into sentences
+         by `instances.split_sentences`.
+  tfds:  a prepared TFDS dataset (never downloaded), its text feature split the same way.
+
+Invalid UTF-8 is decoded with U+FFFD and counted (`stats.replaced`); documents with no text
+(JSONL/TFDS text that is empty or blank) are dropped and counted (`stats.dropped`).
+"""
+
+import dataclasses
+import json
+import os
+
+from data_pipelines import instances as instances_lib
+from data_pipelines import tokenization
+from data_pipelines.tf_setup import tf
+
+
+class PretrainingDataError(ValueError):
+  """Bad flag or input: missing/unreadable file, malformed JSONL, unprepared TFDS dataset."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  index: int
+  name: str  # a file path, or "tfds:NAME/SPLIT part I of N"
+  size: int  # progress units: bytes (files) or examples (tfds)
+  path: str = ""
+  tfds_part: tuple = ()  # (part index, number of parts)
+
+
+def open_file(path, mode):
+  return tf.io.gfile.GFile(path, mode) if "://" in path else open(path, mode)
+
+
+def _check_readable(path, pattern):
+  """Size in bytes of `path`, after reading one byte of it (permissions, broken links)."""
+  try:
+    if tf.io.gfile.isdir(path):
+      raise PretrainingDataError(f"--input_file={pattern}: {path} is a directory; pass "
+                                 "files or a glob of them (e.g. 'corpus/*.txt').")
+    with open_file(path, "rb") as f:
+      f.read(1)
+    return tf.io.gfile.stat(path).length
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
+    raise PretrainingDataError(f"--input_file={pattern}: cannot read {path} ({reason}); fix "
+                               "its permissions or the pattern.") from None
+
+
+def resolve_sources(cfg):
+  """The ordered list of sources; their order (sorted per glob) fixes the output."""
+  if cfg.input_format == "tfds":
+    return _tfds_sources(cfg)
+  patterns = [p.strip() for p in cfg.input_file.split(",") if p.strip()]
+  if not patterns:
+    raise PretrainingDataError(f"--input_file is empty: pass a glob of {cfg.input_format} "
+                               "files, e.g. --input_file='data/corpus/*.txt' (comma-separated "
+                               "globs allowed).")
+  paths = []
+  for pattern in patterns:
+    if any(c in pattern for c in "*?["):
+      matched = sorted(tf.io.gfile.glob(pattern))
+      if not matched:
+        raise PretrainingDataError(f"--input_file={pattern}: no file matches this glob; check "
+                                   "the path.")
+    elif not tf.io.gfile.exists(pattern):
+      raise PretrainingDataError(f"--input_file={pattern}: no such file; check the path.")
+    else:
+      matched = [pattern]
+    paths.extend(p for p in matched if p not in paths)
+  return [Source(i, p, _check_readable(p, cfg.input_file), path=p) for i, p in enumerate(paths)]
+
+
+def _tfds_builder(cfg):
+  import tensorflow_datasets as tfds
+  kwargs = dict(data_dir=cfg.tfds_data_dir) if cfg.tfds_data_dir else {}
+  try:
+    builder = tfds.builder(cfg.tfds_name, **kwargs)
+  except Exception as e:  # DatasetNotFoundError and friends carry multi-line messages
+    raise PretrainingDataError(f"--tfds_name={cfg.tfds_name}: not found in --tfds_data_dir="
+                               f"{cfg.tfds_data_dir or '(default)'} ({type(e).__name__}); "
+                               "prepare it with `tfds build` first (this tool never "
+                               "downloads).") from None
+  if not builder.is_prepared():
+    raise PretrainingDataError(f"--tfds_name={cfg.tfds_name}: not prepared in "
+                               f"{builder.data_dir}; run `tfds build` first (this tool never "
+                               "downloads).")
+  return builder
+
+
+def _tfds_sources(cfg):
+  if not cfg.tfds_name:
+    raise PretrainingDataError("--tfds_name is empty: --input_format=tfds needs the name of a "
+                               "prepared TFDS dataset.")
+  builder = _tfds_builder(cfg)
+  splits = builder.info.splits
+  if cfg.tfds_split not in splits:
+    raise PretrainingDataError(f"--tfds_split={cfg.tfds_split}: {cfg.tfds_name} has splits "
+                               f"{', '.join(sorted(splits))}.")
+  if cfg.tfds_text_key not in builder.info.features:
+    raise PretrainingDataError(f"--tfds_text_key={cfg.tfds_text_key}: {cfg.tfds_name} has "
+                               f"features {', '.join(sorted(builder.info.features))}.")
+  total = splits[cfg.tfds_split].num_examples
+  n = max(1, min(cfg.tfds_num_parts, total))
+  return [Source(i, f"tfds:{cfg.tfds_name}/{cfg.tfds_split} part {i} of {n}",
+                 total // n + (i < total % n), tfds_part=(i, n)) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading: a source -> documents (lists of sentence strings), with drop/replace counts.
+# ----------------------------------------------------------------------------------------------
+def _read_text(source, stats, progress):
+  document = []
+  with open_file(source.path, "rb") as f:
+    for raw in f:
+      progress(len(raw))
+      line, n = tokenization.decode_utf8(raw)
+      stats.replaced += n
+      line = line.strip()
+      if line:
+        document.append(line)
+      elif document:  # blank lines separate documents
+        yield document
+        document = []
+  if document:
+    yield document
+
+
+def _text_document(text, stats):
+  """Free text (JSONL, TFDS) -> sentences; blank text is a dropped document."""
+  sentences = instances_lib.split_sentences(text)
+  if not sentences:
+    stats.dropped += 1
+  return sentences
+
+
+def _read_jsonl(source, key, stats, progress):
+  with open_file(source.path, "rb") as f:
+    for line_number, raw in enumerate(f, 1):
+      progress(len(raw))
+      line, n = tokenization.decode_utf8(raw)
+      stats.replaced += n
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise PretrainingDataError(f"{source.path}:{line_number}: not JSON ({e.msg}); "
+                                   "--input_format=jsonl needs one JSON object per line.") from None
+      text = obj.get(key) if isinstance(obj, dict) else None
+      if not isinstance(text, str):
+        raise PretrainingDataError(f"{source.path}:{line_number}: no string field {key!r}; set "
+                                   "--jsonl_text_key to the field that holds the document text.")
+      sentences = _text_document(text, stats)
+      if sentences:
+        yield sentences
+
+
+def _read_tfds(source, cfg, stats, progress):
+  import tensorflow_datasets as tfds
+  builder = _tfds_builder(cfg)
+  part, n = source.tfds_part
+  split = tfds.even_splits(cfg.tfds_split, n=n)[part]
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+  for example in tfds.as_numpy(ds):
+    progress(1)
+    value = example[cfg.tfds_text_key]
+    if isinstance(value, bytes):
+      value, n_replaced = tokenization.decode_utf8(value)
+      stats.replaced += n_replaced
+    sentences = _text_document(str(value), stats)
+    if sentences:
+      yield sentences
+
+
+def read_documents(source, cfg, stats, progress=lambda n: None):
+  """Yields the documents of `source`; progress(n) per line's bytes (files) or example (tfds)."""
+  if cfg.input_format == "text":
+    return _read_text(source, stats, progress)
+  if cfg.input_format == "jsonl":
+    return _read_jsonl(source, cfg.jsonl_text_key, stats, progress)
+  return _read_tfds(source, cfg, stats, progress)
