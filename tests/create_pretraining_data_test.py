@@ -1,0 +1,256 @@
+"""create_pretraining_data end to end on stdlib docstrings: records, determinism, inputs, errors."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags
+import numpy as np
+import pytest
+
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines import create_pretraining_data as cpd
+from data_pipelines import vocab as vocab_lib
+from data_pipelines.tf_setup import tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """3 text files of stdlib docstrings (~0.1 MB) and a 1,500-token WordPiece vocab built on them."""
+  root = tmp_path_factory.mktemp("corpus")
+  stdlib_corpus.write_corpus(str(root / "text"), num_files=3, max_modules=80)
+  vocab = str(root / "vocab.txt")
+  build_vocab.build(str(root / "text" / "*.txt"), 1500, vocab, lower_case=True)
+  return dict(glob=str(root / "text" / "*.txt"), vocab=vocab, root=root)
+
+
+def _config(corpus, output_dir, **kwargs):
+  kw = dict(input_file=corpus["glob"], output_dir=str(output_dir), vocab_file=corpus["vocab"],
+            max_seq_length=SEQ, dupe_factor=2, num_shards=3, num_workers=1)
+  kw.update(kwargs)
+  return cpd.Config(**kw)
+
+
+def _run(corpus, output_dir, **kwargs):
+  return cpd.run(_config(corpus, output_dir, **kwargs), show_progress=False)
+
+
+def _read(output_dir):
+  """dataset_info.json and {shard file: [feature dict of numpy arrays]}."""
+  with open(os.path.join(output_dir, "dataset_info.json")) as f:
+    info = json.load(f)
+  shards = {}
+  for name in sorted(os.listdir(output_dir)):
+    if name.endswith(".json"):
+      continue
+    assert name.endswith(".tfrecord"), name  # no temp file or folder left behind
+    examples = []
+    for raw in tf.data.TFRecordDataset(os.path.join(output_dir, name)).as_numpy_iterator():
+      feats = tf.train.Example.FromString(raw).features.feature
+      examples.append({k: np.array(v.int64_list.value) for k, v in feats.items()})
+    shards[name] = examples
+  return info, shards
+
+
+def _bytes(output_dir):
+  return {n: open(os.path.join(output_dir, n), "rb").read() for n in sorted(os.listdir(output_dir))}
+
+
+@pytest.fixture(scope="module")
+def nsp_run(corpus, tmp_path_factory):
+  out = tmp_path_factory.mktemp("nsp")
+  return out, _run(corpus, out)
+
+
+def test_records_round_trip_with_nsp_layout(corpus, nsp_run):
+  out, summary = nsp_run
+  info, shards = _read(out)
+  vocab = vocab_lib.wordpiece_info(corpus["vocab"])
+  assert [s["file"] for s in info["shards"]] == list(shards) == [
+      f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
+  assert [s["num_instances"] for s in info["shards"]] == [len(v) for v in shards.values()]
+  assert info["num_instances"] == summary["instances"] == sum(map(len, shards.values()))
+  assert max(map(len, shards.values())) - min(map(len, shards.values())) <= 1
+  assert info["max_seq_length"] == SEQ and info["nsp"] and info["do_lower_case"]
+  assert info["vocab_size"] == vocab.size and len(info["vocab_sha256"]) == 64
+  labels, lengths = [], []
+  for ex in (e for v in shards.values() for e in v):
+    assert set(ex) == {"input_ids", "input_mask", "segment_ids", "next_sentence_labels"}
+    ids, mask, seg = ex["input_ids"], ex["input_mask"], ex["segment_ids"]
+    assert ids.shape == mask.shape == seg.shape == (SEQ,) and ex["next_sentence_labels"].shape == (1,)
+    n = int(mask.sum())
+    lengths.append(n)
+    assert (mask[:n] == 1).all() and (mask[n:] == 0).all()
+    assert (ids[n:] == 0).all() and (seg[n:] == 0).all()  # padding is 0 everywhere
+    seps = np.flatnonzero(ids[:n] == vocab.sep_id)
+    assert ids[0] == vocab.cls_id and len(seps) == 2 and seps[1] == n - 1
+    assert (seg[:seps[0] + 1] == 0).all() and (seg[seps[0] + 1:n] == 1).all()
+    assert ((ids[:n] >= 0) & (ids[:n] < vocab.size)).all()
+    labels.append(int(ex["next_sentence_labels"][0]))
+  assert set(labels) == {0, 1}
+  # Docstrings are short (2-3 sentences a document): one-sentence chunks always take a random
+  # next, so NotNext is well above 50% on this corpus (the original behaves the same).
+  assert summary["not_next_fraction"] == pytest.approx(np.mean(labels))
+  assert summary["tokens"] == sum(lengths)
+  assert summary["padding_fraction"] == pytest.approx(1 - sum(lengths) / (len(lengths) * SEQ))
+  assert summary["dropped"] == 0 and summary["replaced"] == 0 and summary["documents"] > 300
+
+
+def test_same_seed_is_byte_identical_across_worker_counts(corpus, nsp_run, tmp_path):
+  out1, summary1 = nsp_run
+  summary2 = _run(corpus, tmp_path / "w2", num_workers=2)
+  assert _bytes(out1) == _bytes(tmp_path / "w2")
+  assert summary2["instances"] == summary1["instances"]
+  _run(corpus, tmp_path / "seed", random_seed=7)
+  other = _bytes(tmp_path / "seed")
+  assert other.keys() == _bytes(out1).keys()
+  assert all(other[k] != v for k, v in _bytes(out1).items())
+
+
+def test_no_nsp_full_sentence_packing(corpus, nsp_run, tmp_path):
+  summary = _run(corpus, tmp_path, no_nsp=True)
+  info, shards = _read(tmp_path)
+  vocab = vocab_lib.wordpiece_info(corpus["vocab"])
+  assert not info["nsp"] and summary["not_next_fraction"] == 0
+  for ex in (e for v in shards.values() for e in v):
+    n = int(ex["input_mask"].sum())
+    assert ex["input_ids"][0] == vocab.cls_id and ex["input_ids"][n - 1] == vocab.sep_id
+    assert (ex["segment_ids"] == 0).all() and ex["next_sentence_labels"][0] == 0
+  # Packing across documents pads less than NSP pairs of short docstrings (0.19 vs 0.27 here;
+  # what remains is about half a sentence per sequence).
+  assert summary["padding_fraction"] < nsp_run[1]["padding_fraction"] - 0.05
+
+
+def test_jsonl_input_counts_empty_documents(corpus, tmp_path):
+  docs = [" ".join(open(p).read().split("\n\n")[i] for i in range(3)).replace("\n", " ")
+          for p in sorted(glob.glob(corpus["glob"]))]
+  rows = [{"text": d, "id": i} for i, d in enumerate(docs)] + [{"text": ""}, {"text": " \n\t "}]
+  path = tmp_path / "docs.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+  summary = _run(corpus, tmp_path / "out", input_file=str(path), input_format="jsonl")
+  assert summary["documents"] == 3 and summary["dropped"] == 2 and summary["instances"] > 3
+  assert summary["sentences"] >= 9  # each row holds three docstrings' sentences, split again
+  _read(tmp_path / "out")
+
+  path.write_text(json.dumps({"body": "x"}) + "\n")
+  with pytest.raises(cpd.PretrainingDataError, match=r"docs.jsonl:1: no string field 'text'"):
+    _run(corpus, tmp_path / "bad", input_file=str(path), input_format="jsonl")
+  assert not os.path.exists(tmp_path / "bad")
+
+
+def test_tfds_input_from_a_locally_built_dataset(corpus, tmp_path):
+  import tensorflow_datasets as tfds
+  texts = []
+  for p in sorted(glob.glob(corpus["glob"])):
+    texts.extend(d.replace("\n", " ") for d in open(p).read().split("\n\n")[:20])
+  texts.append("  ")  # blank-only: dropped
+  builder = tfds.dataset_builders.TfDataBuilder(
+      name="tiny_docs", version="1.0.0",
+      split_datasets={"train": tf.data.Dataset.from_tensor_slices({"text": texts})},
+      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+      data_dir=str(tmp_path / "tfds"))
+  builder.download_and_prepare()
+  kw = dict(input_file="", input_format="tfds", tfds_name="tiny_docs",
+            tfds_data_dir=str(tmp_path / "tfds"), tfds_num_parts=2)
+  summary = _run(corpus, tmp_path / "out", **kw)
+  assert summary["sources"] == 2 and summary["dropped"] == 1
+  assert summary["documents"] == len([t for t in texts if t.strip()])
+  info, _ = _read(tmp_path / "out")
+  assert info["sources"][0] == "tfds:tiny_docs/train part 0 of 2"
+  with pytest.raises(cpd.PretrainingDataError, match=r"--tfds_split=test: tiny_docs has splits"):
+    _run(corpus, tmp_path / "bad", **dict(kw, tfds_split="test"))
+  with pytest.raises(cpd.PretrainingDataError, match=r"--tfds_name=nope: not found.*never down"):
+    _run(corpus, tmp_path / "bad", **dict(kw, tfds_name="nope"))
+  assert not os.path.exists(tmp_path / "bad")
+
+
+def test_blank_documents_and_invalid_utf8_are_counted(corpus, tmp_path):
+  path = tmp_path / "mixed.txt"
+  path.write_bytes(b"The first document has words.\nIt has two sentences.\n\n"
+                   b"\xe2\x80\x8b\n\x07 \xe2\x80\x8b\n\n\n\n"  # zero-width space, BEL: no token
+                   b"Bad \xff\xfe bytes in the third document.\nAnd more text.\n")
+  summary = _run(corpus, tmp_path / "out", input_file=str(path), num_shards=1)
+  assert summary["documents"] == 2 and summary["dropped"] == 1 and summary["replaced"] == 2
+  info, _ = _read(tmp_path / "out")
+  assert info["dropped_documents"] == 1 and info["replaced_characters"] == 2
+
+
+def _error(corpus, tmp_path, **kwargs):
+  out = tmp_path / "out"
+  with pytest.raises((cpd.PretrainingDataError, vocab_lib.VocabError)) as e:
+    _run(corpus, out, **kwargs)
+  assert not os.path.exists(out)  # nothing written on any error
+  msg = str(e.value)
+  assert "\n" not in msg
+  return msg
+
+
+def test_bad_inputs_are_one_line_errors_before_any_output(corpus, tmp_path):
+  missing = str(tmp_path / "missing.txt")
+  assert "no such file" in _error(corpus, tmp_path, input_file=missing)
+  assert "no file matches" in _error(corpus, tmp_path, input_file=f"{corpus['glob']},/nope/*.txt")
+  assert "is a directory" in _error(corpus, tmp_path, input_file=str(tmp_path))
+  assert "--max_seq_length=4" in _error(corpus, tmp_path, max_seq_length=4)
+  assert "--num_workers=0" in _error(corpus, tmp_path, num_workers=0)
+  # A vocab without [MASK].
+  tokens = [t for t in vocab_lib.load_wordpiece_vocab(corpus["vocab"]) if t != "[MASK]"]
+  bad_vocab = tmp_path / "vocab.txt"
+  bad_vocab.write_text("\n".join(tokens) + "\n")
+  assert "missing special token(s) [MASK]" in _error(corpus, tmp_path, vocab_file=str(bad_vocab))
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n \n\t\n")
+  assert "no instance made from 0 document(s)" in _error(corpus, tmp_path, input_file=str(empty))
+
+
+def test_failure_midway_leaves_no_complete_looking_output(corpus, tmp_path):
+  good = tmp_path / "a.jsonl"
+  good.write_text(json.dumps({"text": "A sentence here. And another one."}) + "\n")
+  bad = tmp_path / "b.jsonl"
+  bad.write_text(json.dumps({"text": "Fine."}) + "\n{not json\n")
+  out = tmp_path / "out"
+  with pytest.raises(cpd.PretrainingDataError, match=r"b.jsonl:2: not JSON"):
+    _run(corpus, out, input_file=str(tmp_path / "*.jsonl"), input_format="jsonl")
+  assert not os.path.exists(out)
+  # An existing output dir is refused without --overwrite, and replaced with it.
+  _run(corpus, out, input_file=str(good), input_format="jsonl", num_shards=1)
+  with pytest.raises(cpd.PretrainingDataError, match="--overwrite"):
+    _run(corpus, out, input_file=str(good), input_format="jsonl")
+  _run(corpus, out, input_file=str(good), input_format="jsonl", num_shards=2, overwrite=True)
+  info, shards = _read(out)
+  assert len(shards) == len(info["shards"]) == 2  # the old single shard is gone
+
+
+def test_plan_shards_is_contiguous_and_balanced():
+  counts = [5, 0, 7, 1]
+  plan = cpd.plan_shards(counts, 4)
+  flat = [(i, k) for ranges in plan for i, a, b in ranges for k in range(a, b)]
+  assert flat == [(i, k) for i, n in enumerate(counts) for k in range(n)]
+  assert [sum(b - a for _, a, b in r) for r in plan] == [3, 3, 3, 4]
+
+
+def test_cli_prints_summary_and_one_line_errors(corpus, tmp_path, monkeypatch):
+  out = tmp_path / "out"
+  result = subprocess.run(
+      [sys.executable, "-m", "data_pipelines.create_pretraining_data",
+       f"--input_file={corpus['glob']}", f"--output_dir={out}", f"--vocab_file={corpus['vocab']}",
+       "--max_seq_length=32", "--dupe_factor=1", "--num_shards=2", "--random_seed=0"],
+      capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith("wrote ") and "padding fraction" in result.stdout
+  info, _ = _read(out)
+  assert info["max_seq_length"] == 32 and info["random_seed"] == 0
+
+  flag_values = flags.FlagValues()  # not the global FLAGS: other modules may define these names
+  cpd.define_flags(flag_values)
+  flag_values(["cpd", f"--input_file={tmp_path}/none-*.txt", f"--output_dir={tmp_path}/o",
+               f"--vocab_file={corpus['vocab']}"])
+  monkeypatch.setattr(cpd, "FLAGS", flag_values)
+  with pytest.raises(SystemExit) as e:
+    cpd.main([])
+  assert str(e.value.code).startswith("create_pretraining_data: error: --input_file=")
+  assert "\n" not in str(e.value.code)
