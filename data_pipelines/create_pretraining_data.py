@@ -10,20 +10,20 @@ input pipeline (`pretrain_input.py`) masks on the fly, so each record holds only
 (int64 [1]: 0 = IsNext, 1 = NotNext). `dataset_info.json` beside the shards gives the instance
 count per shard, max_seq_length, the vocab path and sha256, do_lower_case and the NSP flag.
 
-Inputs (`--input_format`):
-  text:  the original format, one sentence per line, a blank line between documents.
-  jsonl: one JSON object per line, the document in `--jsonl_text_key`; split into sentences by
-         `instances.split_sentences` (line breaks, then `. ! ?` + space + capital/digit/quote).
-  tfds:  a TFDS dataset already prepared in `--tfds_data_dir` (never downloaded), split into
-         `--tfds_num_parts` even parts; its text field is split like jsonl.
+Inputs (`--input_format`, read by `text_sources.py`): `text` (the original format: one sentence
+per line, a blank line between documents), `jsonl` (`--jsonl_text_key`) or `tfds` (a prepared
+dataset, never downloaded); JSONL/TFDS text is split into sentences by `instances.split_sentences`.
+Instances are built by the pure functions of `instances.py`.
 
 Deviations from the original, for bounded memory and parallelism:
   * The original holds the whole corpus, shuffles all documents, draws the "random next"
     document from all of them, and shuffles all instances. Here each source (input file or TFDS
-    part) is read in blocks of `--document_pool_size` documents (1000: ~1 MB of token ids); the
-    random-next document comes from the same block, and the block's instances (all dupes) are
-    shuffled together. Memory per worker is one block, whatever the corpus size. Instances
-    from different blocks are mixed by the training input pipeline (file interleave + shuffle).
+    part) is read in blocks of `--document_pool_size` documents; the random-next document comes
+    from the same block, and the block's instances (all dupes) are shuffled together. Memory per
+    worker is one block whatever the corpus size: 1000 Wikipedia-sized documents (~700 tokens)
+    are ~3 MB of token ids and, at dupe_factor=10, ~56k instances (~30 MB serialized). The
+    dupes of a document thus lie within one block's instances rather than a corpus apart;
+    the training input pipeline's shuffle buffer and shard interleave mix blocks.
   * Each source has its own random streams, seeded from (random_seed, source index, dupe index),
     so the output is byte-identical for a seed whatever --num_workers is.
   * Shard s holds instances [s*N/S, (s+1)*N/S) of the sources' outputs concatenated in input

@@ -15,7 +15,6 @@ Invalid UTF-8 is decoded with U+FFFD and counted (`stats.replaced`); documents w
 
 import dataclasses
 import json
-import os
 
 from data_pipelines import instances as instances_lib
 from data_pipelines import tokenization

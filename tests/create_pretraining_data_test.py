@@ -31,7 +31,8 @@ def corpus(tmp_path_factory):
 
 def _config(corpus, output_dir, **kwargs):
   kw = dict(input_file=corpus["glob"], output_dir=str(output_dir), vocab_file=corpus["vocab"],
-            max_seq_length=SEQ, dupe_factor=2, num_shards=3, num_workers=1)
+            max_seq_length=SEQ, dupe_factor=2, num_shards=3, num_workers=1,
+            document_pool_size=50)  # ~290 documents a file: several blocks per file
   kw.update(kwargs)
   return cpd.Config(**kw)
 
@@ -99,6 +100,19 @@ def test_records_round_trip_with_nsp_layout(corpus, nsp_run):
   assert summary["tokens"] == sum(lengths)
   assert summary["padding_fraction"] == pytest.approx(1 - sum(lengths) / (len(lengths) * SEQ))
   assert summary["dropped"] == 0 and summary["replaced"] == 0 and summary["documents"] > 300
+
+
+def test_records_feed_the_pretraining_input_pipeline(corpus, nsp_run):
+  from data_pipelines import pretrain_input
+  out, summary = nsp_run
+  files = pretrain_input.expand_file_pattern(str(out / "*"))  # dataset_info.json is skipped
+  assert pretrain_input.count_records(files) == summary["instances"]
+  ds = pretrain_input.make_pretrain_dataset(
+      files, batch_size=4, seq_length=SEQ, max_predictions_per_seq=10,
+      vocab=vocab_lib.wordpiece_info(corpus["vocab"]), shuffle=False, repeat=False)
+  batch = next(pretrain_input.as_numpy_batches(ds))
+  assert batch["input_ids"].shape == (4, SEQ) and batch["masked_lm_ids"].shape == (4, 10)
+  assert batch["next_sentence_labels"].shape == (4,)
 
 
 def test_same_seed_is_byte_identical_across_worker_counts(corpus, nsp_run, tmp_path):
