@@ -31,6 +31,7 @@ Deviations from the original, for bounded memory and parallelism:
 """
 
 import array
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -343,16 +344,20 @@ def _drain(queue, bar, timeout):
     pass
 
 
-def _run_pool(pool, fn, tasks, queue=None, bar=None):
-  """Runs tasks on the pool, results in task order, feeding the bar; raises the first failure."""
-  pending = [pool.apply_async(fn, (t,)) for t in tasks]
-  while not all(p.ready() for p in pending):
-    for p in pending:
-      if p.ready() and not p.successful():
-        p.get()  # re-raises the worker's exception
+def _run_pool(executor, fn, tasks, queue=None, bar=None):
+  """Runs tasks on the executor, results in task order, feeding the bar; raises the first failure.
+
+  A ProcessPoolExecutor, not multiprocessing.Pool: a worker killed by the OS (out of memory)
+  raises BrokenProcessPool here instead of hanging the run forever.
+  """
+  futures = [executor.submit(fn, t) for t in tasks]
+  while not all(f.done() for f in futures):
+    for f in futures:
+      if f.done() and f.exception() is not None:
+        raise f.exception()
     _drain(queue, bar, 0.1)
   _drain(queue, bar, 0)
-  return [p.get() for p in pending]
+  return [f.result() for f in futures]
 
 
 def run(cfg, show_progress=True):
@@ -385,8 +390,9 @@ def run(cfg, show_progress=True):
     else:
       ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
       queue = ctx.Queue()
-      pool = ctx.Pool(num_workers, initializer=_init_worker,
-                      initargs=(cfg, params, part_dir, queue))
+      pool = concurrent.futures.ProcessPoolExecutor(
+          num_workers, mp_context=ctx, initializer=_init_worker,
+          initargs=(cfg, params, part_dir, queue))
       results = _run_pool(pool, _worker_process_source, sources, queue, bar)
     bar.close()
     stats = Stats()
@@ -407,13 +413,18 @@ def run(cfg, show_progress=True):
         merge_shard(*task)
     else:
       _run_pool(pool, _worker_merge, tasks)
-      pool.close()
-      pool.join()
+      pool.shutdown()
   except BaseException:
     # Nothing that looks complete may stay: no shard of this run, no empty output dir.
     bar.close()
     if pool is not None:
-      pool.terminate()
+      # Stop the other workers now rather than after their current file (Python 3.14 has
+      # terminate_workers(); 3.11 only this private dict).
+      processes = list((getattr(pool, "_processes", None) or {}).values())
+      pool.shutdown(wait=False, cancel_futures=True)
+      for process in processes:
+        process.terminate()
+        process.join()
     tf.io.gfile.rmtree(part_dir)
     for n in names:
       for path in (os.path.join(cfg.output_dir, n), os.path.join(cfg.output_dir, n + ".tmp")):

@@ -183,6 +183,19 @@ def test_tfds_input_from_a_locally_built_dataset(corpus, tmp_path):
   assert not os.path.exists(tmp_path / "bad")
 
 
+def test_sentencepiece_vocab(corpus, tmp_path):
+  spm = str(tmp_path / "spm.model")
+  build_vocab.build(corpus["glob"], 800, spm, model_type="unigram")
+  summary = _run(corpus, tmp_path / "out", vocab_file="", spm_model_file=spm, dupe_factor=1)
+  info, shards = _read(tmp_path / "out")
+  vocab = vocab_lib.sentencepiece_info(spm)
+  assert info["vocab_kind"] == "sentencepiece" and info["vocab_file"] == spm
+  ex = next(iter(shards.values()))[0]
+  n = int(ex["input_mask"].sum())
+  assert ex["input_ids"][0] == vocab.cls_id and ex["input_ids"][n - 1] == vocab.sep_id
+  assert summary["instances"] == info["num_instances"] > 0
+
+
 def test_blank_documents_and_invalid_utf8_are_counted(corpus, tmp_path):
   path = tmp_path / "mixed.txt"
   path.write_bytes(b"The first document has words.\nIt has two sentences.\n\n"
@@ -227,8 +240,8 @@ def test_failure_midway_leaves_no_complete_looking_output(corpus, tmp_path):
   bad = tmp_path / "b.jsonl"
   bad.write_text(json.dumps({"text": "Fine."}) + "\n{not json\n")
   out = tmp_path / "out"
-  with pytest.raises(cpd.PretrainingDataError, match=r"b.jsonl:2: not JSON"):
-    _run(corpus, out, input_file=str(tmp_path / "*.jsonl"), input_format="jsonl")
+  with pytest.raises(cpd.PretrainingDataError, match=r"b.jsonl:2: not JSON"):  # from a worker
+    _run(corpus, out, input_file=str(tmp_path / "*.jsonl"), input_format="jsonl", num_workers=2)
   assert not os.path.exists(out)
   # An existing output dir is refused without --overwrite, and replaced with it.
   _run(corpus, out, input_file=str(good), input_format="jsonl", num_shards=1)
