@@ -38,6 +38,9 @@ def create_manager(workdir, *, max_to_keep=3, keep_period=None, async_save=True)
   Saves are asynchronous: the train loop goes on while arrays are written, and a checkpoint
   only becomes visible (committed) once all of it is on disk.
   """
+  # Orbax (tensorstore) wants absolute paths; a relative local workdir is made absolute here.
+  if "://" not in str(workdir):
+    workdir = os.path.abspath(workdir)
   directory = epath.Path(workdir) / "checkpoints"
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, keep_period=keep_period, create=True,

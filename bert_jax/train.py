@@ -514,6 +514,10 @@ def define_flags():
 
 
 def main(argv):
+  # Orbax and TF log every save at INFO; keep the console to our progress lines unless the user
+  # asks for more with --verbosity=0.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; pass options as --config.FIELD=V.")
   from bert_jax import distributed
