@@ -18,6 +18,7 @@ WORKDIR/lr_<rate> and sweep_results.json names the best.
 
 import functools
 import os
+import signal
 import sys
 import time
 from typing import Callable, NamedTuple
@@ -275,6 +276,23 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
 
   input_keys = ft.INPUT_KEYS + ft.LABEL_KEYS[family]
 
+  # --- Resume: a preempted run continues from its last epoch end or SIGTERM save. ---
+  manager = ckpt_lib.create_manager(workdir, max_to_keep=1, async_save=False) \
+      if train is not None else None
+  resume = None
+  if manager is not None and manager.latest_step() is not None:
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            state)
+    with jax.set_mesh(mesh):
+      state, resume = ckpt_lib.restore(manager, manager.latest_step(), abstract)
+    if resume["num_train_steps"] != num_train_steps or resume["task"] != task.name:
+      raise ConfigError(f"--workdir={workdir} holds a {resume['task']} run of "
+                        f"{resume['num_train_steps']} steps, not {task.name} with "
+                        f"{num_train_steps}; use a new workdir.")
+    if is_main:
+      print(f"resuming from step {resume['step']} (epoch {resume['epoch']}, batch "
+            f"{resume['batch_in_epoch']}) in {workdir}", flush=True)
+
   def predict(params, split):
     """Host numpy outputs for every sequence of a split, in order."""
     outs = []
@@ -289,6 +307,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
   primary = ft.primary_metric(task)
   history, best = [], {"score": -np.inf, "epoch": None, "params": None, "outputs": None,
                        "dir": None}
+  if resume is not None:
+    history = resume["history"]
+    best.update(score=resume["best_score"], epoch=resume["best_epoch"], dir=resume["best_dir"])
 
   def run_eval(epoch, step):
     results, outputs = {}, {}
@@ -313,15 +334,45 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
                       best_score=float(best["score"]), best_checkpoint=best["dir"]))
 
   # --- The loop: an epoch of shuffled full batches, then the dev sets. ---
+  def save(step, epoch, batch_in_epoch):
+    ckpt_lib.save(manager, step, state, dict(
+        task=task.name, num_train_steps=num_train_steps, step=step, epoch=epoch,
+        batch_in_epoch=batch_in_epoch, history=history, best_score=float(best["score"]),
+        best_epoch=best["epoch"], best_dir=best["dir"], model_config=model_config.to_dict(),
+        input_position=step), force=True)
+    manager.wait_until_finished()
+
+  # SIGTERM (preemption): save at the next step and stop; a re-run resumes.
+  stop = {"signal": False}
+  if train is not None and jax.process_count() == 1:
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("signal", True))
+
+  def preempted(step):
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      return multihost_utils.reached_preemption_sync_point(step)
+    return stop["signal"]
+
   t0, seen, step = time.time(), 0, 0
+  stopped_early = False
   if train is not None:
-    rng = np.random.default_rng(config.seed)
     epoch = 0
-    while step < num_train_steps:
+    skip = 0
+    if resume is not None:
+      step, epoch, skip = resume["step"], resume["epoch"], resume["batch_in_epoch"]
+      if skip == 0:
+        epoch += 1  # saved at an epoch end: the next epoch starts fresh
+      epoch -= 1    # the loop below increments first
+    while step < num_train_steps and not stopped_early:
       epoch += 1
       pending = []
+      # Each epoch's order is a function of (seed, epoch) alone, so a resumed run replays it.
+      rng = np.random.default_rng([config.seed, epoch])
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        for idx in _splits_batches(len(train.features["input_ids"]), config.batch_size, rng):
+        batches = _splits_batches(len(train.features["input_ids"]), config.batch_size, rng)
+        for i, idx in enumerate(batches):
+          if i < skip:
+            continue
           if step >= num_train_steps:
             break
           batch = _host_batch(train.features, input_keys, idx, config.batch_size)
@@ -342,14 +393,42 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
                     f"lr {avg['learning_rate']:.2e} | {avg['sequences_per_sec']:.1f} seq/s",
                     flush=True)
             pending = []
+          if step < num_train_steps and preempted(step):
+            save(step, epoch, i + 1)
+            if is_main:
+              print(f"SIGTERM: saved step {step} (epoch {epoch}, batch {i + 1}); re-run the "
+                    "same command to resume", flush=True)
+            stopped_early = True
+            break
+      skip = 0
+      if stopped_early:
+        break
       if evals:
         run_eval(epoch, step)
+      if step < num_train_steps:
+        save(step, epoch, 0)
       t0, seen = time.time(), 0  # evaluation time is not training throughput
   elif evals:
     run_eval(0, 0)
 
+  if stopped_early:
+    writer.close()
+    return dict(task=task.name, stopped_early=True, steps=step, history=history)
+  if manager is not None:
+    manager.close()
+    # Training finished: the best-epoch export is the product; the resume state goes, so a
+    # re-run of the same command starts over instead of replaying the last epoch.
+    if is_main:
+      ckpt_lib.remove_dir(os.path.join(os.path.abspath(workdir), "checkpoints"))
+
   # --- Predictions of the best parameters (or the final ones when nothing was evaluated). ---
   out_dir = os.path.join(workdir, "predictions")
+  if best["params"] is None and best["dir"] and train is not None:
+    # The best epoch came before a resume: its export holds the parameters.
+    best["params"] = ckpt_lib.load_params(best["dir"])[0]
+    with jax.set_mesh(mesh):
+      best_device = jax.device_put(best["params"], param_shardings)
+    best["outputs"] = {split.name: predict(best_device, split) for split in evals}
   final_params = best["params"] if best["params"] is not None else jax.device_get(
       state["params"])
   written = []

@@ -226,3 +226,55 @@ def test_custom_csv_task_with_learning_rate_sweep(tmp_path, pretrained):
   best = max(results["runs"], key=lambda r: r["best_score"])
   assert summary["best_learning_rate"] == best["learning_rate"]
   assert os.path.isdir(results["best_checkpoint"])
+
+
+@pytest.mark.slow
+def test_preempted_finetuning_resumes_to_the_same_result(tmp_path, pretrained, monkeypatch,
+                                                         capsys):
+  """SIGTERM mid-epoch saves; the re-run resumes there and ends where an uninterrupted run does."""
+  import signal
+  rng = np.random.default_rng(1)
+  data = tmp_path / "SST-2"
+  data.mkdir()
+
+  def rows(n):
+    out = []
+    for _ in range(n):
+      label = int(rng.integers(0, 2))
+      out.append(" ".join(list(rng.choice(WORDS[:10], 4)) + [("bad", "good")[label]])
+                 + f"\t{label}")
+    return out
+
+  _write(data / "train.tsv", ["sentence\tlabel"] + rows(96))
+  _write(data / "dev.tsv", ["sentence\tlabel"] + rows(16))
+  kw = dict(num_train_epochs=3.0, do_predict=False, log_every=1)
+  full = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), str(tmp_path / "full"))
+  assert not os.path.exists(tmp_path / "full" / "checkpoints" / "1")
+
+  calls = {"n": 0}
+  real_batch = finetune._host_batch
+
+  def host_batch(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 20:  # in epoch 2 (12 batches per epoch)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real_batch(*args, **kwargs)
+
+  monkeypatch.setattr(finetune, "_host_batch", host_batch)
+  first = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), str(tmp_path / "cut"))
+  monkeypatch.setattr(finetune, "_host_batch", real_batch)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert first["stopped_early"] and first["steps"] == 18, first  # 20 batches read, 2 were eval
+  capsys.readouterr()
+  second = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), str(tmp_path / "cut"))
+  out = capsys.readouterr().out
+  # It resumed (not restarted): the first step it logs is 19.
+  assert "resuming from step 18 (epoch 2, batch 6)" in out, out[-2000:]
+  logged = [int(l.split("step ")[1].split("/")[0]) for l in out.splitlines()
+            if l.startswith("epoch ") and " step " in l]
+  assert logged[0] == 19, logged
+  assert second["steps"] == full["steps"] == 36
+  for a, b in zip(second["history"], full["history"]):
+    assert a["epoch"] == b["epoch"]
+    assert a["dev/accuracy"] == pytest.approx(b["dev/accuracy"], abs=1e-6)
+  assert second["best_score"] == pytest.approx(full["best_score"], abs=1e-6)
