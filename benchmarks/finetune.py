@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks import common
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = dict(tiny=(2, 128), mini=(4, 256), small=(4, 512), medium=(8, 512), base=(12, 768),
              large=(24, 1024))
@@ -60,14 +62,7 @@ def run_bert_jax(a):
   batch = sharding_lib.make_global_batch(_batch_np(a.workload, a.batch, seq, a.vocab), mesh)
   with jax.set_mesh(mesh):
     state = t.init_state(jax.random.PRNGKey(0))
-    for _ in range(a.warmup):
-      state, m = t.train_step(state, batch)
-    jax.block_until_ready(m)
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-      state, m = t.train_step(state, batch)
-    jax.block_until_ready(m)
-    dt = time.perf_counter() - t0
+    dt = common.time_jax_steps(t.train_step, state, batch, warmup=a.warmup, steps=a.steps)
   return dict(seq_per_s=a.steps * a.batch / dt, device=jax.devices()[0].device_kind,
               n_devices=jax.device_count())
 

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks import common
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,14 +55,7 @@ def run_bert_jax(a):
     compiled = t.train_step.lower(state, batch).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    for _ in range(a.warmup):
-      state, m = t.train_step(state, batch)
-    jax.block_until_ready(m)
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-      state, m = t.train_step(state, batch)
-    jax.block_until_ready(m)
-    dt = time.perf_counter() - t0
+    dt = common.time_jax_steps(t.train_step, state, batch, warmup=a.warmup, steps=a.steps)
   return dict(seq_per_s=a.steps * a.batch / dt, xla_flops=float(cost.get("flops", 0.0)),
               analytic_flops=float(train.model_flops_per_sequence(mc, a.seq, a.preds) * a.batch))
 

@@ -161,3 +161,19 @@ def assert_same_on_all_hosts(name: str, value: bytes | str) -> str:
         f"Every host must run the same code, config and files: re-run launch/setup.sh so all "
         f"workers get the same checkout, and pass identical flags to all of them.")
   return digest.hex()
+
+
+def preemption_check():
+  """Returns `reached(step) -> bool`: True once the job has been told to stop (SIGTERM).
+
+  One process: a SIGTERM handler sets a flag, so the loop saves at its next step and exits.
+  Several processes: JAX's preemption sync point (registered by jax.distributed.initialize)
+  answers True on every host at the same step, so all hosts save the same checkpoint.
+  """
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return multihost_utils.reached_preemption_sync_point
+  import signal  # pylint: disable=g-import-not-at-top
+  stop = {"signal": False}
+  signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("signal", True))
+  return lambda step: stop["signal"]

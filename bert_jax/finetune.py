@@ -18,7 +18,6 @@ WORKDIR/lr_<rate> and sweep_results.json names the best.
 
 import functools
 import os
-import signal
 import sys
 import time
 from typing import Callable, NamedTuple
@@ -33,6 +32,7 @@ import optax
 from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import distributed
 from bert_jax import finetune_tasks as ft
 from bert_jax import heads
 from bert_jax import metrics_writer
@@ -107,10 +107,8 @@ def build_training(family, model_config, config, mesh, *, num_train_steps, warmu
                                      jax.random.PRNGKey(0))
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
   repl = sharding_lib.replicated(mesh)
-  # Adam moments mirror their parameter's sharding; counters are replicated.
-  opt_shardings = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_shardings,
-                                        transform_non_params=lambda _: repl)
-  state_shardings = dict(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
+  state_shardings = sharding_lib.train_state_shardings(tx, abstract_opt, param_shardings, mesh)
+  opt_shardings = state_shardings["opt_state"]
   batch_sharding = sharding_lib.batch_sharding(mesh)
 
   def init_state(rng):
@@ -343,15 +341,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
     manager.wait_until_finished()
 
   # SIGTERM (preemption): save at the next step and stop; a re-run resumes.
-  stop = {"signal": False}
-  if train is not None and jax.process_count() == 1:
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("signal", True))
-
-  def preempted(step):
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      return multihost_utils.reached_preemption_sync_point(step)
-    return stop["signal"]
+  preempted = distributed.preemption_check() if train is not None else None
 
   t0, seen, step = time.time(), 0, 0
   stopped_early = False
@@ -534,6 +524,8 @@ def main(argv):
   if FLAGS.config is None:
     raise app.UsageError("--config is required, e.g. "
                          "--config=bert_jax/configs/finetune.py:glue_mrpc")
+  # The same multi-host start-up as pre-training (a no-op on one host).
+  distributed.maybe_initialize_distributed()
   try:
     finetune(FLAGS.config, FLAGS.workdir)
   except (ConfigError, TaskDataError, ckpt_lib.CheckpointError, vocab_lib.VocabError,

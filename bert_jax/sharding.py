@@ -15,6 +15,7 @@ import math
 
 import jax
 import numpy as np
+import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -104,6 +105,19 @@ def check_batch_size(global_batch, mesh, micro_steps=1):
 def logical_to_sharding(logical_tree, mesh, rules=LOGICAL_AXIS_RULES):
   """A tree of logical PartitionSpecs (or boxed params) -> tree of NamedShardings."""
   return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
+
+
+def train_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
+  """Shardings of dict(step, params, opt_state, rng) for the jitted train steps.
+
+  Optimizer moments mirror their parameter's sharding (so FSDP shards Adam's state too);
+  counters, the step and the RNG are replicated.
+  """
+  repl = replicated(mesh)
+  return dict(step=repl, params=param_shardings, rng=repl,
+              opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_opt_state,
+                                              param_shardings,
+                                              transform_non_params=lambda _: repl))
 
 
 def batch_sharding(mesh):

@@ -14,7 +14,6 @@ import glob as glob_lib
 import hashlib
 import json
 import os
-import signal
 import sys
 import time
 from typing import Callable, NamedTuple
@@ -29,6 +28,7 @@ import optax
 from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import distributed
 from bert_jax import input_source
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
@@ -140,11 +140,8 @@ def build_training(config, model_config, mesh, rules=sharding_lib.LOGICAL_AXIS_R
         nn.get_partition_spec(abstract_vars)["params"], mesh, rules)
     abstract_state = jax.eval_shape(init_state, jax.random.PRNGKey(0))
   repl = sharding_lib.replicated(mesh)
-  # Optimizer moments mirror their parameter's sharding; counters are replicated.
-  state_shardings = dict(
-      step=repl, params=param_shardings, rng=repl,
-      opt_state=optax.tree_map_params(tx, lambda _, s: s, abstract_state["opt_state"],
-                                      param_shardings, transform_non_params=lambda _: repl))
+  state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
+                                                       param_shardings, mesh)
   abstract_state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
       state_shardings)
@@ -294,9 +291,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   is_main = jax.process_index() == 0
   # Every host must train the same model on the same vocabulary: a mismatch is an error on all
   # hosts at start-up, not a hang in the first collective.
-  from bert_jax import distributed
   distributed.assert_same_on_all_hosts("config", config.to_json_best_effort(sort_keys=True))
-  distributed.assert_same_on_all_hosts("vocab", _file_hash(vocab.path) or str(vocab.size))
+  vocab_hash = _file_hash(vocab.path)
+  distributed.assert_same_on_all_hosts("vocab", vocab_hash or str(vocab.size))
   accum = int(config.grad_accum_steps)
   total_steps = int(config.num_train_steps) * accum     # micro-steps (one host batch each)
 
@@ -324,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
                                     keep_period=config.keep_every or None,
                                     async_save=config.async_checkpointing)
   meta_base = dict(config=json.loads(config.to_json_best_effort()),
-                   model_config=model_config.to_dict(), vocab_hash=_file_hash(vocab.path))
+                   model_config=model_config.to_dict(), vocab_hash=vocab_hash)
   latest = manager.latest_step()
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     if latest is not None:
@@ -360,15 +357,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   p_train_step, p_eval_step = t.train_step, t.eval_step
 
   # --- Preemption: SIGTERM -> save at the next step and exit cleanly. ---
-  stop = {"signal": False}
-  if jax.process_count() == 1:
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("signal", True))
-
-  def preempted(step):
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      return multihost_utils.reached_preemption_sync_point(step)
-    return stop["signal"]
+  preempted = distributed.preemption_check()
 
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
@@ -520,7 +509,6 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; pass options as --config.FIELD=V.")
-  from bert_jax import distributed
   distributed.maybe_initialize_distributed()
   if FLAGS.config is None:
     raise app.UsageError("--config is required, e.g. "
