@@ -2,7 +2,9 @@
 
 Written in google-research/bert's raw format: one sentence per line, a blank line between
 documents (one document per module/class/function docstring). Nobody on this project wrote the
-text, it needs no download, and it is the same on every machine with the same Python.
+text, and it needs no download. It is deterministic for one Python environment; other installed
+packages can change a few documents (seen here: a clean `.venv` and the dev `.venv` differ in
+concurrent.futures' docstrings), so figures made from it vary slightly between set-ups.
 
   python -m data_pipelines.stdlib_corpus --output_dir=data/corpus --num_files=4
 """
