@@ -23,9 +23,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from bert_jax import model as model_lib
+from bert_jax import errors
 
 
-class CheckpointError(ValueError):
+class CheckpointError(errors.UserError):
   pass
 
 

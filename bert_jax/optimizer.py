@@ -16,9 +16,10 @@ Two deliberate differences from google-research/bert `optimization.py`, both as 
 
 import jax
 import optax
+from bert_jax import errors
 
 
-class OptimizerError(ValueError):
+class OptimizerError(errors.UserError):
   pass
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from bert_jax import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -46,7 +47,7 @@ LOGICAL_AXIS_RULES = (
 )
 
 
-class ShardingError(ValueError):
+class ShardingError(errors.UserError):
   pass
 
 

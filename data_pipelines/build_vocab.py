@@ -22,13 +22,14 @@ import time
 
 from absl import app, flags
 
+from bert_jax import errors
 from data_pipelines import tokenization
 from data_pipelines.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call
 
 
-class BuildVocabError(ValueError):
+class BuildVocabError(errors.UserError):
   """A bad flag or input; the message is one line that says what to fix."""
 
 

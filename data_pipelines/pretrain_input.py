@@ -22,6 +22,7 @@ files, no parsing) to find the epoch to start in.
 import weakref
 from typing import Iterator
 
+from bert_jax import errors
 from data_pipelines import masking
 from data_pipelines.tf_setup import tf
 
@@ -34,7 +35,7 @@ CYCLE_LENGTH = 16  # files read at once; enough to mix documents, small enough f
 _DATASET_INFO = weakref.WeakKeyDictionary()
 
 
-class InputPipelineError(ValueError):
+class InputPipelineError(errors.UserError):
   """Bad pre-training input: no files, wrong record format or lengths, bad host sharding."""
 
 

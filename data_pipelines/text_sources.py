@@ -16,12 +16,13 @@ Invalid UTF-8 is decoded with U+FFFD and counted (`stats.replaced`); documents w
 import dataclasses
 import json
 
+from bert_jax import errors
 from data_pipelines import instances as instances_lib
 from data_pipelines import tokenization
 from data_pipelines.tf_setup import tf
 
 
-class PretrainingDataError(ValueError):
+class PretrainingDataError(errors.UserError):
   """Bad flag or input: missing/unreadable file, malformed JSONL, unprepared TFDS dataset."""
 
 

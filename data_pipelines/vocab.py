@@ -14,11 +14,12 @@ import dataclasses
 import os
 
 import numpy as np
+from bert_jax import errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabError(ValueError):
+class VocabError(errors.UserError):
   """A vocabulary file is missing, unreadable or lacks a required special token."""
 
 

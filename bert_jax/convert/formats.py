@@ -12,9 +12,10 @@ import re
 import numpy as np
 
 from bert_jax import model as model_lib
+from bert_jax import errors
 
 
-class ConversionError(ValueError):
+class ConversionError(errors.UserError):
   """A one-line, actionable problem with the conversion input."""
 
 

@@ -12,9 +12,10 @@ import json
 import os
 
 import numpy as np
+from bert_jax import errors
 
 
-class TaskDataError(ValueError):
+class TaskDataError(errors.UserError):
   """A fine-tuning data file is missing, empty, not UTF-8, or has a malformed record."""
 
 
