@@ -11,8 +11,17 @@ never rewrite an error's text to rename a flag: say the right name where the err
   if __name__ == "__main__":
     define_flags()
     errors.run(main)         # absl app.run + one-line user errors + exit code 2
+
+What `run` turns into `error: ...` + exit code 2:
+  - a `UserError` (or absl's `app.UsageError`) raised by main or by distributed start-up;
+  - a flag absl cannot parse (unknown flag, bad value), where absl prints two lines and exits 1;
+  - ml_collections config flags: a `--config=FILE` that does not exist, a `get_config` that
+    raises a ValueError/TypeError (absl folds the traceback into its message: we keep the last
+    line), and an override of a field the config does not have (`--config.learning_rat=1`, an
+    AttributeError chained three times inside ml_collections).
 """
 
+import os
 import sys
 
 EXIT_USER_ERROR = 2
@@ -26,34 +35,99 @@ class UserError(ValueError):
   """
 
 
-def format_error(e: BaseException) -> str:
+def format_error(e) -> str:
   """`error: <message>` on one line (newlines in the message are folded)."""
   msg = " ".join(str(e).split("\n")).strip()
   return f"error: {msg}"
 
 
-def run_main(main, argv):
-  """Calls main(argv); a UserError becomes one line on stderr and SystemExit(2)."""
-  try:
-    return main(argv)
-  except UserError as e:
-    print(format_error(e), file=sys.stderr, flush=True)
-    sys.exit(EXIT_USER_ERROR)
+def fail(e) -> None:
+  """Prints `error: <e>` on stderr and exits with code 2 (a UserError or a message)."""
+  sys.stdout.flush()
+  print(format_error(e), file=sys.stderr, flush=True)
+  sys.exit(EXIT_USER_ERROR)
 
 
-def run(main, **absl_kwargs):
-  """absl.app.run(main) with the user-error contract above.
+def run_main(main, argv, *, init_distributed=False):
+  """Calls main(argv); a UserError or UsageError becomes one line on stderr and SystemExit(2).
 
-  Flag parsing errors (unknown flag, bad value) are absl's: one usage line and exit code 1 from
-  absl is replaced by exit code 2 here so that every user error has the same code.
+  With init_distributed, `distributed.maybe_initialize_distributed()` runs first, inside the same
+  handler, so a malformed BERT_JAX_* environment is a one-line error too.
   """
-  from absl import app
+  from absl import app  # pylint: disable=g-import-not-at-top
+  try:
+    if init_distributed:
+      from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+      distributed.maybe_initialize_distributed()
+    return main(argv)
+  except (UserError, app.UsageError) as e:
+    fail(e)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flag parsing: absl's errors, and ml_collections config flags, as one line.
+# ----------------------------------------------------------------------------------------------
+def _config_flag_names(flag_values):
+  """Names of the ml_collections config-file flags (`--config=FILE[:arg]`)."""
+  try:
+    # The parser class is public in its module (the package re-exports only the DEFINE_*s).
+    from ml_collections.config_flags import config_flags  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return []
+  return [name for name in flag_values
+          if isinstance(flag_values[name].parser, config_flags.ConfigFileFlagParser)]
+
+
+def _check_config_files(argv, names):
+  """A `--config=FILE[:arg]` naming a missing file: ml_collections would defer the IOError to
+  the first attribute access (a traceback from inside main); say it now."""
+  for arg in argv[1:]:
+    for name in names:
+      if arg.startswith(f"--{name}="):
+        path = arg.split("=", 1)[1].split(":", 1)[0]
+        if path and not os.path.isfile(path):
+          fail(f"--{name}={path}: no such config file (e.g. "
+               "bert_jax/configs/pretrain.py:tiny).")
+
+
+def _unknown_override(argv, names, key_error):
+  """The `--config.a.b=v` argument whose field the config lacks, from the error's key, or None."""
+  missing = str(key_error).strip("\"'")
+  for arg in argv[1:]:
+    for name in names:
+      if arg.startswith(f"--{name}."):
+        path = arg[len(name) + 3:].split("=", 1)[0]
+        if missing and missing in path.split("."):
+          return f"--{name}.{path}"
+  return None
+
+
+def parse_flags(argv):
+  """absl's flag parsing with one-line errors and exit code 2 (see the module docstring)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  names = _config_flag_names(flags.FLAGS)
+  _check_config_files(argv, names)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    msg = str(e)
+    if "Error whilst parsing config file" in msg:  # get_config raised; absl kept the traceback
+      msg = [line for line in msg.splitlines() if line.strip()][-1].strip()
+    fail(msg)
+  except (AttributeError, KeyError) as e:
+    # Only flag parsing runs here; ml_collections raises these for an unknown override field.
+    override = _unknown_override(argv, names, e)
+    if override is None:
+      raise
+    fail(f"{override}: the config has no such field ({str(e).strip(chr(34))}); "
+         "see the config file for the field names.")
+
+
+def run(main, *, init_distributed=False):
+  """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
 
   def wrapped(argv):
-    return run_main(main, argv)
+    return run_main(main, argv, init_distributed=init_distributed)
 
-  try:
-    app.run(wrapped, **absl_kwargs)
-  except app.UsageError as e:  # raised by main before app.run's own handler in some absl paths
-    print(format_error(e), file=sys.stderr, flush=True)
-    sys.exit(EXIT_USER_ERROR)
+  app.run(wrapped, flags_parser=parse_flags)
