@@ -1,0 +1,195 @@
+"""Every attention backend equals the xla reference on padded and packed batches.
+
+The Pallas kernels run in interpret mode on CPU (slow per element, so the shapes are tiny; splash
+tiles the sequence by 128 lanes, so its rows are 128 long). cuDNN runs only on a GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from bert_jax import attention
+
+N, D = 2, 16
+
+
+def _ids(t, packed):
+  """[2, t] ids: row 0 holds two instances then padding, row 1 one instance filling the row."""
+  a, b = int(t * 0.3), int(t * 0.4)
+  if packed:
+    row0 = [1] * a + [2] * b + [0] * (t - a - b)
+    row1 = [1] * (t // 2) + [2] * (t // 4) + [3] * (t - t // 2 - t // 4)
+  else:
+    row0 = [1] * (a + b) + [0] * (t - a - b)
+    row1 = [1] * t
+  return jnp.asarray([row0, row1], jnp.int32)
+
+
+def _qkv(t, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.normal(size=(2, t, N, D)), dtype) for _ in range(4))
+
+
+def _loss_and_grads(backend, q, k, v, ids, packed, cot):
+  """Forward output and d(sum(out * cot) over real tokens)/d(q, k, v), in float32."""
+  real = (ids > 0)[:, :, None, None]
+
+  def loss(q, k, v):
+    out = attention.dot_product_attention(q, k, v, ids, packed=packed, backend=backend)
+    return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cot, 0.0)), out
+
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  f32 = lambda x: np.asarray(x, np.float32)
+  return f32(jnp.where(real, out, 0)), [f32(g) for g in grads]
+
+
+def _check_equal_to_xla(backend, t, packed, dtype, tol):
+  q, k, v, cot = _qkv(t, dtype)
+  ids = _ids(t, packed)
+  out, grads = _loss_and_grads(backend, q, k, v, ids, packed, cot.astype(jnp.float32))
+  # The reference runs in float32 whatever the kernel's dtype (bf16 is judged against truth).
+  f32 = lambda x: x.astype(jnp.float32)
+  ref_out, ref_grads = _loss_and_grads("xla", f32(q), f32(k), f32(v), ids, packed,
+                                       cot.astype(jnp.float32))
+  np.testing.assert_allclose(out, ref_out, atol=tol, rtol=tol)
+  for name, g, r in zip("qkv", grads, ref_grads):
+    np.testing.assert_allclose(g, r, atol=tol, rtol=tol, err_msg=f"d{name}")
+
+
+# bfloat16 keeps 8 bits of mantissa (relative step 2^-8 = 0.4%); sums of T terms of size ~1 in
+# bf16 inputs land within a few percent of float32.
+BF16_TOL = 5e-2
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_pallas_gpu_equals_xla_float32(packed):
+  _check_equal_to_xla("pallas_gpu", 32, packed, jnp.float32, 1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_pallas_gpu_equals_xla_bfloat16(packed):
+  _check_equal_to_xla("pallas_gpu", 32, packed, jnp.bfloat16, BF16_TOL)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_splash_equals_xla_float32(packed):
+  _check_equal_to_xla("splash", 128, packed, jnp.float32, 1e-5)
+
+
+def test_splash_bfloat16_on_cpu_is_refused_with_the_reason():
+  q, k, v, _ = _qkv(128, jnp.bfloat16)
+  with pytest.raises(attention.AttentionError, match="float32 only"):
+    attention.dot_product_attention(q, k, v, _ids(128, True), packed=True, backend="splash")
+
+
+@pytest.mark.skipif(attention.platform() != "gpu", reason="cuDNN flash attention needs an "
+                    "NVIDIA GPU (this machine has none); runs on a GPU")
+@pytest.mark.parametrize("t", [128, 512])
+def test_cudnn_equals_xla_bfloat16(t):
+  _check_equal_to_xla("cudnn", t, False, jnp.bfloat16, BF16_TOL)
+
+
+@pytest.mark.skipif(attention.platform() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_pallas_gpu_native_equals_xla_bfloat16(packed):
+  _check_equal_to_xla("pallas_gpu", 128, packed, jnp.bfloat16, BF16_TOL)
+
+
+def test_packed_mask_is_block_diagonal():
+  ids = jnp.asarray([[1, 1, 2, 2, 2, 0]], jnp.int32)
+  mask = np.asarray(attention.attention_mask(ids, packed=True))[0, 0]    # [T, S]
+  expected_real_rows = np.array([[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0],
+                                 [0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0]])
+  np.testing.assert_array_equal(mask[:5], expected_real_rows.astype(bool))
+  assert not mask[:, 5].any()                                            # padding is never a key
+
+
+def test_packed_instances_do_not_see_each_other():
+  # Perturbing instance 2 leaves instance 1's outputs bit-identical, for every CPU backend.
+  t = 128
+  q, k, v, _ = _qkv(t, jnp.float32)
+  ids = _ids(t, True)
+  in2 = (ids == 2)[:, :, None, None]
+  k2, v2 = jnp.where(in2, k + 3.0, k), jnp.where(in2, -v, v)
+  in1 = np.asarray(ids == 1)
+  for backend in ("xla", "splash"):
+    a = attention.dot_product_attention(q, k, v, ids, packed=True, backend=backend)
+    b = attention.dot_product_attention(q, k2, v2, ids, packed=True, backend=backend)
+    np.testing.assert_array_equal(np.asarray(a)[in1], np.asarray(b)[in1], err_msg=backend)
+    assert not np.allclose(np.asarray(a)[~in1 & np.asarray(ids > 0)],
+                           np.asarray(b)[~in1 & np.asarray(ids > 0)])
+
+
+def test_xla_dropout_drops_probabilities_and_fused_refuses_it():
+  q, k, v, _ = _qkv(32, jnp.float32)
+  ids = _ids(32, False)
+  kw = dict(packed=False, dropout_rate=0.5, deterministic=False)
+  plain = attention.dot_product_attention(q, k, v, ids, packed=False, backend="xla")
+  a = attention.dot_product_attention(q, k, v, ids, backend="xla",
+                                      dropout_rng=jax.random.PRNGKey(0), **kw)
+  b = attention.dot_product_attention(q, k, v, ids, backend="xla",
+                                      dropout_rng=jax.random.PRNGKey(0), **kw)
+  np.testing.assert_array_equal(a, b)                                    # same key, same mask
+  assert not np.allclose(a, plain)
+  with pytest.raises(attention.AttentionError, match="attention_dropout_prob=0.5"):
+    attention.dot_product_attention(q, k, v, ids, backend="pallas_gpu",
+                                    dropout_rng=jax.random.PRNGKey(0), **kw)
+  # Deterministic (evaluation): no dropout, so the fused kernel runs.
+  attention.dot_product_attention(q, k, v, ids, backend="pallas_gpu", packed=False,
+                                  dropout_rate=0.5, deterministic=True)
+
+
+def test_fused_kernel_under_a_mesh_equals_unsharded():
+  # shard_map hands each device its rows (data x fsdp) and heads (tensor).
+  q, k, v, _ = _qkv(32, jnp.float32)
+  q, k, v = (jnp.concatenate([x, x[::-1]]) for x in (q, k, v))          # batch 4
+  ids = jnp.concatenate([_ids(32, True), _ids(32, True)[::-1]])
+  devices = np.asarray(jax.devices()[:8]).reshape(2, 2, 2)
+  expected = attention.dot_product_attention(q, k, v, ids, packed=True, backend="pallas_gpu")
+  with jax.set_mesh(Mesh(devices, ("data", "fsdp", "tensor"))):
+    got = jax.jit(lambda *a: attention.dot_product_attention(
+        *a, packed=True, backend="pallas_gpu"))(q, k, v, ids)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform,packed,dtype,dropout,expected", [
+    ("cpu", False, "bfloat16", 0.0, "xla"),
+    ("tpu", False, "bfloat16", 0.0, "splash"),
+    ("tpu", True, "bfloat16", 0.0, "splash"),
+    ("gpu", False, "bfloat16", 0.0, "cudnn"),
+    ("gpu", True, "bfloat16", 0.0, "pallas_gpu"),
+    ("gpu", False, "float32", 0.0, "pallas_gpu"),
+    ("gpu", True, "bfloat16", 0.1, "xla"),
+    ("tpu", False, "bfloat16", 0.1, "xla"),
+])
+def test_auto_picks_a_kernel_that_supports_the_batch(platform, packed, dtype, dropout,
+                                                     expected):
+  choice = attention.select_backend("auto", packed=packed, dtype=dtype, seq_len=128,
+                                    dropout=dropout, platform_name=platform)
+  assert choice.backend == expected
+  if dropout:
+    assert "attention_dropout_prob=0.1" in choice.reason
+
+
+@pytest.mark.parametrize("requested,platform,packed,dtype,match", [
+    ("splash", "gpu", False, "bfloat16", "runs on tpu"),
+    ("cudnn", "gpu", True, "bfloat16", "packed"),
+    ("cudnn", "gpu", False, "float32", "bfloat16/float16"),
+    ("pallas_gpu", "tpu", False, "bfloat16", "runs on gpu"),
+    ("splash", "cpu", False, "float32", "runs on tpu"),
+    ("flash", "gpu", False, "bfloat16", "use one of"),
+])
+def test_an_explicit_backend_that_cannot_run_is_a_one_line_error(requested, platform, packed,
+                                                                 dtype, match):
+  with pytest.raises(attention.AttentionError, match=match) as e:
+    attention.select_backend(requested, packed=packed, dtype=dtype, seq_len=128, dropout=0.0,
+                             platform_name=platform)
+  assert "\n" not in str(e.value)
+
+
+def test_splash_refuses_a_length_that_is_not_a_multiple_of_128():
+  with pytest.raises(attention.AttentionError, match="multiple"):
+    attention.select_backend("splash", packed=True, dtype="bfloat16", seq_len=200, dropout=0.0,
+                             platform_name="tpu")
