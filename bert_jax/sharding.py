@@ -17,7 +17,9 @@ import jax
 import numpy as np
 import optax
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from bert_jax import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -48,7 +50,11 @@ LOGICAL_AXIS_RULES = (
 
 
 class ShardingError(errors.UserError):
-  pass
+  """A mesh shape or batch size that does not fit the devices."""
+
+
+class DeviceOrderError(ShardingError):
+  """A TPU slice whose topology-aware device order cannot be built for the requested mesh."""
 
 
 def resolve_mesh_shape(mesh_shape, num_devices):
@@ -75,12 +81,58 @@ def resolve_mesh_shape(mesh_shape, num_devices):
 def create_mesh(mesh_shape=(-1, 1, 1), devices=None):
   devices = jax.devices() if devices is None else devices
   shape = resolve_mesh_shape(mesh_shape, len(devices))
+  return Mesh(device_mesh_array(shape, devices), MESH_AXES)
+
+
+def device_mesh_array(shape, devices):
+  """The devices as an array of `shape`, in the order collectives run fastest.
+
+  mesh_utils.create_device_mesh lays the mesh onto a TPU slice's physical torus, so the last
+  (most communicating) axis, `tensor`, stays on direct ICI links; on GPU it sorts by device id,
+  on CPU it keeps jax.devices() order. On TPU a shape it cannot lay out is a DeviceOrderError,
+  never a silent fall-back to jax.devices() order (which can put a ring across the torus).
+  """
+  devices = list(devices)
+  if devices[0].platform != "tpu":
+    return mesh_utils.create_device_mesh(shape, devices)
+  slices = {getattr(d, "slice_index", 0) for d in devices}
+  if len(slices) > 1:
+    raise DeviceOrderError(f"config.mesh_shape={shape}: the {len(devices)} TPU devices span "
+                           f"{len(slices)} slices (multi-slice over DCN), which needs "
+                           "mesh_utils.create_hybrid_device_mesh; this trainer builds one-slice "
+                           "meshes only: run on one slice.")
   try:
-    # Topology-aware device order on TPU (keeps the tensor axis on fast ICI links).
-    device_array = jax.experimental.mesh_utils.create_device_mesh(shape, devices)
-  except Exception:  # CPU fake devices or odd shapes: plain order is fine
-    device_array = np.asarray(devices).reshape(shape)
-  return Mesh(device_array, MESH_AXES)
+    try:
+      return mesh_utils.create_device_mesh(shape, devices)
+    except NotImplementedError:
+      # No mesh axis maps onto whole physical axes (e.g. (2, 8, 1) on a 4x4 slice): split a
+      # physical axis, still following the torus.
+      return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (NotImplementedError, ValueError, AssertionError) as e:
+    # mesh_utils raises these three for shapes and slices it cannot map; its message is multi-line.
+    reason = " ".join(str(e).split())
+    raise DeviceOrderError(f"config.mesh_shape={shape}: no topology-aware device order on this "
+                           f"{devices[0].device_kind} slice (physical {_tpu_topology(devices)}): "
+                           f"{reason} Pick mesh axis sizes that are products of the physical "
+                           "axis sizes.") from e
+
+
+def _tpu_topology(devices):
+  """"4x4x2" from the chips' coordinates (TPU devices carry `coords`)."""
+  coords = np.asarray([d.coords for d in devices])
+  return "x".join(str(int(n)) for n in coords.max(0) - coords.min(0) + 1)
+
+
+def device_order_source(mesh):
+  """How `mesh`'s devices were ordered, for the start-up line."""
+  devices = list(mesh.devices.flat)
+  platform = devices[0].platform
+  if platform == "tpu":
+    return (f"mesh_utils.create_device_mesh: topology-aware over the {_tpu_topology(devices)} "
+            f"{devices[0].device_kind} torus")
+  if platform == "gpu":
+    return "mesh_utils.create_device_mesh: GPUs in device-id order"
+  return f"mesh_utils.create_device_mesh: jax.devices() order ({platform}: no topology)"
 
 
 def data_parallel_size(mesh):
