@@ -1,57 +1,149 @@
-"""Orbax checkpoints: the training CheckpointManager and params-only exports.
+"""Orbax checkpoints: the training CheckpointManager and params-only exports, both checksummed.
 
 Two layouts, both written by Orbax only:
 
   workdir/checkpoints/<step>/state/   params, opt_state, step, rng   (StandardSave, sharded)
   workdir/checkpoints/<step>/meta/    JSON: config, model config, input position, vocab hash
+  workdir/checkpoints/<step>/manifest.sha256.process_<i>.json   size + SHA-256 of every file
 
   PATH/params/                        params only (StandardSave)     <- `save_params`
   PATH/bert_config.json               the BertConfig and provenance (converter, casing, ...)
+  PATH/manifest.sha256.process_0.json
+
+The manifest of a step is written inside Orbax's temporary step directory, after every array is
+on disk and before Orbax commits (renames) it (`AsyncOptions.post_finalization_callback`), so a
+committed step always carries its manifest: a step whose meta says it has one but has none was
+tampered with. On resume, `latest_verified_step` checks the newest step and falls back, saying
+so, to the newest that verifies; a step written before manifests existed restores with a warning.
 
 `load_params(path)` accepts either layout (a params export, a workdir, or one step directory) so
 `--config.init_checkpoint` can point at a converted Google/HF checkpoint or at a pre-training run.
+
+  python -m bert_jax.checkpoint verify DIR     # a workdir, its checkpoints/, a step, or an export
 """
 
+import errno
 import json
 import os
+import re
 import shutil
+import sys
+import time
 import uuid
 
+from absl import logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax import model as model_lib
 from bert_jax import errors
+from bert_jax import manifest as manifest_lib
+from bert_jax import model as model_lib
 
 
 class CheckpointError(errors.UserError):
   pass
 
 
+ManifestError = manifest_lib.ManifestError
+MANIFEST_KEY = "manifest"      # in a step's meta: "sha256" when the step was saved with one
+# Errors of a write that ran out of room or permission: reported as one line, earlier steps kept.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EPERM)
+
+
 # ----------------------------------------------------------------------------------------------
 # Training checkpoints.
 # ----------------------------------------------------------------------------------------------
+class Manager:
+  """An Orbax CheckpointManager whose every step carries a SHA-256 manifest (see module doc).
+
+  Other attributes (latest_step, all_steps, directory, ...) are the Orbax manager's.
+  """
+
+  def __init__(self, directory, *, max_to_keep, keep_period, async_save, log_every_save=True):
+    self.async_save = async_save
+    self.log_every_save = log_every_save
+    self._saving = None            # (step, label) of the save in flight
+    # Always an AsyncCheckpointer: the manifest callback exists only there. A synchronous save
+    # waits for it in `save`.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, keep_period=keep_period, create=True,
+        enable_async_checkpointing=True, cleanup_tmp_directories=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest))
+    self._manager = ocp.CheckpointManager(directory, options=options,
+                                          item_names=("state", "meta"))
+
+  def __getattr__(self, name):
+    return getattr(self._manager, name)
+
+  def _write_manifest(self):
+    """Runs in Orbax's finalize thread on every host once all files of the step are written."""
+    step, label = self._saving
+    tmp = self._manager.directory / f"{step}{ocp.utils.TMP_DIR_SUFFIX}"
+    step_dir = tmp if tmp.exists() else self._manager.directory / str(step)  # gs: no rename
+    n, size = manifest_lib.write_manifest(step_dir, jax.process_index(), jax.process_count())
+    if jax.process_index() == 0 and self.log_every_save:
+      print(f"checkpoint {label} saved (verified: sha256 manifest of {n} files, "
+            f"{size / 1e6:.1f} MB)", flush=True)
+
+  def save(self, step, state, meta, *, force=False, label=None):
+    meta = dict(meta, **{MANIFEST_KEY: "sha256"})
+    try:
+      # Orbax waits for the previous save inside `save`; waiting here first keeps that save's
+      # manifest callback reading its own step from `_saving`.
+      self._manager.wait_until_finished()
+      self._saving = (step, step if label is None else label)
+      saved = self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+      if not self.async_save:
+        self.wait_until_finished()
+    except (OSError, ValueError) as e:  # ValueError: tensorstore's I/O errors (re-raised if not)
+      self._raise_write_error(step, e)
+    return saved
+
+  def wait_until_finished(self):
+    step = self._saving[0] if self._saving else "?"
+    try:
+      self._manager.wait_until_finished()
+    except (OSError, ValueError) as e:
+      self._raise_write_error(step, e)
+
+  def close(self):
+    self.wait_until_finished()
+    self._manager.close()
+
+  def _raise_write_error(self, step, e):
+    """A CheckpointError for a full disk / read-only / permission error; `e` itself otherwise."""
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None:  # tensorstore: ValueError("... [os_error_code='28']")
+      m = re.search(r"os_error_code='?(\d+)", str(e))
+      code = int(m.group(1)) if m else None
+    if code not in _WRITE_ERRNOS:
+      raise e
+    kept = [s for s in self._manager.all_steps(read=True) if s != step]
+    raise CheckpointError(
+        f"checkpoint {step}: cannot write to {self._manager.directory} ({os.strerror(code)}); free "
+        f"space or fix permissions and restart: earlier checkpoints {kept or 'none'} are intact."
+    ) from e
+
+
 def create_manager(workdir, *, max_to_keep=3, keep_period=None, async_save=True):
   """Keeps the last `max_to_keep` checkpoints plus every step that is a multiple of keep_period.
 
   Saves are asynchronous: the train loop goes on while arrays are written, and a checkpoint
-  only becomes visible (committed) once all of it is on disk.
+  only becomes visible (committed) once all of it, manifest included, is on disk.
   """
   # Orbax (tensorstore) wants absolute paths; a relative local workdir is made absolute here.
   if "://" not in str(workdir):
     workdir = os.path.abspath(workdir)
-  directory = epath.Path(workdir) / "checkpoints"
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, keep_period=keep_period, create=True,
-      enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
+  return Manager(epath.Path(workdir) / "checkpoints", max_to_keep=max_to_keep,
+                 keep_period=keep_period, async_save=async_save)
 
 
-def save(manager, step, state, meta, force=False):
-  return manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+def save(manager, step, state, meta, force=False, label=None):
+  """Saves step `step`; `label` is the number printed ("checkpoint <label> saved (verified)")."""
+  return manager.save(step, state, meta, force=force, label=label)
 
 
 def restore(manager, step, abstract_state):
@@ -66,17 +158,96 @@ def read_meta(manager, step):
 
 
 # ----------------------------------------------------------------------------------------------
+# Verification and fallback.
+# ----------------------------------------------------------------------------------------------
+def _claims_manifest(step_dir):
+  """Whether the step's meta says it was saved with a manifest (False: an older step)."""
+  meta_file = epath.Path(step_dir) / "meta" / "metadata"
+  try:
+    return json.loads(meta_file.read_text()).get(MANIFEST_KEY) is not None
+  except (FileNotFoundError, json.JSONDecodeError):
+    return True  # meta gone or garbled: not an old step, a damaged one
+
+
+def verify_dir(path, claims_manifest=True):
+  """Verifies a step or export directory.
+
+  Returns ("verified", files, bytes), or ("unverified", 0, 0) for a directory written before
+  manifests existed. Raises ManifestError naming the file for a damaged one.
+  """
+  if not manifest_lib.has_manifest(path):
+    if claims_manifest:
+      raise ManifestError(f"{epath.Path(path) / manifest_lib.manifest_name(0)}: manifest "
+                          "missing, but the checkpoint was saved with one (deleted?).")
+    return "unverified", 0, 0
+  n, size = manifest_lib.verify(path)
+  return "verified", n, size
+
+
+def latest_verified_step(manager):
+  """The newest step that verifies (or has no manifest: warned), or None for an empty workdir.
+
+  Newer damaged steps are moved to `<workdir>/checkpoints.corrupt/` (by the primary host) so that
+  training can save those step numbers again; each is reported on one line. If no step
+  verifies, a CheckpointError lists them and nothing is moved.
+  """
+  directory = manager.directory
+  steps = sorted(manager.all_steps(), reverse=True)
+  damaged = []
+  for step in steps:
+    step_dir = directory / str(step)
+    t0 = time.time()
+    try:
+      status, n, size = verify_dir(step_dir, _claims_manifest(step_dir))
+    except ManifestError as e:
+      damaged.append((step, str(e)))
+      continue
+    if status == "unverified":
+      logging.warning("checkpoint %s has no manifest (saved before manifests existed): "
+                      "restoring it unverified", step)
+      print(f"warning: checkpoint {step} has no manifest (saved before manifests existed); "
+            "restoring it unverified", file=sys.stderr, flush=True)
+    elif jax.process_index() == 0:
+      dt = time.time() - t0
+      print(f"checkpoint {step} verified ({n} files, {size / 1e6:.1f} MB in {dt:.1f} s)",
+            flush=True)
+    if damaged:
+      _move_aside(manager, damaged, step)
+    return step
+  if damaged:
+    raise CheckpointError(f"no checkpoint in {directory} verifies: "
+                          + "; ".join(f"step {s}: {msg}" for s, msg in damaged)
+                          + ". Restore them from a copy, or move them away to start afresh.")
+  return None
+
+
+def _move_aside(manager, damaged, good_step):
+  corrupt_dir = manager.directory.parent / "checkpoints.corrupt"
+  for step, msg in damaged:
+    target = corrupt_dir / f"{step}-{int(time.time())}"
+    print(f"checkpoint {step} is damaged ({msg}); moved to {target}; falling back to step "
+          f"{good_step}", file=sys.stderr, flush=True)
+    if jax.process_index() == 0:
+      corrupt_dir.mkdir(parents=True, exist_ok=True)
+      (manager.directory / str(step)).rename(target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("bert_jax.checkpoint.move_aside")
+  manager.reload()
+
+
+# ----------------------------------------------------------------------------------------------
 # Params-only exports (conversion output, init_checkpoint input).
 # ----------------------------------------------------------------------------------------------
 CONFIG_NAME = "bert_config.json"
 
 
 def save_params(path, params, model_config, meta=None):
-  """Writes params + bert_config.json to `path` atomically (a temp dir renamed at the end).
+  """Writes params + bert_config.json + manifest to `path` atomically (a temp dir renamed).
 
-  On object stores (gs://) a rename is not atomic: there the config is written first and the
-  params last, and Orbax commits the params directory only when it is complete, so a crashed
-  export has no `params/` and `load_params` refuses it.
+  On object stores (gs://) a rename is not atomic: there the config is written first, the params
+  next and the manifest last, and Orbax commits the params directory only when it is complete,
+  so a crashed export has no `params/` and `load_params` refuses it.
   """
   path = str(path)
   if epath.Path(path).exists():
@@ -90,6 +261,7 @@ def save_params(path, params, model_config, meta=None):
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(epath.Path(target).absolute() / "params", params)
     ckptr.wait_until_finished()
+  manifest_lib.write_manifest(target)
   if local:
     os.rename(target, path)
   return path
@@ -123,9 +295,27 @@ def resolve_checkpoint(path):
   return "train", step_dir
 
 
+def _verify_for_load(kind, p):
+  """Verifies what load_params is about to read: one-line error if damaged, warning if old."""
+  claims = _claims_manifest(p) if kind == "train" else False
+  try:
+    status, _, _ = verify_dir(p, claims)
+  except ManifestError as e:
+    raise CheckpointError(str(e)) from None
+  if status == "unverified":
+    logging.warning("%s has no manifest (written before manifests existed): loaded unverified",
+                    p)
+
+
 def load_params(path):
-  """Loads (params as numpy, BertConfig, meta dict) from any accepted layout."""
+  """Loads (params as numpy, BertConfig, meta dict) from any accepted layout.
+
+  The files are checked against the manifest first. For a pre-training step, meta gains the
+  top-level `do_lower_case` of its config (a pre-training meta nests it under "config"), so
+  callers check casing in one place for every layout.
+  """
   kind, p = resolve_checkpoint(path)
+  _verify_for_load(kind, p)
   if kind == "params":
     info = json.loads((p / CONFIG_NAME).read_text())
     with ocp.StandardCheckpointer() as ckptr:
@@ -134,6 +324,8 @@ def load_params(path):
     return params, model_config, info
   meta = json.loads((p / "meta" / "metadata").read_text()) if (p / "meta" / "metadata").exists() \
       else ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(p / "meta")
+  if meta.get("do_lower_case") is None and isinstance(meta.get("config"), dict):
+    meta["do_lower_case"] = meta["config"].get("do_lower_case")
   with ocp.StandardCheckpointer() as ckptr:
     state = _restore_numpy(ckptr, p.absolute() / "state", only="params")
   model_config = model_lib.BertConfig.from_dict(meta["model_config"])
@@ -174,3 +366,49 @@ def check_params_match(loaded, expected, what):
 def remove_dir(path):
   if epath.Path(path).exists():
     shutil.rmtree(path) if "://" not in str(path) else epath.Path(path).rmtree()
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI: python -m bert_jax.checkpoint verify DIR
+# ----------------------------------------------------------------------------------------------
+def _dirs_to_verify(path):
+  """[(label, dir, claims_manifest)] for a workdir, its checkpoints/, one step, or an export."""
+  p = epath.Path(path)
+  if not p.exists():
+    raise CheckpointError(f"{path}: no such directory.")
+  if (p / CONFIG_NAME).exists() or ((p / "state").exists() and (p / "meta").exists()):
+    return [(str(p), p, _claims_manifest(p) if (p / "state").exists() else False)]
+  root = p / "checkpoints" if (p / "checkpoints").exists() else p
+  steps = sorted(int(q.name) for q in root.iterdir() if q.name.isdigit())
+  if not steps:
+    raise CheckpointError(f"{path}: neither a workdir with checkpoints/<step>, a step directory, "
+                          f"nor an export ({CONFIG_NAME} + params/).")
+  return [(f"step {s}", root / str(s), _claims_manifest(root / str(s))) for s in steps]
+
+
+def verify_main(argv):
+  if len(argv) != 3 or argv[1] != "verify":
+    raise CheckpointError("usage: python -m bert_jax.checkpoint verify DIR (a workdir, its "
+                          "checkpoints/, one step directory, or a params export).")
+  bad = []
+  for label, d, claims in _dirs_to_verify(argv[2]):
+    t0 = time.time()
+    try:
+      status, n, size = verify_dir(d, claims)
+    except ManifestError as e:
+      bad.append(label)
+      print(f"{label}: DAMAGED: {e}", flush=True)
+      continue
+    dt = time.time() - t0
+    if status == "unverified":
+      print(f"{label}: no manifest (written before manifests existed): not verified", flush=True)
+    else:
+      print(f"{label}: ok ({n} files, {size / 1e6:.1f} MB, {dt:.2f} s, "
+            f"{size / 1e6 / max(dt, 1e-9):.0f} MB/s)", flush=True)
+  if bad:
+    raise CheckpointError(f"{len(bad)} damaged: {', '.join(bad)}; training falls back to the "
+                          "newest step that verifies.")
+
+
+if __name__ == "__main__":
+  errors.run_main(verify_main, sys.argv)
