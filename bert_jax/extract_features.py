@@ -1,7 +1,13 @@
 r"""Contextual features from a pre-trained BERT: the paper's feature-based approach (sec. 5.3).
 
   python -m bert_jax.extract_features --input_file=sentences.txt --output_file=features.npz \
-      --init_checkpoint=DIR --vocab_file=vocab.txt --layers=-1,-2,-3,-4 --pooling=concat
+      --init_checkpoint=DIR --layers=-1,-2,-3,-4 --pooling=concat
+
+--init_checkpoint is an export, a pre-training or fine-tuning workdir or a step directory, local
+or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model
+and recorded casing are used unless --vocab_file / --spm_model_file / --do_lower_case say
+otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
+of them for a smaller model; an explicit layer the model does not have is an error.
 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
 Each whitespace-separated word is tokenized on its own, so every word piece knows its word.
@@ -25,18 +31,21 @@ f["features"][a:b].
 """
 
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax import errors
+from bert_jax import inference
 from bert_jax import model as model_lib
 
+DEFAULT_LAYERS = "-1,-2,-3,-4"  # the paper's best feature-based NER result (sec. 5.3)
+MIN_SEQ_LENGTH = 3  # [CLS] + at least one piece + [SEP]
 
-class ExtractError(ValueError):
+
+class ExtractError(errors.UserError):
   pass
 
 
@@ -105,11 +114,15 @@ def build_inputs(inputs, tokenizer, max_seq_length):
       truncated
 
 
-def parse_layers(spec, num_layers):
+def parse_layers(spec, num_layers, clip=False):
+  """Layer indices from "-1,-2,..."; clip=True (the default flag) drops layers the model lacks,
+  so a 2-layer model gets -1,-2 instead of an error for the flag's default."""
   try:
     layers = [int(x) for x in str(spec).split(",") if x.strip()]
-  except ValueError:
+  except ValueError:  # int() of one comma-separated token
     raise ExtractError(f"--layers={spec}: expected comma-separated integers like -1,-2,-3,-4.")
+  if clip:
+    layers = [l for l in layers if -num_layers <= l < num_layers]
   bad = [l for l in layers if not -num_layers <= l < num_layers]
   if not layers or bad:
     raise ExtractError(f"--layers={spec}: the model has {num_layers} layers, so use indices in "
@@ -122,6 +135,9 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
   """Returns the dict of arrays described in the module docstring."""
   if pooling not in ("concat", "sum"):
     raise ExtractError(f"--pooling={pooling}: use concat or sum.")
+  if max_seq_length < MIN_SEQ_LENGTH:
+    raise ExtractError(f"--max_seq_length={max_seq_length}: must be at least {MIN_SEQ_LENGTH} "
+                       "([CLS], one word piece, [SEP]); BERT's usual value is 128.")
   layers = parse_layers(",".join(map(str, layers)), model_config.num_layers)
   if max_seq_length > model_config.max_position_embeddings:
     raise ExtractError(f"--max_seq_length={max_seq_length} exceeds the model's "
@@ -189,11 +205,13 @@ def define_flags():
   """Flags are defined only when run as a program, so modules import side-effect free."""
   flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
   flags.DEFINE_string("output_file", None, "Where to write the .npz.")
-  flags.DEFINE_string("init_checkpoint", None, "Params export, pre-training workdir or step dir.")
-  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt of the checkpoint.")
-  flags.DEFINE_string("spm_model_file", None, "SentencePiece model of the checkpoint.")
-  flags.DEFINE_bool("do_lower_case", True, "Uncased checkpoint.")
-  flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to use (-1 = last).")
+  flags.DEFINE_string("init_checkpoint", None, "Export, pre-training/fine-tuning workdir or step "
+                      "directory (local or gs://).")
+  flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: the checkpoint's own).")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
+  flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
+  flags.DEFINE_string("layers", DEFAULT_LAYERS, "Encoder layers to use (-1 = last); the default "
+                      "keeps those a smaller model has.")
   flags.DEFINE_enum("pooling", "concat", ["concat", "sum"], "How to combine the layers.")
   flags.DEFINE_integer("max_seq_length", 128, "Longer lines are truncated (and counted).")
   flags.DEFINE_integer("batch_size", 32, "Lines per forward pass.")
@@ -202,40 +220,30 @@ def define_flags():
 
 def main(argv):
   del argv
-  from data_pipelines import tokenization
-  from data_pipelines import vocab as vocab_lib
-  try:
-    if not FLAGS.output_file:
-      raise ExtractError("--output_file is empty: pass a path ending in .npz.")
-    if not FLAGS.init_checkpoint:
-      raise ExtractError("--init_checkpoint is empty: pass a pre-trained BERT.")
-    inputs = read_inputs(FLAGS.input_file or "")
-    tokenizer = tokenization.get_tokenizer(vocab_file=FLAGS.vocab_file,
-                                           spm_model_file=FLAGS.spm_model_file,
-                                           do_lower_case=FLAGS.do_lower_case)
-    params, cfg, meta = ckpt_lib.load_params(FLAGS.init_checkpoint)
-    if meta.get("do_lower_case") is not None and bool(meta["do_lower_case"]) != \
-        FLAGS.do_lower_case:
-      raise ExtractError(f"--do_lower_case={FLAGS.do_lower_case} but the checkpoint was "
-                         f"trained with do_lower_case={meta['do_lower_case']}.")
-    if cfg.vocab_size != tokenizer.vocab.size:
-      raise ExtractError(f"--init_checkpoint has vocab_size={cfg.vocab_size} but the vocab has "
-                         f"{tokenizer.vocab.size} tokens; use the checkpoint's vocab.")
-    cfg = model_lib.BertConfig(**{**cfg.to_dict(), "dtype": FLAGS.dtype})
-    bert = params.get("bert", params)
-    arrays, truncated = extract(inputs, tokenizer, bert, cfg,
-                                layers=parse_layers(FLAGS.layers, cfg.num_layers),
-                                pooling=FLAGS.pooling, max_seq_length=FLAGS.max_seq_length,
-                                batch_size=FLAGS.batch_size)
-  except (ExtractError, ckpt_lib.CheckpointError, vocab_lib.VocabError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  if not FLAGS.output_file:
+    raise ExtractError("--output_file is empty: pass a path ending in .npz.")
+  if not FLAGS.input_file:
+    raise ExtractError("--input_file is empty: pass a text file with one text per line.")
+  if FLAGS.max_seq_length < MIN_SEQ_LENGTH:
+    raise ExtractError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least "
+                       f"{MIN_SEQ_LENGTH} ([CLS], one word piece, [SEP]); BERT's usual is 128.")
+  if FLAGS.batch_size < 1:
+    raise ExtractError(f"--batch_size={FLAGS.batch_size}: must be at least 1.")
+  inputs = read_inputs(FLAGS.input_file)
+  m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
+                                   spm_model_file=FLAGS.spm_model_file,
+                                   do_lower_case=FLAGS.do_lower_case)
+  cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
+  layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
+  arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,
+                              layers=layers, pooling=FLAGS.pooling,
+                              max_seq_length=FLAGS.max_seq_length, batch_size=FLAGS.batch_size)
   save_npz(FLAGS.output_file, arrays)
   print(f"wrote {FLAGS.output_file}: {len(inputs)} lines, {len(arrays['tokens'])} tokens, "
-        f"features {arrays['features'].shape[1]}-d"
+        f"layers {','.join(map(str, layers))}, features {arrays['features'].shape[1]}-d"
         + (f"; {truncated} lines truncated to {FLAGS.max_seq_length}" if truncated else ""))
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)

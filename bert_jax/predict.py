@@ -1,18 +1,18 @@
 r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
 
-  python -m bert_jax.predict --checkpoint=ckpt/bert_base fill-mask "The man went to the [MASK] ."
-  python -m bert_jax.predict --checkpoint=ckpt/bert_base fill-mask \
+  python -m bert_jax.predict --init_checkpoint=ckpt/bert_base fill-mask "The man went to the [MASK] ."
+  python -m bert_jax.predict --init_checkpoint=gs://B/runs/base fill-mask \
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
 
---checkpoint is a converted export (python -m bert_jax.convert) or a pre-training workdir; the
-vocab.txt beside it (or --vocab_file) and its recorded casing are used. Prints, for each [MASK],
-the top-k tokens with their probabilities, and with --text_b the NSP probability P(IsNext).
-The probabilities are a softmax over the full vocabulary, as transformers' fill-mask pipeline.
+--init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or
+one of its step directories, local or gs:// (`bert_jax.inference.load_for_inference`): the
+vocab.txt or SentencePiece model bundled with it (or --vocab_file / --spm_model_file) and its
+recorded casing are used. Prints, for each [MASK], the top-k tokens with their probabilities,
+and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
+vocabulary, as transformers' fill-mask pipeline.
 """
 
-import dataclasses
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,44 +21,28 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax import errors
+from bert_jax import inference
 from bert_jax import model as model_lib
 
 
-class PredictError(ValueError):
+class PredictError(errors.UserError):
   pass
 
 
-@dataclasses.dataclass
-class Predictor:
-  params: dict
-  config: model_lib.BertConfig
-  tokenizer: object  # data_pipelines.tokenization.Tokenizer
-  meta: dict
+Predictor = inference.InferenceModel
 
 
-def load(checkpoint, vocab_file=None, do_lower_case=None):
-  """A Predictor for a checkpoint; casing defaults to (and is checked against) the recorded one."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
-  try:
-    params, config, meta = ckpt_lib.load_params(checkpoint)
-  except ckpt_lib.CheckpointError as e:
-    raise PredictError(str(e)) from e
-  if "mlm_head" not in params or "nsp_head" not in params:
-    raise PredictError(f"--checkpoint={checkpoint}: has no pre-training heads (mlm_head, "
+def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
+  """A Predictor (InferenceModel with device arrays) for a BertForPreTraining checkpoint."""
+  predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
+                                           spm_model_file=spm_model_file,
+                                           do_lower_case=do_lower_case)
+  if "mlm_head" not in predictor.params or "nsp_head" not in predictor.params:
+    raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads (mlm_head, "
                        "nsp_head); fill-mask needs a BertForPreTraining checkpoint.")
-  recorded = meta.get("do_lower_case", (meta.get("config") or {}).get("do_lower_case"))
-  if do_lower_case is None:
-    do_lower_case = True if recorded is None else recorded
-  convert.check_casing({"do_lower_case": recorded}, do_lower_case)
-  vocab_file = vocab_file or convert.find_vocab(checkpoint, meta)
-  tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, do_lower_case=do_lower_case)
-  if tokenizer.vocab.size != config.vocab_size:
-    raise PredictError(f"--vocab_file={vocab_file} has {tokenizer.vocab.size} tokens but the "
-                       f"checkpoint's vocab_size is {config.vocab_size}; use its own vocab.")
-  params = jax.tree.map(jnp.asarray, params)
-  return Predictor(params, config, tokenizer, meta)
+  predictor.params = jax.tree.map(jnp.asarray, predictor.params)
+  return predictor
 
 
 def encode(predictor, text_a, text_b=None):
@@ -123,8 +107,10 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   """Flags are defined only when run as a program, so modules import side-effect free."""
-  flags.DEFINE_string("checkpoint", None, "Converted export or pre-training workdir.")
-  flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --checkpoint).")
+  flags.DEFINE_string("init_checkpoint", None,
+                      "Converted export, pre-training workdir or step directory (local or gs://).")
+  flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the checkpoint's own).")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
   flags.DEFINE_string("text_b", None, "Second sentence: also print P(IsNext).")
   flags.DEFINE_integer("top_k", 5, "Candidates per [MASK].")
@@ -132,21 +118,18 @@ def define_flags():
 
 def main(argv):
   if len(argv) != 3 or argv[1] != "fill-mask":
-    raise app.UsageError("usage: python -m bert_jax.predict --checkpoint=DIR fill-mask "
+    raise app.UsageError("usage: python -m bert_jax.predict --init_checkpoint=DIR fill-mask "
                          "\"The man went to the [MASK] .\" [--text_b=...] [--top_k=5]")
-  if not FLAGS.checkpoint:
-    raise app.UsageError("--checkpoint is required.")
+  if not FLAGS.init_checkpoint:
+    raise app.UsageError("--init_checkpoint is required.")
+  if FLAGS.top_k < 1:
+    raise app.UsageError(f"--top_k={FLAGS.top_k}: give at least 1.")
   logging.set_verbosity(logging.WARNING)
-  from bert_jax.convert import ConversionError  # pylint: disable=g-import-not-at-top
-  from data_pipelines.vocab import VocabError  # pylint: disable=g-import-not-at-top
-  try:
-    predictor = load(FLAGS.checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case)
-    print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
-  except (PredictError, ConversionError, VocabError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
+                   FLAGS.spm_model_file)
+  print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)

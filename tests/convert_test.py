@@ -237,4 +237,23 @@ def test_cli_round_trip_and_error(hf_dir, tmp_path):
   assert r.returncode == 0, r.stderr
   assert "mapped 46 parameters" in r.stdout
   r = run(f"--input={tmp_path}/o", f"--output={tmp_path}/o")
-  assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: --output=")
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --output=")
+
+
+def test_pretraining_workdir_exports_without_source_flag(hf_dir, tmp_path):
+  """`convert --input=<workdir>` finds the latest step and the run's vocab (no --source=orbax)."""
+  from tests import inference_test  # pylint: disable=g-import-not-at-top
+  convert.convert_to_orbax(hf_dir, str(tmp_path / "orbax"))
+  params, config, _ = ckpt_lib.load_params(str(tmp_path / "orbax"))
+  workdir = inference_test.make_workdir(str(tmp_path / "run"), params, config,
+                                        str(tmp_path / "orbax" / "vocab.txt"), steps=(0,))
+  assert convert.detect_source(workdir) == "orbax"
+  convert.export_to_hf(workdir, str(tmp_path / "from_workdir"))
+  convert.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "from_export"))
+  for name in ("model.safetensors", "vocab.txt", "tokenizer_config.json"):
+    with open(tmp_path / "from_workdir" / name, "rb") as a, \
+        open(tmp_path / "from_export" / name, "rb") as b:
+      assert a.read() == b.read(), name
+  with pytest.raises(convert.ConversionError, match="unknown layout.*bert_jax workdir"):
+    os.makedirs(tmp_path / "empty")
+    convert.detect_source(str(tmp_path / "empty"))

@@ -75,6 +75,15 @@ def test_truncation_and_errors(setup, tmp_path):
   assert not out["word_features"][6:].any()
   with pytest.raises(ef.ExtractError, match=r"--layers=-5: the model has 4 layers"):
     ef.parse_layers("-5", 4)
+  # The flag's default (last four) keeps what a 2-layer model has; an explicit -3 is an error.
+  assert ef.parse_layers(ef.DEFAULT_LAYERS, 2, clip=True) == [-1, -2]
+  assert ef.parse_layers(ef.DEFAULT_LAYERS, 4, clip=True) == [-1, -2, -3, -4]
+  with pytest.raises(ef.ExtractError, match=r"--layers=-1,-3: the model has 2 layers"):
+    ef.parse_layers("-1,-3", 2)
+  with pytest.raises(ef.ExtractError, match=r"--layers=x: expected comma-separated integers"):
+    ef.parse_layers("x", 2)
+  with pytest.raises(ef.ExtractError, match=r"--max_seq_length=0: must be at least 3"):
+    ef.extract(inputs, tokenizer, params["bert"], cfg, max_seq_length=0)
   path = tmp_path / "in.txt"
   path.write_text("a line\n\nanother\n")
   with pytest.raises(ef.ExtractError, match=r"in.txt:2: empty line"):

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
+from bert_jax import inference  # noqa: E402
 from bert_jax import predict  # noqa: E402
 from tests import hf_testlib  # noqa: E402
 
@@ -69,14 +70,15 @@ def test_errors(converted):
     predict.predict(predictor, "  ")
   with pytest.raises(predict.PredictError, match="at most 40"):
     predict.predict(predictor, "the man " * 30 + "[MASK]")
-  with pytest.raises(convert.ConversionError, match="do_lower_case=False but the checkpoint"):
+  with pytest.raises(inference.InferenceLoadError,
+                     match="do_lower_case=False but the checkpoint is uncased"):
     predict.load(orbax_dir, do_lower_case=False)
 
 
 def test_cli(converted):
   _, orbax_dir = converted
   r = subprocess.run(
-      [sys.executable, "-m", "bert_jax.predict", f"--checkpoint={orbax_dir}", "fill-mask",
+      [sys.executable, "-m", "bert_jax.predict", f"--init_checkpoint={orbax_dir}", "fill-mask",
        "The man went to the [MASK] .", "--text_b=He bought milk .", "--top_k=3"],
       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT), cwd=ROOT,
       capture_output=True, text=True, timeout=300)

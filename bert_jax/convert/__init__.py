@@ -20,6 +20,7 @@ import uuid
 import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import inference
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert.formats import ConversionError, check_casing  # noqa: F401 (public API)
@@ -28,23 +29,29 @@ VOCAB_NAME = "vocab.txt"
 
 
 def detect_source(path):
-  """"tf", "hf" or "orbax" from the files in `path` (a directory or a TF checkpoint prefix)."""
+  """"tf", "hf" or "orbax" from the files at `path` (a directory or a TF checkpoint prefix).
+
+  "orbax" is any bert_jax checkpoint `inference.resolve` accepts: a params export, a pre-training
+  or fine-tuning workdir (its latest step) or one step directory; local or gs://.
+  """
   if os.path.isfile(path + ".index"):
     return "tf"
-  if not os.path.isdir(path):
+  if "://" not in path and not os.path.isdir(path):
     raise ConversionError(f"--input={path}: no such directory or TF checkpoint prefix.")
-  files = set(os.listdir(path))
+  files = set(os.listdir(path)) if "://" not in path else set()
   if "config.json" in files and files & {"model.safetensors", "model.safetensors.index.json",
                                          "pytorch_model.bin"}:
     return "hf"
-  if ckpt_lib.CONFIG_NAME in files and "params" in files:
+  if files & {ckpt_lib.CONFIG_NAME, "checkpoints", "state"} or "://" in path:
+    inference.resolve(path)  # a one-line error naming what is missing
     return "orbax"
   if any(f.endswith(".index") for f in files):
     return "tf"
   raise ConversionError(f"--input={path}: unknown layout; expected a google TF checkpoint "
                         "(bert_model.ckpt.index + bert_config.json), a Hugging Face directory "
-                        "(config.json + model.safetensors/pytorch_model.bin) or an Orbax export "
-                        f"({ckpt_lib.CONFIG_NAME} + params/).")
+                        "(config.json + model.safetensors/pytorch_model.bin), an Orbax export "
+                        f"({ckpt_lib.CONFIG_NAME} + params/) or a bert_jax workdir "
+                        "(checkpoints/<step>/).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,41 +220,25 @@ def hf_state_dict(params, config, where="checkpoint"):
 
 
 def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
-  """Orbax params export (or training workdir) -> HF directory for BertForPreTraining."""
+  """Orbax params export, workdir or step directory (local or gs://) -> HF BertForPreTraining."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   if os.path.exists(output):
     raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
-  try:
-    params, config, meta = ckpt_lib.load_params(checkpoint)
-  except ckpt_lib.CheckpointError as e:
-    raise ConversionError(str(e)) from e
-  state = hf_state_dict(params, config, checkpoint)
-  vocab_file = vocab_file or find_vocab(checkpoint, meta)
-  tokens = formats.read_vocab(vocab_file)
-  formats.check_vocab_size(tokens, config, vocab_file, f"{checkpoint}/{ckpt_lib.CONFIG_NAME}")
-  stored = meta.get("do_lower_case", (meta.get("config") or {}).get("do_lower_case"))
-  inferred, how = formats.infer_casing(
-      checkpoint, tokens, (stored, f"{ckpt_lib.CONFIG_NAME} do_lower_case"))
-  lower = formats.resolve_casing(do_lower_case, inferred, how)
-  pad_id = tokens.index("[PAD]") if "[PAD]" in tokens else 0
+  m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
+                                   do_lower_case=do_lower_case)
+  if m.spm_model_file:
+    raise ConversionError(f"--input={checkpoint}: uses the SentencePiece model "
+                          f"{m.spm_model_file}; export to Hugging Face writes a WordPiece "
+                          "BertTokenizer only.")
+  state = hf_state_dict(m.params, m.config, checkpoint)
+  pad_id = m.tokenizer.vocab.pad_id
 
   def write(tmp):
     os.makedirs(tmp)
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(formats.hf_config_json(config, pad_id), f, indent=2, sort_keys=True)
-    formats.write_tokenizer_files(tmp, vocab_file, lower, config.max_position_embeddings)
+      json.dump(formats.hf_config_json(m.config, pad_id), f, indent=2, sort_keys=True)
+    formats.write_tokenizer_files(tmp, m.vocab_file, m.do_lower_case,
+                                  m.config.max_position_embeddings)
 
   return _finish_atomically(output, write)
-
-
-def find_vocab(checkpoint, meta):
-  """vocab.txt beside a checkpoint, or the one its training config names."""
-  # A conversion output holds vocab.txt; a training workdir's meta has its config.vocab_file.
-  train_config = meta.get("config") or {}
-  for candidate in (os.path.join(checkpoint, VOCAB_NAME), meta.get("vocab_file") or "",
-                    train_config.get("vocab_file") or ""):
-    if candidate and os.path.isfile(candidate):
-      return candidate
-  raise ConversionError(f"{checkpoint}: no {VOCAB_NAME} beside the checkpoint; pass "
-                        "--vocab_file.")

@@ -4,23 +4,24 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   python -m bert_jax.convert --input=uncased_L-12_H-768_A-12 --output=ckpt/bert_base
   # Hugging Face directory (config.json + model.safetensors or pytorch_model.bin) -> Orbax
   python -m bert_jax.convert --input=hf/bert-base-uncased --output=ckpt/bert_base_hf
-  # Orbax export (or a pre-training workdir) -> Hugging Face BertForPreTraining
+  # Orbax export, pre-training workdir or step directory (local or gs://) -> Hugging Face
   python -m bert_jax.convert --input=ckpt/bert_base --output=hf/exported
 
-The direction follows from --input (auto-detected; --source overrides).
+The direction follows from --input (auto-detected; --source overrides). Every user error is one
+line on stderr and exit code 2 (bert_jax.errors).
 """
 
 import collections
-import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from bert_jax import convert
+from bert_jax import errors
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir or Orbax export.")
+flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir, Orbax export or workdir.")
 flags.DEFINE_string("output", None, "New directory to write (must not exist).")
 flags.DEFINE_enum("source", "auto", ["auto", "tf", "hf", "orbax"], "Format of --input.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --input).")
@@ -59,22 +60,18 @@ def main(argv):
   if not FLAGS.input or not FLAGS.output:
     raise app.UsageError("--input and --output are required.")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
-  try:
-    source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
-    if source == "orbax":
-      out = convert.export_to_hf(FLAGS.input, FLAGS.output, vocab_file=FLAGS.vocab_file,
-                                 do_lower_case=FLAGS.do_lower_case)
-      print(f"wrote Hugging Face BertForPreTraining to {out}")
-      return
-    meta = convert.convert_to_orbax(
-        FLAGS.input, FLAGS.output, source, vocab_file=FLAGS.vocab_file,
-        bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
-        gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
-    print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{_summary(meta)}")
-  except convert.ConversionError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
+  if source == "orbax":
+    out = convert.export_to_hf(FLAGS.input, FLAGS.output, vocab_file=FLAGS.vocab_file,
+                               do_lower_case=FLAGS.do_lower_case)
+    print(f"wrote Hugging Face BertForPreTraining to {out}")
+    return
+  meta = convert.convert_to_orbax(
+      FLAGS.input, FLAGS.output, source, vocab_file=FLAGS.vocab_file,
+      bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
+      gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
+  print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{_summary(meta)}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run(main)

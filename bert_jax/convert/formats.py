@@ -319,7 +319,9 @@ def _normalise_hf(raw):
 
 def write_tokenizer_files(directory, vocab_file, do_lower_case, max_length):
   """vocab.txt + tokenizer_config.json + special_tokens_map.json for transformers' BertTokenizer."""
-  with open(vocab_file, "rb") as src, open(os.path.join(directory, "vocab.txt"), "wb") as dst:
+  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(vocab_file, "rb") as src, \
+      open(os.path.join(directory, "vocab.txt"), "wb") as dst:  # vocab_file may be on gs://
     dst.write(src.read())
   special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
              "cls_token": "[CLS]", "mask_token": "[MASK]"}

@@ -1,0 +1,212 @@
+"""Load any checkpoint for inference: parameters, model config and the tokenizer it was trained with.
+
+  from bert_jax import inference
+  m = inference.load_for_inference("gs://bucket/runs/base")   # or an export, a step directory
+  m.params, m.config, m.tokenizer, m.do_lower_case
+
+`path` is any of (local or gs://, read through tf.io.gfile / etils.epath, never os.path):
+  - an Orbax params export: `python -m bert_jax.convert` output or a fine-tuning `best_epoch{N}/`
+    (bert_config.json + params/, usually with vocab.txt beside them);
+  - a pre-training or fine-tuning workdir: its latest committed step (checkpoints/<step>/), or for
+    a finished fine-tuning run (resume state removed) its `best_epoch{N}/` export;
+  - one step directory (checkpoints/<step>/ with state/ and meta/).
+
+The tokenizer is found, in this order: the --vocab_file / --spm_model_file the caller passes; a
+vocab.txt or *.model bundled in the export, the step directory or the workdir; the file the
+training config recorded (config.vocab_file / config.spm_model_file), if it still exists. A vocab
+whose sha256 differs from the one the checkpoint recorded, or whose size differs from the model's
+vocab_size, is a one-line error naming both sides (never a silent wrong result).
+
+Casing: the checkpoint's recorded do_lower_case (export metadata, or the training config); else,
+for WordPiece, inferred as google's validate_case_matches_checkpoint does (released model names,
+upper-case pieces in the vocab). A `do_lower_case` argument that contradicts it is an error.
+"""
+
+import dataclasses
+import hashlib
+import json
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import errors
+from bert_jax import model as model_lib
+
+VOCAB_NAME = "vocab.txt"
+
+
+class InferenceLoadError(errors.UserError):
+  """The checkpoint, its tokenizer files or the requested settings do not fit together."""
+
+
+@dataclasses.dataclass
+class InferenceModel:
+  params: dict                   # numpy tree as saved (BertForPreTraining: bert, mlm_head, ...)
+  config: model_lib.BertConfig
+  tokenizer: object              # data_pipelines.tokenization WordPiece/SentencePiece tokenizer
+  vocab_file: str | None         # exactly one of vocab_file / spm_model_file is set
+  spm_model_file: str | None
+  do_lower_case: bool | None     # None for SentencePiece (casing belongs to the model)
+  casing_source: str             # where the casing came from, for messages
+  meta: dict                     # the checkpoint's metadata (export info or training meta)
+  path: str                      # the directory actually loaded (export or step directory)
+
+
+def _gfile():
+  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def _join(*parts):
+  return "/".join([str(parts[0]).rstrip("/")] + [str(p).strip("/") for p in parts[1:]])
+
+
+def _parent(path):
+  return str(path).rstrip("/").rsplit("/", 1)[0]
+
+
+def resolve(path):
+  """(kind, directory): ("params", export dir) or ("train", step dir) for any accepted layout."""
+  gfile = _gfile()
+  if not gfile.exists(path):
+    raise InferenceLoadError(f"--init_checkpoint={path}: no such file or directory.")
+  try:
+    kind, p = ckpt_lib.resolve_checkpoint(path)
+    return kind, str(p)
+  except ckpt_lib.CheckpointError:
+    # A finished fine-tuning workdir keeps only its best_epoch{N}/ export (resume state removed).
+    exports = sorted(d for d in gfile.glob(_join(path, "best_epoch*"))
+                     if gfile.exists(_join(d, ckpt_lib.CONFIG_NAME)))
+    if len(exports) == 1:
+      return "params", exports[0]
+    results = _join(path, "eval_results.json")
+    if len(exports) > 1 and gfile.exists(results):
+      with gfile.GFile(results) as f:
+        best = json.load(f).get("best_epoch")
+      named = [d for d in exports if d.rstrip("/").endswith(f"best_epoch{best}")]
+      if named:
+        return "params", named[0]
+    raise
+
+
+def _recorded(meta, key):
+  """A tokenizer setting from export metadata or from the training config in a step's meta."""
+  if meta.get(key) is not None:
+    return meta[key]
+  return (meta.get("config") or {}).get(key)
+
+
+def _candidates(kind, directory, meta):
+  """Tokenizer files to try, most specific first: [(vocab_file, spm_model_file, how)]."""
+  gfile = _gfile()
+  dirs = [directory]
+  if kind == "train":  # workdir/checkpoints/<step>: also the workdir itself
+    dirs.append(_parent(_parent(directory)))
+  out = []
+  for d in dirs:
+    if gfile.exists(_join(d, VOCAB_NAME)):
+      out.append((_join(d, VOCAB_NAME), None, f"bundled in {d}"))
+    for spm in sorted(gfile.glob(_join(d, "*.model"))):
+      out.append((None, spm, f"bundled in {d}"))
+  vocab, spm = _recorded(meta, "vocab_file"), _recorded(meta, "spm_model_file")
+  if vocab and vocab != VOCAB_NAME and gfile.exists(vocab):
+    out.append((vocab, None, "recorded in the checkpoint's config"))
+  if spm and gfile.exists(spm):
+    out.append((None, spm, "recorded in the checkpoint's config"))
+  return out
+
+
+def _sha256(path):
+  h = hashlib.sha256()
+  with _gfile().GFile(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=None):
+  """(vocab_file, spm_model_file, how): the caller's choice, else the checkpoint's own files."""
+  if vocab_file or spm_model_file:
+    if vocab_file and spm_model_file:
+      raise InferenceLoadError("pass only one of --vocab_file and --spm_model_file.")
+    return vocab_file, spm_model_file, "given"
+  found = _candidates(kind, directory, meta)
+  if not found:
+    raise InferenceLoadError(
+        f"{directory}: no {VOCAB_NAME} or SentencePiece *.model bundled with the checkpoint and "
+        "the file its config records is gone; pass --vocab_file (or --spm_model_file).")
+  return found[0]
+
+
+def check_vocab_hash(meta, path, directory):
+  """The training run recorded its vocab's sha256 (`vocab_hash`, a prefix): refuse another."""
+  recorded = meta.get("vocab_hash")
+  if not recorded:
+    return
+  actual = _sha256(path)
+  if not actual.startswith(str(recorded)):
+    raise InferenceLoadError(
+        f"{path} (sha256 {actual[:16]}) is not the vocabulary {directory} was trained with "
+        f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
+
+
+def resolve_casing(vocab_file, directory, meta, do_lower_case):
+  """(do_lower_case, how) for a WordPiece vocab; an argument contradicting the checkpoint fails."""
+  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
+  recorded = _recorded(meta, "do_lower_case")
+  if recorded is not None:
+    inferred, how = bool(recorded), "recorded in the checkpoint"
+  else:
+    inferred, how = formats.infer_casing(directory, formats.read_vocab(vocab_file))
+  if do_lower_case is not None and inferred is not None and bool(do_lower_case) != inferred:
+    kind = "uncased (lower-cased)" if inferred else "cased"
+    raise InferenceLoadError(
+        f"--do_lower_case={bool(do_lower_case)} but the checkpoint is {kind} ({how}); drop the "
+        f"flag or pass --do_lower_case={inferred}.")
+  if do_lower_case is not None:
+    return bool(do_lower_case), "--do_lower_case"
+  if inferred is None:
+    raise InferenceLoadError(
+        f"{directory}: cannot tell whether the checkpoint is cased ({how}); pass "
+        "--do_lower_case=true or false.")
+  return inferred, how
+
+
+def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_case=None,
+                       with_params=True):
+  """An InferenceModel for `path` (see the module docstring); with_params=False skips arrays."""
+  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+  if not path:
+    raise InferenceLoadError("--init_checkpoint is empty: pass an export, a workdir or a step "
+                             "directory.")
+  kind, directory = resolve(path)
+  if with_params:
+    params, config, meta = ckpt_lib.load_params(directory)
+  else:
+    params, (config, meta) = None, _read_config(kind, directory)
+  vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
+                                                         spm_model_file)
+  if vocab_file:
+    check_vocab_hash(meta, vocab_file, directory)
+    lower, casing = resolve_casing(vocab_file, directory, meta, do_lower_case)
+  else:
+    check_vocab_hash(meta, spm_model_file, directory)
+    lower, casing = None, "the SentencePiece model"
+  tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
+                                         do_lower_case=bool(lower))
+  if tokenizer.vocab.size != config.vocab_size:
+    raise InferenceLoadError(
+        f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
+        f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
+  return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
+                        meta, directory)
+
+
+def _read_config(kind, directory):
+  """(BertConfig, meta) without reading any array."""
+  gfile = _gfile()
+  if kind == "params":
+    with gfile.GFile(_join(directory, ckpt_lib.CONFIG_NAME)) as f:
+      info = json.load(f)
+    return model_lib.BertConfig.from_dict(info.pop("bert_config")), info
+  with gfile.GFile(_join(directory, "meta", "metadata")) as f:
+    meta = json.load(f)
+  return model_lib.BertConfig.from_dict(meta["model_config"]), meta
