@@ -102,13 +102,14 @@ def _unknown_override(argv, names, key_error):
   return None
 
 
-def parse_flags(argv):
-  """absl's flag parsing with one-line errors and exit code 2 (see the module docstring)."""
+def parse_flags(argv, parser=None):
+  """absl's flag parsing (or `parser(argv)`, e.g. known_only parsing) with one-line errors and
+  exit code 2 (see the module docstring)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   names = _config_flag_names(flags.FLAGS)
   _check_config_files(argv, names)
   try:
-    return flags.FLAGS(argv)
+    return (parser or flags.FLAGS)(argv)
   except flags.Error as e:
     msg = str(e)
     if "Error whilst parsing config file" in msg:  # get_config raised; absl kept the traceback
@@ -123,11 +124,15 @@ def parse_flags(argv):
          "see the config file for the field names.")
 
 
-def run(main, *, init_distributed=False):
-  """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr)."""
+def run(main, *, init_distributed=False, flags_parser=None):
+  """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr).
+
+  flags_parser: optional `argv -> args` replacing `FLAGS(argv)` (e.g. known_only parsing for a
+  program that forwards unknown flags); its flag errors get the same one-line treatment.
+  """
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def wrapped(argv):
     return run_main(main, argv, init_distributed=init_distributed)
 
-  app.run(wrapped, flags_parser=parse_flags)
+  app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, flags_parser))
