@@ -22,8 +22,8 @@ Backends (`--config.model.attention=...`):
   auto        the fastest of the above that supports the batch's mask on this platform, else xla
               (`select_backend` returns the choice and the reason for the start-up line).
 
-What a padding query sees differs between kernels (xla: every real key; the segment-id kernels:
-the other padding tokens; cuDNN: nothing) but never reaches a real token (keys are masked) or the
+What a padding query sees differs between kernels (xla: every real key of a padded row, nothing in
+a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a real token (keys are masked) or the
 loss (heads read real positions only), so the outputs at real tokens, the losses and the gradients
 agree (tests/attention_test.py checks them against xla at float32 <= 1e-5).
 """
@@ -164,12 +164,13 @@ def attention_mask(ids, packed):
 
   Padded: [B, 1, 1, S], the key padding mask (exactly the mask model.py always used).
   Packed: [B, 1, T, S], block diagonal: a real query sees the real keys of its own instance; a
-  padding query sees every real key (any finite choice works, see the module docstring).
+  padding query sees nothing and gets uniform weights (finite, and never read: see the module
+  docstring).
   """
-  key_real = ids > 0                                                      # [B, S]
+  key_real = ids != 0                                                     # [B, S]
   if not packed:
     return key_real[:, None, None, :]
-  same = (ids[:, :, None] == ids[:, None, :]) | (ids == 0)[:, :, None]    # [B, T, S]
+  same = ids[:, :, None] == ids[:, None, :]                               # [B, T, S]
   return (same & key_real[:, None, :])[:, None]
 
 
