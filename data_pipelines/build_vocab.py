@@ -1,29 +1,45 @@
 """Learns a WordPiece vocab.txt or a SentencePiece model from raw text files.
 
   python -m data_pipelines.build_vocab --input_file='data/corpus/*.txt' --vocab_size=8000 \\
-      --output=data/vocab.txt [--nolower_case] [--model_type=wordpiece|unigram|bpe]
+      --output=data/vocab.txt [--[no]lower_case] [--model_type=wordpiece|unigram|bpe] \\
+      [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab]
 
 WordPiece: words come from the same in-graph BERT basic tokenizer that tokenization.py uses (so
 the vocab is learned on exactly the words it will see), then tensorflow_text's WordPiece learner
 (`wordpiece_tokenizer_learner_lib`, the library behind `bert_vocab_from_dataset`) picks the pieces.
 The file starts like BERT's: [PAD], [unused0..N-1] (--num_unused), [UNK], [CLS], [SEP], [MASK].
+Words are counted while the files stream past, so memory is the word counts, not the corpus.
 
 SentencePiece (unigram or bpe): the sentencepiece trainer with [PAD]=0 and [UNK]=1 as its pad and
 unk pieces and [CLS] [SEP] [MASK] as user-defined symbols (ids 2, 3, 4); --lower_case trains with
-the `nmt_nfkc_cf` rule, so the model itself case-folds.
+the `nmt_nfkc_cf` rule, so the model itself case-folds. --character_coverage, --byte_fallback
+(rare characters become <0xNN> byte pieces instead of [UNK]) are the trainer's own options.
+
+Corpora larger than memory: --input_sentence_size=N trains on a uniform sample of N lines
+(reservoir sampling with --seed, as sentencepiece's own input_sentence_size), for both kinds.
+
+Casing: --lower_case unset = from the corpus' script mix: cased when Hangul/CJK/kana make up at
+least half the letters (uncased NFD splits every Hangul syllable into jamo), else uncased as
+BERT's English models. The choice, its reason, the script shares, the sample and the
+pre-tokenizer go to `<output>.meta.json` (vocab.py), which every later tool reads.
 """
 
 import collections
+import dataclasses
+import hashlib
 import io
 import os
+import random
 import re
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 from bert_jax import errors
+from data_pipelines import pretokenize
 from data_pipelines import tokenization
+from data_pipelines import vocab as vocab_lib
 from data_pipelines.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call
@@ -38,8 +54,8 @@ def reserved_tokens(num_unused=0):
           + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
 
 
-def read_corpus(input_file):
-  """Comma-separated globs -> (paths, non-empty lines). Raises BuildVocabError on bad input."""
+def corpus_paths(input_file):
+  """Comma-separated globs -> sorted matching paths; BuildVocabError when one matches nothing."""
   patterns = [p for p in input_file.split(",") if p.strip()]
   if not patterns:
     raise BuildVocabError("--input_file is empty: pass a glob of text files, e.g. "
@@ -51,29 +67,83 @@ def read_corpus(input_file):
       raise BuildVocabError(f"--input_file={pattern}: no file matches; check the path or "
                             "build a corpus with `python -m data_pipelines.stdlib_corpus`.")
     paths.extend(matched)
-  lines = []
+  return paths
+
+
+def iter_lines(paths):
+  """Yields the non-empty lines of the files, streaming (one line in memory at a time)."""
   for path in paths:
+    offset = 0
     with tf.io.gfile.GFile(path, "rb") as f:
-      raw = f.read()
-    try:
-      text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      line = raw[:e.start].count(b"\n") + 1
-      raise BuildVocabError(
-          f"--input_file: {path} is not UTF-8 text (invalid byte 0x{raw[e.start]:02x} at byte "
-          f"{e.start}, line {line}); convert it, e.g. `iconv -f latin1 -t utf-8`.") from e
-    lines.extend(l for l in text.split("\n") if l.strip())
-  if not lines:
+      for number, raw in enumerate(f, 1):
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise BuildVocabError(
+              f"--input_file: {path} is not UTF-8 text (invalid byte 0x{raw[e.start]:02x} at "
+              f"byte {offset + e.start}, line {number}); convert it, e.g. "
+              "`iconv -f latin1 -t utf-8`.") from e
+        offset += len(raw)
+        line = line.rstrip("\r\n")
+        if line.strip():
+          yield line
+
+
+@dataclasses.dataclass
+class Sample:
+  lines: list  # every non-empty line, or a uniform sample of input_sentence_size of them
+  seen: int  # non-empty lines read
+
+
+def sample_lines(lines, input_sentence_size=0, seed=0):
+  """All lines, or a uniform sample of `input_sentence_size` (reservoir sampling, Algorithm R).
+
+  Memory is the sample; the result depends only on the lines, their order, the size and seed.
+  """
+  if input_sentence_size <= 0:
+    kept = list(lines)
+    return Sample(kept, len(kept))
+  rng = random.Random(seed)
+  reservoir, seen = [], 0
+  for line in lines:
+    if len(reservoir) < input_sentence_size:
+      reservoir.append(line)
+    else:
+      j = rng.randrange(seen + 1)
+      if j < input_sentence_size:
+        reservoir[j] = line
+    seen += 1
+  return Sample(reservoir, seen)
+
+
+def read_corpus(input_file, input_sentence_size=0, seed=0):
+  """(paths, lines): the non-empty lines (or a sample of them). BuildVocabError on bad input."""
+  paths = corpus_paths(input_file)
+  sample = sample_lines(iter_lines(paths), input_sentence_size, seed)
+  if not sample.lines:
     raise BuildVocabError(f"--input_file={input_file}: the {len(paths)} matching file(s) hold "
                           "no text (only blank lines); a vocab needs a non-empty corpus.")
-  return paths, lines
+  return paths, sample.lines
 
 
-def count_words(lines, lower_case):
-  """Word -> count, with the words that tokenization.basic_tokenize produces."""
+def _batches(lines, size=_LINES_PER_BATCH):
+  batch = []
+  for line in lines:
+    batch.append(line)
+    if len(batch) == size:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
+
+
+def count_words(lines, lower_case, pretokenizer=None):
+  """Word -> count, with the words that tokenization.basic_tokenize produces (streaming)."""
   counts = collections.Counter()
-  for start in range(0, len(lines), _LINES_PER_BATCH):
-    batch = tf.constant([l.encode("utf-8") for l in lines[start:start + _LINES_PER_BATCH]])
+  for batch in _batches(lines):
+    if pretokenizer is not None:
+      batch = pretokenizer(batch)
+    batch = tf.constant([l.encode("utf-8") for l in batch])
     counts.update(tokenization.basic_tokenize(batch, lower_case).flat_values.numpy().tolist())
   return {w.decode("utf-8"): c for w, c in counts.items()}
 
@@ -127,22 +197,34 @@ def learn_wordpiece(word_counts, vocab_size, reserved, num_iterations=4):
   return tried[hi]
 
 
-def train_sentencepiece(lines, vocab_size, model_type, lower_case):
+@dataclasses.dataclass(frozen=True)
+class SentencePieceOptions:
+  model_type: str = "unigram"  # or "bpe"
+  # Share of the corpus' characters the model must cover; the rest become [UNK] (or bytes with
+  # byte_fallback). sentencepiece recommends 0.9995 for CJK/Korean, 1.0 for small alphabets.
+  character_coverage: float = 0.9995
+  byte_fallback: bool = False  # rare characters -> <0x00>..<0xFF> pieces instead of [UNK]
+
+
+def train_sentencepiece(lines, vocab_size, lower_case, options=SentencePieceOptions()):
   """Returns the serialized model proto."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
-        model_type=model_type, pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]",
-        bos_id=-1, eos_id=-1, user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        model_type=options.model_type, pad_id=0, pad_piece="[PAD]", unk_id=1,
+        unk_piece="[UNK]", bos_id=-1, eos_id=-1, user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
         normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
-        character_coverage=0.9995, num_threads=os.cpu_count() or 1, minloglevel=2)
+        character_coverage=options.character_coverage, byte_fallback=options.byte_fallback,
+        # The lines are already the sample (sample_lines); sentencepiece must not re-sample.
+        input_sentence_size=0, shuffle_input_sentence=False,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
     # "INTERNAL: src/trainer_interface.cc(744) [...] Vocabulary size too high (40000). Please
     # set it to a value <= 7356." -> keep the sentence after the source location.
     msg = re.sub(r"^.*?\) \[.*?\] ", "", str(e).strip().splitlines()[-1])
-    raise BuildVocabError(f"--vocab_size={vocab_size} with --model_type={model_type}: "
+    raise BuildVocabError(f"--vocab_size={vocab_size} with --model_type={options.model_type}: "
                           f"sentencepiece refused ({msg}); change --vocab_size.") from e
   return model.getvalue()
 
@@ -158,25 +240,91 @@ def write_atomic(path, data):
   tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
-def build(input_file, vocab_size, output, lower_case=True, model_type="wordpiece",
-          num_unused=0):
-  """Learns and writes the vocabulary; returns (number of tokens, number of input files)."""
+def choose_casing(lower_case, shares):
+  """(lower_case, reason): the flag when given, else cased for Hangul/CJK-heavy corpora."""
+  if lower_case is not None:
+    return bool(lower_case), "--lower_case" if lower_case else "--nolower_case"
+  mix = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v >= 0.005)
+  if pretokenize.is_cjk_heavy(shares):
+    return False, f"default: cased for a Hangul/CJK-heavy corpus ({mix} of letters)"
+  return True, f"default: uncased as BERT's English models ({mix or 'no'} letters)"
+
+
+def _warn_jamo(shares, lower_case, model_type):
+  # Uncased WordPiece = NFD: every Hangul syllable becomes 2-3 jamo (SentencePiece's NFKC keeps
+  # them whole). Said once, with the fix.
+  if lower_case and model_type == "wordpiece" and shares.get("hangul", 0) > 0:
+    print(f"build_vocab: warning: --lower_case splits every Hangul syllable into jamo "
+          f"({shares['hangul']:.1%} of the letters are Hangul); pass --nolower_case to keep "
+          "them whole.", file=sys.stderr)
+
+
+def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece",
+          num_unused=0, input_sentence_size=0, seed=0, character_coverage=0.9995,
+          byte_fallback=False, pretokenizer="none"):
+  """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta)."""
   if model_type not in ("wordpiece", "unigram", "bpe"):
     raise BuildVocabError(f"--model_type={model_type}: expected wordpiece, unigram or bpe.")
   if not output:
     raise BuildVocabError("--output is empty: pass the vocab.txt or .model path to write.")
+  if not 0.9 <= character_coverage <= 1.0:
+    raise BuildVocabError(f"--character_coverage={character_coverage}: expected a share in "
+                          "[0.9, 1] (0.9995 for CJK/Korean, 1.0 for small alphabets).")
+  if input_sentence_size < 0:
+    raise BuildVocabError(f"--input_sentence_size={input_sentence_size}: must be >= 0 "
+                          "(0 = every line).")
+  pre = pretokenize.get_pretokenizer(pretokenizer)
   reserved = reserved_tokens(num_unused if model_type == "wordpiece" else 0)
   if vocab_size <= len(reserved):
     raise BuildVocabError(f"--vocab_size={vocab_size} is too small: the {len(reserved)} "
                           "special tokens alone fill it; use thousands (BERT uses 30522).")
-  paths, lines = read_corpus(input_file)
+  paths = corpus_paths(input_file)
+  shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
+  lower_case, reason = choose_casing(lower_case, shares)
+  _warn_jamo(shares, lower_case, model_type)
+  if model_type == "wordpiece" and input_sentence_size == 0:
+    # Streaming: memory is the word counts, whatever the corpus size.
+    sample = Sample(None, 0)
+
+    def counted():
+      for line in iter_lines(paths):
+        sample.seen += 1
+        yield line
+    counts = count_words(counted(), lower_case, pre)
+  else:
+    sample = sample_lines(iter_lines(paths), input_sentence_size, seed)
+    if sample.lines and model_type == "wordpiece":
+      counts = count_words(sample.lines, lower_case, pre)
+  if not sample.seen:
+    raise BuildVocabError(f"--input_file={input_file}: the {len(paths)} matching file(s) hold "
+                          "no text (only blank lines); a vocab needs a non-empty corpus.")
   if model_type == "wordpiece":
-    vocab = learn_wordpiece(count_words(lines, lower_case), vocab_size, reserved)
-    write_atomic(output, ("\n".join(vocab) + "\n").encode("utf-8"))
-    return len(vocab), len(paths)
-  proto = train_sentencepiece(lines, vocab_size, model_type, lower_case)
-  write_atomic(output, proto)
-  return vocab_size, len(paths)
+    vocab = learn_wordpiece(counts, vocab_size, reserved)
+    data = ("\n".join(vocab) + "\n").encode("utf-8")
+    size = len(vocab)
+  else:
+    lines = sample.lines if pre is None else [
+        l for b in _batches(sample.lines) for l in pre(b)]
+    options = SentencePieceOptions(model_type, character_coverage, byte_fallback)
+    data = train_sentencepiece(lines, vocab_size, lower_case, options)
+    size = vocab_size
+  meta = {
+      "vocab_kind": "wordpiece" if model_type == "wordpiece" else "sentencepiece",
+      "do_lower_case": lower_case, "casing_reason": reason,
+      "normalization": ("bert_uncased" if lower_case else "bert_cased")
+      if model_type == "wordpiece" else ("nmt_nfkc_cf" if lower_case else "nmt_nfkc"),
+      "pretokenizer": pretokenizer or "none", "scripts": shares,
+      "sample": {"input_sentence_size": input_sentence_size, "seed": seed,
+                 "sentences_seen": sample.seen,
+                 "sentences_used": sample.seen if sample.lines is None else len(sample.lines)},
+      "vocab_size": size, "vocab_sha256": hashlib.sha256(data).hexdigest(),
+      "input_files": len(paths), "created_by": "data_pipelines.build_vocab",
+  }
+  if model_type != "wordpiece":
+    meta["sentencepiece"] = dataclasses.asdict(options)
+  write_atomic(output, data)
+  vocab_lib.write_settings(output, meta)
+  return size, len(paths), meta
 
 
 FLAGS = flags.FLAGS
@@ -188,28 +336,42 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("input_file", None, "Glob(s) of UTF-8 text files, comma-separated.", **fv)
   flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary size (WordPiece may stop short "
                        "when the corpus has fewer useful pieces).", **fv)
-  flags.DEFINE_string("output", None, "vocab.txt (wordpiece) or .model (unigram/bpe) to write.",
-                      **fv)
-  flags.DEFINE_bool("lower_case", True, "Lower-case and strip accents (BERT uncased); "
-                    "--nolower_case for a cased vocab.", **fv)
+  flags.DEFINE_string("output", None, "vocab.txt (wordpiece) or .model (unigram/bpe) to write; "
+                      "its settings go to <output>.meta.json.", **fv)
+  flags.DEFINE_bool("lower_case", None, "Lower-case and strip accents (BERT uncased). Unset: "
+                    "cased when Hangul/CJK/kana are half the letters, else uncased.", **fv)
   flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "unigram", "bpe"],
                     "WordPiece vocab.txt, or a SentencePiece unigram/BPE model.", **fv)
   flags.DEFINE_integer("num_unused", 0, "WordPiece only: [unused0..N-1] tokens after [PAD], "
                        "free slots for tokens added at fine-tuning time (BERT has 994).", **fv)
+  flags.DEFINE_integer("input_sentence_size", 0, "Learn from a uniform sample of this many "
+                       "lines (0 = all); for corpora larger than memory.", **fv)
+  flags.DEFINE_integer("seed", 0, "Seed of the line sample (--input_sentence_size).", **fv)
+  flags.DEFINE_float("character_coverage", 0.9995, "SentencePiece: share of characters "
+                     "covered (0.9995 for CJK/Korean, 1.0 for small alphabets).", **fv)
+  flags.DEFINE_bool("byte_fallback", False, "SentencePiece: rare characters become UTF-8 byte "
+                    "pieces instead of [UNK].", **fv)
+  flags.DEFINE_enum("pretokenizer", "none", list(vocab_lib.PRETOKENIZERS), "Split text before "
+                    "learning (mecab: Korean morphemes); recorded so every tool applies it.", **fv)
 
 
 def main(argv):
   del argv
   start = time.time()
   try:
-    size, num_files = build(FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "",
-                            FLAGS.lower_case, FLAGS.model_type, FLAGS.num_unused)
-  except (BuildVocabError, tf.errors.OpError) as e:
-    sys.exit(f"build_vocab: error: {str(e).splitlines()[0]}")
+    size, num_files, meta = build(
+        FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "", FLAGS.lower_case,
+        FLAGS.model_type, FLAGS.num_unused, FLAGS.input_sentence_size, FLAGS.seed,
+        FLAGS.character_coverage, FLAGS.byte_fallback, FLAGS.pretokenizer)
+  except tf.errors.OpError as e:
+    raise BuildVocabError(f"--input_file={FLAGS.input_file}: {str(e).splitlines()[0]}") from e
+  sample = meta["sample"]
   print(f"wrote {FLAGS.output}: {FLAGS.model_type} vocabulary of {size} tokens from "
-        f"{num_files} file(s) in {time.time() - start:.1f} s")
+        f"{num_files} file(s) ({sample['sentences_used']:,} of {sample['sentences_seen']:,} "
+        f"lines) in {time.time() - start:.1f} s; do_lower_case={meta['do_lower_case']} "
+        f"({meta['casing_reason']}); settings in {vocab_lib.meta_path(FLAGS.output)}")
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)

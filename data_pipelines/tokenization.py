@@ -223,11 +223,9 @@ class SentencePieceTokenizer:
 
   def __init__(self, spm_model_file):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
     self.vocab = vocab_lib.sentencepiece_info(spm_model_file)
     proto = vocab_lib._read_bytes(spm_model_file)  # pylint: disable=protected-access
-    model = sentencepiece_model_pb2.ModelProto.FromString(proto)
-    self.do_lower_case = model.normalizer_spec.name.endswith("_cf")
+    self.do_lower_case, _ = vocab_lib.sentencepiece_lower_case(spm_model_file)
     processor = spm.SentencePieceProcessor(model_proto=proto)
     self.tokens = [processor.IdToPiece(i) for i in range(processor.GetPieceSize())]
     self._sp = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)

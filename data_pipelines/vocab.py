@@ -11,7 +11,10 @@ piece continues the previous word.
 """
 
 import dataclasses
+import json
 import os
+import re
+import unicodedata
 
 import numpy as np
 from bert_jax import errors
@@ -150,3 +153,166 @@ def load_vocab_info(vocab_file=None, spm_model_file=None):
   if vocab_file:
     return wordpiece_info(vocab_file)
   return sentencepiece_info(spm_model_file)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer settings: the one source of truth for casing and pre-tokenization.
+#
+# build_vocab writes `<vocab>.meta.json` beside the vocab.txt or .model it learns; every CLI reads
+# the casing from there (a contradicting flag is a one-line error), records copy the fields into
+# dataset_info.json and checkpoints into their metadata. Fields (names shared with
+# dataset_info.json and checkpoint metadata):
+#   vocab_kind      "wordpiece" | "sentencepiece"
+#   do_lower_case   bool (SentencePiece: whether the model's normalizer case-folds)
+#   normalization   "bert_uncased" (NFD, marks stripped, lower-cased) | "bert_cased" | the
+#                   SentencePiece normalizer rule ("nmt_nfkc", "nmt_nfkc_cf", ...)
+#   pretokenizer    "none" | "mecab" | "jieba" (data_pipelines/pretokenize.py), applied to text
+#                   before the tokenizer by every pipeline that reads the vocab
+#   casing_reason   why build_vocab chose the casing (flag, or the corpus' script mix)
+#   scripts         letter shares of the corpus sample: {"latin": 0.02, "hangul": 0.97, ...}
+#   sample          {"input_sentence_size": N or 0 (= all), "seed": S, "sentences_seen": M,
+#                    "sentences_used": K}
+#   sentencepiece   {"model_type", "character_coverage", "byte_fallback"} (SentencePiece only)
+# ----------------------------------------------------------------------------------------------
+
+META_SUFFIX = ".meta.json"
+PRETOKENIZERS = ("none", "mecab", "jieba")
+
+
+class CasingMismatchError(VocabError):
+  """A casing (or pre-tokenizer) flag contradicts what the vocabulary records."""
+
+
+def meta_path(vocab_path):
+  return vocab_path + META_SUFFIX
+
+
+def write_settings(vocab_path, settings):
+  """Writes `<vocab_path>.meta.json` (atomically: tmp file, then rename)."""
+  path = meta_path(vocab_path)
+  data = (json.dumps(settings, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
+  if "://" in path:
+    import tensorflow as tf
+    with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
+      f.write(data)
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    return path
+  with open(path + ".tmp", "wb") as f:
+    f.write(data)
+  os.replace(path + ".tmp", path)
+  return path
+
+
+def read_settings(vocab_path):
+  """The settings dict written by build_vocab, or None (google / HF vocabularies have none)."""
+  if not vocab_path:
+    return None
+  path = meta_path(vocab_path)
+  if not _gfile_exists(path):
+    return None
+  try:
+    settings = json.loads(_read_bytes(path).decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise VocabError(f"{path}: not valid JSON ({e}); rebuild the vocab with build_vocab or "
+                     "delete the file to fall back to inferring the casing.") from e
+  if not isinstance(settings, dict) or not isinstance(settings.get("do_lower_case"), bool):
+    raise VocabError(f"{path}: no boolean do_lower_case; rebuild the vocab with build_vocab.")
+  return settings
+
+
+def _survives_uncased(ch):
+  """Whether BERT's uncased normalization (NFD, drop Mn, lower) leaves the character as is."""
+  if ch.isascii():
+    return not ch.isupper()
+  out = "".join(c for c in unicodedata.normalize("NFD", ch)
+                if unicodedata.category(c) != "Mn").lower()
+  return out == ch
+
+
+def infer_wordpiece_casing(tokens, path=""):
+  """(do_lower_case or None, reason) for a vocab.txt without metadata (google's, HF's).
+
+  An uncased vocab is learned from lower-cased NFD text, so every character of every token is a
+  fixed point of that normalization (bert-base-uncased: no upper-case piece in 30,522). A token
+  holding a character that lower-casing would change is unreachable in an uncased pipeline:
+  upper-case letters (bert-base-cased: ~11,000 of 28,996), accented letters, whole Hangul
+  syllables (NFD splits them into jamo) and voiced kana (NFD + mark stripping turns が into か).
+  CJK ideographs and jamo survive lower-casing, so a Chinese vocab without upper-case pieces
+  stays uncased, as google's chinese_L-12_H-768_A-12 is.
+  """
+  m = _GOOGLE_NAME.search(os.path.abspath(path)) if path else None
+  if m:  # google's released names: uncased/multilingual/chinese lower-case; cased/multi_cased not
+    return m.group(1) != "cased", f"google model name {m.group(0).strip('/_')!r}"
+  words = [t[2:] if t.startswith("##") else t for t in tokens
+           if not (t.startswith("[") and t.endswith("]"))]
+  changed = [w for w in words if not all(_survives_uncased(c) for c in w)]
+  hangul = sum(any("\uac00" <= c <= "\ud7a3" for c in w) for w in changed)
+  if not changed:
+    return True, "every vocab token survives lower-casing (uncased vocab)"
+  if len(changed) > 0.01 * len(words) or hangul:
+    what = f"{hangul} whole Hangul syllable token(s)" if hangul else \
+        f"{len(changed)} upper-case or accented token(s)"
+    return False, f"vocab holds {what} that lower-casing would make unreachable"
+  return None, f"undetermined ({len(changed)} of {len(words)} tokens change when lower-cased)"
+
+
+_GOOGLE_NAME = re.compile(r"(?:^|[/_])(uncased|cased|multilingual|chinese)_L-\d+_H-\d+_A-\d+")
+
+
+def sentencepiece_lower_case(path):
+  """(whether a SentencePiece model case-folds, how that was seen).
+
+  Asks the model's own normalizer (build_vocab --lower_case trains with `nmt_nfkc_cf`) rather
+  than parsing the proto: sentencepiece_model_pb2 needs a protobuf runtime as new as its gencode.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_proto=_read_bytes(path))
+  folds = sp.Normalize("ABCXYZ") == sp.Normalize("abcxyz")
+  return folds, "its normalizer case-folds" if folds else "its normalizer keeps case"
+
+
+def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
+                     pretokenizer=None, flag="--do_lower_case", recorded=None):
+  """The tokenizer settings to use: the vocab's own, checked against the flags.
+
+  do_lower_case / pretokenizer: None = take the vocab's. `recorded` = (settings dict, where)
+  from records or a checkpoint, checked too. A contradiction is a CasingMismatchError naming both
+  sides. Returns a dict with vocab_kind, do_lower_case, pretokenizer and casing_source.
+  """
+  path = vocab_file or spm_model_file
+  settings = read_settings(path)
+  if settings is not None:
+    value, source = settings["do_lower_case"], meta_path(path)
+  elif spm_model_file:
+    _check_file(spm_model_file, "--spm_model_file")
+    value, how = sentencepiece_lower_case(spm_model_file)
+    source = f"{spm_model_file} ({how})"
+  else:
+    value, how = infer_wordpiece_casing(load_wordpiece_vocab(vocab_file), vocab_file)
+    source = f"{vocab_file}: {how}"
+  if recorded is not None and recorded[0] and recorded[0].get("do_lower_case") is not None:
+    rec, where = recorded
+    if value is not None and bool(rec["do_lower_case"]) != value:
+      raise CasingMismatchError(
+          f"{where} says do_lower_case={bool(rec['do_lower_case'])} but {source} says "
+          f"do_lower_case={value}; use the vocab the model was trained with.")
+    if value is None:
+      value, source = bool(rec["do_lower_case"]), where
+  if do_lower_case is not None and value is not None and bool(do_lower_case) != value:
+    raise CasingMismatchError(f"{flag}={bool(do_lower_case)} contradicts {source} "
+                              f"(do_lower_case={value}); drop {flag} or pass {flag}={value}.")
+  if value is None:
+    value = True if do_lower_case is None else bool(do_lower_case)
+    source = flag if do_lower_case is not None else f"{source}; default uncased"
+  recorded_pre = (settings or {}).get("pretokenizer", "none")
+  if recorded is not None and recorded[0] and recorded[0].get("pretokenizer") not in (
+      None, recorded_pre):
+    raise CasingMismatchError(f"{recorded[1]} says pretokenizer={recorded[0]['pretokenizer']} "
+                              f"but {meta_path(path)} says pretokenizer={recorded_pre}.")
+  if pretokenizer not in (None, recorded_pre):
+    raise CasingMismatchError(f"--pretokenizer={pretokenizer} contradicts "
+                              f"{meta_path(path) if settings else path} "
+                              f"(pretokenizer={recorded_pre}); drop --pretokenizer or rebuild "
+                              "the vocab with it.")
+  return {"vocab_kind": "wordpiece" if vocab_file else "sentencepiece",
+          "do_lower_case": bool(value), "pretokenizer": recorded_pre, "casing_source": source}

@@ -6,7 +6,7 @@ import sys
 
 from absl import flags
 import pytest
-from sentencepiece import sentencepiece_model_pb2
+import sentencepiece as spm
 
 from data_pipelines import build_vocab, stdlib_corpus, tokenization
 from data_pipelines import vocab as vocab_lib
@@ -23,7 +23,7 @@ def corpus(tmp_path_factory):
 
 def test_wordpiece_vocab_with_specials_first(corpus, tmp_path):
   path = str(tmp_path / "vocab.txt")
-  size, num_files = build_vocab.build(corpus, 1000, path, lower_case=True, num_unused=3)
+  size, num_files, meta = build_vocab.build(corpus, 1000, path, lower_case=True, num_unused=3)
   tokens = vocab_lib.load_wordpiece_vocab(path)
   assert num_files == 2 and size == len(tokens)
   assert 950 <= len(tokens) <= 1000  # within the learner's 5% slack under the target
@@ -39,6 +39,9 @@ def test_wordpiece_vocab_with_specials_first(corpus, tmp_path):
   ids = tokenization.WordPieceTokenizer(path, do_lower_case=True).encode(lines)
   assert sum(i == info.unk_id for row in ids for i in row) == 0
   assert not os.path.exists(path + ".tmp")
+  assert vocab_lib.read_settings(path) == meta and meta["do_lower_case"] is True
+  assert meta["vocab_kind"] == "wordpiece" and meta["casing_reason"] == "--lower_case"
+  assert meta["sample"]["sentences_seen"] == len(lines) == meta["sample"]["sentences_used"]
 
 
 def test_cased_wordpiece_keeps_capitals(corpus, tmp_path):
@@ -56,11 +59,9 @@ def test_sentencepiece_models(corpus, tmp_path, model_type):
   info = vocab_lib.sentencepiece_info(path)
   assert info.size == 800 and info.kind == "sentencepiece"
   assert (info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (0, 1, 2, 3, 4)
-  with open(path, "rb") as f:
-    proto = sentencepiece_model_pb2.ModelProto.FromString(f.read())
-  expected = sentencepiece_model_pb2.TrainerSpec.ModelType.Value(model_type.upper())
-  assert proto.trainer_spec.model_type == expected
-  assert proto.normalizer_spec.name == "nmt_nfkc_cf"  # --lower_case: the model case-folds
+  # --lower_case: the model case-folds (nmt_nfkc_cf).
+  assert vocab_lib.sentencepiece_lower_case(path)[0] is True
+  assert vocab_lib.read_settings(path)["sentencepiece"]["model_type"] == model_type
   tok = tokenization.get_tokenizer(spm_model_file=path)
   assert tok.encode(["Hello World"]) == tok.encode(["hello world"])
 
@@ -107,10 +108,13 @@ def test_cli_error_is_one_line(corpus, tmp_path, monkeypatch):
   flag_values(["build_vocab", f"--input_file={tmp_path}/none-*.txt", "--vocab_size=100",
                f"--output={tmp_path}/v.txt"])
   monkeypatch.setattr(build_vocab, "FLAGS", flag_values)
-  with pytest.raises(SystemExit) as e:
+  with pytest.raises(build_vocab.BuildVocabError, match="^--input_file=.*no file matches"):
     build_vocab.main([])
-  assert str(e.value.code).startswith("build_vocab: error: --input_file=")
-  assert "\n" not in str(e.value.code)
+  result = subprocess.run(
+      [sys.executable, "-m", "data_pipelines.build_vocab", f"--input_file={tmp_path}/none-*.txt",
+       f"--output={tmp_path}/v.txt"], capture_output=True, text=True, cwd=ROOT)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].startswith("error: --input_file=")
 
 
 def test_cli_writes_vocab(corpus, tmp_path):
@@ -121,3 +125,61 @@ def test_cli_writes_vocab(corpus, tmp_path):
       capture_output=True, text=True, cwd=ROOT, check=True)
   assert result.stdout.startswith(f"wrote {out}: wordpiece vocabulary of ")
   assert vocab_lib.wordpiece_info(out).size <= 500
+
+
+KOREAN = os.path.join(ROOT, "tests", "data", "korean", "*.txt")
+
+
+def test_sample_is_uniform_deterministic_and_recorded(corpus, tmp_path):
+  lines = [f"line {i}" for i in range(1000)]
+  a = build_vocab.sample_lines(iter(lines), 100, seed=3)
+  assert a.seen == 1000 and len(a.lines) == 100 and len(set(a.lines)) == 100
+  assert build_vocab.sample_lines(iter(lines), 100, seed=3).lines == a.lines
+  assert build_vocab.sample_lines(iter(lines), 100, seed=4).lines != a.lines
+  # Uniform: the sample's mean index is near the middle (std of the mean ~29 for 100 of 1000).
+  assert abs(sum(int(l.split()[1]) for l in a.lines) / 100 - 499.5) < 120
+  assert build_vocab.sample_lines(iter(lines[:10]), 100).lines == lines[:10]
+  path = str(tmp_path / "vocab.txt")
+  _, _, meta = build_vocab.build(corpus, 600, path, lower_case=True, input_sentence_size=500,
+                                 seed=7)
+  assert meta["sample"]["input_sentence_size"] == 500 and meta["sample"]["seed"] == 7
+  assert meta["sample"]["sentences_used"] == 500 < meta["sample"]["sentences_seen"]
+
+
+def test_korean_corpus_defaults_to_cased_and_keeps_syllables(tmp_path, capsys):
+  path = str(tmp_path / "ko.txt")
+  _, _, meta = build_vocab.build(KOREAN, 2000, path)
+  assert meta["do_lower_case"] is False and "Hangul/CJK-heavy" in meta["casing_reason"]
+  assert meta["scripts"]["hangul"] > 0.9
+  tokens = vocab_lib.load_wordpiece_vocab(path)
+  assert sum(any("\uac00" <= c <= "\ud7a3" for c in t) for t in tokens) > 500
+  assert "jamo" not in capsys.readouterr().err
+  # Asking for uncased on Hangul says once how to keep the syllables whole.
+  _, _, meta = build_vocab.build(KOREAN, 2000, str(tmp_path / "uncased.txt"), lower_case=True)
+  err = capsys.readouterr().err
+  assert err.count("jamo") == 1 and "--nolower_case" in err
+  tokens = vocab_lib.load_wordpiece_vocab(str(tmp_path / "uncased.txt"))
+  assert not any("\uac00" <= c <= "\ud7a3" for t in tokens for c in t)  # NFD: jamo only
+
+
+def test_english_corpus_defaults_to_uncased(corpus, tmp_path):
+  _, _, meta = build_vocab.build(corpus, 600, str(tmp_path / "v.txt"))
+  assert meta["do_lower_case"] is True and meta["casing_reason"].startswith("default: uncased")
+
+
+def test_sentencepiece_options_and_byte_fallback(tmp_path):
+  path = str(tmp_path / "ko.model")
+  _, _, meta = build_vocab.build(KOREAN, 1200, path, model_type="unigram",
+                                 character_coverage=0.98, byte_fallback=True)
+  assert meta["sentencepiece"] == {"model_type": "unigram", "character_coverage": 0.98,
+                                   "byte_fallback": True}
+  assert meta["normalization"] == "nmt_nfkc" and meta["do_lower_case"] is False
+  assert vocab_lib.sentencepiece_lower_case(path)[0] is False
+  assert "<0xEB>" in spm.SentencePieceProcessor(model_file=path).id_to_piece(list(range(1200)))
+  tok = tokenization.get_tokenizer(spm_model_file=path)
+  # Syllables absent from the corpus (뷁 햏 똠) become byte pieces, not [UNK].
+  ids = tok.encode(["뷁 햏 똠"])[0]
+  assert tok.vocab.unk_id not in ids and len(ids) >= 9
+  msg = _error(input_file=KOREAN, vocab_size=500, output=str(tmp_path / "x.model"),
+               model_type="bpe", character_coverage=0.5)
+  assert "--character_coverage=0.5" in msg
