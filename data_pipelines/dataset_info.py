@@ -1,0 +1,185 @@
+"""The records' contract: `dataset_info.json` beside the shards, written once and checked by every reader.
+
+create_pretraining_data writes it (through `write`); `bert_jax.train` checks it for every input
+pattern before any compute (`check_records`). The fields the contract rests on:
+
+  vocab_sha256, vocab_size, vocab_file   the vocab the ids were made with (a shuffled vocab of the
+                                         same size has another hash: ids would mean other words)
+  do_lower_case                          how the text was normalised before WordPiece
+  max_seq_length                         the length of every record (config.seq_length)
+  max_predictions_per_seq, masking       null / "dynamic" for unmasked records (the input pipeline
+                                         masks them); a number for pre-masked ones
+  nsp                                    NSP pairs (True) or FULL-SENTENCES packing (False)
+  shards: [{file, num_instances}]        per-shard record counts: readers take them from here
+                                         instead of reading every file
+  command                                the command line that made the records
+
+Records without it (google-research/bert's own) are still read: their first record is checked
+for the lengths by the input pipeline, and they are counted by reading them, with a note saying so.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+
+from bert_jax import errors
+
+INFO_FILE = "dataset_info.json"
+CONTRACT_VERSION = 1
+
+
+class DataContractError(errors.UserError):
+  """The records were made with another vocab, casing, length or masking than training asks for."""
+
+
+def _gfile():
+  from data_pipelines.tf_setup import tf
+  return tf.io.gfile
+
+
+def sha256_file(path):
+  h = hashlib.sha256()
+  with _gfile().GFile(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing.
+# ----------------------------------------------------------------------------------------------
+def write(output_dir, info, command=None):
+  """Writes `info` + the contract fields to output_dir/dataset_info.json atomically.
+
+  `info` must hold the fields of the module docstring that the writer knows (vocab, casing,
+  max_seq_length, nsp, shards); masking defaults to dynamic (unmasked records) and `command` to
+  this process's command line.
+  """
+  missing = [k for k in ("vocab_sha256", "vocab_size", "do_lower_case", "max_seq_length", "nsp",
+                         "shards") if k not in info]
+  if missing:
+    raise ValueError(f"dataset_info for {output_dir} lacks {missing} (a bug in the writer).")
+  info = dict(info)
+  info.setdefault("max_predictions_per_seq", None)
+  info.setdefault("masking", "dynamic" if info["max_predictions_per_seq"] is None else "in_records")
+  info["command"] = command or shlex.join([os.path.basename(sys.executable), "-m",
+                                           _module_name()] + sys.argv[1:])
+  info["contract_version"] = CONTRACT_VERSION
+  info["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+  path = os.path.join(output_dir, INFO_FILE)
+  gfile = _gfile()
+  with gfile.GFile(path + ".tmp", "w") as f:
+    f.write(json.dumps(info, indent=1) + "\n")
+  gfile.rename(path + ".tmp", path, overwrite=True)
+  return path
+
+
+def _module_name():
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  return spec.name if spec is not None else (sys.argv[0] if sys.argv else "?")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and checking.
+# ----------------------------------------------------------------------------------------------
+def read(directory):
+  """The dataset_info.json dict of `directory`, or None if it has none."""
+  path = os.path.join(directory, INFO_FILE)
+  gfile = _gfile()
+  if not gfile.exists(path):
+    return None
+  try:
+    with gfile.GFile(path, "r") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise DataContractError(f"{path}: not valid JSON ({e}); regenerate the records or restore "
+                            "the file.") from None
+
+
+def _by_directory(files):
+  groups = {}
+  for f in files:
+    groups.setdefault(os.path.dirname(f), []).append(f)
+  return groups
+
+
+def _check_one(path, info, field, expected):
+  """Raises DataContractError naming both sides for the first contract field that differs."""
+  def fail(what, records_side, config_side, fix):
+    raise DataContractError(f"{field}: the records in {os.path.dirname(path)} were made with "
+                            f"{what} {records_side} ({path}) but training has {config_side}; "
+                            f"{fix}.")
+
+  vocab_path = expected["vocab_path"]
+  if info.get("vocab_sha256") and expected.get("vocab_sha256") and \
+      info["vocab_sha256"] != expected["vocab_sha256"]:
+    fail("vocab", f"{info.get('vocab_file')} ({info.get('vocab_size')} tokens, sha256 "
+         f"{info['vocab_sha256'][:12]}...)",
+         f"{vocab_path} ({expected['vocab_size']} tokens, sha256 "
+         f"{expected['vocab_sha256'][:12]}...)",
+         "train with the vocab the records were made with (ids index that vocab)")
+  if info.get("vocab_size") is not None and info["vocab_size"] != expected["vocab_size"]:
+    fail("a vocab of", f"{info['vocab_size']} tokens",
+         f"{vocab_path} of {expected['vocab_size']} tokens",
+         "train with the vocab the records were made with")
+  if info.get("do_lower_case") is not None and expected.get("do_lower_case") is not None and \
+      bool(info["do_lower_case"]) != bool(expected["do_lower_case"]):
+    fail("do_lower_case =", info["do_lower_case"],
+         f"config.do_lower_case={expected['do_lower_case']}",
+         f"set --config.do_lower_case={info['do_lower_case']}")
+  if info.get("max_seq_length") is not None and info["max_seq_length"] != expected["seq_length"]:
+    fail("max_seq_length =", info["max_seq_length"], f"config.seq_length={expected['seq_length']}",
+         f"set --config.seq_length={info['max_seq_length']} or regenerate the records")
+  in_records = info.get("max_predictions_per_seq")
+  if in_records is not None and in_records != expected["max_predictions_per_seq"]:
+    fail("masks of max_predictions_per_seq =", in_records,
+         f"config.max_predictions_per_seq={expected['max_predictions_per_seq']}",
+         f"set --config.max_predictions_per_seq={in_records}")
+
+
+def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lower_case,
+                  seq_length, max_predictions_per_seq):
+  """Checks every directory of `files` against its dataset_info.json, before any compute.
+
+  Returns ({file: record count} for the files whose directory has a dataset_info.json, [the
+  directories without one]). Raises DataContractError naming both sides of the first mismatch,
+  or a file the info does not list (records of another run mixed in).
+  """
+  expected = dict(vocab_path=vocab_path, vocab_size=vocab_size, vocab_sha256=vocab_sha256,
+                  do_lower_case=do_lower_case, seq_length=seq_length,
+                  max_predictions_per_seq=max_predictions_per_seq)
+  counts, without = {}, []
+  for directory, dir_files in sorted(_by_directory(files).items()):
+    info = read(directory)
+    if info is None:
+      without.append(directory)
+      continue
+    path = os.path.join(directory, INFO_FILE)
+    _check_one(path, info, field, expected)
+    listed = {s["file"]: int(s["num_instances"]) for s in info.get("shards", [])}
+    for f in dir_files:
+      name = os.path.basename(f)
+      if name not in listed:
+        raise DataContractError(f"{field}: {f} is not listed in {path} (records of another run "
+                                "in the same directory?); move it out or regenerate the records.")
+      counts[f] = listed[name]
+  return counts, without
+
+
+def record_counts(files, count_fn, contract_counts=None, log=print):
+  """Per-file record counts: from the contract where known, else by reading (with a note)."""
+  counts = dict(contract_counts or {})
+  rest = [f for f in files if f not in counts]
+  if rest:
+    t0 = time.time()
+    for f in rest:
+      counts[f] = int(count_fn([f]))
+    dirs = sorted({os.path.dirname(f) for f in rest})
+    log(f"note: no {INFO_FILE} beside {', '.join(dirs)} (e.g. google-research/bert records): "
+        f"counted {sum(counts[f] for f in rest):,} records in {len(rest)} file(s) by reading "
+        f"them ({time.time() - t0:.1f} s); vocab and casing cannot be checked for them.")
+  return [counts[f] for f in files]
