@@ -63,6 +63,11 @@ def write(output_dir, info, command=None):
   if missing:
     raise ValueError(f"dataset_info for {output_dir} lacks {missing} (a bug in the writer).")
   info = dict(info)
+  gfile = _gfile()
+  # Byte sizes let readers find a truncated shard with one stat per file, before any compute.
+  info["shards"] = [dict(s, bytes=gfile.stat(os.path.join(output_dir, s["file"])).length)
+                    if gfile.exists(os.path.join(output_dir, s["file"])) else dict(s)
+                    for s in info["shards"]]
   info.setdefault("max_predictions_per_seq", None)
   info.setdefault("masking", "dynamic" if info["max_predictions_per_seq"] is None else "in_records")
   info["command"] = command or shlex.join([os.path.basename(sys.executable), "-m",
@@ -70,7 +75,6 @@ def write(output_dir, info, command=None):
   info["contract_version"] = CONTRACT_VERSION
   info["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
   path = os.path.join(output_dir, INFO_FILE)
-  gfile = _gfile()
   with gfile.GFile(path + ".tmp", "w") as f:
     f.write(json.dumps(info, indent=1) + "\n")
   gfile.rename(path + ".tmp", path, overwrite=True)
@@ -160,14 +164,24 @@ def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lowe
       continue
     path = os.path.join(directory, INFO_FILE)
     _check_one(path, info, field, expected)
-    listed = {s["file"]: int(s["num_instances"]) for s in info.get("shards", [])}
+    listed = {s["file"]: s for s in info.get("shards", [])}
     for f in dir_files:
       name = os.path.basename(f)
       if name not in listed:
         raise DataContractError(f"{field}: {f} is not listed in {path} (records of another run "
                                 "in the same directory?); move it out or regenerate the records.")
-      counts[f] = listed[name]
+      _check_size(f, listed[name].get("bytes"), path)
+      counts[f] = int(listed[name]["num_instances"])
   return counts, without
+
+
+def _check_size(path, expected_bytes, info_path):
+  if expected_bytes is None:
+    return
+  size = _gfile().stat(path).length
+  if size != expected_bytes:
+    raise DataContractError(f"{path}: {size} bytes, but {info_path} says {expected_bytes} "
+                            "(truncated or rewritten since it was made); regenerate or restore it.")
 
 
 def record_counts(files, count_fn, contract_counts=None, log=print):

@@ -123,6 +123,14 @@ def test_records_without_a_contract_are_counted_with_a_note(data, tmp_path):
   assert len(notes) == 1 and "counted 4 records in 1 file(s) by reading them" in notes[0]
 
 
+def test_truncated_shard_is_named_before_reading_it(data):
+  with open(data["files"][1], "r+b") as f:
+    f.truncate(os.path.getsize(data["files"][1]) - 10)
+  with pytest.raises(dataset_info.DataContractError,
+                     match=os.path.basename(data["files"][1]) + r": \d+ bytes, but .* says"):
+    _check(data["files"], data["vocab"])
+
+
 def test_corrupt_contract_is_one_error(data):
   (data["dir"] / dataset_info.INFO_FILE).write_text("{not json")
   with pytest.raises(dataset_info.DataContractError, match="not valid JSON"):
