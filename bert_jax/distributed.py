@@ -12,8 +12,8 @@
      TPU, Slurm, Open MPI and Kubernetes JobSets by itself (use it for a cluster that path 3
      does not recognise, e.g. a Kubernetes JobSet of GPU nodes).
   3. `distributed=None` (the default): the same no-argument call when the environment says
-     "multi-host": a Cloud TPU VM (libtpu found TPU chips when jax was imported; on a one-host
-     VM this makes a 1-process system, which costs a metadata query and nothing else), a TPU
+     "multi-host": a Cloud TPU VM (a Google TPU chip on the PCI bus; on a one-host VM this makes
+     a 1-process system, which costs a metadata query and nothing else), a TPU
      GKE pod (`TPU_WORKER_HOSTNAMES` / `MEGASCALE_COORDINATOR_ADDRESS`), Slurm with
      `SLURM_NTASKS` > 1 or Open MPI with `OMPI_COMM_WORLD_SIZE` > 1. Otherwise nothing: a laptop
      or a single GPU box runs as one process.
@@ -27,11 +27,15 @@ launcher uses 10 s so tests fail fast; pods keep JAX's 100 s, which rides over s
 blips).
 """
 
+import glob
 import hashlib
 import os
+import signal
 
 import jax
 import numpy as np
+
+from bert_jax import errors
 
 ENV_COORDINATOR = "BERT_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "BERT_JAX_NUM_PROCESSES"
@@ -44,7 +48,7 @@ DEFAULT_INITIALIZATION_TIMEOUT_SECONDS = 300
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 300
 
 
-class DistributedSetupError(ValueError):
+class DistributedSetupError(errors.UserError):
   """The BERT_JAX_* environment is malformed, or hosts disagree on a value."""
 
 
@@ -64,11 +68,33 @@ def _env_int(name: str, lo: int, hi: int | None = None, fix: str = _ENV_FIX) -> 
   return value
 
 
+# Google's PCI vendor id; TPU chips are PCI class 0x12 ("processing accelerators"), which tells
+# them from the same vendor's gVNIC network cards (class 0x02) on any GCE VM. jax's own check
+# (a private module, jax._src.hardware_utils) reads the same sysfs files with a table of TPU
+# device ids; the class test needs no table to keep up with new TPU generations.
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_PCI_CLASS_ACCELERATOR = "0x12"
+
+
+def tpu_chips_present(pci_devices: str = "/sys/bus/pci/devices") -> bool:
+  """True when this machine has a Google TPU chip (Linux sysfs; False elsewhere)."""
+  for vendor_file in glob.glob(os.path.join(pci_devices, "*", "vendor")):
+    device = os.path.dirname(vendor_file)
+    try:
+      with open(vendor_file) as f:
+        vendor = f.read().strip()
+      with open(os.path.join(device, "class")) as f:
+        device_class = f.read().strip()
+    except OSError:  # a device that went away, or a restricted sysfs entry
+      continue
+    if vendor == _GOOGLE_PCI_VENDOR and device_class.startswith(_PCI_CLASS_ACCELERATOR):
+      return True
+  return False
+
+
 def _multihost_env_detected() -> bool:
   """True where a no-argument jax.distributed.initialize() finds a cluster (see docstring)."""
-  # jax sets this at import time when libtpu sees TPU chips; a private flag, hence getattr.
-  from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
-  if getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False):
+  if tpu_chips_present():
     return True
   if os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
     return True
@@ -163,17 +189,52 @@ def assert_same_on_all_hosts(name: str, value: bytes | str) -> str:
   return digest.hex()
 
 
-def preemption_check():
-  """Returns `reached(step) -> bool`: True once the job has been told to stop (SIGTERM).
+class PreemptionCheck:
+  """`check(step) -> bool`: True once the job has been told to stop (SIGTERM).
 
-  One process: a SIGTERM handler sets a flag, so the loop saves at its next step and exits.
-  Several processes: JAX's preemption sync point (registered by jax.distributed.initialize)
-  answers True on every host at the same step, so all hosts save the same checkpoint.
+  One process: a SIGTERM handler sets a flag, so the loop saves at its next step and exits; the
+  handler that was there before is put back by `close()` (or on leaving a `with` block), so the
+  process is left as it was found. Several processes: JAX's preemption sync point (registered by
+  jax.distributed.initialize) answers True on every host at the same step, so all hosts save the
+  same checkpoint; nothing is installed here.
+
+    with distributed.preemption_check() as preempted:
+      for step in ...:
+        if preempted(step): save(step); break
   """
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return multihost_utils.reached_preemption_sync_point
-  import signal  # pylint: disable=g-import-not-at-top
-  stop = {"signal": False}
-  signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("signal", True))
-  return lambda step: stop["signal"]
+
+  def __init__(self):
+    self._stop = False
+    self._installed = False
+    self._previous = None
+    self._multihost = jax.process_count() > 1
+    if not self._multihost:
+      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      self._installed = True
+
+  def _on_sigterm(self, signum, frame):
+    del signum, frame
+    self._stop = True
+
+  def __call__(self, step: int) -> bool:
+    if self._multihost:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._stop
+
+  def close(self):
+    """Puts the previous SIGTERM handler back (SIG_DFL if it was not set from Python)."""
+    if self._installed:
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+      self._installed = False
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def preemption_check() -> PreemptionCheck:
+  """A PreemptionCheck; use it in a `with` block (or call close()) to restore SIGTERM."""
+  return PreemptionCheck()

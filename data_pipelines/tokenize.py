@@ -10,10 +10,10 @@ For inspecting a vocabulary and as the command-line surface of the parity tests 
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from bert_jax import errors
 from data_pipelines import tokenization
-from data_pipelines import vocab as vocab_lib
 
 FLAGS = flags.FLAGS
 
@@ -33,11 +33,8 @@ def define_flags(flag_values=flags.FLAGS):
 
 def main(argv):
   del argv
-  try:
-    tokenizer = tokenization.get_tokenizer(FLAGS.vocab_file, FLAGS.spm_model_file,
-                                           FLAGS.do_lower_case, FLAGS.max_chars_per_word)
-  except vocab_lib.VocabError as e:
-    sys.exit(f"tokenize: error: {e}")
+  tokenizer = tokenization.get_tokenizer(FLAGS.vocab_file, FLAGS.spm_model_file,
+                                         FLAGS.do_lower_case, FLAGS.max_chars_per_word)
   text, num_replaced = tokenization.decode_utf8(sys.stdin.buffer.read())
   if num_replaced:
     print(f"tokenize: {num_replaced} invalid UTF-8 byte sequence(s) on stdin were replaced "
@@ -55,4 +52,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)  # a VocabError is one line on stderr and exit code 2

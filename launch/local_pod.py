@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 
-from absl import app
 from absl import flags
+
+from bert_jax import errors
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "JAX processes (simulated hosts).")
 _DEVICES = flags.DEFINE_integer("devices_per_process", 4, "Fake CPU devices in each process.")
@@ -48,6 +49,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # SIGTERM, then SIGKILL after this long (JAX's preemption notifier catches SIGTERM, so a
 # process blocked in a collective may ignore it).
 _TERM_WAIT_SECONDS = 3.0
+
+
+class LocalPodError(errors.UserError):
+  """A bad launcher flag or command."""
 
 
 def free_port() -> int:
@@ -114,10 +119,10 @@ def run_pod(command: list[str], *, num_processes: int, devices_per_process: int,
   """Runs `python -m command...` as `num_processes` hosts; returns 0 only if all exited 0."""
   out = out or sys.stdout
   if num_processes < 1 or devices_per_process < 1:
-    raise ValueError(f"--num_processes={num_processes} --devices_per_process="
+    raise LocalPodError(f"--num_processes={num_processes} --devices_per_process="
                      f"{devices_per_process}: both must be >= 1.")
   if not command:
-    raise ValueError("no module to run: pass it after `--`, e.g. "
+    raise LocalPodError("no module to run: pass it after `--`, e.g. "
                      "`python -m launch.local_pod -- launch.pod_check`.")
   port = port or free_port()
   lock = threading.Lock()
@@ -193,15 +198,12 @@ def run_pod(command: list[str], *, num_processes: int, devices_per_process: int,
 
 
 def main(argv):
-  try:
-    code = run_pod(argv[1:], num_processes=_NUM_PROCESSES.value,
-                   devices_per_process=_DEVICES.value, port=_PORT.value,
-                   heartbeat_timeout_seconds=_HEARTBEAT.value,
-                   peer_grace_seconds=_GRACE.value, timeout_seconds=_TIMEOUT.value)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+  code = run_pod(argv[1:], num_processes=_NUM_PROCESSES.value,
+                 devices_per_process=_DEVICES.value, port=_PORT.value,
+                 heartbeat_timeout_seconds=_HEARTBEAT.value,
+                 peer_grace_seconds=_GRACE.value, timeout_seconds=_TIMEOUT.value)
   sys.exit(code)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run(main)

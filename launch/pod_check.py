@@ -21,10 +21,10 @@ import os
 import signal
 import time
 
-from absl import app
 from absl import flags
 
 from bert_jax import distributed
+from bert_jax import errors
 
 _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 16, "Rows in the global batch.")
 _WIDTH = flags.DEFINE_integer("width", 8, "Columns per row.")
@@ -56,7 +56,7 @@ def main(argv):
   sharding = NamedSharding(mesh, P("data"))
   global_batch, width = _GLOBAL_BATCH.value, _WIDTH.value
   if global_batch % nproc or global_batch % jax.device_count():
-    raise ValueError(f"--global_batch={global_batch}: must divide by {nproc} processes and "
+    raise errors.UserError(f"--global_batch={global_batch}: must divide by {nproc} processes and "
                      f"{jax.device_count()} devices.")
   full = np.arange(global_batch * width, dtype=np.float32).reshape(global_batch, width) / 7.0
   rows = global_batch // nproc  # the global batch is fixed; each host reads batch/hosts rows
@@ -96,4 +96,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run(main)

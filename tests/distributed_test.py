@@ -57,3 +57,37 @@ def test_hash_check_on_one_host_returns_sha256():
       b"a\nb\n").hexdigest()
   assert distributed.assert_same_on_all_hosts("cfg", b"\x00\xff") == hashlib.sha256(
       b"\x00\xff").hexdigest()
+
+
+def test_tpu_detection_reads_pci_vendor_and_class(tmp_path):
+  def device(name, vendor, cls):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "vendor").write_text(vendor + "\n")
+    (tmp_path / name / "class").write_text(cls + "\n")
+  device("0000:00:04.0", "0x1ae0", "0x020000")  # gVNIC: Google, but a network card
+  device("0000:00:05.0", "0x8086", "0x120000")  # another vendor's accelerator
+  assert distributed.tpu_chips_present(str(tmp_path)) is False
+  device("0000:00:06.0", "0x1ae0", "0x120000")  # a TPU chip
+  assert distributed.tpu_chips_present(str(tmp_path)) is True
+  assert distributed.tpu_chips_present(str(tmp_path / "missing")) is False
+
+
+def test_preemption_check_restores_the_previous_sigterm_handler():
+  import os
+  import signal
+  seen = []
+  previous = signal.signal(signal.SIGTERM, lambda *a: seen.append("mine"))
+  try:
+    mine = signal.getsignal(signal.SIGTERM)
+    with distributed.preemption_check() as preempted:
+      assert signal.getsignal(signal.SIGTERM) is not mine
+      assert not preempted(1)
+      os.kill(os.getpid(), signal.SIGTERM)
+      assert preempted(2) and seen == []  # the check took the signal, not the old handler
+    assert signal.getsignal(signal.SIGTERM) is mine  # left as it was found
+    check = distributed.preemption_check()
+    check.close()
+    check.close()  # idempotent
+    assert signal.getsignal(signal.SIGTERM) is mine
+  finally:
+    signal.signal(signal.SIGTERM, previous)
