@@ -36,7 +36,8 @@ def get_config(arg="base"):
       dtype="float32",             # "bfloat16" on TPU/GPU: bf16 compute, f32 params and Adam state
       hidden_dropout_prob=0.1,
       attention_dropout_prob=0.1,
-      hidden_act="gelu",           # exact erf GELU as google-research/bert; "gelu_tanh" is faster
+      hidden_act="gelu",           # exact erf GELU, as HF "gelu"; "gelu_tanh" is the tanh
+                                   # approximation google-research/bert's modeling.py uses
       remat=False,                 # recompute each layer in the backward pass (seq 512 / large)
   ))
 
