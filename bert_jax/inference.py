@@ -1,4 +1,4 @@
-"""Load any checkpoint for inference: parameters, model config and the tokenizer it was trained with.
+"""Load any checkpoint for inference: params, model config and the tokenizer it was trained with.
 
   from bert_jax import inference
   m = inference.load_for_inference("gs://bucket/runs/base")   # or an export, a step directory

@@ -1,6 +1,7 @@
 r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
 
-  python -m bert_jax.predict --init_checkpoint=ckpt/bert_base fill-mask "The man went to the [MASK] ."
+  python -m bert_jax.predict --init_checkpoint=ckpt/bert_base fill-mask \
+      "The man went to the [MASK] ."
   python -m bert_jax.predict --init_checkpoint=gs://B/runs/base fill-mask \
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
 
