@@ -20,10 +20,6 @@ from data_pipelines.tasks.common import TaskDataError
 
 TASKS = {**glue.TASKS, **squad.TASKS, **ner.TASKS, **swag.TASKS}
 
-FAMILY_MODULES = {"classification": glue, "regression": glue, "span": squad, "tagging": ner,
-                  "multiple_choice": swag}
-
-
 def get_task(name):
   """The registered task called `name`, or a one-line error listing the names."""
   if name not in TASKS:
@@ -32,4 +28,4 @@ def get_task(name):
   return TASKS[name]
 
 
-__all__ = ["TASKS", "FAMILY_MODULES", "get_task", "TaskDataError", "glue", "ner", "squad", "swag"]
+__all__ = ["TASKS", "get_task", "TaskDataError", "glue", "ner", "squad", "swag"]
