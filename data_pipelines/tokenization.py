@@ -21,8 +21,10 @@ default is 100, set `max_chars_per_word=100` for out-of-the-box HF ids on 101-20
 """
 
 import functools
+import sys
 
 from data_pipelines import bert_chars
+from data_pipelines import pretokenize
 from data_pipelines import vocab as vocab_lib
 from data_pipelines.tf_setup import tf
 import tensorflow_text as tf_text
@@ -152,9 +154,14 @@ def basic_tokenize(texts, lower_case):
 class WordPieceTokenizer:
   """BERT WordPiece over a vocab.txt; ids identical to `transformers.BertTokenizer`."""
 
-  def __init__(self, vocab_file, do_lower_case=True, max_chars_per_word=MAX_CHARS_PER_WORD):
+  def __init__(self, vocab_file, do_lower_case=None, max_chars_per_word=MAX_CHARS_PER_WORD):
+    """do_lower_case None = the vocab's own casing (vocab.resolve_settings)."""
     self.vocab = vocab_lib.wordpiece_info(vocab_file)
+    if do_lower_case is None:
+      do_lower_case = vocab_lib.resolve_settings(vocab_file=vocab_file)["do_lower_case"]
     self.do_lower_case = bool(do_lower_case)
+    self.pretokenizer = None  # list[str] -> list[str], set by get_tokenizer from the settings
+    self._warned_jamo = False
     self.max_chars_per_word = int(max_chars_per_word)
     self.tokens = vocab_lib.load_wordpiece_vocab(vocab_file)
     self._unk = self.tokens[self.vocab.unk_id]
@@ -207,11 +214,24 @@ class WordPieceTokenizer:
     return tf.function(self.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
 
   def encode(self, texts):
-    """list[str] -> list[list[int]] (eager, in batches of 1024)."""
-    return _encode(self._tokenize_fn, texts)
+    """list[str] -> list[list[int]] (eager, in batches of 1024), after the pre-tokenizer."""
+    if self.do_lower_case and not self._warned_jamo:
+      self._warned_jamo = _warn_jamo(texts)
+    return _encode(self._tokenize_fn, texts, self.pretokenizer)
 
   def id_to_token(self, ids):
     return [self.tokens[int(i)] for i in ids]
+
+
+def _warn_jamo(texts):
+  """Says once that uncased WordPiece splits Hangul (BERT's NFD); True when it said so."""
+  if isinstance(texts, (list, tuple)) and any(
+      isinstance(t, str) and pretokenize.has_hangul(t) for t in texts[:_ENCODE_BATCH]):
+    print("warning: do_lower_case=True splits every Hangul syllable into jamo (uncased BERT "
+          "NFD); for Korean use a cased vocab (build_vocab --nolower_case, the default for "
+          "Hangul text).", file=sys.stderr)
+    return True
+  return False
 
 
 class SentencePieceTokenizer:
@@ -227,6 +247,7 @@ class SentencePieceTokenizer:
     proto = vocab_lib._read_bytes(spm_model_file)  # pylint: disable=protected-access
     self.do_lower_case, _ = vocab_lib.sentencepiece_lower_case(spm_model_file)
     processor = spm.SentencePieceProcessor(model_proto=proto)
+    self.pretokenizer = None  # list[str] -> list[str], set by get_tokenizer from the settings
     self.tokens = [processor.IdToPiece(i) for i in range(processor.GetPieceSize())]
     self._sp = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
 
@@ -241,8 +262,8 @@ class SentencePieceTokenizer:
     return tf.function(self.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
 
   def encode(self, texts):
-    """list[str] -> list[list[int]] (eager, in batches of 1024)."""
-    return _encode(self._tokenize_fn, texts)
+    """list[str] -> list[list[int]] (eager, in batches of 1024), after the pre-tokenizer."""
+    return _encode(self._tokenize_fn, texts, self.pretokenizer)
 
   def id_to_token(self, ids):
     return [self.tokens[int(i)] for i in ids]
@@ -253,23 +274,38 @@ class SentencePieceTokenizer:
 Tokenizer = WordPieceTokenizer | SentencePieceTokenizer
 
 
-def _encode(fn, texts):
+def _encode(fn, texts, pretokenizer=None):
   if isinstance(texts, (str, bytes)):
     raise TypeError("encode takes a list of strings; wrap a single string in a list.")
   out = []
   for start in range(0, len(texts), _ENCODE_BATCH):
+    batch = texts[start:start + _ENCODE_BATCH]
+    if pretokenizer is not None:
+      batch = pretokenizer([t if isinstance(t, str) else decode_utf8(bytes(t))[0] for t in batch])
     batch = [t.encode("utf-8", errors="surrogatepass") if isinstance(t, str) else bytes(t)
-             for t in texts[start:start + _ENCODE_BATCH]]
+             for t in batch]
     out.extend(fn(tf.constant(batch, tf.string)).to_list())
   return out
 
 
-def get_tokenizer(vocab_file=None, spm_model_file=None, do_lower_case=True,
-                  max_chars_per_word=MAX_CHARS_PER_WORD):
-  """WordPiece from `vocab_file` or SentencePiece from `spm_model_file` (exactly one)."""
+def get_tokenizer(vocab_file=None, spm_model_file=None, do_lower_case=None,
+                  max_chars_per_word=MAX_CHARS_PER_WORD, pretokenizer=None, recorded=None,
+                  flag="--do_lower_case"):
+  """WordPiece from `vocab_file` or SentencePiece from `spm_model_file` (exactly one).
+
+  Casing and pre-tokenizer come from the vocab's settings (vocab.resolve_settings): None takes
+  them; a value that contradicts them, or `recorded` = (records'/checkpoint's settings, where),
+  is a one-line CasingMismatchError. The result's `settings` holds what was used and why.
+  """
   if bool(vocab_file) == bool(spm_model_file):
     raise vocab_lib.VocabError("pass exactly one of --vocab_file (WordPiece vocab.txt) or "
                                "--spm_model_file (SentencePiece .model).")
+  settings = vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case, pretokenizer,
+                                        flag, recorded)
   if vocab_file:
-    return WordPieceTokenizer(vocab_file, do_lower_case, max_chars_per_word)
-  return SentencePieceTokenizer(spm_model_file)
+    tok = WordPieceTokenizer(vocab_file, settings["do_lower_case"], max_chars_per_word)
+  else:
+    tok = SentencePieceTokenizer(spm_model_file)
+  tok.settings = settings
+  tok.pretokenizer = pretokenize.get_pretokenizer(settings["pretokenizer"])
+  return tok

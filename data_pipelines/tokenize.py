@@ -24,8 +24,8 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
   flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
                       **fv)
-  flags.DEFINE_bool("do_lower_case", True, "WordPiece: lower-case and strip accents (uncased "
-                    "BERT). SentencePiece models carry their own case handling.", **fv)
+  flags.DEFINE_bool("do_lower_case", None, "Default: the vocab's casing (its .meta.json, or "
+                    "inferred for google/HF vocabs); a contradicting value is an error.", **fv)
   flags.DEFINE_integer("max_chars_per_word", tokenization.MAX_CHARS_PER_WORD,
                        "WordPiece: longer words become [UNK] (HF's default is 100).", **fv)
   flags.DEFINE_bool("tokens", False, "Print the tokens instead of the ids.", **fv)
