@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+import optax
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 
@@ -190,13 +191,16 @@ class BertEmbeddings(nn.Module):
     self.layer_norm = _layer_norm(c, None)
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
-  def __call__(self, input_ids, segment_ids, deterministic):
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None):
     seq_len = input_ids.shape[1]
     if seq_len > self.config.max_position_embeddings:
       raise ValueError(f"BertEmbeddings: sequence length {seq_len} exceeds "
                        f"max_position_embeddings={self.config.max_position_embeddings}.")
+    # Packed rows restart positions at each instance ([B, T]); unpacked rows count 0..T-1.
+    positions = (self.position_embeddings(jnp.arange(seq_len))[None]    # [1, T, H]
+                 if position_ids is None else self.position_embeddings(position_ids))  # [B, T, H]
     x = (self.word_embeddings(input_ids)                                 # [B, T, H]
-         + self.position_embeddings(jnp.arange(seq_len))[None]           # [1, T, H]
+         + positions
          + self.token_type_embeddings(segment_ids))                      # [B, T, H]
     x = self.layer_norm(x).astype(self.config.dtype)
     x = self.dropout(x, deterministic=deterministic)
@@ -218,12 +222,27 @@ def explicit_attention(q, k, v, mask, probs_fn=None):
   return jnp.einsum("BNTS,BSND->BTND", probs, v)                         # [B, T, N, D]
 
 
+def attention_mask(attention_ids, block_diagonal):
+  """Which keys each query sees, from segment-ids-style ids [B, T] (0 = padding).
+
+  Unpacked rows pass ids = input_mask and get a key padding mask [B, 1, 1, S]. Packed rows pass
+  instance_ids and get a block-diagonal mask [B, 1, T, S]: a token sees only the tokens of its
+  own instance, so instances sharing a row never see each other (padding queries see nothing and
+  get uniform weights; their outputs are never read).
+  """
+  keys = attention_ids != 0
+  if not block_diagonal:
+    return keys[:, None, None, :]
+  same = attention_ids[:, :, None] == attention_ids[:, None, :]        # [B, T, S]
+  return (same & keys[:, None, :])[:, None]                              # [B, 1, T, S]
+
+
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a key padding mask."""
+  """Multi-head self-attention over keys with the same id (see `attention_mask`)."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic):
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
     c = self.config
     n, d = c.num_heads, c.head_dim
     qkv = lambda name: _HeadsDense(c, "BTH,HND->BTND", (c.hidden_size, n, d),
@@ -241,7 +260,7 @@ class SelfAttention(nn.Module):
     # to float tolerance. Only a fully masked row (impossible here) would differ: google's
     # additive -10000 keeps the relative scores, HF's finfo.min and our replacement give
     # uniform weights.
-    mask = input_mask.astype(bool)[:, None, None, :]
+    mask = attention_mask(attention_ids, block_diagonal)
     if c.attention_dropout_prob > 0 and not deterministic:
       # dot_product_attention has no dropout on the probabilities, which BERT applies
       # (attention_probs_dropout_prob=0.1): spell the attention out.
@@ -261,10 +280,10 @@ class BertLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic):
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
     c = self.config
     dropout = nn.Dropout(c.hidden_dropout_prob)
-    y = SelfAttention(c, name="attention")(x, input_mask, deterministic)
+    y = SelfAttention(c, name="attention")(x, attention_ids, deterministic, block_diagonal)
     y = dropout(y, deterministic=deterministic)
     x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
 
@@ -281,20 +300,26 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, input_mask, deterministic):
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
     c = self.config
-    # static_argnums counts `self` as 0: (x=1, input_mask=2, deterministic=3). A static
-    # `deterministic` keeps the Python `if` on dropout legal inside jax.checkpoint.
-    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if c.remat else BertLayer
+    # static_argnums counts `self` as 0: (x=1, attention_ids=2, deterministic=3,
+    # block_diagonal=4). Static flags keep the Python `if`s legal inside jax.checkpoint.
+    layer_cls = nn.remat(BertLayer, static_argnums=(3, 4)) if c.remat else BertLayer
     hidden_states = [x]
     for i in range(c.num_layers):
-      x = layer_cls(c, name=f"layer_{i}")(x, input_mask, deterministic)
+      x = layer_cls(c, name=f"layer_{i}")(x, attention_ids, deterministic, block_diagonal)
       hidden_states.append(x)
     return x, tuple(hidden_states)
 
 
 class BertModel(nn.Module):
-  """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS])."""
+  """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS]).
+
+  Unpacked rows: (input_ids, input_mask, segment_ids) [B, T]; pooled_output [B, H] from
+  position 0. Packed rows (data_pipelines/packing.py) add instance_ids [B, T] (0 = padding,
+  attention within an instance only), position_ids [B, T] (restarting per instance) and
+  cls_positions [B, K] (each instance's [CLS]); pooled_output is then [B, K, H].
+  """
   config: BertConfig
 
   def setup(self):
@@ -303,11 +328,16 @@ class BertModel(nn.Module):
     self.encoder = BertEncoder(c)
     self.pooler = _dense(c, c.hidden_size, ("embed", "embed2"), None)
 
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True,
+  def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
+               position_ids=None, cls_positions=None, deterministic=True,
                output_hidden_states=False) -> dict:
-    x = self.embeddings(input_ids, segment_ids, deterministic)            # [B, T, H]
-    x, hidden_states = self.encoder(x, input_mask, deterministic)
-    pooled = jnp.tanh(self.pooler(x[:, 0]))                               # [B, H] from [CLS]
+    packed = instance_ids is not None
+    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, T, H]
+    # Attention ids in the contract of an attention backend: segment-ids style, 0 = padding.
+    x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
+                                    packed)
+    cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
+    pooled = jnp.tanh(self.pooler(cls))                      # [B, H] or [B, K, H] from [CLS]
     out = {"sequence_output": x, "pooled_output": pooled}
     if output_hidden_states:
       out["hidden_states"] = hidden_states                                # L+1 x [B, T, H]
@@ -342,23 +372,65 @@ class MaskedLMHead(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-  """BertModel + MLM head (only at masked_lm_positions) + NSP head (on the pooled output)."""
+  """BertModel + MLM head (only at masked_lm_positions) + NSP head (on the pooled output).
+
+  Packed rows (instance_ids, position_ids, nsp_positions [B, K] given) get one NSP prediction
+  per instance, read at its own [CLS]: nsp_logits [B, K, 2] instead of [B, 2].
+  """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-               deterministic=True):
+               instance_ids=None, position_ids=None, nsp_positions=None, deterministic=True):
     c = self.config
     bert = BertModel(c, name="bert")
-    out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
+               position_ids=position_ids, cls_positions=nsp_positions,
+               deterministic=deterministic)
     # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
     # H x V projection runs on ~15% of the positions instead of all T.
     masked = gather_positions(out["sequence_output"], masked_lm_positions)
     table = bert.embeddings.word_embeddings.embedding                     # [V, H], tied
     mlm_logits = MaskedLMHead(c, name="mlm_head")(masked, table)         # [B, P, V] float32
     nsp_logits = _dense(c, 2, ("embed", "classes"), "nsp_head", dtype=jnp.float32)(
-        out["pooled_output"])                                              # [B, 2] float32
+        out["pooled_output"])                                    # [B, 2] or [B, K, 2] float32
     return mlm_logits, nsp_logits
+
+
+def pretraining_loss(outputs, batch):
+  """google-research/bert's loss, weighted MLM cross-entropy + NSP cross-entropy, packed or not.
+
+  outputs: (mlm_logits [B, P, V], nsp_logits [B, 2] or packed [B, K, 2]) float32. The NSP loss and
+  accuracy are means over instances: over rows unpacked, over the nsp_weights [B, K] of packed
+  rows (a row of 5 instances counts 5 times), so packing changes neither.
+  Returns (loss, metrics dict).
+  """
+  mlm_logits, nsp_logits = outputs
+  weights = batch["masked_lm_weights"]                                   # [B, P]
+  mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
+  # 1e-5 as in the original: a batch with no predictions gives 0, not NaN.
+  mlm_loss = jnp.sum(mlm_ce * weights) / (jnp.sum(weights) + 1e-5)
+  labels = batch["next_sentence_labels"]                                 # [B] or [B, K]
+  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)
+  nsp_correct = (jnp.argmax(nsp_logits, -1) == labels).astype(jnp.float32)
+  if "nsp_weights" in batch:
+    nsp_w = batch["nsp_weights"]                                         # [B, K]
+    nsp_loss = jnp.sum(nsp_ce * nsp_w) / jnp.maximum(jnp.sum(nsp_w), 1.0)
+    nsp_accuracy = jnp.sum(nsp_correct * nsp_w) / jnp.maximum(jnp.sum(nsp_w), 1.0)
+  else:
+    nsp_loss, nsp_accuracy = jnp.mean(nsp_ce), jnp.mean(nsp_correct)
+  mlm_correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+  metrics = dict(
+      loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+      mlm_accuracy=jnp.sum(mlm_correct) / (jnp.sum(weights) + 1e-5), nsp_accuracy=nsp_accuracy)
+  return mlm_loss + nsp_loss, metrics
+
+
+def pretraining_forward(module, batch, deterministic):
+  """BertForPreTraining on a batch dict, packed or unpacked (use as `apply(..., method=)`)."""
+  packed = {k: batch[k] for k in ("instance_ids", "position_ids", "nsp_positions") if k in batch}
+  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                batch["masked_lm_positions"], deterministic=deterministic, **packed)
 
 
 def count_params(params) -> int:

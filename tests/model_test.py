@@ -216,3 +216,123 @@ def test_config_round_trip_and_errors():
   with pytest.raises(ValueError, match="hidden_act"):
     model_lib.BertConfig(hidden_act="swish")
   assert len([n for n in model_lib.PRESETS if n.startswith("L-")]) == 24
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed rows (data_pipelines/packing.py): equivalence with the same instances unpacked.
+# ----------------------------------------------------------------------------------------------
+def _instances(lengths, seq=32, num_pred=3, vocab=99, seed=0):
+  """Unpacked, masked instances [CLS] a [SEP] b [SEP] as the input pipeline yields them."""
+  rng = np.random.default_rng(seed)
+  n = len(lengths)
+  f = {k: np.zeros((n, seq), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  f.update({k: np.zeros((n, num_pred), np.int32) for k in ("masked_lm_positions",
+                                                           "masked_lm_ids")})
+  f["masked_lm_weights"] = np.zeros((n, num_pred), np.float32)
+  for i, length in enumerate(lengths):
+    a = length // 2
+    f["input_ids"][i, :length] = rng.integers(5, vocab, length)
+    f["input_ids"][i, [0, a, length - 1]] = [2, 3, 3]
+    f["input_mask"][i, :length] = 1
+    f["segment_ids"][i, a + 1:length] = 1
+    k = min(num_pred, max(1, length // 5))
+    pos = np.sort(rng.choice(np.arange(1, a), min(k, a - 1), replace=False))
+    f["masked_lm_positions"][i, :len(pos)] = pos
+    f["masked_lm_ids"][i, :len(pos)] = f["input_ids"][i, pos]
+    f["masked_lm_weights"][i, :len(pos)] = 1.0
+    f["input_ids"][i, pos] = 4  # [MASK]
+  f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int32)
+  return f
+
+
+def _packed(f, max_instances=4, max_preds=8):
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  return packing.pack_arrays(f, 0, max_instances=max_instances, max_preds=max_preds,
+                             count_preds=True)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _forward(params, batch, config=TINY):
+  return model_lib.BertForPreTraining(config).apply(
+      {"params": params}, batch, True, method=model_lib.pretraining_forward)
+
+
+def test_packed_rows_give_each_instance_its_unpacked_logits():
+  params = _init(TINY)
+  f = _instances([20, 9, 12, 6, 30, 7])
+  p = _packed(f)
+  assert p["input_ids"].shape[0] < 6  # several instances share rows
+  mlm_u, nsp_u = _forward(params, f)
+  mlm_p, nsp_p = _forward(params, p)
+  assert nsp_p.shape == (p["input_ids"].shape[0], 4, 2)
+  # Map every packed NSP slot and prediction back to its instance by its [CLS] position.
+  for r in range(p["input_ids"].shape[0]):
+    for k in np.flatnonzero(p["nsp_weights"][r]):
+      start = p["nsp_positions"][r, k]
+      length = int(np.sum(p["instance_ids"][r] == k + 1))
+      tokens = p["input_ids"][r, start:start + length]
+      (i,) = [i for i in range(6) if f["input_mask"][i].sum() == length
+              and np.array_equal(f["input_ids"][i, :length], tokens)]
+      assert p["next_sentence_labels"][r, k] == f["next_sentence_labels"][i]
+      np.testing.assert_allclose(nsp_p[r, k], nsp_u[i], rtol=1e-5, atol=1e-5)
+      in_row = np.flatnonzero((p["masked_lm_weights"][r] > 0)
+                              & (p["masked_lm_positions"][r] >= start)
+                              & (p["masked_lm_positions"][r] < start + length))
+      n = int(f["masked_lm_weights"][i].sum())
+      assert len(in_row) == n
+      np.testing.assert_array_equal(p["masked_lm_positions"][r, in_row] - start,
+                                    f["masked_lm_positions"][i, :n])
+      np.testing.assert_allclose(mlm_p[r, in_row], mlm_u[i, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_loss_and_gradients_equal_unpacked():
+  config = dataclasses.replace(TINY, hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  params = nn.unbox(_init(config))
+  f = _instances([20, 9, 12, 6, 30, 7], seed=1)
+  p = _packed(f)
+
+  def loss(params, batch):
+    return model_lib.pretraining_loss(_forward(params, batch, config), batch)
+
+  grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  (lu, mu), gu = grad_fn(params, f)
+  (lp, mp), gp = grad_fn(params, p)
+  for k in ("mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+    np.testing.assert_allclose(mp[k], mu[k], rtol=1e-5, err_msg=k)
+  np.testing.assert_allclose(lp, lu, rtol=1e-5)
+  # Relative to the gradient's scale: some leaves (the key biases) are 0 up to rounding (1e-12).
+  scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(gu))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(gp), jax.tree.leaves(gu)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale, err_msg=str(path))
+
+
+def test_instances_in_a_row_cannot_see_each_other():
+  params = _init(TINY)
+  p = _packed(_instances([10, 8, 9]), max_instances=4)
+  assert p["input_ids"].shape[0] == 1 and p["nsp_weights"][0].sum() == 3
+  changed = dict(p)
+  target = p["instance_ids"] == 2
+  changed["input_ids"] = np.where(target, (p["input_ids"] * 7 + 3) % 90 + 5, p["input_ids"])
+  changed["segment_ids"] = np.where(target, 1 - p["segment_ids"], p["segment_ids"])
+  model = model_lib.BertModel(TINY)
+  args = lambda b: (b["input_ids"], b["input_mask"], b["segment_ids"])  # noqa: E731
+  kw = dict(instance_ids=p["instance_ids"], position_ids=p["position_ids"],
+            cls_positions=p["nsp_positions"])
+  apply = jax.jit(model.apply)
+  a = apply({"params": params["bert"]}, *args(p), **kw)
+  b = apply({"params": params["bert"]}, *args(changed), **kw)
+  others = (p["instance_ids"] > 0) & ~target
+  np.testing.assert_array_equal(a["sequence_output"][others], b["sequence_output"][others])
+  np.testing.assert_array_equal(a["pooled_output"][0, [0, 2]], b["pooled_output"][0, [0, 2]])
+  assert not np.allclose(a["sequence_output"][target], b["sequence_output"][target])
+  assert not np.allclose(a["pooled_output"][0, 1], b["pooled_output"][0, 1])
+
+
+def test_attention_mask_forms():
+  ids = np.array([[1, 1, 2, 2, 0]])
+  np.testing.assert_array_equal(model_lib.attention_mask(ids > 0, False)[0, 0, 0],
+                                [True] * 4 + [False])
+  block = np.asarray(model_lib.attention_mask(ids, True))[0, 0]
+  np.testing.assert_array_equal(block[0], [1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(block[3], [0, 0, 1, 1, 0])
+  assert not block[4].any()
