@@ -1,4 +1,4 @@
-"""tf.data pre-training input: sharded per host, shuffled, resumable, masked in-graph.
+"""tf.data pre-training input: logical shards, shuffled, resumable, masked in-graph, packed.
 
 Reads TFRecords of tf.train.Example with int64 features `input_ids`, `input_mask`, `segment_ids`
 ([seq_length], padded with 0) and `next_sentence_labels` ([1]), as written by
@@ -6,24 +6,42 @@ Reads TFRecords of tf.train.Example with int64 features `input_ids`, `input_mask
 every epoch). Records written by google-research/bert's `create_pretraining_data.py`, which carry
 their masks (`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights`), are used as they are.
 
-The stream of one host, for a seed:
-  epoch e: this host's files (files[process_index::process_count]) in an order drawn from
-           (seed, process_index, e) -> interleaved 16 at a time -> shuffled in a buffer seeded
-           from the same key; epochs are concatenated (`repeat=True`) -> batches of `batch_size`
-           (drop_remainder, so every batch has the same static shape and the train step compiles
-           once) -> batch b is parsed and masked with a key folded from (seed, process_index, b).
+The stream is a function of the record files, the seed and the step only, whatever the host
+count (1 x 8, 2 x 4 and 4 x 2 devices train on the same global batches):
+  * the files are split into L logical shards, L fixed for a run (default gcd(files, global
+    batch), stored in the checkpoint by the trainer): shard j reads files[j::L];
+  * shard j's stream, keyed by (seed, j): epoch e takes its files in an order drawn from
+    (seed, j, e) -> interleaved 16 at a time -> shuffled in a buffer seeded from the same key;
+    epochs are concatenated (`repeat=True`) -> batches of B/L rows (drop_remainder, so every batch
+    has the same static shape and the train step compiles once) -> batch b is parsed and masked
+    with a key folded from (seed, j, b);
+  * the global batch at step s is the concatenation of batch s of shards 0..L-1, and host h of P
+    reads the contiguous block of shards [h*L/P, (h+1)*L/P), so each host reads 1/P of the files
+    and the global row order does not depend on P. The remaining constraints: P divides L, L
+    divides the global batch, L <= the number of files (one-line errors otherwise).
 Since the mask of batch b depends only on b and its records, `start_batch=n` reproduces the stream
 after n batches by skipping raw, unparsed records: whole epochs are skipped for free (their order is
 a function of the epoch number), and at most one epoch of raw records is read and dropped. With
-`repeat=True` and `start_batch > 0` the records of this host are counted once (one pass reading the
-files, no parsing) to find the epoch to start in.
+`repeat=True` and `start_batch > 0` the records of each shard are counted once (one pass reading
+the files, no parsing) to find the epoch to start in.
+
+With `pack=True` (data_pipelines/packing.py) shard j's records are cut into chunks of
+`pack_chunk_size` consecutive records; chunk c is parsed, masked per instance with a key folded
+from (seed, j, c) (the same 15% / 80-10-10 recipe and per-instance budget as unpacked), packed
+into rows and its rows shuffled with a key from (seed, j, c); the rows of consecutive chunks form
+the shard's row stream, batched B/L rows at a time. Resuming finds the chunk holding row
+n * B/L from the chunks' row counts, which depend only on the instance lengths: one pass over the
+shard's records consumed so far, parsing input_mask only.
 """
 
+import dataclasses
+import math
 import weakref
 from typing import Iterator
 
 from bert_jax import errors
 from data_pipelines import masking
+from data_pipelines import packing
 from data_pipelines.tf_setup import tf
 
 SEQ_FEATURES = ("input_ids", "input_mask", "segment_ids")
@@ -39,8 +57,11 @@ class InputPipelineError(errors.UserError):
   """Bad pre-training input: no files, wrong record format or lengths, bad host sharding."""
 
 
-def expand_file_pattern(file_pattern):
-  """Sorted, de-duplicated files matching a glob, a comma-separated list of globs, or a list."""
+def expand_file_pattern(file_pattern, what="file_pattern"):
+  """Sorted, de-duplicated files matching a glob, a comma-separated list of globs, or a list.
+
+  The one file-globbing function (local and gs://); `what` names the flag in the error.
+  """
   patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
   patterns = [p.strip() for pat in patterns for p in pat.split(",") if p.strip()]
   files = set()
@@ -50,23 +71,10 @@ def expand_file_pattern(file_pattern):
   files = sorted(f for f in files if not f.endswith(".json"))
   if not files:
     raise InputPipelineError(
-        f"file_pattern={file_pattern!r}: no file matches; write the records with "
+        f"{what}={file_pattern!r}: no file matches; write the records with "
         "`python -m data_pipelines.create_pretraining_data` or fix the pattern (a glob such as "
         "'data/train-*.tfrecord', a comma-separated list, or a list of globs).")
   return files
-
-
-def host_files(files, process_index, process_count, file_pattern=""):
-  """The disjoint subset of `files` that host `process_index` reads (round robin)."""
-  if not 0 <= process_index < process_count:
-    raise InputPipelineError(f"process_index={process_index}, process_count={process_count}: "
-                             "expected 0 <= process_index < process_count (jax.process_index()).")
-  if len(files) < process_count:
-    raise InputPipelineError(
-        f"file_pattern={file_pattern!r}: {len(files)} file(s) for {process_count} hosts; each host "
-        "reads its own files, so write at least one shard per host (create_pretraining_data "
-        f"--num_output_shards >= {process_count}, ideally a multiple of {process_count}).")
-  return files[process_index::process_count]
 
 
 def _fix_length(name):
@@ -174,32 +182,66 @@ def _parse_spec(seq_length, max_predictions_per_seq, premasked):
   return spec
 
 
+def num_logical_shards_for(num_files, global_batch, requested=0):
+  """L: `requested` if > 0, else gcd(files, global batch) (every shard has a file and B/L rows)."""
+  if requested and requested > 0:
+    return int(requested)
+  return math.gcd(int(num_files), int(global_batch))
+
+
+def check_layout(num_logical_shards, *, num_files, global_batch, process_count, what="config"):
+  """One-line errors for a logical-shard layout that the host count or batch cannot use."""
+  l = num_logical_shards
+  if l > num_files:
+    raise InputPipelineError(
+        f"num_logical_shards={l} but the pattern matches {num_files} file(s); every logical shard "
+        f"reads its own files: set --config.num_logical_shards <= {num_files} or write more "
+        "shards (create_pretraining_data --num_shards).")
+  if global_batch % l:
+    raise InputPipelineError(
+        f"global batch {global_batch} is not divisible by num_logical_shards={l} ({what}); each "
+        f"logical shard feeds batch/L rows: use a batch that is a multiple of {l}.")
+  if l % process_count:
+    raise InputPipelineError(
+        f"num_logical_shards={l} ({what}) is not divisible by the {process_count} hosts; each "
+        f"host reads whole logical shards: run on a host count dividing {l} (or start a new "
+        "run with --config.num_logical_shards set to a multiple of the host count).")
+
+
 def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictions_per_seq, vocab,
                           masked_lm_prob=0.15, whole_word_masking=False, seed=0, process_index=0,
-                          process_count=1, shuffle=True, repeat=True, start_batch=0,
-                          shuffle_buffer=10000, num_parallel_calls=tf.data.AUTOTUNE,
-                          premasked=None):
-  """Masked pre-training batches for this host; see the module docstring for the stream.
+                          process_count=1, num_logical_shards=0, shuffle=True, repeat=True,
+                          start_batch=0, shuffle_buffer=10000,
+                          num_parallel_calls=tf.data.AUTOTUNE, premasked=None, pack=False,
+                          max_instances_per_pack=0, pack_chunk_size=packing.DEFAULT_CHUNK_SIZE,
+                          expanded=False):
+  """Masked (and optionally packed) pre-training batches for this host; see the module docstring.
 
   Args:
     file_pattern: glob, comma-separated globs, or a list of globs of TFRecord files.
-    batch_size: sequences per batch on THIS host (global batch // process_count).
+    batch_size: rows per batch on THIS host (global batch // process_count).
     seq_length: length of every record (the data's --max_seq_length).
-    max_predictions_per_seq: P, the width of the masked_lm_* tensors.
+    max_predictions_per_seq: P, the width of the masked_lm_* tensors of one instance.
     vocab: VocabInfo (mask id, special and continuation tables).
     masked_lm_prob, whole_word_masking: the masking recipe (ignored for pre-masked records).
     seed: the same seed and arguments give the same batches, masks included.
     process_index, process_count: this host and the number of hosts (jax.process_index/count).
+    num_logical_shards: L, fixed for a run (0 = gcd(files, global batch)); the global batch is the
+      same for every host count dividing L.
     shuffle, repeat: False/False for a single ordered pass (evaluation).
     start_batch: resume after this many batches of the same stream.
-    shuffle_buffer: records in the shuffle buffer (~1 KB each at seq 128).
-    num_parallel_calls: parallelism of file reads and of parse+mask.
+    shuffle_buffer: records in the shuffle buffer of each logical shard (~1 KB each at seq 128).
+    num_parallel_calls: parallelism of file reads and of parse+mask(+pack).
     premasked: None detects google-research/bert records (masked_lm_positions present); True or
       False insists on one format.
+    pack: several instances per row (data_pipelines/packing.py documents the packed contract).
+    max_instances_per_pack: K (0 = packing.default_max_instances(seq_length)).
+    pack_chunk_size: instances the packer looks at together.
   Returns:
-    tf.data.Dataset of dicts (BATCH_KEYS): [batch, seq] int32 input_ids/input_mask/segment_ids,
-    [batch, P] int32 masked_lm_positions/masked_lm_ids, [batch, P] float32 masked_lm_weights,
-    [batch] int32 next_sentence_labels; every shape static.
+    tf.data.Dataset of dicts. Unpacked (BATCH_KEYS): [batch, seq] int32 input_ids/input_mask/
+    segment_ids, [batch, P] int32 masked_lm_positions/masked_lm_ids, [batch, P] float32
+    masked_lm_weights, [batch] int32 next_sentence_labels. Packed: packing.PACKED_KEYS. Every
+    shape static.
   """
   for name, value in (("batch_size", batch_size), ("seq_length", seq_length),
                       ("max_predictions_per_seq", max_predictions_per_seq)):
@@ -211,8 +253,17 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
                              "80 for 512).")
   if start_batch < 0:
     raise InputPipelineError(f"start_batch={start_batch}: expected >= 0 (the step to resume at).")
-  files = host_files(expand_file_pattern(file_pattern), process_index, process_count,
-                     file_pattern)
+  if not 0 <= process_index < process_count:
+    raise InputPipelineError(f"process_index={process_index}, process_count={process_count}: "
+                             "expected 0 <= process_index < process_count (jax.process_index()).")
+  # expanded=True: file_pattern is expand_file_pattern's list already (the trainer globs once).
+  all_files = list(file_pattern) if expanded else expand_file_pattern(file_pattern)
+  global_batch = batch_size * process_count
+  num_shards = num_logical_shards_for(len(all_files), global_batch, num_logical_shards)
+  check_layout(num_shards, num_files=len(all_files), global_batch=global_batch,
+               process_count=process_count)
+  shards = host_shards(num_shards, process_index, process_count)
+  files = [f for j in shards for f in all_files[j::num_shards]]
   found_premasked = inspect_files(files, seq_length, max_predictions_per_seq)
   if premasked is not None and bool(premasked) != found_premasked:
     raise InputPipelineError(
@@ -223,37 +274,20 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     cfg = masking.mask_config_from_vocab(
         vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
         whole_word_masking=whole_word_masking)
-
-  # Two independent keys from (seed, host): one orders the records, one draws the masks.
-  data_key, mask_key = tf.unstack(tf.random.experimental.stateless_split(
-      tf.constant([seed, process_index], tf.int64), num=2))
-
-  start_record = start_batch * batch_size
-  first_epoch, skip = 0, start_record
-  if repeat and start_record:
-    first_epoch, skip = divmod(start_record, count_records(files))
-  epochs = (tf.data.Dataset.counter(first_epoch) if repeat else
-            tf.data.Dataset.range(first_epoch, first_epoch + 1))
-  ds = epochs.flat_map(lambda e: _epoch_records(files, e, data_key, shuffle, shuffle_buffer,
-                                                num_parallel_calls))
-  if skip:
-    ds = ds.skip(skip)  # raw records: no parsing, no masking
-  ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=start_batch)
-  spec = _parse_spec(seq_length, max_predictions_per_seq, found_premasked)
-
-  def parse_and_mask(index, serialized):  # serialized: [batch] string
-    ex = tf.io.parse_example(serialized, spec)
-    out = {k: tf.cast(v, tf.int32) for k, v in ex.items()}
-    out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
-    if found_premasked:
-      out["masked_lm_weights"] = ex["masked_lm_weights"]
-      return out
-    key = tf.random.experimental.stateless_fold_in(mask_key, index)
-    (out["input_ids"], out["masked_lm_positions"], out["masked_lm_ids"],
-     out["masked_lm_weights"]) = masking.mask_batch(out["input_ids"], out["input_mask"], key, cfg)
-    return out
-
-  ds = ds.map(parse_and_mask, num_parallel_calls=num_parallel_calls, deterministic=True)
+  s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
+              premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
+              shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
+              rows=global_batch // num_shards)
+  if pack:
+    k = max_instances_per_pack or packing.default_max_instances(seq_length)
+    q = (max_predictions_per_seq * k if found_premasked else
+         packing.max_predictions_per_pack(seq_length, k, masked_lm_prob))
+    s = dataclasses.replace(s, pack=True, max_instances=k, max_preds=q, chunk=pack_chunk_size)
+  per_shard = [s.shard_batches(all_files[j::num_shards], j, start_batch) for j in shards]
+  # Host batch = its shards' rows in shard order; hosts hold consecutive shards, so the global
+  # batch (hosts in process order) is the same for every host count.
+  ds = tf.data.Dataset.zip(tuple(per_shard)).map(
+      lambda *parts: {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]})
   ds = ds.prefetch(tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.deterministic = True
@@ -261,6 +295,120 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   _DATASET_INFO[ds] = dict(files=files, seq_length=seq_length, premasked=found_premasked,
                            max_predictions_per_seq=max_predictions_per_seq)
   return ds
+
+
+def host_shards(num_shards, process_index, process_count):
+  """The logical shards host `process_index` reads: a contiguous block of L / process_count."""
+  per_host = num_shards // process_count
+  return list(range(process_index * per_host, (process_index + 1) * per_host))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stream:
+  """How one logical shard's records become batches of `rows` rows (see the module docstring)."""
+  seq_length: int
+  max_predictions_per_seq: int
+  premasked: bool
+  mask_cfg: object
+  seed: int
+  shuffle: bool
+  repeat: bool
+  shuffle_buffer: int
+  num_parallel_calls: int
+  rows: int                 # rows this shard adds to every global batch (batch / L)
+  pack: bool = False
+  max_instances: int = 0    # K
+  max_preds: int = 0        # Q
+  chunk: int = 0
+
+  def keys(self, shard):
+    # Three independent keys from (seed, shard): record order, masks, packed-row order.
+    return tf.unstack(tf.random.experimental.stateless_split(
+        tf.constant([self.seed, shard], tf.int64), num=3))
+
+  def records(self, files, data_key, start_record):
+    """Serialized records of the shard from `start_record` on (whole epochs skipped for free)."""
+    first_epoch, skip = 0, start_record
+    if self.repeat and start_record:
+      first_epoch, skip = divmod(start_record, count_records(files))
+    epochs = (tf.data.Dataset.counter(first_epoch) if self.repeat else
+              tf.data.Dataset.range(first_epoch, first_epoch + 1))
+    ds = epochs.flat_map(lambda e: _epoch_records(files, e, data_key, self.shuffle,
+                                                  self.shuffle_buffer, self.num_parallel_calls))
+    return ds.skip(skip) if skip else ds  # raw records: no parsing, no masking
+
+  def parse_and_mask(self, serialized, key):
+    """[n] serialized records -> dict of unpacked, masked [n, ...] features."""
+    spec = _parse_spec(self.seq_length, self.max_predictions_per_seq, self.premasked)
+    ex = tf.io.parse_example(serialized, spec)
+    out = {k: tf.cast(v, tf.int32) for k, v in ex.items()}
+    out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
+    if self.premasked:
+      out["masked_lm_weights"] = ex["masked_lm_weights"]
+      return out
+    (out["input_ids"], out["masked_lm_positions"], out["masked_lm_ids"],
+     out["masked_lm_weights"]) = masking.mask_batch(out["input_ids"], out["input_mask"], key,
+                                                    self.mask_cfg)
+    return out
+
+  def shard_batches(self, files, shard, start_batch):
+    data_key, mask_key, order_key = self.keys(shard)
+    fold = tf.random.experimental.stateless_fold_in
+    if not self.pack:
+      # Batch b of the shard is masked with a key folded from b: resuming reproduces the masks.
+      ds = self.records(files, data_key, start_batch * self.rows)
+      ds = ds.batch(self.rows, drop_remainder=True).enumerate(start=start_batch)
+      return ds.map(lambda i, r: self.parse_and_mask(r, fold(mask_key, i)),
+                    num_parallel_calls=self.num_parallel_calls, deterministic=True)
+    # Packed: chunk c (records [c*chunk, (c+1)*chunk) of the shard's stream) is masked and packed
+    # from keys folded from c; resuming finds the chunk holding row start_batch * rows.
+    chunk, skip_rows = self.find_chunk(files, data_key, start_batch * self.rows)
+    ds = self.records(files, data_key, chunk * self.chunk).batch(self.chunk).enumerate(chunk)
+
+    def pack(c, serialized):
+      order_seed = tf.random.stateless_uniform([], seed=fold(order_key, c), minval=None,
+                                               maxval=None, dtype=tf.int64)
+      return packing.pack_chunk(
+          self.parse_and_mask(serialized, fold(mask_key, c)), order_seed,
+          seq_length=self.seq_length, max_instances=self.max_instances, max_preds=self.max_preds,
+          count_preds=self.premasked)
+
+    ds = ds.map(pack, num_parallel_calls=self.num_parallel_calls, deterministic=True)
+    ds = ds.unbatch()
+    if skip_rows:
+      ds = ds.skip(skip_rows)
+    return ds.batch(self.rows, drop_remainder=True)
+
+  def find_chunk(self, files, data_key, start_row):
+    """(chunk, rows to skip in it) for packed row `start_row` of the shard's stream.
+
+    Row counts of chunks come from the instances' lengths alone (and the prediction counts of
+    pre-masked records), so this reads the shard's records from the start of the stream and
+    parses only input_mask: about one read of the data consumed so far by this shard.
+    """
+    if start_row == 0:
+      return 0, 0
+    spec = {"input_mask": tf.io.FixedLenFeature([self.seq_length], tf.int64)}
+    if self.premasked:
+      spec["masked_lm_weights"] = tf.io.FixedLenFeature([self.max_predictions_per_seq],
+                                                        tf.float32)
+
+    def rows_of(serialized):
+      ex = tf.io.parse_example(serialized, spec)
+      lengths = tf.reduce_sum(ex["input_mask"], 1)
+      preds = (tf.reduce_sum(tf.cast(ex["masked_lm_weights"] > 0, tf.int64), 1)
+               if self.premasked else tf.zeros_like(lengths))
+      return packing.chunk_num_rows(lengths, preds, seq_length=self.seq_length,
+                                    max_instances=self.max_instances, max_preds=self.max_preds)
+
+    counts = self.records(files, data_key, 0).batch(self.chunk).map(
+        rows_of, num_parallel_calls=self.num_parallel_calls, deterministic=True)
+    done = 0
+    for c, n in enumerate(counts.as_numpy_iterator()):
+      if done + n > start_row:
+        return c, start_row - done
+      done += int(n)
+    return c + 1, 0  # past the end of a finite stream: nothing left
 
 
 def find_bad_record(files, seq_length, max_predictions_per_seq, premasked):

@@ -127,8 +127,10 @@ def test_same_seed_same_batches_across_epochs(data, vocab):
 
 def test_each_epoch_is_a_new_permutation(data, vocab):
   root, instances = data
-  # 116 records = 14.5 batches of 8; 29 batches = two epochs exactly.
-  got = rows(take(dataset(root + "/part-*", vocab, seed=3, shuffle_buffer=40), 29))
+  # One logical shard reads all 4 files: 116 records = 14.5 batches of 8; 29 batches = two
+  # epochs exactly.
+  got = rows(take(dataset(root + "/part-*", vocab, seed=3, shuffle_buffer=40,
+                          num_logical_shards=1), 29))
   everything = sorted(tuple(i["input_ids"]) for i in instances)
   assert sorted(got[:116]) == everything and sorted(got[116:]) == everything
   assert got[:116] != got[116:]
@@ -154,22 +156,27 @@ def test_start_batch_resumes_the_stream(data, vocab, start):
 
 def test_start_batch_without_repeat(data, vocab):
   fresh = take(dataset(data[0] + "/*", vocab, repeat=False), 100)
-  assert len(fresh) == 116 // BATCH
+  # 4 logical shards of one file each feed 2 rows a batch; the one of 26 records ends first.
+  assert len(fresh) == 26 // 2
   resumed = take(dataset(data[0] + "/*", vocab, repeat=False, start_batch=4), 100)
   assert_batches_equal(fresh[4:], resumed)
 
 
-def test_two_hosts_read_disjoint_shards_that_cover_the_data(data, vocab):
+def test_two_hosts_read_disjoint_files_and_make_the_one_host_stream(data, vocab):
   root, instances = data
+  one = take(dataset(root + "/part-*", vocab, batch_size=4, seed=2, shuffle_buffer=20), 20)
   per_host = []
   for host in range(2):
-    ds = dataset(root + "/part-*", vocab, batch_size=2, shuffle=False, repeat=False,
+    ds = dataset(root + "/part-*", vocab, batch_size=2, seed=2, shuffle_buffer=20,
                  process_index=host, process_count=2)
-    per_host.append(set(rows(take(ds, 1000))))
-  # host 0 reads files 0 and 2 (60 records), host 1 files 1 and 3 (56).
-  assert len(per_host[0]) == 60 and len(per_host[1]) == 56
-  assert not per_host[0] & per_host[1]
-  assert per_host[0] | per_host[1] == {tuple(i["input_ids"]) for i in instances}
+    per_host.append(take(ds, 20))
+  # Global batch = host 0's rows then host 1's: the one-host stream, masks included.
+  assert_batches_equal(one, [{k: np.concatenate([a[k], b[k]]) for k in a}
+                             for a, b in zip(*per_host)])
+  # 4 logical shards (gcd(4 files, batch 4)): host 0 reads files 0-1 only, host 1 files 2-3.
+  by_file = [{tuple(i["input_ids"]) for i in instances[s:s + 30]} for s in (0, 30, 60, 90)]
+  assert set(rows(per_host[0])) <= by_file[0] | by_file[1]
+  assert set(rows(per_host[1])) <= by_file[2] | by_file[3]
 
 
 def test_google_bert_premasked_records(tmp_path, vocab):
@@ -207,7 +214,8 @@ def test_no_files(tmp_path, vocab):
 
 
 def test_fewer_files_than_hosts(data, vocab):
-  with pytest.raises(pi.InputPipelineError, match=r"4 file\(s\) for 8 hosts.*--num_output_shards"):
+  with pytest.raises(pi.InputPipelineError,
+                     match=r"num_logical_shards=4 \(config\) is not divisible by the 8 hosts"):
     dataset(data[0] + "/part-*", vocab, process_index=0, process_count=8)
 
 
