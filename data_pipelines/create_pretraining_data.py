@@ -13,25 +13,37 @@ count per shard, max_seq_length, the vocab path and sha256, do_lower_case and th
 Inputs (`--input_format`, read by `text_sources.py`): `text` (the original format: one sentence
 per line, a blank line between documents), `jsonl` (`--jsonl_text_key`) or `tfds` (a prepared
 dataset, never downloaded); JSONL/TFDS text is split into sentences by `instances.split_sentences`.
-Instances are built by the pure functions of `instances.py`.
+Instances are built by the pure functions of `instances.py`. Optional filters for web corpora
+(exact-duplicate documents, minimum length, script; all off by default): `filters.py`.
 
-Deviations from the original, for bounded memory and parallelism:
-  * The original holds the whole corpus, shuffles all documents, draws the "random next"
-    document from all of them, and shuffles all instances. Here each source (input file or TFDS
-    part) is read in blocks of `--document_pool_size` documents; the random-next document comes
-    from the same block, and the block's instances (all dupes) are shuffled together. Memory per
+Where the random "next sentence" comes from (`--nsp_sampling`):
+  * `corpus`: from the whole corpus, as the paper and google-research/bert (which holds every
+    document in memory). `whole_corpus.py` keeps the token ids of all documents in memory here
+    (~2.4 bytes of RAM per byte of English text) and writes the same records as the Apache Beam
+    pipeline (`beam_pipeline.py`), which does it at any size with keyed shuffles.
+  * `block`: the fallback for corpora larger than memory. Each source (input file or TFDS part)
+    is read in blocks of `--document_pool_size` documents; the random-next document comes from
+    the same block, and the block's instances (all dupes) are shuffled together. Memory per
     worker is one block whatever the corpus size: 1000 Wikipedia-sized documents (~700 tokens)
-    are ~3 MB of token ids and, at dupe_factor=10, ~56k instances (~30 MB serialized). The
-    dupes of a document thus lie within one block's instances rather than a corpus apart;
-    the training input pipeline's shuffle buffer and shard interleave mix blocks.
-  * Each source has its own random streams, seeded from (random_seed, source index, dupe index),
-    so the output is byte-identical for a seed whatever --num_workers is.
-  * Shard s holds instances [s*N/S, (s+1)*N/S) of the sources' outputs concatenated in input
-    order (balanced to +-1 instance); the original dealt a shuffled list round robin.
+    are ~3 MB of token ids and, at dupe_factor=10, ~56k instances (~30 MB serialized). The dupes
+    of a document thus lie within one block's instances rather than a corpus apart; the
+    training input pipeline's shuffle buffer and shard interleave mix blocks.
+  * `auto` (default): `corpus` when the estimated memory fits in half the machine's RAM, else
+    `block`; dataset_info.json records which was used.
+
+Other differences from the original:
+  * Random streams are seeded from (random_seed, source or document index, dupe index), so the
+    output is byte-identical for a seed whatever --num_workers is (and, in corpus mode, whatever
+    runner and worker count the Beam pipeline uses).
+  * block: shard s holds instances [s*N/S, (s+1)*N/S) of the sources' outputs concatenated in
+    input order (balanced to +-1 instance); the original dealt a shuffled list round robin.
+    corpus: an instance goes to shard (key mod S) for a 64-bit key hashed from its origin, and
+    a shard is sorted by key (a pseudo-random shuffle; shard sizes vary by ~sqrt(N/S)).
 """
 
 import array
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -42,10 +54,13 @@ import random
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 import numpy as np
 import tqdm
 
+from bert_jax import errors
+from data_pipelines import dataset_info as dataset_info_lib
+from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
 from data_pipelines import text_sources
 from data_pipelines import tokenization
@@ -79,7 +94,17 @@ class Config:
   tfds_data_dir: str = ""
   tfds_num_parts: int = 16
   document_pool_size: int = 1000
+  nsp_sampling: str = "auto"  # auto | corpus | block (module docstring)
+  dedup_documents: bool = False  # filters.py: all four off by default (the paper's recipe)
+  min_document_tokens: int = 0
+  keep_scripts: str = ""
+  min_script_fraction: float = 0.5
   overwrite: bool = False
+
+  @property
+  def filters(self):
+    return filters_lib.FilterConfig(self.dedup_documents, self.min_document_tokens,
+                                    self.keep_scripts, self.min_script_fraction)
 
 
 @dataclasses.dataclass
@@ -92,6 +117,9 @@ class Stats:
   instances: int = 0
   random_next: int = 0
   tokens: int = 0  # non-padding tokens written, [CLS]/[SEP] included
+  filtered_duplicate: int = 0  # filters.py counts (0 unless a filter is on)
+  filtered_short: int = 0
+  filtered_script: int = 0
 
   def add(self, other):
     for f in dataclasses.fields(self):
@@ -125,6 +153,39 @@ def validate_config(cfg):
                "document_pool_size"):
     if getattr(cfg, name) < 1:
       raise _Error(f"--{name}={getattr(cfg, name)}: must be >= 1.")
+  if cfg.nsp_sampling not in ("auto", "corpus", "block"):
+    raise _Error(f"--nsp_sampling={cfg.nsp_sampling}: expected auto, corpus or block.")
+  filters_lib.validate(cfg.filters)
+
+
+# Bytes of RAM per byte of input text in corpus mode: the token ids as array('i') sentences in
+# lists (~1 token per 4.3 bytes of English text, 4 bytes a token + ~80 bytes a sentence of ~23
+# tokens), the worker's pickled copy while it is returned, and the shard part files' key lists.
+# Measured: see docs/beam.md ("Memory of --nsp_sampling=corpus").
+CORPUS_RAM_PER_INPUT_BYTE = 2.4
+
+
+def _input_bytes(cfg, sources):
+  if cfg.input_format != "tfds":
+    return sum(s.size for s in sources)
+  import tensorflow_datasets as tfds
+  kwargs = dict(data_dir=cfg.tfds_data_dir) if cfg.tfds_data_dir else {}
+  return tfds.builder(cfg.tfds_name, **kwargs).info.splits[cfg.tfds_split].num_bytes
+
+
+def choose_nsp_sampling(cfg, sources, ram_bytes=None):
+  """'corpus' or 'block': --nsp_sampling, or for auto whether the corpus fits in half the RAM."""
+  mode = cfg.nsp_sampling
+  if mode == "auto":
+    if ram_bytes is None:
+      ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    fits = CORPUS_RAM_PER_INPUT_BYTE * _input_bytes(cfg, sources) <= ram_bytes / 2
+    mode = "corpus" if fits else "block"
+  if mode == "block" and cfg.dedup_documents:
+    raise _Error("--dedup_documents needs the whole corpus (--nsp_sampling=corpus, or the Beam "
+                 "pipeline for corpora larger than memory); with block sampling only duplicates "
+                 "within one block could be found.")
+  return mode
 
 
 def _check_output_dir(cfg):
@@ -160,20 +221,29 @@ def serialize_instance(instance, max_seq_length):
   return example.SerializeToString(deterministic=True)  # map order fixed: byte-identical output
 
 
-def tokenize_documents(documents, encode, stats):
-  """list of lists of sentence strings -> documents of array('i') sentences, empties dropped."""
+def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None):
+  """list of lists of sentence strings -> documents of array('i') sentences, empties dropped.
+
+  With `filter_cfg`, the script and length filters drop documents (counted in stats); with a
+  `digests` list, the dedup digest of each kept document is appended to it.
+  """
+  if filter_cfg is not None and filter_cfg.keep_scripts:
+    scripts = filters_lib.parse_scripts(filter_cfg.keep_scripts)
+    documents = [d for d in documents if filters_lib.keep_text(d, filter_cfg, scripts, stats)]
   flat = [s for doc in documents for s in doc]
   ids = encode(flat) if flat else []
   out, k = [], 0
   for doc in documents:
     sentences = [array.array("i", t) for t in ids[k:k + len(doc)] if len(t)]
     k += len(doc)
-    if sentences:
+    if not sentences:
+      stats.dropped += 1  # e.g. only control characters: no token at all
+    elif filter_cfg is None or filters_lib.keep_tokens(sentences, filter_cfg, stats):
       out.append(sentences)
       stats.sentences += len(sentences)
       stats.input_tokens += sum(map(len, sentences))
-    else:
-      stats.dropped += 1  # e.g. only control characters: no token at all
+      if digests is not None:
+        digests.append(filters_lib.document_digest(doc))
   stats.documents += len(out)
   return out
 
@@ -208,7 +278,7 @@ def process_source(source, cfg, encode, params, part_dir, progress=lambda n: Non
 
   with tf.io.TFRecordWriter(base + ".tfrecord") as writer:
     def flush(raw_documents):
-      documents = tokenize_documents(raw_documents, encode, stats)
+      documents = tokenize_documents(raw_documents, encode, stats, cfg.filters)
       if not documents:
         return
       for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
@@ -360,71 +430,19 @@ def _run_pool(executor, fn, tasks, queue=None, bar=None):
   return [f.result() for f in futures]
 
 
-def run(cfg, show_progress=True):
-  """Validates everything, writes the shards and dataset_info.json; returns the summary dict."""
-  start = time.time()
-  validate_config(cfg)
-  tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
-                                   spm_model_file=cfg.spm_model_file or None,
-                                   do_lower_case=cfg.do_lower_case)
-  vocab = tok.vocab
-  params = instances_lib.InstanceParams(cfg.max_seq_length, cfg.short_seq_prob, vocab.cls_id,
-                                        vocab.sep_id)
-  sources = text_sources.resolve_sources(cfg)
-  _check_output_dir(cfg)
-
+@contextlib.contextmanager
+def output_guard(cfg):
+  """Yields (part_dir, shard names list); on any failure nothing that looks complete stays:
+  no shard of this run, no temp folder, no output dir this run created."""
   created_output_dir = not tf.io.gfile.isdir(cfg.output_dir)
   part_dir = os.path.join(cfg.output_dir, _TMP_DIR)
   if tf.io.gfile.exists(part_dir):
     tf.io.gfile.rmtree(part_dir)  # left over from a crashed run
   tf.io.gfile.makedirs(part_dir)
-  num_workers = min(cfg.num_workers, len(sources))
-  bar = tqdm.tqdm(total=sum(s.size for s in sources), disable=not show_progress,
-                  unit="B" if cfg.input_format != "tfds" else "doc", unit_scale=True,
-                  desc=f"{len(sources)} source(s), {num_workers} worker(s)")
-  pool, names = None, []
+  names = []
   try:
-    if num_workers == 1:
-      results = [process_source(s, cfg, tok.encode, params, part_dir, bar.update)
-                 for s in sources]
-    else:
-      ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
-      queue = ctx.Queue()
-      pool = concurrent.futures.ProcessPoolExecutor(
-          num_workers, mp_context=ctx, initializer=_init_worker,
-          initargs=(cfg, params, part_dir, queue))
-      results = _run_pool(pool, _worker_process_source, sources, queue, bar)
-    bar.close()
-    stats = Stats()
-    for r in results:
-      stats.add(r)
-    if stats.instances == 0:
-      raise _Error(f"--input_file={cfg.input_file or cfg.tfds_name}: no instance made from "
-                   f"{stats.documents} document(s) ({stats.dropped} empty or blank-only "
-                   "dropped); check the input format.")
-    # Fewer instances than shards: one shard per instance rather than empty shards.
-    num_shards = min(cfg.num_shards, stats.instances)
-    plan = plan_shards([r.instances for r in results], num_shards)
-    names = [shard_name(s, num_shards) for s in range(num_shards)]
-    tasks = [(os.path.join(cfg.output_dir, n), r)
-             for n, r in zip(names, _byte_ranges(plan, part_dir))]
-    if pool is None:
-      for task in tasks:
-        merge_shard(*task)
-    else:
-      _run_pool(pool, _worker_merge, tasks)
-      pool.shutdown()
+    yield part_dir, names
   except BaseException:
-    # Nothing that looks complete may stay: no shard of this run, no empty output dir.
-    bar.close()
-    if pool is not None:
-      # Stop the other workers now rather than after their current file (Python 3.14 has
-      # terminate_workers(); 3.11 only this private dict).
-      processes = list((getattr(pool, "_processes", None) or {}).values())
-      pool.shutdown(wait=False, cancel_futures=True)
-      for process in processes:
-        process.terminate()
-        process.join()
     tf.io.gfile.rmtree(part_dir)
     for n in names:
       for path in (os.path.join(cfg.output_dir, n), os.path.join(cfg.output_dir, n + ".tmp")):
@@ -433,41 +451,172 @@ def run(cfg, show_progress=True):
     if created_output_dir and not tf.io.gfile.listdir(cfg.output_dir):
       tf.io.gfile.rmtree(cfg.output_dir)
     raise
+  tf.io.gfile.rmtree(part_dir)
 
+
+@contextlib.contextmanager
+def worker_pool(cfg, num_workers, params, part_dir):
+  """Yields (ProcessPoolExecutor, progress queue), or (None, None) for one worker."""
+  if num_workers == 1:
+    yield None, None
+    return
+  ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
+  queue = ctx.Queue()
+  before = {p.pid for p in multiprocessing.active_children()}
+  pool = concurrent.futures.ProcessPoolExecutor(
+      num_workers, mp_context=ctx, initializer=_init_worker,
+      initargs=(cfg, params, part_dir, queue))
+  try:
+    yield pool, queue
+  except BaseException:
+    # Stop the other workers now rather than after their current file (Python 3.14 has
+    # terminate_workers()): on 3.11 they are the multiprocessing children started since the
+    # pool was made (public multiprocessing.active_children(), not the pool's private dict).
+    processes = [p for p in multiprocessing.active_children() if p.pid not in before]
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+      process.terminate()
+      process.join()
+    raise
+  pool.shutdown()
+
+
+def no_instance_error(cfg, stats):
+  return _Error(f"--input_file={cfg.input_file or cfg.tfds_name}: no instance made from "
+                f"{stats.documents} document(s) ({stats.dropped} empty or blank-only "
+                "dropped); check the input format.")
+
+
+def run_blocks(cfg, tok, params, sources, part_dir, names, progress):
+  """Block sampling: one part file per source, then contiguous shards. Returns (stats, shards)."""
+  if progress.pool is None:
+    results = [process_source(s, cfg, tok.encode, params, part_dir, progress.bar.update)
+               for s in sources]
+  else:
+    results = _run_pool(progress.pool, _worker_process_source, sources, progress.queue,
+                        progress.bar)
+  progress.bar.close()
+  stats = Stats()
+  for r in results:
+    stats.add(r)
+  if stats.instances == 0:
+    raise no_instance_error(cfg, stats)
+  # Fewer instances than shards: one shard per instance rather than empty shards.
+  num_shards = min(cfg.num_shards, stats.instances)
+  plan = plan_shards([r.instances for r in results], num_shards)
+  names.extend(shard_name(s, num_shards) for s in range(num_shards))
+  tasks = [(os.path.join(cfg.output_dir, n), r)
+           for n, r in zip(names, _byte_ranges(plan, part_dir))]
+  if progress.pool is None:
+    for task in tasks:
+      merge_shard(*task)
+  else:
+    _run_pool(progress.pool, _worker_merge, tasks)
   per_shard = [sum(b - a for _, a, b in ranges) for ranges in plan]
-  info = {
+  return stats, list(zip(names, per_shard))
+
+
+@dataclasses.dataclass
+class Progress:
+  bar: tqdm.tqdm
+  pool: concurrent.futures.ProcessPoolExecutor = None
+  queue: object = None
+
+
+def vocab_metadata(cfg, vocab):
+  """The vocab fields of dataset_info.json (computed once, before any worker starts)."""
+  path = cfg.vocab_file or cfg.spm_model_file
+  return {"vocab_file": path, "vocab_kind": vocab.kind, "vocab_size": vocab.size,
+          "vocab_sha256": _file_sha256(path)}
+
+
+def dataset_info(cfg, vocab_meta, source_names, stats, shards, nsp_sampling):
+  """The dataset_info.json dict, for the local path and the Beam pipeline alike."""
+  return {
       "num_instances": stats.instances,
-      "shards": [{"file": n, "num_instances": c} for n, c in zip(names, per_shard)],
+      "shards": [{"file": n, "num_instances": c} for n, c in shards],
       "max_seq_length": cfg.max_seq_length,
       "nsp": not cfg.no_nsp,
-      "vocab_file": cfg.vocab_file or cfg.spm_model_file,
-      "vocab_kind": vocab.kind,
-      "vocab_size": vocab.size,
-      "vocab_sha256": _file_sha256(cfg.vocab_file or cfg.spm_model_file),
+      **vocab_meta,
       "do_lower_case": cfg.do_lower_case,
       "dupe_factor": cfg.dupe_factor,
       "short_seq_prob": cfg.short_seq_prob,
       "random_seed": cfg.random_seed,
+      "nsp_sampling": nsp_sampling,
+      "document_pool_size": cfg.document_pool_size,
       "input_format": cfg.input_format,
-      "sources": [s.name for s in sources],
+      "sources": list(source_names),
       "documents": stats.documents,
+      "sentences": stats.sentences,
+      "input_tokens": stats.input_tokens,
+      "not_next_instances": stats.random_next,
       "dropped_documents": stats.dropped,
       "replaced_characters": stats.replaced,
+      "filters": dataclasses.asdict(cfg.filters),
+      "filtered_duplicate_documents": stats.filtered_duplicate,
+      "filtered_short_documents": stats.filtered_short,
+      "filtered_script_documents": stats.filtered_script,
       "tokens": stats.tokens,
   }
-  info_path = os.path.join(cfg.output_dir, INFO_FILE)
-  with open_file(info_path + ".tmp", "w") as f:
-    f.write(json.dumps(info, indent=1) + "\n")
-  tf.io.gfile.rename(info_path + ".tmp", info_path, overwrite=True)
-  tf.io.gfile.rmtree(part_dir)
 
-  slots = stats.instances * cfg.max_seq_length
+
+def write_dataset_info(output_dir, info, command=None):
+  # The contract's writer adds masking (dynamic), the command line and a version. The Beam
+  # pipeline writes from a worker, so it passes its launcher's command line.
+  dataset_info_lib.write(output_dir, info, command)
+
+
+def prepare(cfg, nsp_sampling=None):
+  """Every check before any output: config, vocab, inputs, output dir, sampling mode.
+
+  Returns (tokenizer, InstanceParams, sources, nsp_sampling); `nsp_sampling` given (the Beam
+  pipeline: always "corpus") skips choosing one.
+  """
+  validate_config(cfg)
+  tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
+                                   spm_model_file=cfg.spm_model_file or None,
+                                   do_lower_case=cfg.do_lower_case)
+  params = instances_lib.InstanceParams(cfg.max_seq_length, cfg.short_seq_prob, tok.vocab.cls_id,
+                                        tok.vocab.sep_id)
+  sources = text_sources.resolve_sources(cfg)
+  mode = nsp_sampling or choose_nsp_sampling(cfg, sources)
+  _check_output_dir(cfg)
+  return tok, params, sources, mode
+
+
+def summarize(stats, num_sources, num_shards, max_seq_length, seconds, nsp_sampling):
+  slots = stats.instances * max_seq_length
   return dict(
-      sources=len(sources), documents=stats.documents, dropped=stats.dropped,
+      sources=num_sources, documents=stats.documents, dropped=stats.dropped,
       replaced=stats.replaced, sentences=stats.sentences, input_tokens=stats.input_tokens,
       instances=stats.instances, not_next_fraction=stats.random_next / stats.instances,
       tokens=stats.tokens, padding_fraction=1.0 - stats.tokens / slots, shards=num_shards,
-      seconds=time.time() - start)
+      filtered_duplicate=stats.filtered_duplicate, filtered_short=stats.filtered_short,
+      filtered_script=stats.filtered_script, nsp_sampling=nsp_sampling, seconds=seconds)
+
+
+def run(cfg, show_progress=True):
+  """Validates everything, writes the shards and dataset_info.json; returns the summary dict."""
+  from data_pipelines import whole_corpus  # it imports this module
+  start = time.time()
+  tok, params, sources, mode = prepare(cfg)
+  num_workers = min(cfg.num_workers, len(sources))
+  bar = tqdm.tqdm(total=sum(s.size for s in sources), disable=not show_progress,
+                  unit="B" if cfg.input_format != "tfds" else "doc", unit_scale=True,
+                  desc=f"{len(sources)} source(s), {num_workers} worker(s), {mode} sampling")
+  try:
+    with output_guard(cfg) as (part_dir, names), \
+         worker_pool(cfg, num_workers, params, part_dir) as (pool, queue):
+      run_fn = whole_corpus.run_local if mode == "corpus" else run_blocks
+      stats, shards = run_fn(cfg, tok, params, sources, part_dir, names,
+                             Progress(bar, pool, queue))
+      info = dataset_info(cfg, vocab_metadata(cfg, tok.vocab), [s.name for s in sources], stats,
+                          shards, mode)
+      write_dataset_info(cfg.output_dir, info)
+  finally:
+    bar.close()
+  return summarize(stats, len(sources), len(shards), cfg.max_seq_length, time.time() - start,
+                   mode)
 
 
 def format_summary(s, output_dir):
@@ -476,6 +625,8 @@ def format_summary(s, output_dir):
       f"{s['seconds']:.1f} s",
       f"  documents {s['documents']:,} from {s['sources']} source(s); dropped (empty or "
       f"blank-only) {s['dropped']:,}; replaced (invalid UTF-8) {s['replaced']:,}",
+      f"  filtered: duplicate {s['filtered_duplicate']:,}, short {s['filtered_short']:,}, "
+      f"script {s['filtered_script']:,}; NSP sampling: {s['nsp_sampling']}",
       f"  sentences {s['sentences']:,}, input tokens {s['input_tokens']:,}",
       f"  instance tokens {s['tokens']:,}, padding fraction {s['padding_fraction']:.3f}, "
       f"NotNext fraction {s['not_next_fraction']:.3f}",
@@ -519,6 +670,18 @@ def define_flags(flag_values=flags.FLAGS):
                        "TFDS split is read as this many parallel parts (fixes the output).", **fv)
   flags.DEFINE_integer("document_pool_size", d.document_pool_size,
                        "Documents per block: random-next pool and instance shuffle.", **fv)
+  flags.DEFINE_enum("nsp_sampling", d.nsp_sampling, ["auto", "corpus", "block"],
+                    "Random-next pool: the whole corpus (in memory), blocks of "
+                    "--document_pool_size, or auto (corpus when it fits in half the RAM).", **fv)
+  flags.DEFINE_bool("dedup_documents", d.dedup_documents,
+                    "Drop exact-duplicate documents (the first in input order is kept).", **fv)
+  flags.DEFINE_integer("min_document_tokens", d.min_document_tokens,
+                       "Drop documents with fewer tokens (0: keep all).", **fv)
+  flags.DEFINE_string("keep_scripts", d.keep_scripts,
+                      "Comma-separated Unicode scripts (e.g. Latin,Han): drop documents with "
+                      "fewer than --min_script_fraction of their letters in them.", **fv)
+  flags.DEFINE_float("min_script_fraction", d.min_script_fraction,
+                     "See --keep_scripts.", **fv)
   flags.DEFINE_bool("overwrite", d.overwrite, "Replace shards already in --output_dir.", **fv)
 
 
@@ -531,11 +694,14 @@ def main(argv):
   del argv
   try:
     summary = run(config_from_flags(FLAGS), show_progress=sys.stderr.isatty())
-  except (PretrainingDataError, vocab_lib.VocabError, tf.errors.OpError) as e:
-    sys.exit(f"create_pretraining_data: error: {str(e).splitlines()[0]}")
+  except tf.errors.OpError as e:  # e.g. a gs:// bucket without access: not a bug of ours
+    raise PretrainingDataError(str(e).splitlines()[0]) from None
   print(format_summary(summary, FLAGS.output_dir))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  # Run the imported module, not __main__: whole_corpus.py and the workers import
+  # data_pipelines.create_pretraining_data, and one copy of its classes and globals is simpler.
+  from data_pipelines import create_pretraining_data as _module
+  _module.define_flags()
+  errors.run(_module.main)

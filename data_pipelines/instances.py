@@ -1,8 +1,8 @@
 """Pure per-document logic of pre-training example creation (no TensorFlow, no I/O).
 
 Every function here maps token ids to token ids with an explicit `random.Random`, so the same
-code runs in the local multiprocessing runner (`create_pretraining_data.py`) and could run
-unchanged inside a distributed runner (an Apache Beam `DoFn` calling it per document group).
+code runs in the local runner (`create_pretraining_data.py`, `whole_corpus.py`) and unchanged
+inside the Apache Beam pipeline (`beam_pipeline.py`).
 
 Two instance layouts:
   * NSP (BERT, Devlin et al. 2018): `[CLS] A [SEP] B [SEP]`, segment ids 0 for `[CLS] A [SEP]` and
@@ -131,6 +131,91 @@ def create_instances_from_document(documents, document_index, rng, params):
       current_length = 0
     i += 1
   return instances
+
+
+@dataclasses.dataclass
+class Pair:
+  """One NSP pair planned from its own document, before a NotNext B is fetched.
+
+  Whole-corpus sampling (`plan_nsp_pairs`) splits the original's per-document loop in two so
+  that the random-next document need not be in memory: the plan needs only the document itself
+  and the corpus size; the B of a NotNext pair is cut from the random document wherever that
+  document lives (a dict in memory, or the other side of a Beam CoGroupByKey).
+  """
+  key: tuple  # (document index, dupe, pair index): seeds the truncation and orders instances
+  tokens_a: list
+  tokens_b: list  # IsNext: the rest of the chunk; NotNext: [] until `random_next_tokens`
+  random_document: int  # NotNext: index of the document B comes from; -1 for IsNext
+  random_start: float  # NotNext: uniform [0, 1); B starts at sentence floor(u * len(doc))
+  target_b_length: int
+
+
+def plan_nsp_pairs(document, document_index, num_documents, rng, params, key=()):
+  """The pairs of `document` with random-next documents drawn from `num_documents` (all of them).
+
+  The same chunking as `create_instances_from_document` and the same draws up to the random
+  document: target length, A's sentence count, IsNext/NotNext, the document index (ten tries
+  to avoid itself). Then, where the original draws the start sentence with
+  randint(0, len(random document) - 1), this draws u = rng.random() and the start is
+  floor(u * len): the same uniform choice without knowing the other document's length. The
+  truncation's coin flips come from a per-pair stream (`finish_pair`), so this stream never
+  depends on another document's content: a pair is fixed by (seed, document, dupe) alone.
+  """
+  max_num_tokens = params.max_seq_length - 3
+  target_seq_length = max_num_tokens
+  if rng.random() < params.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+  pairs = []
+  current_chunk = []
+  current_length = 0
+  i = 0
+  while i < len(document):
+    current_chunk.append(document[i])
+    current_length += len(document[i])
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      a_end = 1
+      if len(current_chunk) >= 2:
+        a_end = rng.randint(1, len(current_chunk) - 1)
+      tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
+      pair_key = (*key, len(pairs))
+      if len(current_chunk) == 1 or rng.random() < 0.5:
+        for _ in range(10):  # a one-document corpus falls back to itself
+          random_document = rng.randint(0, num_documents - 1)
+          if random_document != document_index:
+            break
+        pairs.append(Pair(pair_key, tokens_a, [], random_document, rng.random(),
+                          target_seq_length - len(tokens_a)))
+        i -= len(current_chunk) - a_end
+      else:
+        tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
+        pairs.append(Pair(pair_key, tokens_a, tokens_b, -1, 0.0, 0))
+      current_chunk = []
+      current_length = 0
+    i += 1
+  return pairs
+
+
+def random_next_tokens(random_document, pair):
+  """B of a NotNext pair: whole sentences of `random_document` from the pair's start sentence
+  until target_b_length tokens (the last sentence whole, as the original)."""
+  start = min(int(pair.random_start * len(random_document)), len(random_document) - 1)
+  tokens_b = []
+  for sentence in random_document[start:]:
+    tokens_b.extend(sentence)
+    if len(tokens_b) >= pair.target_b_length:
+      break
+  return tokens_b
+
+
+def finish_pair(pair, tokens_b, rng, params):
+  """Truncates (coin flips from `rng`, the pair's own stream) and lays out the instance."""
+  tokens_a = list(pair.tokens_a)
+  tokens_b = list(tokens_b)
+  truncate_seq_pair(tokens_a, tokens_b, params.max_seq_length - 3, rng)
+  assert tokens_a and tokens_b, "empty segment: documents must hold non-empty sentences"
+  tokens = [params.cls_id, *tokens_a, params.sep_id, *tokens_b, params.sep_id]
+  segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+  return Instance(tokens, segment_ids, pair.random_document >= 0)
 
 
 def pack_full_sentences(documents, params):

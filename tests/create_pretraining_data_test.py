@@ -10,6 +10,7 @@ from absl import flags
 import numpy as np
 import pytest
 
+from bert_jax import errors
 from data_pipelines import build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import vocab as vocab_lib
@@ -32,7 +33,7 @@ def corpus(tmp_path_factory):
 def _config(corpus, output_dir, **kwargs):
   kw = dict(input_file=corpus["glob"], output_dir=str(output_dir), vocab_file=corpus["vocab"],
             max_seq_length=SEQ, dupe_factor=2, num_shards=3, num_workers=1,
-            document_pool_size=50)  # ~290 documents a file: several blocks per file
+            document_pool_size=50, nsp_sampling="block")  # ~290 documents a file: blocks
   kw.update(kwargs)
   return cpd.Config(**kw)
 
@@ -59,7 +60,11 @@ def _read(output_dir):
 
 
 def _bytes(output_dir):
-  return {n: open(os.path.join(output_dir, n), "rb").read() for n in sorted(os.listdir(output_dir))}
+  """Every file's bytes; dataset_info.json without the fields of the run (command, time)."""
+  out = {n: open(os.path.join(output_dir, n), "rb").read() for n in sorted(os.listdir(output_dir))}
+  info = json.loads(out.pop("dataset_info.json"))
+  out["dataset_info.json"] = {k: v for k, v in info.items() if k not in ("command", "created")}
+  return out
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +129,12 @@ def test_same_seed_is_byte_identical_across_worker_counts(corpus, nsp_run, tmp_p
   other = _bytes(tmp_path / "seed")
   assert other.keys() == _bytes(out1).keys()
   assert all(other[k] != v for k, v in _bytes(out1).items())
+  # Whole-corpus sampling: the same for 1 and 2 workers too, and not the blocks' output.
+  _run(corpus, tmp_path / "c1", nsp_sampling="corpus")
+  _run(corpus, tmp_path / "c2", nsp_sampling="corpus", num_workers=2)
+  assert _bytes(tmp_path / "c1") == _bytes(tmp_path / "c2")
+  assert _bytes(tmp_path / "c1")["part-00000-of-00003.tfrecord"] != _bytes(out1)[
+      "part-00000-of-00003.tfrecord"]
 
 
 def test_no_nsp_full_sentence_packing(corpus, nsp_run, tmp_path):
@@ -209,7 +220,7 @@ def test_blank_documents_and_invalid_utf8_are_counted(corpus, tmp_path):
 
 def _error(corpus, tmp_path, **kwargs):
   out = tmp_path / "out"
-  with pytest.raises((cpd.PretrainingDataError, vocab_lib.VocabError)) as e:
+  with pytest.raises(errors.UserError) as e:
     _run(corpus, out, **kwargs)
   assert not os.path.exists(out)  # nothing written on any error
   msg = str(e.value)
@@ -260,7 +271,7 @@ def test_plan_shards_is_contiguous_and_balanced():
   assert [sum(b - a for _, a, b in r) for r in plan] == [3, 3, 3, 4]
 
 
-def test_cli_prints_summary_and_one_line_errors(corpus, tmp_path, monkeypatch):
+def test_cli_prints_summary_and_one_line_errors(corpus, tmp_path, monkeypatch, capsys):
   out = tmp_path / "out"
   result = subprocess.run(
       [sys.executable, "-m", "data_pipelines.create_pretraining_data",
@@ -278,6 +289,75 @@ def test_cli_prints_summary_and_one_line_errors(corpus, tmp_path, monkeypatch):
                f"--vocab_file={corpus['vocab']}"])
   monkeypatch.setattr(cpd, "FLAGS", flag_values)
   with pytest.raises(SystemExit) as e:
-    cpd.main([])
-  assert str(e.value.code).startswith("create_pretraining_data: error: --input_file=")
-  assert "\n" not in str(e.value.code)
+    errors.run_main(cpd.main, [])  # what errors.run does around main
+  assert e.value.code == errors.EXIT_USER_ERROR
+  err = capsys.readouterr().err
+  assert err.startswith("error: --input_file=") and err.count("\n") == 1
+
+
+def _crossing_fraction(out, vocab, topics):
+  """Fraction of NotNext instances whose A and B come from different files."""
+  _, shards = _read(out)
+  sep = vocab_lib.wordpiece_info(vocab).sep_id
+  crossing = not_next = 0
+  for ex in (e for v in shards.values() for e in v):
+    if ex["next_sentence_labels"][0] != 1:
+      continue
+    n = int(ex["input_mask"].sum())
+    first_sep = int(np.flatnonzero(ex["input_ids"][:n] == sep)[0])
+    a = set(ex["input_ids"][1:first_sep].tolist())
+    b = set(ex["input_ids"][first_sep + 1:n - 1].tolist())
+    side = lambda ids: [bool(ids & t) for t in topics]
+    crossing += side(a) != side(b)
+    not_next += 1
+  return crossing / not_next
+
+
+def test_whole_corpus_sampling_draws_random_next_from_other_files(corpus, tmp_path):
+  tokens = vocab_lib.load_wordpiece_vocab(corpus["vocab"])
+  words = [w for w in tokens if w.isalpha() and len(w) > 2][:40]
+  topics = [set(tokens.index(w) for w in words[:20]), set(tokens.index(w) for w in words[20:])]
+  for f, topic in enumerate((words[:20], words[20:])):
+    docs = ["\n".join(" ".join(topic[(d + s + k) % 20] for k in range(6)) for s in range(4))
+            for d in range(30)]
+    (tmp_path / f"topic{f}.txt").write_text("\n\n".join(docs) + "\n")
+  kw = dict(input_file=str(tmp_path / "topic*.txt"), num_shards=1, dupe_factor=3)
+  block = _run(corpus, tmp_path / "block", nsp_sampling="block", **kw)
+  whole = _run(corpus, tmp_path / "corpus", nsp_sampling="auto", **kw)  # 6 KB fit in memory
+  assert block["nsp_sampling"] == "block" and whole["nsp_sampling"] == "corpus"
+  assert _read(tmp_path / "corpus")[0]["nsp_sampling"] == "corpus"
+  # Blocks: a file's own documents only. Whole corpus: half the other documents are elsewhere.
+  assert _crossing_fraction(tmp_path / "block", corpus["vocab"], topics) == 0
+  assert 0.35 < _crossing_fraction(tmp_path / "corpus", corpus["vocab"], topics) < 0.65
+
+
+def test_auto_sampling_uses_the_corpus_only_when_it_fits(corpus):
+  cfg = _config(corpus, "/unused", nsp_sampling="auto")
+  sources = cpd.text_sources.resolve_sources(cfg)
+  size = sum(s.size for s in sources)
+  need = cpd.CORPUS_RAM_PER_INPUT_BYTE * size
+  assert cpd.choose_nsp_sampling(cfg, sources, ram_bytes=2 * need) == "corpus"
+  assert cpd.choose_nsp_sampling(cfg, sources, ram_bytes=2 * need - 1) == "block"
+  dedup = _config(corpus, "/unused", nsp_sampling="auto", dedup_documents=True)
+  with pytest.raises(cpd.PretrainingDataError, match="--dedup_documents needs the whole corpus"):
+    cpd.choose_nsp_sampling(dedup, sources, ram_bytes=need)
+
+
+def test_filters_are_off_by_default_and_counted(corpus, tmp_path):
+  docs = ["First document here.\nIt has two sentences.", "Ok.",  # 3 tokens at most
+          "First document here.\nIt has two sentences.",  # exact duplicate of the first
+          "Это русский текст.\nВторое предложение.", "Another English document.\nWith more."]
+  path = tmp_path / "docs.txt"
+  path.write_text("\n\n".join(docs) + "\n")
+  kw = dict(input_file=str(path), num_shards=1, nsp_sampling="corpus")
+  plain = _run(corpus, tmp_path / "plain", **kw)
+  assert plain["documents"] == 5 and plain["filtered_duplicate"] == 0
+  filtered = _run(corpus, tmp_path / "filtered", dedup_documents=True, min_document_tokens=5,
+                  keep_scripts="Latin", **kw)
+  info, _ = _read(tmp_path / "filtered")
+  assert (info["filtered_duplicate_documents"], info["filtered_short_documents"],
+          info["filtered_script_documents"], info["documents"]) == (1, 1, 1, 2)
+  assert info["filters"] == dict(dedup_documents=True, min_document_tokens=5,
+                                 keep_scripts="Latin", min_script_fraction=0.5)
+  assert filtered["documents"] == 2 and filtered["sentences"] == 4
+  assert "unknown script 'Klingon'" in _error(corpus, tmp_path, keep_scripts="Latin,Klingon")
