@@ -66,17 +66,19 @@ def max_predictions_per_pack(seq_length, max_instances, masked_lm_prob=0.15):
 # ----------------------------------------------------------------------------------------------
 # The packer (numpy; runs inside tf.data through tf.numpy_function).
 # ----------------------------------------------------------------------------------------------
-def assign(lengths, num_preds, seq_length, max_instances, max_preds):
+def assign(lengths, num_preds, seq_length, max_instances, max_preds, count_preds=True):
   """Best-fit decreasing. Returns (row, slot, offset, pred_offset) per instance, and #rows.
 
-  lengths, num_preds: [N] ints (num_preds all 0 when the widths cannot overflow). Instance i goes
-  to row[i], is the slot[i]-th instance of that row (in placement order), starts at token
-  offset[i] and its predictions at slot pred_offset[i] of the row's masked_lm_* arrays.
+  lengths, num_preds: [N] ints. Instance i goes to row[i], is the slot[i]-th instance of that row
+  (in placement order), starts at token offset[i] and its predictions at slot pred_offset[i] of
+  the row's masked_lm_* arrays. count_preds=False: rows are limited by tokens and instances only
+  (Q is a bound no row can exceed), so the rows depend on the lengths alone.
   """
   lengths = np.asarray(lengths, np.int64)
   num_preds = np.asarray(num_preds, np.int64)
   n = lengths.shape[0]
-  if n and (lengths.max() > seq_length or num_preds.max() > max_preds or lengths.min() < 1):
+  if n and (lengths.max() > seq_length or lengths.min() < 1
+            or (count_preds and num_preds.max() > max_preds)):
     raise ValueError(f"packing: an instance of {lengths.max()} tokens / {num_preds.max()} "
                      f"predictions does not fit a row of {seq_length} / {max_preds}, or is empty.")
   row, slot, offset, pred_offset = (np.zeros(n, np.int64) for _ in range(4))
@@ -86,8 +88,9 @@ def assign(lengths, num_preds, seq_length, max_instances, max_preds):
   num_rows = 0
   for i in np.argsort(-lengths, kind="stable"):
     length, p = lengths[i], num_preds[i]
-    fits = ((space[:num_rows] >= length) & (count[:num_rows] < max_instances)
-            & (preds_left[:num_rows] >= p))
+    fits = (space[:num_rows] >= length) & (count[:num_rows] < max_instances)
+    if count_preds:
+      fits &= preds_left[:num_rows] >= p
     if fits.any():
       r = int(np.argmin(np.where(fits, space[:num_rows], seq_length + 1)))
     else:
@@ -102,8 +105,8 @@ def assign(lengths, num_preds, seq_length, max_instances, max_preds):
   return row, slot, offset, pred_offset, num_rows
 
 
-def num_rows(lengths, num_preds, seq_length, max_instances, max_preds):
-  return assign(lengths, num_preds, seq_length, max_instances, max_preds)[-1]
+def num_rows(lengths, num_preds, seq_length, max_instances, max_preds, count_preds=True):
+  return assign(lengths, num_preds, seq_length, max_instances, max_preds, count_preds)[-1]
 
 
 def pack_arrays(f, seed, *, max_instances, max_preds, count_preds):
@@ -120,8 +123,8 @@ def pack_arrays(f, seed, *, max_instances, max_preds, count_preds):
   lengths = f["input_mask"].sum(1)
   weights = f["masked_lm_weights"] > 0                                  # [N, P]
   preds = weights.sum(1)
-  row, slot, offset, pred_offset, r = assign(
-      lengths, preds if count_preds else np.zeros_like(preds), t, max_instances, max_preds)
+  row, slot, offset, pred_offset, r = assign(lengths, preds, t, max_instances, max_preds,
+                                             count_preds)
   out = {k: np.zeros((r, t), np.int32) for k in
          ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids")}
   inst, pos = np.nonzero(f["input_mask"])                               # real tokens
@@ -181,10 +184,11 @@ def pack_chunk(features, seed, *, seq_length, max_instances, max_preds, count_pr
   return packed
 
 
-def chunk_num_rows(lengths, num_preds, *, seq_length, max_instances, max_preds):
+def chunk_num_rows(lengths, num_preds, *, seq_length, max_instances, max_preds, count_preds):
   """tf: [N] lengths and prediction counts of a chunk -> its number of packed rows (int64)."""
   def run(lengths, num_preds):
-    return np.int64(num_rows(lengths, num_preds, seq_length, max_instances, max_preds))
+    return np.int64(num_rows(lengths, num_preds, seq_length, max_instances, max_preds,
+                             count_preds))
   out = tf.numpy_function(run, [lengths, num_preds], tf.int64, stateful=False)
   out.set_shape([])
   return out

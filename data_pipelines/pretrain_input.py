@@ -399,7 +399,8 @@ class _Stream:
       preds = (tf.reduce_sum(tf.cast(ex["masked_lm_weights"] > 0, tf.int64), 1)
                if self.premasked else tf.zeros_like(lengths))
       return packing.chunk_num_rows(lengths, preds, seq_length=self.seq_length,
-                                    max_instances=self.max_instances, max_preds=self.max_preds)
+                                    max_instances=self.max_instances, max_preds=self.max_preds,
+                                    count_preds=self.premasked)
 
     counts = self.records(files, data_key, 0).batch(self.chunk).map(
         rows_of, num_parallel_calls=self.num_parallel_calls, deterministic=True)
