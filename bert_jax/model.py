@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 import optax
 
+from bert_jax import attention as attention_lib
+
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 
 
@@ -54,6 +56,9 @@ class BertConfig:
   dtype: str = "float32"            # compute dtype; "bfloat16" for mixed precision
   param_dtype: str = "float32"      # parameters (and so optimizer state) stay float32
   remat: bool = False               # rematerialise each layer (jax.checkpoint) to save memory
+  # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/attention.py). How the model
+  # runs, not what it is: left out of to_dict(), so checkpoints never pin a kernel.
+  attention: str = "xla"
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -65,13 +70,19 @@ class BertConfig:
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"BertConfig: {f}={getattr(self, f)!r}; use 'float32' or 'bfloat16'.")
+    if self.attention not in attention_lib.BACKENDS:
+      raise ValueError(f"BertConfig: attention={self.attention!r} is not one of "
+                       f"{attention_lib.BACKENDS}.")
 
   @property
   def head_dim(self):
     return self.hidden_size // self.num_heads
 
   def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    """The model's identity (what checkpoints store and resuming compares); no kernel choice."""
+    d = dataclasses.asdict(self)
+    del d["attention"]
+    return d
 
   @classmethod
   def from_dict(cls, d) -> "BertConfig":
@@ -207,34 +218,9 @@ class BertEmbeddings(nn.Module):
     return _constrain(x, *BTH)
 
 
-def explicit_attention(q, k, v, mask, probs_fn=None):
-  """Softmax(q k^T / sqrt(D)) v spelt out, so `probs_fn` (dropout) can act on the probabilities.
-
-  q [B, T, N, D], k/v [B, S, N, D], mask bool broadcastable to [B, N, T, S]. Same masking
-  constant and float32 softmax as jax.nn.dot_product_attention, so both agree without dropout.
-  """
-  logits = jnp.einsum("BTND,BSND->BNTS", q, k,
-                      preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-  logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)   # [B, N, T, S]
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  if probs_fn is not None:
-    probs = probs_fn(probs)
-  return jnp.einsum("BNTS,BSND->BTND", probs, v)                         # [B, T, N, D]
-
-
-def attention_mask(attention_ids, block_diagonal):
-  """Which keys each query sees, from segment-ids-style ids [B, T] (0 = padding).
-
-  Unpacked rows pass ids = input_mask and get a key padding mask [B, 1, 1, S]. Packed rows pass
-  instance_ids and get a block-diagonal mask [B, 1, T, S]: a token sees only the tokens of its
-  own instance, so instances sharing a row never see each other (padding queries see nothing and
-  get uniform weights; their outputs are never read).
-  """
-  keys = attention_ids != 0
-  if not block_diagonal:
-    return keys[:, None, None, :]
-  same = attention_ids[:, :, None] == attention_ids[:, None, :]        # [B, T, S]
-  return (same & keys[:, None, :])[:, None]                              # [B, 1, T, S]
+# Which keys each query sees, from segment-ids-style ids [B, T] (0 = padding): a key padding mask
+# for unpacked rows, block-diagonal for packed ones (see bert_jax/attention.py).
+attention_mask = attention_lib.attention_mask
 
 
 class SelfAttention(nn.Module):
@@ -251,24 +237,22 @@ class SelfAttention(nn.Module):
     k = _constrain(qkv("key")(x), *BTND)     # [B, S, N, D]
     v = _constrain(qkv("value")(x), *BTND)   # [B, S, N, D]
 
-    # Key padding mask [B, 1, 1, S]: True where the key is a real token.
     # Masking constant: google-research/bert adds -10000.0 to the logits; HF adds
     # finfo(dtype).min; jax.nn.dot_product_attention *replaces* them with -0.7 * float32 max.
     # After the max-subtracting softmax, exp(-10000 - max) and exp(-3e38) both underflow to
-    # exactly 0 in float32 whenever a row has one unmasked key, and every row here has one
-    # ([CLS] at position 0 always has input_mask=1), so all three give the same probabilities
-    # to float tolerance. Only a fully masked row (impossible here) would differ: google's
-    # additive -10000 keeps the relative scores, HF's finfo.min and our replacement give
-    # uniform weights.
-    mask = attention_mask(attention_ids, block_diagonal)
-    if c.attention_dropout_prob > 0 and not deterministic:
-      # dot_product_attention has no dropout on the probabilities, which BERT applies
-      # (attention_probs_dropout_prob=0.1): spell the attention out.
-      dropout = nn.Dropout(c.attention_dropout_prob)
-      ctx = explicit_attention(q, k, v, mask, lambda p: dropout(p, deterministic=False))
-    else:
-      # Fused kernels on accelerators; scale 1/sqrt(D), softmax in float32 inside.
-      ctx = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, T, N, D]
+    # exactly 0 in float32 whenever a row has one unmasked key, and every real query has one
+    # (its own token), so all three give the same probabilities to float tolerance.
+    # Dropout on the probabilities (BERT's attention_probs_dropout_prob=0.1) runs on the xla
+    # backend only; a fused kernel asked for it is an error, never a silent skip.
+    dropout = 0.0 if deterministic else c.attention_dropout_prob
+    backend = c.attention
+    if backend == "auto":   # the same choice train.py's start-up line prints
+      backend = attention_lib.select_backend("auto", packed=block_diagonal, dtype=c.dtype,
+                                             seq_len=x.shape[1], dropout=dropout).backend
+    ctx = attention_lib.dot_product_attention(
+        q, k, v, attention_ids, packed=block_diagonal, backend=backend, dropout_rate=dropout,
+        dropout_rng=self.make_rng("dropout") if dropout > 0 else None,
+        deterministic=deterministic)                                      # [B, T, N, D]
     ctx = _constrain(ctx, *BTND)
     out = _HeadsDense(c, "BTND,NDH->BTH", (n, d, c.hidden_size), ("heads", "kv", "embed"),
                       (c.hidden_size,), ("embed",), name="output")(ctx)

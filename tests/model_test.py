@@ -77,11 +77,16 @@ def test_padding_invariance():
 
 
 def test_explicit_attention_matches_dot_product_attention():
+  # The xla backend's dropout path (einsum and softmax spelt out, bert_jax/attention.py) equals
+  # the fused call when nothing is dropped (keep probability 1 - 1e-9 = 1.0 in float32).
+  from bert_jax import attention as attention_lib
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
-  mask = jnp.asarray(np.arange(6)[None] < np.array([6, 2])[:, None])[:, None, None, :]
-  np.testing.assert_allclose(model_lib.explicit_attention(q, k, v, mask),
-                             jax.nn.dot_product_attention(q, k, v, mask=mask), atol=1e-6)
+  ids = jnp.asarray(np.arange(6)[None] < np.array([6, 2])[:, None], jnp.int32)
+  spelt = attention_lib.xla_attention(q, k, v, ids, packed=False, dropout_rate=1e-9,
+                                      dropout_rng=jax.random.key(0))
+  np.testing.assert_allclose(spelt, jax.nn.dot_product_attention(
+      q, k, v, mask=ids.astype(bool)[:, None, None, :]), atol=1e-6)
 
 
 def test_attention_dropout_path_matches_fused_path_without_drops():
