@@ -16,7 +16,9 @@ import re
 import sys
 import warnings
 
-from absl import app, flags
+from absl import flags
+
+from bert_jax import errors
 
 # Modules whose import has side effects (opening windows, printing, starting things).
 _SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3",
@@ -130,4 +132,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)
