@@ -17,9 +17,10 @@ training config recorded (config.vocab_file / config.spm_model_file), if it stil
 whose sha256 differs from the one the checkpoint recorded, or whose size differs from the model's
 vocab_size, is a one-line error naming both sides (never a silent wrong result).
 
-Casing: the checkpoint's recorded do_lower_case (export metadata, or the training config); else,
-for WordPiece, inferred as google's validate_case_matches_checkpoint does (released model names,
-upper-case pieces in the vocab). A `do_lower_case` argument that contradicts it is an error.
+Casing: the vocab's own settings (`<vocab>.meta.json` from build_vocab, a SentencePiece model's
+normalizer, else inferred as google's validate_case_matches_checkpoint does: released model names,
+pieces that lower-casing would change), checked against the checkpoint's recorded do_lower_case
+(export metadata, or the training config). A contradiction on either side is an error.
 """
 
 import dataclasses
@@ -44,7 +45,7 @@ class InferenceModel:
   tokenizer: object              # data_pipelines.tokenization WordPiece/SentencePiece tokenizer
   vocab_file: str | None         # exactly one of vocab_file / spm_model_file is set
   spm_model_file: str | None
-  do_lower_case: bool | None     # None for SentencePiece (casing belongs to the model)
+  do_lower_case: bool            # SentencePiece: whether the model's normalizer case-folds
   casing_source: str             # where the casing came from, for messages
   meta: dict                     # the checkpoint's metadata (export info or training meta)
   path: str                      # the directory actually loaded (export or step directory)
@@ -148,26 +149,19 @@ def check_vocab_hash(meta, path, directory):
         f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
 
 
-def resolve_casing(vocab_file, directory, meta, do_lower_case):
-  """(do_lower_case, how) for a WordPiece vocab; an argument contradicting the checkpoint fails."""
-  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
-  recorded = _recorded(meta, "do_lower_case")
-  if recorded is not None:
-    inferred, how = bool(recorded), "recorded in the checkpoint"
-  else:
-    inferred, how = formats.infer_casing(directory, formats.read_vocab(vocab_file))
-  if do_lower_case is not None and inferred is not None and bool(do_lower_case) != inferred:
-    kind = "uncased (lower-cased)" if inferred else "cased"
-    raise InferenceLoadError(
-        f"--do_lower_case={bool(do_lower_case)} but the checkpoint is {kind} ({how}); drop the "
-        f"flag or pass --do_lower_case={inferred}.")
-  if do_lower_case is not None:
-    return bool(do_lower_case), "--do_lower_case"
-  if inferred is None:
-    raise InferenceLoadError(
-        f"{directory}: cannot tell whether the checkpoint is cased ({how}); pass "
-        "--do_lower_case=true or false.")
-  return inferred, how
+def resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file=None):
+  """(do_lower_case, how): the vocab's own settings (its .meta.json, the SentencePiece model's
+  normalizer, or inferred for google/HF vocabs) checked against the checkpoint's recorded casing
+  and the argument; any contradiction is a one-line error naming both sides."""
+  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  recorded = {"do_lower_case": _recorded(meta, "do_lower_case"),
+              "pretokenizer": _recorded(meta, "pretokenizer")}
+  try:
+    settings = vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case,
+                                          recorded=(recorded, f"the checkpoint {directory}"))
+  except vocab_lib.CasingMismatchError as e:
+    raise InferenceLoadError(str(e)) from None
+  return settings["do_lower_case"], settings["casing_source"]
 
 
 def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_case=None,
@@ -184,14 +178,10 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
     params, (config, meta) = None, _read_config(kind, directory)
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)
-  if vocab_file:
-    check_vocab_hash(meta, vocab_file, directory)
-    lower, casing = resolve_casing(vocab_file, directory, meta, do_lower_case)
-  else:
-    check_vocab_hash(meta, spm_model_file, directory)
-    lower, casing = None, "the SentencePiece model"
+  check_vocab_hash(meta, vocab_file or spm_model_file, directory)
+  lower, casing = resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file)
   tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                         do_lower_case=bool(lower))
+                                         do_lower_case=lower)
   if tokenizer.vocab.size != config.vocab_size:
     raise InferenceLoadError(
         f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "

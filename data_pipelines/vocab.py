@@ -296,11 +296,12 @@ def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
       raise CasingMismatchError(
           f"{where} says do_lower_case={bool(rec['do_lower_case'])} but {source} says "
           f"do_lower_case={value}; use the vocab the model was trained with.")
-    if value is None:
-      value, source = bool(rec["do_lower_case"]), where
+    source = where if value is None else f"{where}, and {source}"
+    value = bool(rec["do_lower_case"])
   if do_lower_case is not None and value is not None and bool(do_lower_case) != value:
-    raise CasingMismatchError(f"{flag}={bool(do_lower_case)} contradicts {source} "
-                              f"(do_lower_case={value}); drop {flag} or pass {flag}={value}.")
+    raise CasingMismatchError(f"{flag}={bool(do_lower_case)} but {source.split(':')[0]} is "
+                              f"{'uncased' if value else 'cased'} ({source}); drop {flag} or "
+                              f"pass {flag}={value}.")
   if value is None:
     value = True if do_lower_case is None else bool(do_lower_case)
     source = flag if do_lower_case is not None else f"{source}; default uncased"

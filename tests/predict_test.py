@@ -71,7 +71,7 @@ def test_errors(converted):
   with pytest.raises(predict.PredictError, match="at most 40"):
     predict.predict(predictor, "the man " * 30 + "[MASK]")
   with pytest.raises(inference.InferenceLoadError,
-                     match="do_lower_case=False but the checkpoint is uncased"):
+                     match="do_lower_case=False but the checkpoint .* is uncased"):
     predict.load(orbax_dir, do_lower_case=False)
 
 

@@ -83,4 +83,5 @@ def test_tokenize_cli_contradiction_exits_2(tmp_path):
        "--do_lower_case=true"], input=b"hi\n", capture_output=True, cwd=ROOT)
   assert result.returncode == 2
   last = result.stderr.decode().strip().splitlines()[-1]
-  assert last.startswith("error: --do_lower_case=True contradicts") and "meta.json" in last
+  assert last.startswith("error: --do_lower_case=True but ") and "is cased" in last
+  assert "meta.json" in last

@@ -7,7 +7,6 @@ finished temp directory into place.
 import glob
 import json
 import os
-import re
 
 import numpy as np
 
@@ -141,25 +140,14 @@ def check_vocab_size(tokens, config, vocab_file, config_file):
         f"{config.vocab_size}; pass the vocab.txt that belongs to this checkpoint.")
 
 
-_GOOGLE_NAME = re.compile(r"(?:^|[/_])(uncased|cased|multilingual|chinese)_L-\d+_H-\d+_A-\d+")
-
-
 def infer_casing(path, tokens, recorded=None):
   """(do_lower_case or None, how it was inferred); `recorded` = (value, where) wins."""
   if recorded is not None and recorded[0] is not None:
     return bool(recorded[0]), recorded[1]
-  m = _GOOGLE_NAME.search(os.path.abspath(path))
-  if m:  # google's released names: uncased/multilingual/chinese lower-case; cased/multi_cased not
-    return m.group(1) != "cased", f"google model name {m.group(0).strip('/_')!r}"
-  words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
-  upper = sum(any(c.isupper() for c in t) for t in words)
-  # An uncased vocab has no upper-case piece at all (bert-base-uncased: 0 of 30,522); a cased
-  # one has thousands (bert-base-cased: ~11,000 of 28,996).
-  if upper == 0:
-    return True, "vocab has no upper-case tokens"
-  if upper > 0.01 * len(words):
-    return False, f"vocab has {upper} upper-case tokens"
-  return None, "undetermined"
+  # google's released names, then pieces that lower-casing would change (upper-case letters,
+  # and whole Hangul syllables: a Hangul-only vocab has no upper-case piece yet is cased).
+  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  return vocab_lib.infer_wordpiece_casing(tokens, path)
 
 
 def resolve_casing(requested, inferred, how, flag="--do_lower_case"):
