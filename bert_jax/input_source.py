@@ -49,7 +49,10 @@ def _synthetic_global(batch_size, seq_length, max_predictions_per_seq, vocab_siz
 
 def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, process_index,
                  process_count, train=True):
-  """Iterator of host-local numpy batches from TFRecords (or synthetic when files=='synthetic')."""
+  """Iterator of host-local numpy batches from TFRecords (or synthetic when files=='synthetic').
+
+  files: the list from pretrain_input.expand_file_pattern (globbed once, by the caller).
+  """
   if files == "synthetic":
     return synthetic_batches(batch_size=local_batch_size, seq_length=config.seq_length,
                              max_predictions_per_seq=config.max_predictions_per_seq,
@@ -62,5 +65,5 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
       masked_lm_prob=config.masked_lm_prob, whole_word_masking=config.whole_word_masking,
       seed=seed, process_index=process_index, process_count=process_count,
       shuffle=train, repeat=True, start_batch=start_batch,
-      shuffle_buffer=config.shuffle_buffer)
+      shuffle_buffer=config.shuffle_buffer, expanded=True)
   return pretrain_input.as_numpy_batches(ds)

@@ -77,12 +77,11 @@ def _lamb(schedule, b1, b2, eps, weight_decay, mask):
 
 
 def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer="adamw",
-                     weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
-                     grad_accum_steps=1):
+                     weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0):
   """Returns (optax.GradientTransformation, schedule) for UNBOXED (plain array) params.
 
-  With grad_accum_steps=k > 1 the update is optax.MultiSteps: k calls average the gradients
-  and only the k-th applies them; the schedule (and Adam's step count) advances once per k.
+  One update per optimizer step: gradient accumulation happens before, inside the jitted train
+  step (trainer_lib.train_step), so the schedule and Adam's count advance once per step.
   """
   schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
   if optimizer == "adamw":
@@ -91,11 +90,16 @@ def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer=
   elif optimizer == "lamb":
     tx = _lamb(schedule, b1, b2, eps, weight_decay, decay_mask_fn)
   else:
-    raise OptimizerError(f"optimizer={optimizer!r}: unknown; use 'adamw' or 'lamb'.")
+    raise OptimizerError(f"config.optimizer={optimizer!r}: unknown; use 'adamw' or 'lamb'.")
   if clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
-  if grad_accum_steps < 1:
-    raise OptimizerError(f"grad_accum_steps={grad_accum_steps}: must be >= 1.")
-  if grad_accum_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps).gradient_transformation()
   return tx, schedule
+
+
+def from_config(config, *, num_train_steps, warmup_steps):
+  """create_optimizer with the config's optimizer fields (pre-training and fine-tuning alike)."""
+  return create_optimizer(
+      learning_rate=config.learning_rate, warmup_steps=warmup_steps,
+      num_train_steps=num_train_steps, optimizer=config.optimizer,
+      weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
+      clip_norm=config.clip_norm)

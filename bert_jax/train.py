@@ -3,51 +3,53 @@ r"""BERT pre-training: one loop, read top to bottom.
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:base --workdir=DIR \
       --config.train_input_files='data/train-*' --config.vocab_file=vocab.txt
 
-Sections: set-up and validation -> mesh -> input -> model + optimizer -> shardings -> state
-(init, resume or init_checkpoint) -> train step -> loop (metrics, eval, checkpoints, SIGTERM).
-Restarting with the same --workdir resumes from the latest committed checkpoint and continues
-the same data stream.
+Sections: set-up and validation -> mesh -> model + optimizer + compiled steps -> state (resume,
+init_checkpoint or fresh) -> input -> loop (metrics, eval, checkpoints, SIGTERM). A step is an
+optimizer step everywhere (with grad_accum_steps=k it scans k micro-batches inside the jitted
+step). Restarting with the same --workdir resumes from the latest committed checkpoint and
+continues the same data stream. The shared plumbing (steps, pre-trained loading, checks, timing)
+is in trainer_lib.py.
 """
 
-import functools
-import glob as glob_lib
-import hashlib
 import json
 import os
-import sys
-import time
-from typing import Callable, NamedTuple
 
-from absl import app, flags, logging
+from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_flags
 import numpy as np
 import optax
-from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
+from bert_jax import errors
 from bert_jax import input_source
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding as sharding_lib
+from bert_jax import trainer_lib
 
-
-class ConfigError(ValueError):
-  pass
+ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 
 
 # ----------------------------------------------------------------------------------------------
-# Loss and step functions (pure).
+# Model call and loss (pure).
 # ----------------------------------------------------------------------------------------------
-def pretraining_loss(mlm_logits, nsp_logits, batch):
+def forward(module, batch, deterministic):
+  """BertForPreTraining on a batch dict -> (mlm_logits [B, P, V], nsp_logits [B, 2]) float32."""
+  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                batch["masked_lm_positions"], deterministic=deterministic)
+
+
+def pretraining_loss(outputs, batch):
   """google-research/bert's loss: weighted MLM cross-entropy + NSP cross-entropy.
 
-  mlm_logits: [B, P, V] float32, nsp_logits: [B, 2] float32.
+  outputs: forward's (mlm_logits [B, P, V], nsp_logits [B, 2]); batch: the batch contract dict.
   """
+  mlm_logits, nsp_logits = outputs
   weights = batch["masked_lm_weights"]                                   # [B, P]
   mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
   # 1e-5 as in the original: a batch with no predictions gives 0, not NaN.
@@ -63,100 +65,27 @@ def pretraining_loss(mlm_logits, nsp_logits, batch):
   return mlm_loss + nsp_loss, metrics
 
 
-def _apply(model, params, batch, deterministic, rngs=None):
-  return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                     batch["segment_ids"], batch["masked_lm_positions"],
-                     deterministic=deterministic, rngs=rngs)
+def eval_metrics(outputs, batch):
+  return pretraining_loss(outputs, batch)[1]
 
 
-def train_step(state, batch, *, model, tx, schedule, grad_accum_steps):
-  """One micro-step: forward, backward, optax update. state: dict(step, params, opt_state, rng)."""
-  dropout_rng = jax.random.fold_in(state["rng"], state["step"])
-
-  def loss_fn(params):
-    mlm_logits, nsp_logits = _apply(model, params, batch, False, {"dropout": dropout_rng})
-    return pretraining_loss(mlm_logits, nsp_logits, batch)
-
-  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  metrics["grad_norm"] = optax.global_norm(grads)
-  metrics["learning_rate"] = schedule(state["step"] // grad_accum_steps)
-  new_state = dict(step=state["step"] + 1, params=params, opt_state=opt_state, rng=state["rng"])
-  return new_state, metrics
+def dummy_batch(config):
+  """Zeros of the batch contract's model inputs (batch 1), for model.init."""
+  t, p = config.seq_length, config.max_predictions_per_seq
+  return dict(input_ids=jnp.zeros((1, t), jnp.int32), input_mask=jnp.ones((1, t), jnp.int32),
+              segment_ids=jnp.zeros((1, t), jnp.int32),
+              masked_lm_positions=jnp.zeros((1, p), jnp.int32))
 
 
-def eval_step(params, batch, *, model):
-  mlm_logits, nsp_logits = _apply(model, params, batch, True)
-  return pretraining_loss(mlm_logits, nsp_logits, batch)[1]
-
-
-class Training(NamedTuple):
-  model: nn.Module
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
-  abstract_state: dict       # ShapeDtypeStructs carrying their NamedShardings
-  state_shardings: dict
-  param_shardings: dict
-  init_state: Callable       # rng -> sharded state (jitted)
-  train_step: Callable       # (state, global batch) -> (state, metrics) (jitted, state donated)
-  eval_step: Callable        # (params, global batch) -> metrics (jitted)
-
-
-def build_training(config, model_config, mesh, rules=sharding_lib.LOGICAL_AXIS_RULES):
+def build_training(config, model_config, mesh,
+                   rules=sharding_lib.LOGICAL_AXIS_RULES) -> trainer_lib.Steps:
   """Model, optimizer and the jitted, explicitly sharded init/train/eval functions."""
-  accum = int(config.grad_accum_steps)
-  model = model_lib.BertForPreTraining(model_config)
-  tx, schedule = optimizer_lib.create_optimizer(
-      learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-      num_train_steps=config.num_train_steps, optimizer=config.optimizer,
-      weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
-      clip_norm=config.clip_norm, grad_accum_steps=accum)
-
-  # Shardings come from the logical axis names on every parameter.
-  dummy = {k: jnp.zeros(v, jnp.int32) for k, v in dict(
-      input_ids=(1, config.seq_length), input_mask=(1, config.seq_length),
-      segment_ids=(1, config.seq_length),
-      masked_lm_positions=(1, config.max_predictions_per_seq)).items()}
-
-  def init_variables(rng):
-    # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
-    # builds a [H, N*D] kernel and reshapes it to [H, N, D] only after the box applies its 3-axis
-    # constraint. Placement comes from the jit out_shardings below instead.
-    with nn.logical_axis_rules(()):
-      return model.init({"params": rng, "dropout": rng}, dummy["input_ids"], dummy["input_mask"],
-                        dummy["segment_ids"], dummy["masked_lm_positions"],
-                        deterministic=True)
-
-  def init_state(rng):
-    with nn.logical_axis_rules(()):
-      params = nn.unbox(init_variables(rng)["params"])
-    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                rng=rng)
-
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract_vars = jax.eval_shape(init_variables, jax.random.PRNGKey(0))
-    param_shardings = sharding_lib.logical_to_sharding(
-        nn.get_partition_spec(abstract_vars)["params"], mesh, rules)
-    abstract_state = jax.eval_shape(init_state, jax.random.PRNGKey(0))
-  repl = sharding_lib.replicated(mesh)
-  state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
-                                                       param_shardings, mesh)
-  abstract_state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
-      state_shardings)
-  batch_sharding = sharding_lib.batch_sharding(mesh)
-  return Training(
-      model=model, tx=tx, schedule=schedule, abstract_state=abstract_state,
-      state_shardings=state_shardings, param_shardings=param_shardings,
-      init_state=jax.jit(init_state, out_shardings=state_shardings),
-      train_step=jax.jit(
-          functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                            grad_accum_steps=accum),
-          in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, repl),
-          donate_argnums=(0,)),
-      eval_step=jax.jit(functools.partial(eval_step, model=model),
-                        in_shardings=(param_shardings, batch_sharding), out_shardings=repl))
+  tx, schedule = optimizer_lib.from_config(config, num_train_steps=config.num_train_steps,
+                                           warmup_steps=config.warmup_steps)
+  return trainer_lib.build_steps(
+      model=model_lib.BertForPreTraining(model_config), forward=forward,
+      loss_fn=pretraining_loss, eval_fn=eval_metrics, dummy_batch=dummy_batch(config), tx=tx,
+      schedule=schedule, mesh=mesh, grad_accum_steps=int(config.grad_accum_steps), rules=rules)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,59 +123,28 @@ def device_peak_tflops():
 # ----------------------------------------------------------------------------------------------
 # Validation: every problem is a one-line error before any compute.
 # ----------------------------------------------------------------------------------------------
-def _expand_files(pattern, field):
+def expand_files(pattern, field):
+  """The record files of config.<field> ("synthetic" passes through), globbed once."""
   if pattern == "synthetic":
     return "synthetic"
   if not pattern:
     raise ConfigError(f"config.{field} is empty: pass TFRecords from "
                       "`python -m data_pipelines.create_pretraining_data`, e.g. "
                       f"--config.{field}='data/records/train-*'.")
-  files = []
-  for p in pattern.split(","):
-    matched = sorted(glob_lib.glob(p)) if "://" not in p else _gfile_glob(p)
-    files.extend(matched)
-  if not files:
-    raise ConfigError(f"config.{field}={pattern}: no files match; check the path or run "
-                      "`python -m data_pipelines.create_pretraining_data` first.")
-  return files
-
-
-def _gfile_glob(pattern):
-  from data_pipelines.tf_setup import tf
-  return sorted(tf.io.gfile.glob(pattern))
-
-
-def _check_workdir(workdir):
-  if not workdir:
-    raise ConfigError("--workdir is empty: pass a directory for checkpoints and logs.")
-  if "://" in workdir:
-    return
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".write_probe_{os.getpid()}")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise ConfigError(f"--workdir={workdir}: not writable ({e.strerror}); choose a directory "
-                      "you can write to.") from e
+  from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+  return pretrain_input.expand_file_pattern(pattern, what=f"config.{field}")
 
 
 def load_vocab(config):
   if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file):
-    size = config.model.vocab_size or 30522
-    return input_source_vocab(size)
-  from data_pipelines import vocab as vocab_lib
-  try:
-    return vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
-                                     spm_model_file=config.spm_model_file or None)
-  except vocab_lib.VocabError as e:
-    raise ConfigError(str(e).replace("--vocab_file", "config.vocab_file")
-                      .replace("--spm_model_file", "config.spm_model_file")) from e
+    return input_source_vocab(config.model.vocab_size or 30522)
+  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  return vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
+                                   spm_model_file=config.spm_model_file or None)
 
 
 def input_source_vocab(size):
-  from data_pipelines.vocab import VocabInfo
+  from data_pipelines.vocab import VocabInfo  # pylint: disable=g-import-not-at-top
   return VocabInfo(size=size, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                    is_continuation=np.zeros(size, bool),
                    is_special=np.arange(size) < 5, path="synthetic")
@@ -261,16 +159,51 @@ def create_model_config(config, vocab):
   overrides["vocab_size"] = vocab.size
   try:
     return model_lib.get_bert_config(config.model_name, **overrides)
-  except (ValueError, TypeError) as e:
+  except (ValueError, TypeError) as e:  # an unknown preset or BertConfig field, from our code
     raise ConfigError(f"config.model_name={config.model_name}: {e}") from e
 
 
-def _file_hash(path):
-  if not path or path == "synthetic":
-    return ""
-  from data_pipelines.tf_setup import tf
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()[:16]
+# ----------------------------------------------------------------------------------------------
+# State: resume > init_checkpoint > fresh init.
+# ----------------------------------------------------------------------------------------------
+def restore_or_init(manager, t, config, model_config, workdir):
+  """(state, step) from the latest checkpoint in workdir, else a fresh (or pre-trained) start."""
+  latest = manager.latest_step()
+  if latest is not None:
+    stored = ckpt_lib.read_meta(manager, latest)["model_config"]
+    if stored != model_config.to_dict():
+      diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
+              if stored.get(k) != v}
+      raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
+                        f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
+    state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
+    if jax.process_index() == 0:
+      print(f"resuming from step {latest} in {workdir} (input position "
+            f"{meta['input_position']})", flush=True)
+    return state, int(latest)
+  state = t.init_state(jax.random.PRNGKey(config.seed))
+  if config.init_checkpoint:
+    state = init_from_checkpoint(state, t, config.init_checkpoint, model_config)
+  return state, 0
+
+
+def init_from_checkpoint(state, t, path, model_config):
+  """Phase 2 / a converted BERT: parameters from `path` (heads it lacks stay fresh), a fresh
+  optimizer state and step 0."""
+  pre = trainer_lib.read_pretrained(path)
+  sizes = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+           "max_position_embeddings", "type_vocab_size")
+  diff = {k: (getattr(pre.model_config, k), getattr(model_config, k)) for k in sizes
+          if getattr(pre.model_config, k) != getattr(model_config, k)}
+  if diff:
+    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
+                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
+  state = trainer_lib.load_pretrained(state, t, pre, keys=tuple(t.abstract_state["params"]),
+                                      required=("bert",))
+  if jax.process_index() == 0:
+    print(f"initialised parameters from {path} ({pre.model_config.num_layers} layers, hidden "
+          f"{pre.model_config.hidden_size}); optimizer state is fresh", flush=True)
+  return state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,210 +212,144 @@ def _file_hash(path):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
   # --- Set-up and validation (no compute before this passes). ---
-  _check_workdir(workdir)
-  train_files = _expand_files(config.train_input_files, "train_input_files")
-  eval_files = (_expand_files(config.eval_input_files, "eval_input_files")
+  trainer_lib.check_workdir(workdir)
+  train_files = expand_files(config.train_input_files, "train_input_files")
+  eval_files = (expand_files(config.eval_input_files, "eval_input_files")
                 if config.eval_input_files else None)
   vocab = load_vocab(config)
   model_config = create_model_config(config, vocab)
-  if config.seq_length > model_config.max_position_embeddings:
-    raise ConfigError(f"config.seq_length={config.seq_length} exceeds the model's "
-                      f"max_position_embeddings={model_config.max_position_embeddings}.")
-  is_main = jax.process_index() == 0
-  # Every host must train the same model on the same vocabulary: a mismatch is an error on all
-  # hosts at start-up, not a hang in the first collective.
-  distributed.assert_same_on_all_hosts("config", config.to_json_best_effort(sort_keys=True))
-  vocab_hash = _file_hash(vocab.path)
-  distributed.assert_same_on_all_hosts("vocab", vocab_hash or str(vocab.size))
-  accum = int(config.grad_accum_steps)
-  total_steps = int(config.num_train_steps) * accum     # micro-steps (one host batch each)
+  trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
+  vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
+  is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
 
-  # --- Mesh. ---
-  try:
-    mesh = sharding_lib.create_mesh(config.mesh_shape)
-    sharding_lib.check_batch_size(config.batch_size, mesh, accum)
-  except sharding_lib.ShardingError as e:
-    raise ConfigError(str(e)) from e
-  micro_batch = config.batch_size // accum
-  local_batch = micro_batch // jax.process_count()
+  # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
+  accum = int(config.grad_accum_steps)
+  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
+  local_batch = config.batch_size // jax.process_count()
   if is_main:
     print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
-          f"host(s); global batch {micro_batch} = {jax.process_count()} x {local_batch} rows per "
-          f"host" + (f", {accum} micro-batches per step" if accum > 1 else ""), flush=True)
-  rules = sharding_lib.LOGICAL_AXIS_RULES
+          f"host(s); global batch {config.batch_size} = {jax.process_count()} x {local_batch} "
+          f"rows per host" + (f", {accum} micro-batches of {config.batch_size // accum} per "
+                              "step" if accum > 1 else ""), flush=True)
 
-  # --- Model, optimizer, shardings, compiled steps. ---
+  # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, model_config, mesh)
-  model, state_shardings, param_shardings = t.model, t.state_shardings, t.param_shardings
-  abstract_state, repl = t.abstract_state, sharding_lib.replicated(mesh)
-
-  # --- State: resume > init_checkpoint > fresh init. ---
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
                                     keep_period=config.keep_every or None,
                                     async_save=config.async_checkpointing)
-  meta_base = dict(config=json.loads(config.to_json_best_effort()),
-                   model_config=model_config.to_dict(), vocab_hash=vocab_hash)
-  latest = manager.latest_step()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    if latest is not None:
-      old_meta = ckpt_lib.read_meta(manager, latest)
-      if old_meta["model_config"] != model_config.to_dict():
-        diff = {k: (old_meta["model_config"].get(k), v) for k, v in model_config.to_dict().items()
-                if old_meta["model_config"].get(k) != v}
-        raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
-                          f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
-      state, meta = ckpt_lib.restore(manager, latest, abstract_state)
-      start = int(meta["input_position"])
-      print(f"resuming from step {latest // accum} in {workdir} (input position {start})",
-            flush=True)
-    else:
-      state = t.init_state(jax.random.PRNGKey(config.seed))
-      start = 0
-      if config.init_checkpoint:
-        state = _load_init_checkpoint(state, config.init_checkpoint, param_shardings, model_config)
-  start_step = int(latest) if latest is not None else 0
+  with trainer_lib.mesh_rules(mesh):
+    state, start_step = restore_or_init(manager, t, config, model_config, workdir)
 
-  # --- Input. ---
-  train_iter = input_source.make_batches(
-      config, vocab, files=train_files, local_batch_size=local_batch, seed=config.seed,
-      start_batch=start, process_index=jax.process_index(),
-      process_count=jax.process_count())
-
-  def eval_batches():
+  # --- Input: batch i of the stream is the global batch of step i + 1. ---
+  def batches(files, seed, start, train=True):
     return input_source.make_batches(
-        config, vocab, files=eval_files, local_batch_size=local_batch, seed=config.seed + 1,
-        start_batch=0, process_index=jax.process_index(), process_count=jax.process_count(),
-        train=False)
+        config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
+        process_index=jax.process_index(), process_count=jax.process_count(), train=train)
+  train_iter = batches(train_files, config.seed, start_step)
 
-  p_train_step, p_eval_step = t.train_step, t.eval_step
+  def evaluate(step, params):
+    result = evaluate_params(t.eval_step, params, config.eval_steps, mesh,
+                             batches(eval_files, config.seed + 1, 0, train=False))
+    writer.write_scalars(step, result)
+    history["eval"].append((step, result))
+    if is_main:
+      print(f"eval @ step {step}: mlm_accuracy {result['eval_mlm_accuracy']:.4f} mlm_loss "
+            f"{result['eval_mlm_loss']:.4f} nsp_accuracy {result['eval_nsp_accuracy']:.4f}",
+            flush=True)
+    return result
 
-  # --- Preemption: SIGTERM -> save at the next step and exit cleanly. ---
-  preempted = distributed.preemption_check()
+  def save(step, force=False):
+    meta = dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
+                model_config=model_config.to_dict(), input_position=step, step=step)
+    ckpt_lib.save(manager, step, state, meta, force=force)
 
+  preempted = distributed.preemption_check()  # SIGTERM -> save at the next step and exit
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
     writer.write_text("config", config.to_json_best_effort(indent=2))
   flops_per_step = model_flops_per_sequence(model_config, config.seq_length,
-                                            config.max_predictions_per_seq) * micro_batch
-  peak = device_peak_tflops()
-
-  def run_eval(step):
-    if not eval_files:
-      return {}
-    sums, n = {}, 0
-    for _, batch in zip(range(config.eval_steps), eval_batches()):
-      m = jax.device_get(p_eval_step(state["params"], sharding_lib.make_global_batch(batch, mesh)))
-      for k, v in m.items():
-        sums[k] = sums.get(k, 0.0) + float(v)
-      n += 1
-    result = {f"eval_{k}": v / max(n, 1) for k, v in sums.items()}
-    writer.write_scalars(step, result)
-    if is_main:
-      print(f"eval @ step {step}: mlm_accuracy {result['eval_mlm_accuracy']:.4f} "
-            f"mlm_loss {result['eval_mlm_loss']:.4f} nsp_accuracy "
-            f"{result['eval_nsp_accuracy']:.4f}", flush=True)
-    return result
-
-  def save(step, force=False):
-    meta = dict(meta_base, input_position=step, step=step)
-    ckpt_lib.save(manager, step, state, meta, force=force)
-
-  # --- The loop. ---
-  history = dict(train=[], eval=[])
-  last_eval = {}
-  if start_step == 0 and eval_files:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      last_eval = run_eval(0)
-      history["eval"].append((0, last_eval))
-  log_every = config.log_every * accum
-  # `paused` excludes evaluation and checkpoint time from the throughput figures.
-  t0, t_start, pending, paused = time.time(), time.time(), [], 0.0
-  step = start_step
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+                                            config.max_predictions_per_seq) * config.batch_size
+  history, last_eval, pending = dict(train=[], eval=[]), {}, []
+  timer, step = trainer_lib.StepTimer(), start_step
+  with trainer_lib.mesh_rules(mesh):
+    if start_step == 0 and eval_files:
+      last_eval = evaluate(0, state["params"])
     for step in range(start_step + 1, total_steps + 1):
-      if config.profile_start_step >= 0 and step == config.profile_start_step * accum + 1:
-        jax.profiler.start_trace(os.path.join(workdir, "profile"))
-      batch = sharding_lib.make_global_batch(next(train_iter), mesh)
-      state, metrics = p_train_step(state, batch)
+      profile(config, workdir, step, before=True)
+      state, metrics = t.train_step(state, sharding_lib.make_global_batch(next(train_iter), mesh))
+      timer.step_done(metrics)
       pending.append(metrics)
-      if config.profile_start_step >= 0 and step == (config.profile_start_step +
-                                                       config.profile_steps) * accum:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-      opt_step = step // accum
-      if step % log_every == 0 or step == total_steps:
-        host = jax.device_get(pending)
-        avg = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-        dt = time.time() - t0 - paused
-        seqs = len(host) * micro_batch / dt
-        avg.update(sequences_per_sec=seqs, tokens_per_sec=seqs * config.seq_length,
-                   tflops=len(host) * flops_per_step / dt / 1e12)
-        if peak:
-          avg["mfu"] = avg["tflops"] / peak
-        writer.write_scalars(opt_step, avg)
-        history["train"].append((opt_step, avg))
+      profile(config, workdir, step, before=False, state=state)
+      if step % config.log_every == 0 or step == total_steps:
+        avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
+        writer.write_scalars(step, avg)
+        history["train"].append((step, avg))
         if is_main:
-          eta = (total_steps - step) * (time.time() - t_start) / max(step - start_step, 1)
-          print(f"step {opt_step}/{config.num_train_steps} | loss {avg['loss']:.4f} "
-                f"(mlm {avg['mlm_loss']:.3f} acc {avg['mlm_accuracy']:.3f}, nsp "
-                f"{avg['nsp_loss']:.3f} acc {avg['nsp_accuracy']:.3f}) | lr "
-                f"{avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f} | {seqs:.1f} seq/s "
-                f"{seqs * config.seq_length:.0f} tok/s {avg['tflops']:.3f} TFLOP/s"
-                + (f" MFU {avg['mfu']:.1%}" if peak else "")
-                + f" | ETA {_fmt_time(eta)}", flush=True)
-        pending, t0, paused = [], time.time(), 0.0
-      if eval_files and step % accum == 0 and (opt_step % config.eval_every == 0
-                                               or step == total_steps):
-        t_pause = time.time()
-        last_eval = run_eval(opt_step)
-        history["eval"].append((opt_step, last_eval))
-        paused += time.time() - t_pause
-      if step % accum == 0 and (opt_step % config.checkpoint_every == 0 or step == total_steps):
-        t_pause = time.time()
-        save(step)
-        paused += time.time() - t_pause
-      # Checked only at optimizer-step boundaries, so a saved state never holds half-accumulated
-      # gradients.
-      if step % accum == 0 and step < total_steps and preempted(step):
+          print(log_line(step, total_steps, avg), flush=True)
+        pending = []
+      if eval_files and (step % config.eval_every == 0 or step == total_steps):
+        with timer.paused():
+          last_eval = evaluate(step, state["params"])
+      if step % config.checkpoint_every == 0 or step == total_steps:
+        with timer.paused():
+          save(step)
+      if step < total_steps and preempted(step):
         if is_main:
-          print(f"SIGTERM: saving step {opt_step} and exiting", flush=True)
+          print(f"SIGTERM: saving step {step} and exiting", flush=True)
         save(step, force=True)
         break
   manager.wait_until_finished()
   manager.close()
   writer.close()
-  return dict(history=history, final_step=step // accum, last_eval=last_eval,
+  return dict(history=history, final_step=step, last_eval=last_eval,
               stopped_early=step < total_steps)
 
 
-def _load_init_checkpoint(state, path, param_shardings, model_config):
-  """Phase 2 / fine-tune start: parameters from `path`, a fresh optimizer state."""
-  try:
-    params, ckpt_config, _ = ckpt_lib.load_params(path)
-  except ckpt_lib.CheckpointError as e:
-    raise ConfigError(str(e)) from e
-  sizes = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-           "max_position_embeddings", "type_vocab_size")
-  diff = {k: (getattr(ckpt_config, k), getattr(model_config, k)) for k in sizes
-          if getattr(ckpt_config, k) != getattr(model_config, k)}
-  if diff:
-    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
-                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
-  target = jax.device_get(state["params"])
-  # Heads missing in a BertModel-only checkpoint keep their fresh initialisation.
-  merged = dict(target)
-  for k in target:
-    if k in params:
-      merged[k] = params[k]
-  try:
-    ckpt_lib.check_params_match(merged, target, f"init_checkpoint={path}")
-  except ckpt_lib.CheckpointError as e:
-    raise ConfigError(str(e)) from e
-  merged = jax.tree.map(lambda v, t: np.asarray(v, t.dtype), merged, target)
-  state = dict(state, params=jax.device_put(merged, param_shardings))
-  print(f"initialised parameters from {path} ({ckpt_config.num_layers} layers, hidden "
-        f"{ckpt_config.hidden_size}); optimizer state is fresh", flush=True)
-  return state
+def evaluate_params(eval_step, params, num_steps, mesh, batches):
+  """Mean eval metrics over `num_steps` global batches (fewer if the eval records run out)."""
+  sums, n = {}, 0
+  for _, batch in zip(range(num_steps), batches):
+    m = jax.device_get(eval_step(params, sharding_lib.make_global_batch(batch, mesh)))
+    for k, v in m.items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+    n += 1
+  return {f"eval_{k}": v / max(n, 1) for k, v in sums.items()}
+
+
+def summarize(host_metrics, steps_per_sec, config, flops_per_step):
+  """Mean of the steps' metrics since the last log, plus throughput when it was timed."""
+  avg = {k: float(np.mean([m[k] for m in host_metrics])) for k in host_metrics[0]}
+  if steps_per_sec:
+    seqs = steps_per_sec * config.batch_size
+    avg.update(steps_per_sec=steps_per_sec, sequences_per_sec=seqs,
+               tokens_per_sec=seqs * config.seq_length,
+               tflops=steps_per_sec * flops_per_step / 1e12)
+    peak = device_peak_tflops()
+    if peak:
+      avg["mfu"] = avg["tflops"] / peak
+  return avg
+
+
+def log_line(step, total_steps, avg):
+  speed = " | compiling"
+  if "steps_per_sec" in avg:
+    speed = (f" | {avg['sequences_per_sec']:.1f} seq/s {avg['tokens_per_sec']:.0f} tok/s "
+             f"{avg['tflops']:.3f} TFLOP/s" + (f" MFU {avg['mfu']:.1%}" if "mfu" in avg else "")
+             + f" | ETA {_fmt_time((total_steps - step) / avg['steps_per_sec'])}")
+  return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} (mlm {avg['mlm_loss']:.3f} acc "
+          f"{avg['mlm_accuracy']:.3f}, nsp {avg['nsp_loss']:.3f} acc {avg['nsp_accuracy']:.3f}) "
+          f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}" + speed)
+
+
+def profile(config, workdir, step, *, before, state=None):
+  """A jax.profiler trace of optimizer steps profile_start_step+1 .. +profile_steps."""
+  if config.profile_start_step < 0:
+    return
+  if before and step == config.profile_start_step + 1:
+    jax.profiler.start_trace(os.path.join(workdir, "profile"))
+  if not before and step == config.profile_start_step + config.profile_steps:
+    jax.block_until_ready(state)
+    jax.profiler.stop_trace()
 
 
 def _fmt_time(seconds):
@@ -503,24 +370,16 @@ def define_flags():
 
 
 def main(argv):
-  # Orbax and TF log every save at INFO; keep the console to our progress lines unless the user
-  # asks for more with --verbosity=0.
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; pass options as --config.FIELD=V.")
-  distributed.maybe_initialize_distributed()
+    raise ConfigError(f"unexpected arguments {argv[1:]}; pass options as --config.FIELD=V.")
   if FLAGS.config is None:
-    raise app.UsageError("--config is required, e.g. "
-                         "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
-  try:
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, ckpt_lib.CheckpointError, optimizer_lib.OptimizerError,
-          distributed.DistributedSetupError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    raise ConfigError("--config is required, e.g. "
+                      "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
+  trainer_lib.quiet_logging()
+  distributed.maybe_initialize_distributed()
+  train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  errors.run(main)

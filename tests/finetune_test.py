@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import errors
 from bert_jax import finetune
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
@@ -191,16 +192,130 @@ def test_swag_end_to_end(tmp_path, pretrained):
   assert lines[0] == "pred" and len(lines) == 6
 
 
+# ---- Fast: one optimizer step per task family (tiny model, 8 examples, 1 epoch). ----
+def _one_step(tmp_path, pretrained, task, **overrides):
+  kw = dict(num_train_epochs=1.0, do_predict=False, log_every=1)
+  kw.update(overrides)
+  workdir = str(tmp_path / "run")
+  summary = finetune.finetune(_config(task, pretrained, tmp_path, **kw), workdir)
+  assert summary["steps"] == 1 and not summary["stopped_early"], summary
+  assert summary["best_epoch"] == 1 and os.path.isdir(summary["best_checkpoint"])
+  (loss,) = _train_losses(workdir)
+  assert np.isfinite(loss) and loss > 0
+  results = json.load(open(os.path.join(workdir, "eval_results.json")))
+  assert results["finished"] and len(results["history"]) == 1
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))  # resume state removed
+  return summary, workdir
+
+
+def _sst2(directory, rng, n_train, n_dev):
+  def rows(n):
+    out = []
+    for _ in range(n):
+      label = int(rng.integers(0, 2))
+      out.append(" ".join(list(rng.choice(WORDS[:10], 4)) + [("bad", "good")[label]])
+                 + f"\t{label}")
+    return out
+  _write(directory / "train.tsv", ["sentence\tlabel"] + rows(n_train))
+  _write(directory / "dev.tsv", ["sentence\tlabel"] + rows(n_dev))
+
+
+def test_one_step_classification(tmp_path, pretrained):
+  _sst2(tmp_path, np.random.default_rng(0), 8, 8)
+  summary, _ = _one_step(tmp_path, pretrained, "glue_sst2")
+  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
+
+
+def test_one_step_regression(tmp_path, pretrained):
+  rng = np.random.default_rng(1)
+  rows = [f"{' '.join(rng.choice(WORDS, 4))}\t{' '.join(rng.choice(WORDS, 4))}\t"
+          f"{rng.uniform(0, 5):.2f}" for _ in range(16)]
+  _write(tmp_path / "train.tsv", ["sentence1\tsentence2\tscore"] + rows[:8])
+  _write(tmp_path / "dev.tsv", ["sentence1\tsentence2\tscore"] + rows[8:])
+  summary, _ = _one_step(tmp_path, pretrained, "glue_stsb")
+  assert "dev/pearson" in summary["history"][0]
+
+
+def test_one_step_span_qa(tmp_path, pretrained):
+  articles = []
+  for i, (who, city) in enumerate([("john", "paris"), ("mary", "rome")] * 4):
+    context = f"the cat sat . {who.title()} went to {city.title()} . the end."
+    articles.append({"title": f"t{i}", "paragraphs": [{"context": context, "qas": [{
+        "id": f"q{i}", "question": f"where did {who} go", "is_impossible": False,
+        "answers": [{"text": city.title(), "answer_start": context.index(city.title())}]}]}]})
+  for name in ("train-v1.1.json", "dev-v1.1.json"):
+    (tmp_path / name).write_text(json.dumps({"version": "1.1", "data": articles}))
+  summary, workdir = _one_step(tmp_path, pretrained, "squad_v1", max_seq_length=48,
+                               doc_stride=16, max_query_length=12)
+  assert "dev/f1" in summary["history"][0]
+  preds = json.load(open(os.path.join(workdir, "predictions", "predictions.json")))
+  assert sorted(preds) == sorted(f"q{i}" for i in range(8))
+
+
+def test_one_step_tagging(tmp_path, pretrained):
+  lines = ["-DOCSTART- -X- -X- O", ""]
+  for who, city in [("John", "Paris"), ("Mary", "Rome")] * 4:
+    lines += [f"{who} NNP B-NP B-PER", "went VBD O O", "to TO O O", f"{city} NNP B-NP B-LOC", ""]
+  _write(tmp_path / "train.txt", lines)
+  _write(tmp_path / "valid.txt", lines)
+  summary, workdir = _one_step(tmp_path, pretrained, "conll03")
+  assert "dev/f1" in summary["history"][0]
+  assert os.path.exists(os.path.join(workdir, "predictions", "conll03_dev_predictions.txt"))
+
+
+def test_one_step_multiple_choice(tmp_path, pretrained):
+  header = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
+  rows = [f"{i},v{i},{i},the man he,the man,he,gold,"
+          + ",".join("happy yes" if j == i % 4 else "sad no" for j in range(4)) + f",{i % 4}"
+          for i in range(8)]
+  _write(tmp_path / "train.csv", [header + ",label"] + rows)
+  _write(tmp_path / "val.csv", [header + ",label"] + rows)
+  summary, _ = _one_step(tmp_path, pretrained, "swag", batch_size=8)
+  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
+
+
+def test_preempted_learning_rate_sweep_resumes(tmp_path, pretrained, monkeypatch, capsys):
+  """SIGTERM in the second rate's run: the sweep stops; re-run skips the finished rate and
+  resumes the interrupted one (no KeyError, nothing retrained)."""
+  import signal
+  _sst2(tmp_path, np.random.default_rng(2), 16, 8)   # 2 steps per epoch
+  c = _config("glue_sst2", pretrained, tmp_path, num_train_epochs=1.0, do_predict=False)
+  c.learning_rates = (1e-3, 1e-4)
+  calls = {"n": 0}
+  real_batch = finetune._host_batch
+
+  def host_batch(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 4:  # run 1: 2 train + 1 dev batch; run 2: its first train batch
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real_batch(*args, **kwargs)
+
+  monkeypatch.setattr(finetune, "_host_batch", host_batch)
+  first = finetune.finetune(c, str(tmp_path / "sweep"))
+  monkeypatch.setattr(finetune, "_host_batch", real_batch)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert first["stopped_early"] and len(first["runs"]) == 1, first
+  capsys.readouterr()
+  second = finetune.finetune(c, str(tmp_path / "sweep"))
+  out = capsys.readouterr().out
+  assert "resuming from step 1 (epoch 1, batch 1)" in out, out[-2000:]
+  assert out.count("step 1/2") == 0 and "step 2/2" in out  # run 1 not retrained
+  assert not second["stopped_early"]
+  results = json.load(open(tmp_path / "sweep" / "sweep_results.json"))
+  assert [r["learning_rate"] for r in results["runs"]] == [1e-3, 1e-4]
+  assert results["runs"][0]["best_score"] == first["runs"][0]["best_score"]
+
+
 def test_config_errors(tmp_path, pretrained):
   c = _config("glue_rte", pretrained, tmp_path)
   c.init_checkpoint = str(tmp_path / "missing")
-  with pytest.raises(finetune.ConfigError, match="init_checkpoint=.*missing: no such directory"):
+  with pytest.raises(ckpt_lib.CheckpointError, match="init_checkpoint=.*missing: no such directory"):
     finetune.finetune(c, str(tmp_path / "run"))
   c = _config("glue_rte", pretrained, tmp_path, do_lower_case=False)
-  with pytest.raises(finetune.ConfigError, match="trained with do_lower_case=True"):
+  with pytest.raises(errors.UserError, match=r"do_lower_case=False .*do_lower_case=True"):
     finetune.finetune(c, str(tmp_path / "run"))
   c = _config("glue_rte", pretrained, tmp_path)
-  with pytest.raises(Exception, match=r"train.tsv: no such file"):
+  with pytest.raises(errors.UserError, match=r"train.tsv: no such file"):
     finetune.finetune(c, str(tmp_path / "run"))
   with pytest.raises(ValueError, match="unknown task 'glue_foo'"):
     finetune_config.get_config("glue_foo")

@@ -94,17 +94,13 @@ def test_lamb_trust_ratio_skips_bias_and_layer_norm():
   np.testing.assert_allclose(updates["dense"]["kernel"], -lr * ratio * u, rtol=1e-5)
 
 
-def test_multisteps_accumulates():
-  params, grads = _toy()
-  grads2 = jax.tree.map(lambda g: -0.5 * g + 1.0, grads)
-  kw = dict(learning_rate=1e-2, warmup_steps=0, num_train_steps=10, weight_decay=0.01)
-  tx, _ = opt_lib.create_optimizer(grad_accum_steps=2, **kw)
-  state = tx.init(params)
-  u1, state = tx.update(grads, state, params)
-  assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(u1))
-  u2, state = tx.update(grads2, state, params)
-
-  single, _ = opt_lib.create_optimizer(**kw)
-  mean = jax.tree.map(lambda a, b: (a + b) / 2, grads, grads2)
-  expected, _ = single.update(mean, single.init(params), params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), u2, expected)
+def test_from_config_uses_the_config_fields():
+  import ml_collections
+  c = ml_collections.ConfigDict(dict(learning_rate=2e-3, optimizer="adamw", weight_decay=0.0,
+                                     b1=0.9, b2=0.999, eps=1e-6, clip_norm=0.0))
+  tx, schedule = opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)
+  np.testing.assert_allclose([schedule(1), schedule(2), schedule(10)], [1e-3, 2e-3, 0.0],
+                             rtol=1e-6)
+  c.optimizer = "sgd"
+  with pytest.raises(opt_lib.OptimizerError, match="config.optimizer='sgd'"):
+    opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)

@@ -1,0 +1,357 @@
+"""The plumbing that pre-training (train.py) and fine-tuning (finetune.py) share; not the loops.
+
+  steps = trainer_lib.build_steps(model=model, forward=forward, loss_fn=loss_fn, eval_fn=eval_fn,
+                                  dummy_batch=dummy, tx=tx, schedule=schedule, mesh=mesh,
+                                  grad_accum_steps=k)
+  with trainer_lib.mesh_rules(mesh):
+    state = steps.init_state(jax.random.PRNGKey(seed))       # dict(step, params, opt_state, rng)
+    state = trainer_lib.load_pretrained(state, steps, trainer_lib.read_pretrained(path), ...)
+    state, metrics = steps.train_step(state, global_batch)  # ONE optimizer step, state donated
+
+Here lives, once: the jitted and explicitly sharded train/eval steps built from a `forward` and a
+loss (gradient accumulation as a `lax.scan` inside the step, one dropout-key rule), loading
+pre-trained parameters straight into their target shardings (no host copy, so it works when
+parameters are sharded across hosts), the config-error class, the start-up checks every run
+makes, and the throughput timer.
+"""
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+import orbax.checkpoint as ocp
+from flax import linen as nn
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import distributed
+from bert_jax import errors
+from bert_jax import model as model_lib
+from bert_jax import sharding as sharding_lib
+
+
+class ConfigError(errors.UserError):
+  """A --config field, flag or input that the user must change; one line, names the field."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps: one optimizer step = k micro-batches scanned inside the jitted function.
+# ----------------------------------------------------------------------------------------------
+def dropout_key(rng, step, micro_step):
+  """THE dropout-key rule of both loops: a function of (run key, optimizer step, micro-batch).
+
+  `rng` is the state's own key (split from the seed at init, never the parameter-init key).
+  """
+  return jax.random.fold_in(jax.random.fold_in(rng, step), micro_step)
+
+
+def split_micro_batches(x, k, mesh):
+  """[k*b, ...] -> [k, b, ...]; micro-batch j holds rows j, j+k, j+2k, ...
+
+  Strided rather than contiguous: each device's slice of rows splits locally into k equal
+  parts (b is a multiple of the data-parallel size), so no row moves between devices.
+  """
+  x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)           # [k, b, ...]
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, ("data", "fsdp"))))
+
+
+def apply_gradients(state, grads, tx):
+  """One optax update of dict(step, params, opt_state, rng); the step counts optimizer steps."""
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  return dict(state, step=state["step"] + 1, opt_state=opt_state,
+              params=optax.apply_updates(state["params"], updates))
+
+
+def train_step(state, batch, *, model, forward, loss_fn, tx, schedule, grad_accum_steps, mesh):
+  """Forward + backward over k micro-batches, their mean gradient, one optimizer update.
+
+  batch: the global batch of the step ([k*b, ...] leaves). loss_fn(outputs, batch) ->
+  (scalar loss, metrics dict); metrics are averaged over the micro-batches.
+  """
+  k = grad_accum_steps
+
+  def grads_and_metrics(params, micro, j):
+    def loss(p):
+      outputs = model.apply({"params": p}, micro, False, method=forward,
+                            rngs={"dropout": dropout_key(state["rng"], state["step"], j)})
+      return loss_fn(outputs, micro)
+    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state["params"])
+    return grads, metrics
+
+  if k == 1:
+    grads, metrics = grads_and_metrics(state["params"], batch, 0)
+  else:
+    micro = jax.tree.map(lambda x: split_micro_batches(x, k, mesh), batch)
+
+    def body(total, xs):
+      j, mb = xs
+      return jax.tree.map(jnp.add, total, grads_and_metrics(state["params"], mb, j)), None
+
+    shapes = jax.eval_shape(grads_and_metrics, state["params"], jax.tree.map(lambda x: x[0],
+                                                                            micro), 0)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+    total, _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
+    grads, metrics = jax.tree.map(lambda t, s: (t / k).astype(s.dtype), total, shapes)
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads),   # of the applied mean gradient
+                 learning_rate=schedule(state["step"]))
+  # HOOK (issue 13, non-finite guard): a step whose metrics["loss"] or metrics["grad_norm"] is
+  # not finite must return `state` unchanged bit for bit (count it, don't apply it): select
+  # between `state` and `new_state` here on the whole tree (lax.cond or jnp.where), not inside
+  # the optimizer.
+  new_state = apply_gradients(state, grads, tx)
+  return new_state, metrics
+
+
+def eval_step(params, batch, *, model, forward, eval_fn):
+  return eval_fn(model.apply({"params": params}, batch, True, method=forward), batch)
+
+
+class Steps(NamedTuple):
+  model: nn.Module
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract_state: dict       # ShapeDtypeStructs carrying their NamedShardings
+  state_shardings: dict
+  param_shardings: dict
+  init_state: Callable       # rng -> sharded dict(step, params, opt_state, rng) (jitted)
+  train_step: Callable       # (state, global batch) -> (state, metrics); state donated
+  eval_step: Callable        # (params, global batch) -> eval_fn's outputs, replicated
+
+
+def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, mesh,
+                grad_accum_steps=1, rules=sharding_lib.LOGICAL_AXIS_RULES) -> Steps:
+  """Jitted init/train/eval functions with explicit shardings from the parameters' logical axes.
+
+  forward(module, batch, deterministic) -> outputs: the one place a loop calls its model, with
+  the whole batch dict (so new batch features reach the model without touching this file).
+  dummy_batch: a batch dict of the right shapes (batch 1) for model.init.
+  """
+  def init_variables(rng):
+    # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
+    # builds a [H, N*D] kernel and reshapes it to [H, N, D] only after the box applies its 3-axis
+    # constraint. Placement comes from the jit out_shardings below instead.
+    with nn.logical_axis_rules(()):
+      return model.init({"params": rng, "dropout": rng}, dummy_batch, True, method=forward)
+
+  def init_state(rng):
+    params_rng, dropout_rng = jax.random.split(rng)
+    with nn.logical_axis_rules(()):
+      params = nn.unbox(init_variables(params_rng)["params"])
+    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                rng=dropout_rng)
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract_vars = jax.eval_shape(init_variables, jax.random.PRNGKey(0))
+    param_shardings = sharding_lib.logical_to_sharding(
+        nn.get_partition_spec(abstract_vars)["params"], mesh, rules)
+    abstract_state = jax.eval_shape(init_state, jax.random.PRNGKey(0))
+  state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
+                                                       param_shardings, mesh)
+  abstract_state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
+      state_shardings)
+  batch_sharding, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
+  step_fn = functools.partial(train_step, model=model, forward=forward, loss_fn=loss_fn, tx=tx,
+                              schedule=schedule, grad_accum_steps=int(grad_accum_steps),
+                              mesh=mesh)
+  return Steps(
+      model=model, tx=tx, schedule=schedule, abstract_state=abstract_state,
+      state_shardings=state_shardings, param_shardings=param_shardings,
+      init_state=jax.jit(init_state, out_shardings=state_shardings),
+      train_step=jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
+                         out_shardings=(state_shardings, repl), donate_argnums=(0,)),
+      eval_step=jax.jit(
+          functools.partial(eval_step, model=model, forward=forward, eval_fn=eval_fn),
+          in_shardings=(param_shardings, batch_sharding), out_shardings=repl))
+
+
+@contextlib.contextmanager
+def mesh_rules(mesh, rules=sharding_lib.LOGICAL_AXIS_RULES):
+  """The context every step runs (and is traced) in: the mesh and the logical-axis rules."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def create_mesh(mesh_shape, *batch_sizes, grad_accum_steps=1):
+  """The device mesh, after checking that every global batch size splits over it and the hosts."""
+  mesh = sharding_lib.create_mesh(mesh_shape)
+  for b in batch_sizes:
+    sharding_lib.check_batch_size(b, mesh, grad_accum_steps)
+  return mesh
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-trained parameters: read shapes first, then restore straight into the target shardings.
+# ----------------------------------------------------------------------------------------------
+class Pretrained(NamedTuple):
+  path: str                  # as the user gave it (for messages)
+  model_config: model_lib.BertConfig
+  meta: dict                 # bert_config.json's provenance or the training checkpoint's meta
+  params_meta: Any           # the stored params tree: leaves have .shape and .dtype, no data
+  item_dir: Any              # epath of the Orbax item that holds the params
+  prefix: tuple              # where params sit in that item: () export, ("params",) train state
+
+
+def _tree_metadata(item_dir):
+  with ocp.StandardCheckpointer() as ckptr:
+    metadata = ckptr.metadata(item_dir)
+  tree = getattr(metadata, "item_metadata", metadata)
+  return getattr(tree, "tree", tree)
+
+
+def read_pretrained(path) -> Pretrained:
+  """Config, provenance and parameter shapes of any accepted checkpoint layout; reads no array."""
+  kind, p = ckpt_lib.resolve_checkpoint(path)
+  if kind == "params":
+    meta = json.loads((p / ckpt_lib.CONFIG_NAME).read_text())
+    model_config = model_lib.BertConfig.from_dict(meta.pop("bert_config"))
+    item_dir, prefix = p.absolute() / "params", ()
+  else:
+    meta = json.loads((p / "meta" / "metadata").read_text())
+    model_config = model_lib.BertConfig.from_dict(meta["model_config"])
+    item_dir, prefix = p.absolute() / "state", ("params",)
+  tree = _tree_metadata(item_dir)
+  for key in prefix:
+    tree = tree[key]
+  return Pretrained(str(path), model_config, meta, dict(tree), item_dir, prefix)
+
+
+def stored_subtree(pre: Pretrained, key):
+  """The stored parameters for target top-level `key`, or None. A bare BertModel export (top-level
+  'embeddings') serves as 'bert'."""
+  if key in pre.params_meta:
+    return pre.params_meta[key]
+  if key == "bert" and "embeddings" in pre.params_meta:
+    return pre.params_meta
+  return None
+
+
+def load_pretrained(state, steps: Steps, pre: Pretrained, keys, *, required=()):
+  """state with params[k] (k in keys) restored from `pre` into their shardings; the rest (other
+  heads, optimizer state, step, rng) untouched. A key missing from the checkpoint keeps its
+  fresh initialisation unless it is `required` (ConfigError). Shapes are checked first (one
+  line naming the parameter) and arrays go from storage to their devices: no host copy."""
+  abstract = steps.abstract_state["params"]
+  found = {}
+  for k in keys:
+    stored = stored_subtree(pre, k)
+    if stored is None:
+      if k in required:
+        raise ConfigError(f"init_checkpoint={pre.path} has no '{k}' parameters (top-level keys "
+                          f"{sorted(pre.params_meta)}); point it at a checkpoint of this model.")
+      continue
+    ckpt_lib.check_params_match(stored, abstract[k], f"init_checkpoint={pre.path}")
+    found[k] = stored
+  if not found:
+    return state
+  bare = "bert" in found and found["bert"] is pre.params_meta
+  item = abstract["bert"] if bare else {k: abstract[k] for k in found}
+  for key in reversed(pre.prefix):
+    item = {key: item}
+  with ocp.PyTreeCheckpointer() as ckptr:
+    restored = ckptr.restore(pre.item_dir, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True))
+  for key in pre.prefix:
+    restored = restored[key]
+  restored = {"bert": restored} if bare else restored
+  return dict(state, params={**state["params"], **restored})
+
+
+# ----------------------------------------------------------------------------------------------
+# Start-up checks every run makes.
+# ----------------------------------------------------------------------------------------------
+def check_workdir(workdir):
+  """A usable --workdir: local ones are created and probed for writing (gs:// on first save)."""
+  if not workdir:
+    raise ConfigError("--workdir is empty: pass a directory for checkpoints and logs.")
+  if "://" in workdir:
+    return
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_probe_{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir}: not writable ({e.strerror}); choose a directory "
+                      "you can write to.") from e
+
+
+def quiet_logging():
+  """Orbax and TF log every save at INFO: keep the console to our progress lines unless the user
+  asked for more with --verbosity."""
+  from absl import flags, logging  # pylint: disable=g-import-not-at-top
+  if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+def file_hash(path):
+  """sha256 prefix of a (local or gs://) file; '' for none."""
+  if not path or path == "synthetic":
+    return ""
+  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def check_same_on_all_hosts(config, vocab_path, vocab_size):
+  """Every host must run the same config on the same vocabulary: a mismatch is an error on all
+  hosts at start-up, not a hang in the first collective. Returns the vocab file's hash."""
+  distributed.assert_same_on_all_hosts("config", config.to_json_best_effort(sort_keys=True))
+  vocab_hash = file_hash(vocab_path)
+  distributed.assert_same_on_all_hosts("vocab", vocab_hash or str(vocab_size))
+  return vocab_hash
+
+
+def check_max_length(seq_length, field, model_config):
+  if seq_length > model_config.max_position_embeddings:
+    raise ConfigError(f"config.{field}={seq_length} exceeds the model's "
+                      f"max_position_embeddings={model_config.max_position_embeddings}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Throughput, measured the same way in both loops.
+# ----------------------------------------------------------------------------------------------
+class StepTimer:
+  """Optimizer steps per second between reports, excluding compilation and paused time.
+
+  The first step of every run (a fresh start or a resume alike) compiles: the clock starts
+  when it has finished, so it is never counted. `with timer.paused():` excludes evaluation and
+  checkpoint saves. Call `step_done(metrics)` after each step, `rate()` when logging (after the
+  metrics were fetched, so the device work is finished).
+  """
+
+  def __init__(self):
+    self._t0, self._steps, self._paused = None, 0, 0.0
+
+  def step_done(self, metrics):
+    if self._t0 is None:
+      jax.block_until_ready(metrics)
+      self._t0 = time.perf_counter()
+    else:
+      self._steps += 1
+
+  @contextlib.contextmanager
+  def paused(self):
+    t = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused += time.perf_counter() - t
+
+  def rate(self):
+    """Steps per second since the last call (None when no step was timed yet); resets."""
+    if self._t0 is None:
+      return None
+    now = time.perf_counter()
+    dt, steps = now - self._t0 - self._paused, self._steps
+    self._t0, self._steps, self._paused = now, 0, 0.0
+    return steps / dt if steps and dt > 0 else None

@@ -1,0 +1,126 @@
+"""trainer_lib: accumulation inside the step, pre-trained loading into shardings, the timer."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import input_source
+from bert_jax import model as model_lib
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from bert_jax import trainer_lib
+from tests.train_test import tiny_config
+
+
+def _sgd_steps(config, mesh, accum):
+  """Pre-training steps with plain SGD(lr=1): one update is exactly -(the applied gradient)."""
+  config.model.hidden_dropout_prob = 0.0
+  config.model.attention_dropout_prob = 0.0
+  mc = train.create_model_config(config, train.load_vocab(config))
+  return trainer_lib.build_steps(
+      model=model_lib.BertForPreTraining(mc), forward=train.forward,
+      loss_fn=train.pretraining_loss, eval_fn=train.eval_metrics,
+      dummy_batch=train.dummy_batch(config), tx=optax.sgd(1.0),
+      schedule=optax.constant_schedule(1.0), mesh=mesh, grad_accum_steps=accum)
+
+
+def test_accumulation_k_micro_batches_equals_one_batch_of_k_times_b():
+  """4 micro-batches of 4 (scanned in the step, sharded over 4 devices) = one batch of 16."""
+  config = tiny_config(batch_size=16)
+  batch = next(input_source.synthetic_batches(batch_size=16, seq_length=32,
+                                              max_predictions_per_seq=6, vocab_size=512, seed=5))
+  # Equal MLM weight sums per micro-batch, so the mean of micro-batch means is the batch mean.
+  batch["masked_lm_weights"][:] = 1.0
+  mesh = sharding_lib.create_mesh((4, 1, 1), devices=jax.devices()[:4])
+  results = []
+  for accum in (1, 4):
+    t = _sgd_steps(config, mesh, accum)
+    with trainer_lib.mesh_rules(mesh):
+      state = t.init_state(jax.random.PRNGKey(0))
+      before = jax.device_get(state["params"])
+      state, m = t.train_step(state, sharding_lib.make_global_batch(batch, mesh))
+    grads = jax.tree.map(lambda a, b: a - b, before, jax.device_get(state["params"]))
+    results.append((grads, jax.device_get(m), int(state["step"])))
+  (g1, m1, s1), (g4, m4, s4) = results
+  assert s1 == s4 == 1  # one optimizer step either way
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-6)
+  np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
+  assert float(m1["grad_norm"]) > 0
+  for path, a in jax.tree_util.tree_leaves_with_path(g1):
+    b = g4
+    for k in path:
+      b = b[k.key]
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+def test_dropout_key_depends_on_step_and_micro_batch():
+  rng = jax.random.PRNGKey(3)
+  keys = {(s, j): tuple(np.asarray(jax.random.key_data(trainer_lib.dropout_key(rng, s, j)))
+                        .ravel()) for s in range(3) for j in range(2)}
+  assert len(set(keys.values())) == 6
+
+
+def _export(tmp_path, mc, seed=7):
+  params = nn.unbox(model_lib.init_params(mc, jax.random.PRNGKey(seed)))
+  return ckpt_lib.save_params(str(tmp_path / "export"), params, mc), params
+
+
+def test_load_pretrained_restores_into_the_target_shardings(tmp_path):
+  config = tiny_config()
+  mesh = sharding_lib.create_mesh((2, 4, 1))       # fsdp: parameters sharded over 4 devices
+  t = train.build_training(config, train.create_model_config(config, train.load_vocab(config)),
+                           mesh)
+  mc = train.create_model_config(config, train.load_vocab(config))
+  path, params = _export(tmp_path, mc)
+  pre = trainer_lib.read_pretrained(path)
+  assert pre.model_config.hidden_size == mc.hidden_size
+  with trainer_lib.mesh_rules(mesh):
+    state = t.init_state(jax.random.PRNGKey(0))
+    fresh_nsp = jax.device_get(state["params"]["nsp_head"])
+    loaded = trainer_lib.load_pretrained(state, t, pre, keys=("bert",), required=("bert",))
+  # `bert` comes from the export, in the target's shardings; the other heads stay fresh.
+  for (p, got), want, sh in zip(jax.tree_util.tree_leaves_with_path(loaded["params"]["bert"]),
+                                jax.tree.leaves(params["bert"]),
+                                jax.tree.leaves(t.param_shardings["bert"])):
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(p))
+    assert got.sharding == sh, jax.tree_util.keystr(p)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded["params"]["nsp_head"]),
+               fresh_nsp)
+  assert any("fsdp" in str(x.sharding.spec) for x in jax.tree.leaves(loaded["params"]))
+
+
+def test_load_pretrained_refuses_other_shapes_and_missing_keys(tmp_path):
+  config = tiny_config()
+  mesh = sharding_lib.create_mesh((8, 1, 1))
+  mc = train.create_model_config(config, train.load_vocab(config))
+  t = train.build_training(config, mc, mesh)
+  other = model_lib.BertConfig(**{**mc.to_dict(), "intermediate_size": 64})
+  path, _ = _export(tmp_path, other)
+  pre = trainer_lib.read_pretrained(path)
+  with trainer_lib.mesh_rules(mesh):
+    state = t.init_state(jax.random.PRNGKey(0))
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"intermediate.*shape"):
+      trainer_lib.load_pretrained(state, t, pre, keys=("bert",))
+    with pytest.raises(trainer_lib.ConfigError, match="no 'classifier' parameters"):
+      trainer_lib.load_pretrained(state, t, pre._replace(params_meta={"bert": {}}),
+                                  keys=("classifier",), required=("classifier",))
+
+
+def test_step_timer_excludes_the_first_step_and_paused_time():
+  timer = trainer_lib.StepTimer()
+  assert timer.rate() is None
+  timer.step_done(jnp.zeros(()))           # the compiling step: starts the clock
+  for _ in range(4):
+    time.sleep(0.02)
+    timer.step_done(jnp.zeros(()))
+  with timer.paused():
+    time.sleep(0.3)
+  rate = timer.rate()
+  assert 25 < rate < 55, rate               # 4 steps in ~0.08 s, not 4 in 0.38 s
+  assert timer.rate() is None               # reset: nothing timed since
