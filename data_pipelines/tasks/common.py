@@ -197,7 +197,7 @@ def pack(ids_a, ids_b, vocab, max_seq_length):
 
 def write_atomic(path, text):
   """Writes text to path via a temporary name, so a crash never leaves a complete-looking file."""
-  tmp = path + ".tmp"
+  tmp = f"{path}.tmp-{os.getpid()}"  # its own name: two writers never share a temporary file
   if "://" in path:
     from data_pipelines.tf_setup import tf
     with tf.io.gfile.GFile(tmp, "w") as f:
