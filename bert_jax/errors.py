@@ -22,6 +22,7 @@ What `run` turns into `error: ...` + exit code 2:
 """
 
 import os
+import re
 import sys
 
 EXIT_USER_ERROR = 2
@@ -91,14 +92,24 @@ def _check_config_files(argv, names):
 
 
 def _unknown_override(argv, names, key_error):
-  """The `--config.a.b=v` argument whose field the config lacks, from the error's key, or None."""
-  missing = str(key_error).strip("\"'")
+  """(`--config.a.b` argument whose field the config lacks, ml_collections' hint) or None.
+
+  ml_collections' message is "'field'" plus, for a near miss, a second line
+  'Did you mean "learning_rate" instead of "learning_rat"?'.
+  """
+  text = key_error  # AttributeError(KeyError("'field'\nDid you mean ...")): unwrap to the text
+  while isinstance(text, BaseException) and text.args:
+    text = text.args[0]
+  text = str(text)
+  m = re.search(r"'?([^'\n]+)'?", text)
+  missing = m.group(1) if m else ""
+  hint = " ".join(line.strip() for line in text.splitlines()[1:] if line.strip())
   for arg in argv[1:]:
     for name in names:
       if arg.startswith(f"--{name}."):
         path = arg[len(name) + 3:].split("=", 1)[0]
         if missing and missing in path.split("."):
-          return f"--{name}.{path}"
+          return f"--{name}.{path}", hint
   return None
 
 
@@ -117,11 +128,12 @@ def parse_flags(argv, parser=None):
     fail(msg)
   except (AttributeError, KeyError) as e:
     # Only flag parsing runs here; ml_collections raises these for an unknown override field.
-    override = _unknown_override(argv, names, e)
-    if override is None:
+    found = _unknown_override(argv, names, e)
+    if found is None:
       raise
-    fail(f"{override}: the config has no such field ({str(e).strip(chr(34))}); "
-         "see the config file for the field names.")
+    override, hint = found
+    fail(f"{override}: the config has no such field; "
+         + (hint.replace('"', "") if hint else "see the config file for the field names."))
 
 
 def run(main, *, init_distributed=False, flags_parser=None):
