@@ -240,6 +240,25 @@ def write_atomic(path, data):
   tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
+def check_writable(output):
+  """Fails before learning anything (minutes on a large corpus) if `output` cannot be written.
+
+  Local paths only, and nothing is created: the nearest existing ancestor must be a writable
+  directory (object stores are checked by the write itself).
+  """
+  if "://" in output:
+    return
+  parent = os.path.dirname(os.path.abspath(output))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if os.path.isdir(output) or not os.path.isdir(parent) or \
+      not os.access(parent, os.W_OK | os.X_OK):
+    what = f"{output} is a directory" if os.path.isdir(output) else \
+        f"{parent} is not a writable directory"
+    raise BuildVocabError(f"--output={output}: cannot be written ({what}); choose a writable "
+                          "path.")
+
+
 def choose_casing(lower_case, shares):
   """(lower_case, reason): the flag when given, else cased for Hangul/CJK-heavy corpora."""
   if lower_case is not None:
@@ -267,6 +286,7 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
     raise BuildVocabError(f"--model_type={model_type}: expected wordpiece, unigram or bpe.")
   if not output:
     raise BuildVocabError("--output is empty: pass the vocab.txt or .model path to write.")
+  check_writable(output)
   if not 0.9 <= character_coverage <= 1.0:
     raise BuildVocabError(f"--character_coverage={character_coverage}: expected a share in "
                           "[0.9, 1] (0.9995 for CJK/Korean, 1.0 for small alphabets).")

@@ -67,3 +67,16 @@ def test_skip_tracker_counts_and_stops_after_max_consecutive():
     tracker.update(6, input_position=5, skipped=1)
   msg = str(e.value)
   assert "step 6" in msg and "first at step 4 (input position 3)" in msg and "\n" not in msg
+
+
+def test_build_vocab_refuses_an_unwritable_output_before_reading_the_corpus(tmp_path,
+                                                                            monkeypatch):
+  from data_pipelines import build_vocab
+  (tmp_path / "corpus.txt").write_text("some words here\n" * 10)
+  (tmp_path / "file").write_text("x")        # a path under a file: unwritable even for root
+
+  def must_not_run(*args, **kwargs):
+    raise AssertionError("the corpus was read before the output was checked")
+  monkeypatch.setattr(build_vocab, "corpus_paths", must_not_run)
+  with pytest.raises(build_vocab.BuildVocabError, match="--output=.*cannot be written"):
+    build_vocab.build(str(tmp_path / "corpus.txt"), 100, str(tmp_path / "file" / "vocab.txt"))
