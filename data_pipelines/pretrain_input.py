@@ -208,6 +208,37 @@ def check_layout(num_logical_shards, *, num_files, global_batch, process_count, 
         "run with --config.num_logical_shards set to a multiple of the host count).")
 
 
+def stream_layout(*, num_files, global_batch, process_count, num_logical_shards=0, pack=False,
+                  max_instances_per_pack=0, pack_chunk_size=packing.DEFAULT_CHUNK_SIZE,
+                  seq_length=128, stored=None):
+  """The settings that shape the data stream, to store in (and check against) a checkpoint.
+
+  stored: the layout a checkpoint was written with, or None for a fresh run. An unset
+  num_logical_shards (0) takes the stored one, so a run resumed on another host count continues
+  the same stream; anything else that differs is a one-line error naming both sides.
+  """
+  if stored and not num_logical_shards:
+    num_logical_shards = stored["num_logical_shards"]
+  layout = dict(
+      num_logical_shards=num_logical_shards_for(num_files, global_batch, num_logical_shards),
+      global_batch=int(global_batch), pack=bool(pack),
+      max_instances_per_pack=(int(max_instances_per_pack or
+                                  packing.default_max_instances(seq_length)) if pack else 0),
+      pack_chunk_size=int(pack_chunk_size) if pack else 0)
+  if stored:
+    diff = {k: (stored.get(k), v) for k, v in layout.items() if stored.get(k) != v}
+    if diff:
+      raise InputPipelineError(
+          "the checkpoint's data stream differs from this run's (checkpoint vs now: "
+          + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
+          + "); resuming would silently read other data: use the checkpoint's settings "
+          "(--config.<field>) or a new --workdir.")
+  check_layout(layout["num_logical_shards"], num_files=num_files, global_batch=global_batch,
+               process_count=process_count,
+               what="from the checkpoint" if stored else "config")
+  return layout
+
+
 def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictions_per_seq, vocab,
                           masked_lm_prob=0.15, whole_word_masking=False, seed=0, process_index=0,
                           process_count=1, num_logical_shards=0, shuffle=True, repeat=True,
@@ -286,8 +317,7 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   per_shard = [s.shard_batches(all_files[j::num_shards], j, start_batch) for j in shards]
   # Host batch = its shards' rows in shard order; hosts hold consecutive shards, so the global
   # batch (hosts in process order) is the same for every host count.
-  ds = tf.data.Dataset.zip(tuple(per_shard)).map(
-      lambda *parts: {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]})
+  ds = tf.data.Dataset.zip(tuple(per_shard)).map(_concat_rows)
   ds = ds.prefetch(tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.deterministic = True
@@ -295,6 +325,11 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   _DATASET_INFO[ds] = dict(files=files, seq_length=seq_length, premasked=found_premasked,
                            max_predictions_per_seq=max_predictions_per_seq)
   return ds
+
+
+@tf.autograph.experimental.do_not_convert
+def _concat_rows(*parts):
+  return {k: tf.concat([p[k] for p in parts], 0) for k in parts[0]}
 
 
 def host_shards(num_shards, process_index, process_count):
@@ -358,13 +393,17 @@ class _Stream:
       # Batch b of the shard is masked with a key folded from b: resuming reproduces the masks.
       ds = self.records(files, data_key, start_batch * self.rows)
       ds = ds.batch(self.rows, drop_remainder=True).enumerate(start=start_batch)
-      return ds.map(lambda i, r: self.parse_and_mask(r, fold(mask_key, i)),
-                    num_parallel_calls=self.num_parallel_calls, deterministic=True)
+      @tf.autograph.experimental.do_not_convert
+      def parse_and_mask(i, serialized):
+        return self.parse_and_mask(serialized, fold(mask_key, i))
+      return ds.map(parse_and_mask, num_parallel_calls=self.num_parallel_calls,
+                    deterministic=True)
     # Packed: chunk c (records [c*chunk, (c+1)*chunk) of the shard's stream) is masked and packed
     # from keys folded from c; resuming finds the chunk holding row start_batch * rows.
     chunk, skip_rows = self.find_chunk(files, data_key, start_batch * self.rows)
     ds = self.records(files, data_key, chunk * self.chunk).batch(self.chunk).enumerate(chunk)
 
+    @tf.autograph.experimental.do_not_convert
     def pack(c, serialized):
       order_seed = tf.random.stateless_uniform([], seed=fold(order_key, c), minval=None,
                                                maxval=None, dtype=tf.int64)
@@ -393,6 +432,7 @@ class _Stream:
       spec["masked_lm_weights"] = tf.io.FixedLenFeature([self.max_predictions_per_seq],
                                                         tf.float32)
 
+    @tf.autograph.experimental.do_not_convert
     def rows_of(serialized):
       ex = tf.io.parse_example(serialized, spec)
       lengths = tf.reduce_sum(ex["input_mask"], 1)

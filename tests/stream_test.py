@@ -1,0 +1,124 @@
+"""The data stream is a function of the files, the seed and the step, whatever the host count.
+
+Fast tests check the stored layout; the slow ones train BERT-tiny on real multi-file records
+(packed, the default) as 1 process x 8 devices and as a 2 x 4 local pod (jax.distributed on
+localhost, gloo), and resume on the other host count.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data_pipelines import pretrain_input as pi
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_layout_is_stored_and_reused_on_another_host_count():
+  fresh = pi.stream_layout(num_files=4, global_batch=16, process_count=2, pack=True,
+                           seq_length=32)
+  assert fresh == dict(num_logical_shards=4, global_batch=16, pack=True,
+                       max_instances_per_pack=2, pack_chunk_size=1024)
+  # Resumed on 1 host with the defaults: the same layout, so the same stream.
+  assert pi.stream_layout(num_files=4, global_batch=16, process_count=1, pack=True,
+                          seq_length=32, stored=fresh) == fresh
+  # A run whose default would differ (8 files now) keeps the checkpoint's 4 shards.
+  assert pi.stream_layout(num_files=8, global_batch=16, process_count=1, pack=True,
+                          seq_length=32, stored=fresh)["num_logical_shards"] == 4
+
+
+def test_layout_changes_that_change_the_stream_are_errors():
+  stored = pi.stream_layout(num_files=4, global_batch=16, process_count=1, seq_length=32)
+  with pytest.raises(pi.InputPipelineError,
+                     match=r"checkpoint vs now: num_logical_shards 4 vs 2\); resuming"):
+    pi.stream_layout(num_files=4, global_batch=16, process_count=1, num_logical_shards=2,
+                     stored=stored)
+  with pytest.raises(pi.InputPipelineError, match=r"global_batch 16 vs 32, pack False vs True"):
+    pi.stream_layout(num_files=4, global_batch=32, process_count=1, pack=True, stored=stored)
+  with pytest.raises(pi.InputPipelineError, match=r"num_logical_shards=4 \(from the checkpoint\) "
+                                                  r"is not divisible by the 8 hosts"):
+    pi.stream_layout(num_files=4, global_batch=16, process_count=8, stored=stored)
+
+
+# ----------------------------------------------------------------------------------------------
+# Slow: real trainings.
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+  from tests.masking_test import write_vocab
+  from tests.pretrain_input_test import make_instances, write_records
+  root = tmp_path_factory.mktemp("stream")
+  vocab = write_vocab(root / "vocab.txt")
+  rng = np.random.default_rng(0)
+  for i in range(4):
+    write_records(root / f"part-{i}.tfrecord", make_instances(vocab, 40, rng))
+  return root
+
+
+def _args(records, workdir, steps):
+  return ["bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
+          f"--workdir={workdir}", f"--config.train_input_files={records}/part-*",
+          f"--config.vocab_file={records}/vocab.txt", "--config.seq_length=32",
+          "--config.max_predictions_per_seq=5", "--config.batch_size=16",
+          "--config.shuffle_buffer=20", "--config.warmup_steps=2", "--config.log_every=1",
+          "--config.checkpoint_every=3", "--config.async_checkpointing=False",
+          "--config.model.hidden_dropout_prob=0", "--config.model.attention_dropout_prob=0",
+          f"--config.num_train_steps={steps}"]
+
+
+def _env():
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def _train(records, workdir, steps, hosts):
+  if hosts == 1:
+    cmd = [sys.executable, "-m", *_args(records, workdir, steps)]
+    env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  else:
+    cmd = [sys.executable, "-m", "launch.local_pod", f"--num_processes={hosts}",
+           f"--devices_per_process={8 // hosts}", "--timeout_seconds=500", "--",
+           *_args(records, workdir, steps)]
+    env = _env()
+  r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  return r.stdout + r.stderr
+
+
+def _losses(workdir):
+  from bert_jax import metrics_writer
+  scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
+  return dict(scalars["loss"])
+
+
+@pytest.mark.slow
+def test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other(records, tmp_path):
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  out = _train(records, one, 6, hosts=1)
+  assert "4 logical shards" in out and "real tokens per slot" in out, out[-3000:]
+  _train(records, two, 6, hosts=2)
+  want = _losses(one)
+  assert sorted(want) == [1, 2, 3, 4, 5, 6]
+  np.testing.assert_allclose([_losses(two)[s] for s in range(1, 7)],
+                             [want[s] for s in range(1, 7)], rtol=1e-5)
+
+  # Checkpointed at step 3 on 2 hosts, resumed on 1 (and the reverse): the uninterrupted losses.
+  for first, then in ((2, 1), (1, 2)):
+    workdir = str(tmp_path / f"{first}to{then}")
+    _train(records, workdir, 3, hosts=first)
+    out = _train(records, workdir, 6, hosts=then)
+    assert "resuming from step 3" in out, out[-3000:]
+    got = _losses(workdir)
+    np.testing.assert_allclose([got[s] for s in range(4, 7)], [want[s] for s in range(4, 7)],
+                               rtol=1e-5, err_msg=f"{first} -> {then} hosts")
+
+  # A different logical-shard count would read another stream: refused before any compute.
+  r = subprocess.run([sys.executable, "-m", *_args(records, one, 9),
+                      "--config.num_logical_shards=2"], cwd=ROOT, env=_env(),
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert "num_logical_shards 4 vs 2" in r.stderr.strip().splitlines()[-1]
