@@ -19,7 +19,7 @@ Instances are built by the pure functions of `instances.py`. Optional filters fo
 Where the random "next sentence" comes from (`--nsp_sampling`):
   * `corpus`: from the whole corpus, as the paper and google-research/bert (which holds every
     document in memory). `whole_corpus.py` keeps the token ids of all documents in memory here
-    (~2.4 bytes of RAM per byte of English text) and writes the same records as the Apache Beam
+    (~3.5 bytes of RAM per byte of English text) and writes the same records as the Apache Beam
     pipeline (`beam_pipeline.py`), which does it at any size with keyed shuffles.
   * `block`: the fallback for corpora larger than memory. Each source (input file or TFDS part)
     is read in blocks of `--document_pool_size` documents; the random-next document comes from
@@ -46,16 +46,13 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import json
 import multiprocessing
 import os
 import queue as queue_lib
-import random
 import sys
 import time
 
 from absl import flags
-import numpy as np
 import tqdm
 
 from bert_jax import errors
@@ -69,7 +66,6 @@ from data_pipelines.tf_setup import tf
 
 INFO_FILE = "dataset_info.json"
 _TMP_DIR = ".tmp-create_pretraining_data"  # per-source part files, removed at the end
-_COPY_CHUNK = 16 << 20  # bytes per read when merging part files into shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +74,8 @@ class Config:
   output_dir: str = ""
   vocab_file: str = ""
   spm_model_file: str = ""
-  do_lower_case: bool = True
+  do_lower_case: bool | None = None  # None: the vocab's casing (<vocab>.meta.json; vocab.py)
+  sentence_splitter: str = "auto"  # JSONL/TFDS text: auto | regex | kss | pysbd (text_sources)
   max_seq_length: int = 128
   short_seq_prob: float = 0.1
   random_seed: int = 12345
@@ -159,10 +156,11 @@ def validate_config(cfg):
 
 
 # Bytes of RAM per byte of input text in corpus mode: the token ids as array('i') sentences in
-# lists (~1 token per 4.3 bytes of English text, 4 bytes a token + ~80 bytes a sentence of ~23
-# tokens), the worker's pickled copy while it is returned, and the shard part files' key lists.
-# Measured: see docs/beam.md ("Memory of --nsp_sampling=corpus").
-CORPUS_RAM_PER_INPUT_BYTE = 2.4
+# lists (~1 token per 4.5 bytes of English text; 4 bytes a token + ~64 bytes an array object)
+# plus the per-shard key lists. Measured (docs/beam.md, "Memory"): peak RSS grew by 85 MB for
+# 10 MB of text and 189 MB for 40 MB, i.e. 3.5 bytes per byte beyond a fixed ~50 MB; 4 leaves a
+# margin.
+CORPUS_RAM_PER_INPUT_BYTE = 4
 
 
 def _input_bytes(cfg, sources):
@@ -248,62 +246,6 @@ def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None):
   return out
 
 
-def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs):
-  """All dupes' instances of one block, shuffled together (pure: no I/O, explicit rngs)."""
-  result = []
-  if not no_nsp:
-    block_rng.shuffle(documents)  # as the original shuffles documents before the dupe loop
-  for dupe in range(dupe_factor):
-    rng = dupe_rngs[dupe]
-    if no_nsp:
-      order = list(documents)
-      rng.shuffle(order)  # another packing per dupe
-      result.extend(instances_lib.pack_full_sentences(order, params))
-    else:
-      for index in range(len(documents)):
-        result.extend(instances_lib.create_instances_from_document(documents, index, rng, params))
-  block_rng.shuffle(result)
-  return result
-
-
-def process_source(source, cfg, encode, params, part_dir, progress=lambda n: None):
-  """Writes part-<index>.tfrecord and .sizes (int64 bytes per record); returns Stats."""
-  stats = Stats()
-  block_rng = random.Random(_seed(cfg.random_seed, source.index, "block"))
-  dupe_rngs = [random.Random(_seed(cfg.random_seed, source.index, d))
-               for d in range(cfg.dupe_factor)]
-  base = os.path.join(part_dir, f"part-{source.index:05d}")
-  sizes = array.array("q")
-  pool = cfg.document_pool_size
-
-  with tf.io.TFRecordWriter(base + ".tfrecord") as writer:
-    def flush(raw_documents):
-      documents = tokenize_documents(raw_documents, encode, stats, cfg.filters)
-      if not documents:
-        return
-      for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
-                                  dupe_rngs):
-        record = serialize_instance(inst, cfg.max_seq_length)
-        writer.write(record)
-        sizes.append(len(record) + 16)  # TFRecord framing: u64 length, 2 x u32 masked crc32c
-        stats.instances += 1
-        stats.random_next += inst.is_random_next
-        stats.tokens += len(inst.tokens)
-
-    pending = []
-    for document in text_sources.read_documents(source, cfg, stats, progress):
-      pending.append(document)
-      # Process `pool` documents once 1.5 x pool are read: the last block then holds between
-      # pool/2 and 1.5 x pool documents, never a handful with too few random-next candidates.
-      if len(pending) >= pool + pool // 2:
-        flush(pending[:pool])
-        del pending[:pool]
-    flush(pending)
-  with open_file(base + ".sizes", "wb") as f:
-    f.write(sizes.tobytes())
-  return stats
-
-
 # Worker processes get the config and build their own tokenizer (TF objects do not pickle).
 _WORKER = {}
 
@@ -314,76 +256,6 @@ def _init_worker(cfg, params, part_dir, progress_queue):
                                    do_lower_case=cfg.do_lower_case)
   _WORKER.update(cfg=cfg, encode=tok.encode, params=params, part_dir=part_dir,
                  queue=progress_queue)
-
-
-def _worker_process_source(source):
-  w = _WORKER
-  pending = [0]
-
-  def progress(n):  # batch updates: one queue message per ~1 MB or 1000 examples
-    pending[0] += n
-    if pending[0] >= (1 << 20 if source.tfds_part == () else 1000):
-      w["queue"].put(pending[0])
-      pending[0] = 0
-
-  stats = process_source(source, w["cfg"], w["encode"], w["params"], w["part_dir"], progress)
-  w["queue"].put(pending[0])
-  return stats
-
-
-def _worker_merge(task):
-  merge_shard(*task)
-
-
-# ----------------------------------------------------------------------------------------------
-# Shards: contiguous ranges of the concatenated part files, copied as bytes.
-# ----------------------------------------------------------------------------------------------
-def plan_shards(counts, num_shards):
-  """counts[i] records in source i -> per shard a list of (source, first, end) record ranges."""
-  total = sum(counts)
-  starts = np.concatenate([[0], np.cumsum(counts)])
-  plan = []
-  for s in range(num_shards):
-    lo, hi = s * total // num_shards, (s + 1) * total // num_shards
-    ranges = []
-    for i, n in enumerate(counts):
-      a, b = max(lo, starts[i]), min(hi, starts[i] + n)
-      if a < b:
-        ranges.append((i, int(a - starts[i]), int(b - starts[i])))
-    plan.append(ranges)
-  return plan
-
-
-def merge_shard(path, byte_ranges):
-  """Concatenates [(part file, start byte, end byte)] into path.tmp, then renames to path."""
-  with open_file(path + ".tmp", "wb") as out:
-    for part, start, end in byte_ranges:
-      with open_file(part, "rb") as f:
-        f.seek(start)
-        while start < end:
-          chunk = f.read(min(_COPY_CHUNK, end - start))
-          if not chunk:
-            raise _Error(f"{part}: ended at byte {start}, expected {end}; was it removed while "
-                         "running?")
-          out.write(chunk)
-          start += len(chunk)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-
-
-def _byte_ranges(plan, part_dir):
-  """Record ranges -> byte ranges, loading one source's sizes at a time (bounded memory)."""
-  wanted = {}
-  for s, ranges in enumerate(plan):
-    for i, a, b in ranges:
-      wanted.setdefault(i, []).append((s, a, b))
-  out = [[] for _ in plan]
-  for i in sorted(wanted):
-    base = os.path.join(part_dir, f"part-{i:05d}")
-    with open_file(base + ".sizes", "rb") as f:
-      offsets = np.concatenate([[0], np.cumsum(np.frombuffer(f.read(), np.int64))])
-    for s, a, b in wanted[i]:
-      out[s].append((base + ".tfrecord", int(offsets[a]), int(offsets[b])))
-  return out
 
 
 def shard_name(s, num_shards):
@@ -487,35 +359,6 @@ def no_instance_error(cfg, stats):
                 "dropped); check the input format.")
 
 
-def run_blocks(cfg, tok, params, sources, part_dir, names, progress):
-  """Block sampling: one part file per source, then contiguous shards. Returns (stats, shards)."""
-  if progress.pool is None:
-    results = [process_source(s, cfg, tok.encode, params, part_dir, progress.bar.update)
-               for s in sources]
-  else:
-    results = _run_pool(progress.pool, _worker_process_source, sources, progress.queue,
-                        progress.bar)
-  progress.bar.close()
-  stats = Stats()
-  for r in results:
-    stats.add(r)
-  if stats.instances == 0:
-    raise no_instance_error(cfg, stats)
-  # Fewer instances than shards: one shard per instance rather than empty shards.
-  num_shards = min(cfg.num_shards, stats.instances)
-  plan = plan_shards([r.instances for r in results], num_shards)
-  names.extend(shard_name(s, num_shards) for s in range(num_shards))
-  tasks = [(os.path.join(cfg.output_dir, n), r)
-           for n, r in zip(names, _byte_ranges(plan, part_dir))]
-  if progress.pool is None:
-    for task in tasks:
-      merge_shard(*task)
-  else:
-    _run_pool(progress.pool, _worker_merge, tasks)
-  per_shard = [sum(b - a for _, a, b in ranges) for ranges in plan]
-  return stats, list(zip(names, per_shard))
-
-
 @dataclasses.dataclass
 class Progress:
   bar: tqdm.tqdm
@@ -526,8 +369,14 @@ class Progress:
 def vocab_metadata(cfg, vocab):
   """The vocab fields of dataset_info.json (computed once, before any worker starts)."""
   path = cfg.vocab_file or cfg.spm_model_file
+  # Casing and pre-tokenizer as the tokenizer resolved them from the vocab's settings (a
+  # contradicting --do_lower_case has already failed in get_tokenizer).
+  settings = vocab_lib.resolve_settings(cfg.vocab_file or None, cfg.spm_model_file or None,
+                                        cfg.do_lower_case)
   return {"vocab_file": path, "vocab_kind": vocab.kind, "vocab_size": vocab.size,
-          "vocab_sha256": _file_sha256(path)}
+          "vocab_sha256": _file_sha256(path), "do_lower_case": settings["do_lower_case"],
+          "casing_source": settings["casing_source"], "pretokenizer": settings["pretokenizer"],
+          "sentence_splitter": cfg.sentence_splitter if cfg.input_format != "text" else None}
 
 
 def dataset_info(cfg, vocab_meta, source_names, stats, shards, nsp_sampling):
@@ -538,7 +387,6 @@ def dataset_info(cfg, vocab_meta, source_names, stats, shards, nsp_sampling):
       "max_seq_length": cfg.max_seq_length,
       "nsp": not cfg.no_nsp,
       **vocab_meta,
-      "do_lower_case": cfg.do_lower_case,
       "dupe_factor": cfg.dupe_factor,
       "short_seq_prob": cfg.short_seq_prob,
       "random_seed": cfg.random_seed,
@@ -597,7 +445,7 @@ def summarize(stats, num_sources, num_shards, max_seq_length, seconds, nsp_sampl
 
 def run(cfg, show_progress=True):
   """Validates everything, writes the shards and dataset_info.json; returns the summary dict."""
-  from data_pipelines import whole_corpus  # it imports this module
+  from data_pipelines import block_sampling, whole_corpus  # they import this module
   start = time.time()
   tok, params, sources, mode = prepare(cfg)
   num_workers = min(cfg.num_workers, len(sources))
@@ -607,7 +455,7 @@ def run(cfg, show_progress=True):
   try:
     with output_guard(cfg) as (part_dir, names), \
          worker_pool(cfg, num_workers, params, part_dir) as (pool, queue):
-      run_fn = whole_corpus.run_local if mode == "corpus" else run_blocks
+      run_fn = whole_corpus.run_local if mode == "corpus" else block_sampling.run_blocks
       stats, shards = run_fn(cfg, tok, params, sources, part_dir, names,
                              Progress(bar, pool, queue))
       info = dataset_info(cfg, vocab_metadata(cfg, tok.vocab), [s.name for s in sources], stats,
@@ -648,7 +496,12 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
   flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
                       **fv)
-  flags.DEFINE_bool("do_lower_case", d.do_lower_case, "Lower-case (uncased models).", **fv)
+  flags.DEFINE_bool("do_lower_case", d.do_lower_case, "Default: the vocab's casing (its "
+                    ".meta.json, or inferred for google/HF vocabs); a contradiction is an error.",
+                    **fv)
+  flags.DEFINE_enum("sentence_splitter", d.sentence_splitter, ["auto", "regex", "kss", "pysbd"],
+                    "JSONL/TFDS text -> sentences: kss (Korean), pysbd, the regex, or auto "
+                    "(from each document's script).", **fv)
   flags.DEFINE_integer("max_seq_length", d.max_seq_length, "Maximum sequence length.", **fv)
   flags.DEFINE_float("short_seq_prob", d.short_seq_prob,
                      "Probability of aiming a document's instances at a shorter length.", **fv)

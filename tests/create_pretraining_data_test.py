@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import errors
-from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines import block_sampling, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import vocab as vocab_lib
 from data_pipelines.tf_setup import tf
@@ -265,7 +265,7 @@ def test_failure_midway_leaves_no_complete_looking_output(corpus, tmp_path):
 
 def test_plan_shards_is_contiguous_and_balanced():
   counts = [5, 0, 7, 1]
-  plan = cpd.plan_shards(counts, 4)
+  plan = block_sampling.plan_shards(counts, 4)
   flat = [(i, k) for ranges in plan for i, a, b in ranges for k in range(a, b)]
   assert flat == [(i, k) for i, n in enumerate(counts) for k in range(n)]
   assert [sum(b - a for _, a, b in r) for r in plan] == [3, 3, 3, 4]

@@ -170,3 +170,74 @@ def test_pack_full_sentences():
 ])
 def test_split_sentences(text, expected):
   assert il.split_sentences(text) == expected
+
+
+def _planned_instances(docs, params, seed=1):
+  """Whole-corpus planning: (doc index, pair, instance) with B cut from the drawn document."""
+  out = []
+  rng = random.Random(seed)
+  for i, doc in enumerate(docs):
+    for pair in il.plan_nsp_pairs(doc, i, len(docs), rng, params, key=(i,)):
+      tokens_b = pair.tokens_b
+      if pair.random_document >= 0:
+        tokens_b = il.random_next_tokens(docs[pair.random_document], pair)
+      out.append((i, pair, il.finish_pair(pair, tokens_b, random.Random(hash(pair.key)), params)))
+  return out
+
+
+def test_planned_pairs_have_the_nsp_layout_and_balance():
+  docs = _documents(200, seed=3)
+  planned = _planned_instances(docs, PARAMS)
+  labels = []
+  for i, pair, inst in planned:
+    a, b = _split(inst)
+    assert len(inst.tokens) <= PARAMS.max_seq_length
+    assert all(t // 100_000 == i + 1 for t in a)  # A: the document's own text
+    owners = {t // 100_000 - 1 for t in b}
+    assert len(owners) == 1  # B: one document, contiguous
+    if inst.is_random_next:
+      assert owners == {pair.random_document} != {i}
+    else:
+      assert owners == {i} and a[-1] < b[0]  # IsNext: the actual continuation
+    labels.append(inst.is_random_next)
+  # Long documents (up to 30 sentences) make multi-sentence chunks: NotNext close to half.
+  assert 0.4 < np.mean(labels) < 0.6
+  keys = [pair.key for _, pair, _ in planned]
+  assert len(set(keys)) == len(keys)
+
+
+def test_planned_random_documents_are_uniform_over_the_corpus():
+  docs = _documents(20, seed=4, max_sentences=5)
+  rng = random.Random(0)
+  counts = np.zeros(20)
+  for _ in range(200):
+    for i, doc in enumerate(docs):
+      for pair in il.plan_nsp_pairs(doc, i, 20, rng, PARAMS):
+        if pair.random_document >= 0:
+          assert pair.random_document != i
+          counts[pair.random_document] += 1
+  expected = counts.sum() / 20
+  assert (np.abs(counts - expected) < 5 * np.sqrt(expected)).all()
+
+
+def test_plan_depends_only_on_the_document_and_the_corpus_size():
+  # The property that lets Beam plan a document without the others: a corpus of other
+  # content but the same size gives the same pairs for the same rng.
+  docs, other = _documents(50, seed=5), _documents(50, seed=6)
+  plan = lambda corpus: il.plan_nsp_pairs(corpus[7], 7, 50, random.Random(9), PARAMS, key=(7,))
+  other[7] = docs[7]
+  assert plan(docs) == plan(other)
+  # A one-document corpus draws itself, as the original's fallback.
+  for pair in il.plan_nsp_pairs(docs[0], 0, 1, random.Random(0), PARAMS):
+    assert pair.random_document in (-1, 0)
+
+
+def test_random_next_tokens_starts_uniformly_and_stops_at_the_target():
+  doc = [array.array("i", range(10 * s, 10 * s + 10)) for s in range(8)]  # 8 sentences of 10
+  starts = []
+  for u in np.linspace(0, 0.999, 80):
+    pair = il.Pair((0,), [1], [], 1, float(u), 25)
+    b = il.random_next_tokens(doc, pair)
+    assert b[0] % 10 == 0 and len(b) == min(30, 80 - b[0])  # whole sentences, >= 25 if it can
+    starts.append(b[0] // 10)
+  assert np.bincount(starts).tolist() == [10] * 8
