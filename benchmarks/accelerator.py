@@ -1,0 +1,276 @@
+r"""Accelerator throughput of a full pre-training step: real tokens/s, sequences/s, MFU, FLOPs.
+
+  python -m benchmarks.accelerator                      # both cases, every backend of this chip
+  python -m benchmarks.accelerator --cases=large512 --backends=splash --packing=packed
+  python -m benchmarks.accelerator --profile_dir=/tmp/prof   # + a trace of one step
+  python -m benchmarks.accelerator --smoke              # tiny config on CPU, seconds
+
+Cases (bfloat16 compute, float32 parameters and Adam state, AdamW as the presets):
+  base128    BERT-base, phase 1: seq 128, global batch 256, 20 predictions per instance
+  large512   BERT-large, phase 2: seq 512, global batch 32 per chip (--batch overrides), 80
+             predictions per instance, remat off (one H100 holds it; --remat turns it on)
+Each case runs unpacked (one instance per row, padded) and packed (instances end to end,
+data_pipelines/packing.py), once per attention backend. Attention dropout is 0 for every run (the
+`fast` preset: the fused kernels have none), so the backends run the same maths; hidden dropout
+stays 0.1.
+
+Records are synthetic but shaped like real text: instance lengths follow the quick start's records
+(measured quantiles below; mean 0.44 of the row is real tokens; Wikipedia at seq 512 is ~0.50,
+Krell et al. 2021), so padding costs what it costs on real data.
+
+Printed per run:
+  real tok/s   real (non-padding) tokens per second
+  seq/s        instances per second (a packed row holds several)
+  MFU          analytic model FLOPs of the real tokens (bert_jax.train.model_flops_per_sequence
+               summed over instances at their own length) / (chips x bf16 peak)
+  XLA/analytic the compiled step's FLOPs (XLA cost analysis) / the analytic FLOPs of the slots it
+               computes (padding included). Fused attention kernels are custom calls that XLA's cost
+               analysis does not count, so their runs read low by the attention share.
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+# Instance length quantiles of the quick start's training records (25,334 instances of seq 128,
+# runs/quickstart/records/train, measured 2026-11-22): (quantile, tokens out of 128). Scaled to T.
+LENGTH_QUANTILES = ((0.0, 9), (0.05, 20), (0.1, 23), (0.2, 27), (0.3, 32), (0.4, 38),
+                    (0.5, 45), (0.6, 54), (0.7, 66), (0.8, 87), (0.85, 103), (0.89, 127),
+                    (0.9, 128), (1.0, 128))
+
+CASES = {
+    "base128": dict(model="base", seq=128, batch=256, per_chip=False, preds=20),
+    "large512": dict(model="large", seq=512, batch=32, per_chip=True, preds=80),
+    "smoke": dict(model="tiny", seq=128, batch=8, per_chip=False, preds=20),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic records.
+# ----------------------------------------------------------------------------------------------
+def sample_lengths(rng, n, seq):
+  """n instance lengths with the quick start's distribution, scaled to rows of `seq`."""
+  q, tokens = np.asarray(LENGTH_QUANTILES, np.float64).T
+  lengths = np.interp(rng.uniform(size=n), q, tokens) * seq / 128.0
+  return np.clip(np.round(lengths), 8, seq).astype(np.int32)
+
+
+def make_instances(rng, n, seq, preds, vocab):
+  """n unpacked instances [n, T]: [CLS] A [SEP] B [SEP] then padding, 15% masked (<= preds)."""
+  lengths = sample_lengths(rng, n, seq)
+  pos = np.arange(seq)[None]
+  mask = (pos < lengths[:, None]).astype(np.int32)
+  ids = rng.integers(5, vocab, size=(n, seq)).astype(np.int32) * mask
+  ids[:, 0] = 2                                                          # [CLS]
+  a_end = np.maximum(1, lengths // 2)
+  ids[np.arange(n), a_end] = 3                                           # [SEP] after A
+  ids[np.arange(n), lengths - 1] = 3                                     # [SEP] after B
+  segment = ((pos > a_end[:, None]) & (mask > 0)).astype(np.int32)
+  out = dict(input_ids=ids, input_mask=mask, segment_ids=segment,
+             masked_lm_positions=np.zeros((n, preds), np.int32),
+             masked_lm_ids=np.zeros((n, preds), np.int32),
+             masked_lm_weights=np.zeros((n, preds), np.float32),
+             next_sentence_labels=rng.integers(0, 2, n).astype(np.int32))
+  for i, length in enumerate(lengths):
+    k = min(preds, max(1, int(round(0.15 * (length - 3)))))
+    candidates = np.setdiff1d(np.arange(1, length - 1), [a_end[i]])
+    chosen = np.sort(rng.choice(candidates, k, replace=False))
+    out["masked_lm_positions"][i, :k] = chosen
+    out["masked_lm_ids"][i, :k] = ids[i, chosen]
+    out["masked_lm_weights"][i, :k] = 1.0
+    out["input_ids"][i, chosen] = 4                                       # [MASK]
+  return out, lengths
+
+
+def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
+  """`count` host batches of `rows` rows, and per batch the (length, predictions) of each
+  instance it holds (for the real-token FLOPs)."""
+  batches, contents = [], []
+  for _ in range(count):
+    if not packed:
+      b, lengths = make_instances(rng, rows, seq, preds, vocab)
+      batches.append(b)
+      contents.append((lengths, b["masked_lm_weights"].sum(1).astype(int)))
+      continue
+    from data_pipelines import packing  # imports TensorFlow: only when packing
+    k = packing.default_max_instances(seq)
+    q = packing.max_predictions_per_pack(seq, k)
+    # Enough instances for `rows` full rows at the quick start's mean fill (0.44), + margin.
+    inst, _ = make_instances(rng, int(rows / 0.44 * 1.3) + 8, seq, preds, vocab)
+    p = packing.pack_arrays(inst, int(rng.integers(1 << 30)), max_instances=k, max_preds=q,
+                            count_preds=True)
+    # Rows come out shuffled; the first `rows` are a fair sample (the chunk's last, emptier rows
+    # are spread among them as in training).
+    b = {key: v[:rows] for key, v in p.items()}
+    present = b["nsp_weights"] > 0
+    lengths = np.asarray([np.sum(b["instance_ids"][r] == s + 1)
+                          for r, s in zip(*np.nonzero(present))])
+    preds_per = np.asarray([np.sum(b["masked_lm_weights"][r][
+        b["instance_ids"][r][b["masked_lm_positions"][r]] == s + 1]) for r, s in
+        zip(*np.nonzero(present))])
+    batches.append(b)
+    contents.append((lengths, preds_per.astype(int)))
+  return batches, contents
+
+
+# ----------------------------------------------------------------------------------------------
+# One run: a case, a packing mode, a backend.
+# ----------------------------------------------------------------------------------------------
+def build(case, *, packed, backend, dtype, remat, batch, interpret):
+  """The pre-training config, model config, mesh and jitted steps of one run."""
+  import jax
+  from bert_jax import attention, sharding as sharding_lib, train
+  from bert_jax.configs import pretrain
+  c = pretrain.get_config(case["model"])
+  c.train_input_files = "synthetic"
+  c.model.vocab_size = 30522
+  c.batch_size, c.seq_length, c.max_predictions_per_seq = batch, case["seq"], case["preds"]
+  c.model.dtype = dtype
+  c.model.remat = remat
+  c.model.attention_dropout_prob = 0.0
+  if "pack" in c:
+    c.pack = packed
+  choice = attention.select_backend(backend, packed=packed, dtype=dtype, seq_len=case["seq"],
+                                    dropout=0.0, allow_interpret=interpret)
+  c.model.attention = choice.backend
+  mc = train.create_model_config(c, train.load_vocab(c))
+  mesh = sharding_lib.create_mesh((-1, 1, 1))
+  return c, mc, mesh, train.build_training(c, mc, mesh), choice
+
+
+def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
+        seed=0):
+  import jax
+  from bert_jax import sharding as sharding_lib, train
+  c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
+                                 batch=batch, interpret=interpret)
+  rng = np.random.default_rng(seed)
+  host, contents = make_batches(rng, count=4, rows=batch, seq=case["seq"], preds=case["preds"],
+                                vocab=30522, packed=packed)
+  batches = [sharding_lib.make_global_batch(b, mesh) for b in host]
+  with jax.set_mesh(mesh):
+    state = t.init_state(jax.random.PRNGKey(seed))
+    compiled = t.train_step.lower(state, batches[0]).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    seconds, used = time_steps(compiled, state, batches, warmup=warmup, steps=steps)
+    if profile_dir:
+      state = profile_one_step(compiled, state, batches[0], profile_dir)
+  real_tokens = sum(int(contents[i][0].sum()) for i in used)
+  instances = sum(len(contents[i][0]) for i in used)
+  real_flops = sum(sum(train.model_flops_per_sequence(mc, int(n), int(p))
+                       for n, p in zip(*contents[i])) for i in used)
+  width = host[0]["masked_lm_positions"].shape[1]
+  slot_flops = train.model_flops_per_sequence(mc, case["seq"], width) * batch
+  peak = train.device_peak_tflops()
+  return dict(backend=choice.backend, reason=choice.reason, packed=packed, batch=batch,
+              fill=real_tokens / (len(used) * batch * case["seq"]),
+              tokens_per_s=real_tokens / seconds, seqs_per_s=instances / seconds,
+              mfu=(real_flops / seconds / 1e12 / peak) if peak else None,
+              # The cost analysis is of one device's SPMD program: x devices for the step.
+              xla_flops=float(cost.get("flops", 0.0)) * mesh.size if cost else 0.0,
+              slot_flops=slot_flops,
+              step_ms=1e3 * seconds / len(used))
+
+
+def time_steps(step, state, batches, *, warmup, steps):
+  """Seconds for `steps` steps cycling over `batches` (after `warmup`), and the batch indices
+  used; a device sync on both sides of the timed window."""
+  import jax
+  m = None
+  for i in range(warmup):
+    state, m = step(state, batches[i % len(batches)])
+  jax.block_until_ready((state, m))
+  used = [i % len(batches) for i in range(steps)]
+  t0 = time.perf_counter()
+  for i in used:
+    state, m = step(state, batches[i])
+  jax.block_until_ready((state, m))
+  return time.perf_counter() - t0, used
+
+
+def profile_one_step(step, state, batch, profile_dir):
+  import jax
+  jax.profiler.start_trace(profile_dir)
+  state, m = step(state, batch)
+  jax.block_until_ready((state, m))
+  jax.profiler.stop_trace()
+  print(f"profile of one step written to {profile_dir} (open with TensorBoard or Perfetto)",
+        flush=True)
+  return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line.
+# ----------------------------------------------------------------------------------------------
+def backends_to_run(requested, *, packed, dtype, seq, interpret):
+  """`all`: xla plus every fused kernel that can run here; else the comma-separated list."""
+  from bert_jax import attention
+  if requested != "all":
+    return requested.split(",")
+  fused = [b for b in attention.FUSED if attention.unsupported_reason(
+      b, platform_name=attention.platform(), packed=packed, dtype=dtype, seq_len=seq, dropout=0.0,
+      allow_interpret=interpret) is None]
+  return ["xla"] + fused
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--cases", default="base128,large512", help="base128, large512 (comma list)")
+  p.add_argument("--backends", default="all", help="all, or a list of auto,xla,cudnn,"
+                 "pallas_gpu,splash")
+  p.add_argument("--packing", default="both", choices=("both", "packed", "unpacked"))
+  p.add_argument("--steps", type=int, default=300)
+  p.add_argument("--warmup", type=int, default=10)
+  p.add_argument("--batch", type=int, default=0, help="global batch (0: the case's)")
+  p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--remat", action="store_true", help="rematerialise each layer")
+  p.add_argument("--profile_dir", default="", help="write a jax.profiler trace of one step")
+  p.add_argument("--interpret", action="store_true", help="allow Pallas kernels in CPU "
+                 "interpret mode (for checking the plumbing; slow)")
+  p.add_argument("--smoke", action="store_true", help="tiny config, 3 steps: checks the "
+                 "benchmark end to end on CPU in seconds")
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.cases, a.steps, a.warmup = "smoke", 3, 1
+  return a
+
+
+def main(argv=None):
+  a = parse_args(argv)
+  import jax
+  from bert_jax import attention
+  device = jax.devices()[0]
+  print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
+        f"{jax.__version__}", flush=True)
+  results = []
+  for name in a.cases.split(","):
+    case = CASES[name]
+    batch = a.batch or case["batch"] * (jax.device_count() if case["per_chip"] else 1)
+    for packed in {"both": (False, True), "packed": (True,), "unpacked": (False,)}[a.packing]:
+      for backend in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
+                                     interpret=a.interpret):
+        r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
+                warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
+                profile_dir=a.profile_dir and os.path.join(
+                    a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{backend}"))
+        r["case"] = name
+        results.append(r)
+        print(format_row(r), flush=True)
+  return results
+
+
+def format_row(r):
+  mfu = f"{r['mfu']:6.1%}" if r["mfu"] is not None else "   n/a"
+  ratio = r["xla_flops"] / r["slot_flops"] if r["slot_flops"] else float("nan")
+  return (f"{r['case']:9s} {'packed' if r['packed'] else 'unpacked':8s} {r['backend']:10s} "
+          f"batch {r['batch']:4d} fill {r['fill']:.2f} | {r['tokens_per_s']:10.0f} real tok/s "
+          f"{r['seqs_per_s']:8.1f} seq/s {r['step_ms']:8.1f} ms/step | MFU {mfu} | "
+          f"XLA/analytic FLOPs {ratio:.2f} | {r['reason']}")
+
+
+if __name__ == "__main__":
+  from bert_jax import errors
+  errors.run_main(main, None)   # a backend that cannot run here: one line on stderr, exit 2
