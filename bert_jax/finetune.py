@@ -32,7 +32,9 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import errors
 from bert_jax import finetune_tasks as ft
+from bert_jax import guard
 from bert_jax import heads
+from bert_jax import inference
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
@@ -72,13 +74,15 @@ def build_training(family, model_config, config, mesh, *, num_train_steps, warmu
 # Set-up helpers: all of them run before any compute.
 # ----------------------------------------------------------------------------------------------
 def load_tokenizer(config):
+  """config.vocab_file / spm_model_file, else the init_checkpoint's own (an export's bundled
+  vocab, a workdir's; local or gs://), checked against the checkpoint (vocab hash, casing)."""
+  if config.init_checkpoint:
+    return inference.load_for_inference(
+        config.init_checkpoint, vocab_file=config.vocab_file or None,
+        spm_model_file=config.spm_model_file or None, do_lower_case=config.do_lower_case,
+        with_params=False).tokenizer
   from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
-  vocab_file = config.vocab_file
-  if not (vocab_file or config.spm_model_file) and config.init_checkpoint:
-    # `python -m bert_jax.convert` exports carry their vocab.txt (local or gs://).
-    bundled = epath.Path(config.init_checkpoint) / "vocab.txt"
-    vocab_file = str(bundled) if bundled.exists() else ""
-  return tokenization.get_tokenizer(vocab_file=vocab_file or None,
+  return tokenization.get_tokenizer(vocab_file=config.vocab_file or None,
                                     spm_model_file=config.spm_model_file or None,
                                     do_lower_case=config.do_lower_case)
 
@@ -265,10 +269,12 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
         force=True)
     manager.wait_until_finished()
 
-  preempted = distributed.preemption_check()  # SIGTERM: save at the next step and stop
   timer, pending, order = trainer_lib.StepTimer(), [], None
+  # NaN/Inf steps are skipped inside the step (guard.py) and counted here at each log.
+  skips = guard.SkipTracker(config.get("max_consecutive_skips", 10), what="fine-tuning")
   n = len(train.features["input_ids"])
-  with trainer_lib.mesh_rules(run.mesh):
+  # SIGTERM (preemption): save at the next step and stop; the handler is undone on leaving.
+  with trainer_lib.mesh_rules(run.mesh), distributed.preemption_check() as preempted:
     while step < num_train_steps:
       epoch, i = divmod(step, steps_per_epoch)  # epochs are 1-based in logs and results
       if order is None or i == 0:  # each epoch's order is a function of (seed, epoch) alone
@@ -280,7 +286,10 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
       timer.step_done(m)
       pending.append(m)
       if step % config.log_every == 0 or step == num_train_steps:
-        log_train(run, step, epoch + 1, num_train_steps, jax.device_get(pending), timer.rate())
+        host = jax.device_get(pending)
+        for j, x in enumerate(host):  # step s read the batch at position s - 1
+          skips.update(step - len(host) + 1 + j, step - len(host) + j, x["skipped"])
+        log_train(run, step, epoch + 1, num_train_steps, host, timer.rate(), skips.total)
         pending = []
       epoch_end = step % steps_per_epoch == 0 or step == num_train_steps
       if epoch_end:
@@ -307,7 +316,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
 
 def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best):
   """(state, step) from the workdir's resume checkpoint, or (state, 0); fills history/best."""
-  latest = manager.latest_step()
+  latest = ckpt_lib.latest_verified_step(manager)  # SHA-256 manifest; falls back if damaged
   if latest is None:
     return state, 0
   state, meta = ckpt_lib.restore(manager, latest, run.steps.abstract_state)
@@ -325,15 +334,18 @@ def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
   return state, int(meta["step"])
 
 
-def log_train(run, step, epoch, num_train_steps, host_metrics, steps_per_sec):
-  avg = {k: float(np.mean([x[k] for x in host_metrics])) for k in host_metrics[0]}
+def log_train(run, step, epoch, num_train_steps, host_metrics, steps_per_sec, skipped_steps=0):
+  applied = [x for x in host_metrics if not x["skipped"]] or host_metrics  # NaN steps left out
+  avg = {k: float(np.mean([x[k] for x in applied])) for k in host_metrics[0] if k != "skipped"}
+  avg["skipped_steps"] = skipped_steps
   if steps_per_sec:
     avg["sequences_per_sec"] = steps_per_sec * run.config.batch_size
   run.writer.write_scalars(step, {f"train/{k}": v for k, v in avg.items()})
   if run.is_main:
     speed = (f"{avg['sequences_per_sec']:.1f} seq/s" if steps_per_sec else "compiling")
     print(f"epoch {epoch} step {step}/{num_train_steps} | loss {avg['loss']:.4f} | gnorm "
-          f"{avg['grad_norm']:.3f} | lr {avg['learning_rate']:.2e} | {speed}", flush=True)
+          f"{avg['grad_norm']:.3f} | lr {avg['learning_rate']:.2e} | {speed}"
+          + (f" | skipped {skipped_steps}" if skipped_steps else ""), flush=True)
 
 
 def predict(run, params, split):
@@ -469,10 +481,9 @@ def main(argv):
     raise ConfigError("--config is required, e.g. "
                       "--config=bert_jax/configs/finetune.py:glue_mrpc")
   trainer_lib.quiet_logging()
-  distributed.maybe_initialize_distributed()  # the same multi-host start-up as pre-training
   finetune(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main)
+  errors.run(main, init_distributed=True)  # multi-host start-up inside the one-line errors
