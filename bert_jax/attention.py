@@ -130,6 +130,20 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   return Choice("xla", "auto fell back: " + "; ".join(refusals))
 
 
+def startup_line(model_config, *, packed, seq_len):
+  """"attention: <kernel> in training (<why>)[, <kernel> in evaluation (<why>)]" for the log.
+
+  Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
+  """
+  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len)
+  train = select_backend(model_config.attention, dropout=model_config.attention_dropout_prob, **kw)
+  evaluation = select_backend(model_config.attention, dropout=0.0, **kw)
+  line = f"attention: {train.backend} in training ({train.reason})"
+  if evaluation.backend != train.backend:
+    line += f", {evaluation.backend} in evaluation ({evaluation.reason})"
+  return line
+
+
 # ----------------------------------------------------------------------------------------------
 # The function.
 # ----------------------------------------------------------------------------------------------

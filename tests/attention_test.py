@@ -193,3 +193,18 @@ def test_splash_refuses_a_length_that_is_not_a_multiple_of_128():
   with pytest.raises(attention.AttentionError, match="multiple"):
     attention.select_backend("splash", packed=True, dtype="bfloat16", seq_len=200, dropout=0.0,
                              platform_name="tpu")
+
+
+def test_startup_line_names_the_kernel_and_why():
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")
+  line = attention.startup_line(cfg, packed=True, seq_len=128)
+  assert line.startswith("attention: xla in training (")
+  if attention.platform() == "cpu":
+    assert "no fused kernel on cpu" in line
+  fast = model_lib.get_bert_config("tiny", attention="xla", attention_dropout_prob=0.0)
+  assert attention.startup_line(fast, packed=False, seq_len=128) == (
+      "attention: xla in training (requested)")
+  with pytest.raises(attention.AttentionError, match="attention_dropout_prob=0.1"):
+    attention.startup_line(model_lib.get_bert_config("tiny", attention="splash"), packed=True,
+                           seq_len=128)

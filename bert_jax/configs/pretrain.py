@@ -6,10 +6,13 @@ r"""BERT pre-training presets (the paper's recipe: Devlin et al. 2018, section A
       --config.eval_input_files='gs://BUCKET/data/seq128/eval-*' \
       --config.vocab_file=gs://BUCKET/vocab.txt
 
-The argument after ':' is PRESET[,phase2][,runlocal]:
+The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
   PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
+  fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
+            and ModernBERT train), so the fused attention kernels (cuDNN, Pallas, splash) can run
+            in training; the paper's 0.1 stays the default. Trade-off: docs/attention.md.
   runlocal  shrinks everything so a laptop CPU runs it in minutes (the README's first command).
 
 Recipe arithmetic: 256 sequences x 128 tokens = 32,768 tokens/step; 90% of 1M steps at 128 = 900k
@@ -23,10 +26,10 @@ def get_config(arg="base"):
   parts = [p for p in (arg or "base").split(",") if p]
   preset = parts[0]
   variants = set(parts[1:])
-  unknown = variants - {"phase2", "runlocal"}
+  unknown = variants - {"phase2", "fast", "runlocal"}
   if unknown:
     raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
-                     "PRESET[,phase2][,runlocal].")
+                     "PRESET[,phase2][,fast][,runlocal].")
 
   c = ml_collections.ConfigDict()
   c.model_name = preset            # see model.get_bert_config: tiny..large or L-{L}_H-{H}
@@ -39,6 +42,10 @@ def get_config(arg="base"):
       hidden_act="gelu",           # exact erf GELU, as HF "gelu"; "gelu_tanh" is the tanh
                                    # approximation google-research/bert's modeling.py uses
       remat=False,                 # recompute each layer in the backward pass (seq 512 / large)
+      # Attention kernel (bert_jax/attention.py): auto = the fastest that supports the rows on this
+      # chip (TPU splash; GPU cuDNN / Pallas; CPU xla). Attention dropout > 0 in training needs
+      # the probabilities, so auto trains on xla unless the `fast` variant sets it to 0.
+      attention="auto",
   ))
 
   # Input: TFRecords from `python -m data_pipelines.create_pretraining_data`.
@@ -89,6 +96,9 @@ def get_config(arg="base"):
     c.max_predictions_per_seq = 80
     c.num_train_steps = 100_000
     c.model.remat = preset in ("large",)
+
+  if "fast" in variants:
+    c.model.attention_dropout_prob = 0.0
 
   if "runlocal" in variants:
     # A real pre-training on 2 CPU cores in a few minutes (see the README's quick start).
