@@ -47,6 +47,9 @@ class CheckpointError(errors.UserError):
 
 
 ManifestError = manifest_lib.ManifestError
+# Tests only: seconds each asynchronous save stays open (uncommitted) before its manifest is
+# written, so that tests/kill_test.py can SIGKILL a run inside a checkpoint write.
+SLOW_SAVE_ENV = "BERT_JAX_TEST_SLOW_CHECKPOINT_S"
 MANIFEST_KEY = "manifest"      # in a step's meta: "sha256" when the step was saved with one
 # Errors of a write that ran out of room or permission: reported as one line, earlier steps kept.
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EPERM)
@@ -80,6 +83,8 @@ class Manager:
   def _write_manifest(self):
     """Runs in Orbax's finalize thread on every host once all files of the step are written."""
     step, label = self._saving
+    if os.environ.get(SLOW_SAVE_ENV):  # fault injection (tests/kill_test.py) only
+      time.sleep(float(os.environ[SLOW_SAVE_ENV]))
     tmp = self._manager.directory / f"{step}{ocp.utils.TMP_DIR_SUFFIX}"
     step_dir = tmp if tmp.exists() else self._manager.directory / str(step)  # gs: no rename
     n, size = manifest_lib.write_manifest(step_dir, jax.process_index(), jax.process_count())
@@ -295,7 +300,7 @@ def resolve_checkpoint(path):
   return "train", step_dir
 
 
-def _verify_for_load(kind, p):
+def verify_for_load(kind, p):
   """Verifies what load_params is about to read: one-line error if damaged, warning if old."""
   claims = _claims_manifest(p) if kind == "train" else False
   try:
@@ -307,6 +312,13 @@ def _verify_for_load(kind, p):
                     p)
 
 
+def with_casing(meta):
+  """A step's meta with the top-level do_lower_case of its (nested) training config."""
+  if meta.get("do_lower_case") is None and isinstance(meta.get("config"), dict):
+    meta = dict(meta, do_lower_case=meta["config"].get("do_lower_case"))
+  return meta
+
+
 def load_params(path):
   """Loads (params as numpy, BertConfig, meta dict) from any accepted layout.
 
@@ -315,7 +327,7 @@ def load_params(path):
   callers check casing in one place for every layout.
   """
   kind, p = resolve_checkpoint(path)
-  _verify_for_load(kind, p)
+  verify_for_load(kind, p)
   if kind == "params":
     info = json.loads((p / CONFIG_NAME).read_text())
     with ocp.StandardCheckpointer() as ckptr:
@@ -324,8 +336,7 @@ def load_params(path):
     return params, model_config, info
   meta = json.loads((p / "meta" / "metadata").read_text()) if (p / "meta" / "metadata").exists() \
       else ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(p / "meta")
-  if meta.get("do_lower_case") is None and isinstance(meta.get("config"), dict):
-    meta["do_lower_case"] = meta["config"].get("do_lower_case")
+  meta = with_casing(meta)
   with ocp.StandardCheckpointer() as ckptr:
     state = _restore_numpy(ckptr, p.absolute() / "state", only="params")
   model_config = model_lib.BertConfig.from_dict(meta["model_config"])

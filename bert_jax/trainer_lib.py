@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import errors
+from bert_jax import guard
 from bert_jax import model as model_lib
 from bert_jax import sharding as sharding_lib
 
@@ -101,12 +102,9 @@ def train_step(state, batch, *, model, forward, loss_fn, tx, schedule, grad_accu
     grads, metrics = jax.tree.map(lambda t, s: (t / k).astype(s.dtype), total, shapes)
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads),   # of the applied mean gradient
                  learning_rate=schedule(state["step"]))
-  # HOOK (issue 13, non-finite guard): a step whose metrics["loss"] or metrics["grad_norm"] is
-  # not finite must return `state` unchanged bit for bit (count it, don't apply it): select
-  # between `state` and `new_state` here on the whole tree (lax.cond or jnp.where), not inside
-  # the optimizer.
-  new_state = apply_gradients(state, grads, tx)
-  return new_state, metrics
+  # The non-finite guard: a NaN/Inf loss, gradient or update leaves params and optimizer state
+  # as they were, bit for bit, and metrics["skipped"] = 1 (guard.py; the loops count it).
+  return guard.select(state, apply_gradients(state, grads, tx), metrics)
 
 
 def eval_step(params, batch, *, model, forward, eval_fn):
@@ -209,12 +207,13 @@ def _tree_metadata(item_dir):
 def read_pretrained(path) -> Pretrained:
   """Config, provenance and parameter shapes of any accepted checkpoint layout; reads no array."""
   kind, p = ckpt_lib.resolve_checkpoint(path)
+  ckpt_lib.verify_for_load(kind, p)  # SHA-256 manifest: a damaged file is one line naming it
   if kind == "params":
     meta = json.loads((p / ckpt_lib.CONFIG_NAME).read_text())
     model_config = model_lib.BertConfig.from_dict(meta.pop("bert_config"))
     item_dir, prefix = p.absolute() / "params", ()
   else:
-    meta = json.loads((p / "meta" / "metadata").read_text())
+    meta = ckpt_lib.with_casing(json.loads((p / "meta" / "metadata").read_text()))
     model_config = model_lib.BertConfig.from_dict(meta["model_config"])
     item_dir, prefix = p.absolute() / "state", ("params",)
   tree = _tree_metadata(item_dir)

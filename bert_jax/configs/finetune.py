@@ -95,6 +95,7 @@ def get_config(arg="glue_mrpc"):
   c.mesh_shape = (-1, 1, 1)     # (data, fsdp, tensor); fine-tuning fits data parallelism
   c.seed = 0
   c.log_every = 50
+  c.max_consecutive_skips = 10  # NaN/Inf steps (skipped, never applied) in a row -> stop; 0 never
 
   if name.startswith("squad"):
     # SQuAD: 384-token windows, 2 epochs (the paper trains v1.1 3 epochs at 5e-5 and v2.0 2
