@@ -6,6 +6,8 @@ so a resumed run continues the same stream. "synthetic" stands in for records in
 benchmarks: random ids with the contract's shapes, a pure function of (seed, batch index, host).
 """
 
+import itertools
+
 import numpy as np
 
 
@@ -48,10 +50,13 @@ def _synthetic_global(batch_size, seq_length, max_predictions_per_seq, vocab_siz
 
 
 def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, process_index,
-                 process_count, train=True):
+                 process_count, train=True, layout=None):
   """Iterator of host-local numpy batches from TFRecords (or synthetic when files=='synthetic').
 
   files: the list from pretrain_input.expand_file_pattern (globbed once, by the caller).
+  layout: `stream_layout`'s dict for the training stream (logical shards, packing); None for
+  evaluation, which reads unpacked rows (metrics comparable between packed and unpacked runs).
+  Synthetic batches are never packed.
   """
   if files == "synthetic":
     return synthetic_batches(batch_size=local_batch_size, seq_length=config.seq_length,
@@ -59,11 +64,39 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
                              vocab_size=vocab.size, seed=seed, start_batch=start_batch,
                              process_index=process_index, process_count=process_count)
   from data_pipelines import pretrain_input  # TF only when real records are read
+  layout = layout or {}
   ds = pretrain_input.make_pretrain_dataset(
       files, batch_size=local_batch_size, seq_length=config.seq_length,
       max_predictions_per_seq=config.max_predictions_per_seq, vocab=vocab,
       masked_lm_prob=config.masked_lm_prob, whole_word_masking=config.whole_word_masking,
       seed=seed, process_index=process_index, process_count=process_count,
       shuffle=train, repeat=True, start_batch=start_batch,
-      shuffle_buffer=config.shuffle_buffer, expanded=True)
+      shuffle_buffer=config.shuffle_buffer, expanded=True,
+      num_logical_shards=layout.get("num_logical_shards", 0), pack=layout.get("pack", False),
+      max_instances_per_pack=layout.get("max_instances_per_pack", 0),
+      pack_chunk_size=layout.get("pack_chunk_size") or 1024)
   return pretrain_input.as_numpy_batches(ds)
+
+
+def stream_layout(config, files, process_count, stored=None):
+  """The training stream's layout (logical shards, packing) for the checkpoint; None if synthetic.
+
+  stored: the layout of the checkpoint being resumed (an error if this run's would differ).
+  """
+  if files == "synthetic":
+    return None
+  from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+  return pretrain_input.stream_layout(
+      num_files=len(files), global_batch=config.batch_size, process_count=process_count,
+      num_logical_shards=config.num_logical_shards, pack=config.pack,
+      max_instances_per_pack=config.max_instances_per_pack,
+      pack_chunk_size=config.pack_chunk_size, seq_length=config.seq_length, stored=stored)
+
+
+def peek(batches, n=4):
+  """(the same iterator, real tokens per slot of its first n batches): batches read ahead are
+  put back, so the stream is unchanged; a bad record fails here, before any compute."""
+  first = list(itertools.islice(batches, n))
+  real = sum(int(np.sum(b["input_mask"])) for b in first)
+  slots = sum(int(np.size(b["input_mask"])) for b in first)
+  return itertools.chain(first, batches), real / max(slots, 1)

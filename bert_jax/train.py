@@ -25,10 +25,12 @@ import optax
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import errors
+from bert_jax import guard
 from bert_jax import input_source
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
+from bert_jax import preflight
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
 
@@ -39,30 +41,23 @@ ConfigError = trainer_lib.ConfigError  # one class for config problems in both l
 # Model call and loss (pure).
 # ----------------------------------------------------------------------------------------------
 def forward(module, batch, deterministic):
-  """BertForPreTraining on a batch dict -> (mlm_logits [B, P, V], nsp_logits [B, 2]) float32."""
-  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                batch["masked_lm_positions"], deterministic=deterministic)
+  """BertForPreTraining on a batch dict -> (mlm_logits [B, P, V], nsp_logits [B, 2]) float32.
+
+  Packed batches (instance_ids, position_ids, nsp_positions present; data_pipelines/packing.py)
+  give nsp_logits [B, K, 2], one per instance.
+  """
+  return model_lib.pretraining_forward(module, batch, deterministic)
 
 
 def pretraining_loss(outputs, batch):
   """google-research/bert's loss: weighted MLM cross-entropy + NSP cross-entropy.
 
-  outputs: forward's (mlm_logits [B, P, V], nsp_logits [B, 2]); batch: the batch contract dict.
+  NSP loss and accuracy are means over instances (model.pretraining_loss), packed or not.
   """
-  mlm_logits, nsp_logits = outputs
-  weights = batch["masked_lm_weights"]                                   # [B, P]
-  mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
-  # 1e-5 as in the original: a batch with no predictions gives 0, not NaN.
-  mlm_loss = jnp.sum(mlm_ce * weights) / (jnp.sum(weights) + 1e-5)
-  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits,
-                                                           batch["next_sentence_labels"])
-  nsp_loss = jnp.mean(nsp_ce)
-  mlm_correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
-  metrics = dict(
-      loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-      mlm_accuracy=jnp.sum(mlm_correct) / (jnp.sum(weights) + 1e-5),
-      nsp_accuracy=jnp.mean(jnp.argmax(nsp_logits, -1) == batch["next_sentence_labels"]))
-  return mlm_loss + nsp_loss, metrics
+  loss, metrics = model_lib.pretraining_loss(outputs, batch)
+  # Real tokens per slot of the batch (1 - padding); x tokens/s = real tokens/s in the log.
+  metrics["real_token_fraction"] = jnp.mean(batch["input_mask"].astype(jnp.float32))
+  return loss, metrics
 
 
 def eval_metrics(outputs, batch):
@@ -166,9 +161,9 @@ def create_model_config(config, vocab):
 # ----------------------------------------------------------------------------------------------
 # State: resume > init_checkpoint > fresh init.
 # ----------------------------------------------------------------------------------------------
-def restore_or_init(manager, t, config, model_config, workdir):
-  """(state, step) from the latest checkpoint in workdir, else a fresh (or pre-trained) start."""
-  latest = manager.latest_step()
+def restore_or_init(manager, t, config, model_config, workdir, latest):
+  """(state, step) from checkpoint `latest` (verified; None: none) in workdir, else a fresh (or
+  pre-trained) start."""
   if latest is not None:
     stored = ckpt_lib.read_meta(manager, latest)["model_config"]
     if stored != model_config.to_dict():
@@ -177,8 +172,9 @@ def restore_or_init(manager, t, config, model_config, workdir):
       raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
                         f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
-    print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
-          f"{meta['input_position']})", flush=True)
+    if jax.process_index() == 0:
+      print(f"resuming from step {latest} in {workdir} (input position "
+            f"{meta['input_position']})", flush=True)
     return state, int(latest)
   state = t.init_state(jax.random.PRNGKey(config.seed))
   if config.init_checkpoint:
@@ -211,6 +207,7 @@ def init_from_checkpoint(state, t, path, model_config):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
   # --- Set-up and validation (no compute before this passes). ---
+  preflight.check_config_values(config)
   trainer_lib.check_workdir(workdir)
   train_files = expand_files(config.train_input_files, "train_input_files")
   eval_files = (expand_files(config.eval_input_files, "eval_input_files")
@@ -220,6 +217,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
   is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
+  # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
+  note = print if is_main else (lambda _: None)
+  preflight.check_data_contract(train_files, "train_input_files", config, vocab, note)
+  if eval_files:
+    preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note)
 
   # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
   accum = int(config.grad_accum_steps)
@@ -231,20 +233,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
           f"rows per host" + (f", {accum} micro-batches of {config.batch_size // accum} per "
                               "step" if accum > 1 else ""), flush=True)
 
-  # --- Model, optimizer, shardings, compiled steps; then the state. ---
-  t = build_training(config, model_config, mesh)
+  # --- The resume step: the newest checkpoint that verifies against its SHA-256 manifest. ---
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
                                     keep_period=config.keep_every or None,
                                     async_save=config.async_checkpointing)
-  with trainer_lib.mesh_rules(mesh):
-    state, start_step = restore_or_init(manager, t, config, model_config, workdir)
+  # The stream's layout (logical shards, packing) is fixed at the first run and kept in the
+  # checkpoint; resuming on another host count continues the same stream.
+  latest = ckpt_lib.latest_verified_step(manager)
+  layout = input_source.stream_layout(
+      config, train_files, jax.process_count(),
+      stored=(ckpt_lib.read_meta(manager, latest).get("stream_layout")
+              if latest is not None else None))
 
-  # --- Input: batch i of the stream is the global batch of step i + 1. ---
+  # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
+  # checked before the model exists (bad records: one line in seconds, not after compiling). ---
   def batches(files, seed, start, train=True):
     return input_source.make_batches(
         config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
-        process_index=jax.process_index(), process_count=jax.process_count(), train=train)
-  train_iter = batches(train_files, config.seed, start_step)
+        process_index=jax.process_index(), process_count=jax.process_count(), train=train,
+        layout=layout if train else None)
+  train_iter, real_per_slot = input_source.peek(batches(train_files, config.seed, latest or 0))
+  train_iter = preflight.first_batch(train_iter, "train_input_files", config, vocab, local_batch)
+  if is_main and layout:
+    shards = layout["num_logical_shards"]
+    print(f"input: {len(train_files)} files in {shards} logical shards (host 0 reads "
+          f"{shards // jax.process_count()}); "
+          + (f"packed rows of up to {layout['max_instances_per_pack']} instances"
+             if layout["pack"] else "one instance per row (--config.pack=false)")
+          + f": {real_per_slot:.3f} real tokens per slot over the first batches", flush=True)
+
+  # --- Model, optimizer, shardings, compiled steps; then the state. ---
+  t = build_training(config, model_config, mesh)
+  with trainer_lib.mesh_rules(mesh):
+    state, start_step = restore_or_init(manager, t, config, model_config, workdir, latest)
 
   def evaluate(step, params):
     result = evaluate_params(t.eval_step, params, config.eval_steps, mesh,
@@ -259,10 +280,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
   def save(step, force=False):
     meta = dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
-                model_config=model_config.to_dict(), input_position=step, step=step)
+                model_config=model_config.to_dict(), input_position=step, step=step,
+                stream_layout=layout)
     ckpt_lib.save(manager, step, state, meta, force=force)
 
-  preempted = distributed.preemption_check()  # SIGTERM -> save at the next step and exit
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
     writer.write_text("config", config.to_json_best_effort(indent=2))
@@ -270,17 +291,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
                                             config.max_predictions_per_seq) * config.batch_size
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
-  with trainer_lib.mesh_rules(mesh):
+  # NaN/Inf steps are skipped inside the step (guard.py); counted here one step late, so that
+  # reading the flag never stalls the step in flight. Step s reads batch s - 1 of the stream.
+  skips, previous = guard.SkipTracker(config.get("max_consecutive_skips", 10)), None
+  with trainer_lib.mesh_rules(mesh), distributed.preemption_check() as preempted:
     if start_step == 0 and eval_files:
       last_eval = evaluate(0, state["params"])
     for step in range(start_step + 1, total_steps + 1):
       profile(config, workdir, step, before=True)
       state, metrics = t.train_step(state, sharding_lib.make_global_batch(next(train_iter), mesh))
+      if previous is not None:
+        skips.update(step - 1, step - 2, previous)
+      previous = metrics["skipped"]
       timer.step_done(metrics)
       pending.append(metrics)
       profile(config, workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
+        skips.update(step, step - 1, previous)   # every logged step is counted
+        previous = None
         avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
+        avg["skipped_steps"] = skips.total
         writer.write_scalars(step, avg)
         history["train"].append((step, avg))
         if is_main:
@@ -316,12 +346,15 @@ def evaluate_params(eval_step, params, num_steps, mesh, batches):
 
 
 def summarize(host_metrics, steps_per_sec, config, flops_per_step):
-  """Mean of the steps' metrics since the last log, plus throughput when it was timed."""
-  avg = {k: float(np.mean([m[k] for m in host_metrics])) for k in host_metrics[0]}
+  """Mean of the applied steps' metrics since the last log (skipped NaN/Inf steps left out),
+  plus throughput when it was timed."""
+  applied = [m for m in host_metrics if not m["skipped"]] or host_metrics
+  avg = {k: float(np.mean([m[k] for m in applied])) for k in host_metrics[0] if k != "skipped"}
   if steps_per_sec:
     seqs = steps_per_sec * config.batch_size
     avg.update(steps_per_sec=steps_per_sec, sequences_per_sec=seqs,
                tokens_per_sec=seqs * config.seq_length,
+               real_tokens_per_sec=seqs * config.seq_length * avg["real_token_fraction"],
                tflops=steps_per_sec * flops_per_step / 1e12)
     peak = device_peak_tflops()
     if peak:
@@ -332,12 +365,14 @@ def summarize(host_metrics, steps_per_sec, config, flops_per_step):
 def log_line(step, total_steps, avg):
   speed = " | compiling"
   if "steps_per_sec" in avg:
-    speed = (f" | {avg['sequences_per_sec']:.1f} seq/s {avg['tokens_per_sec']:.0f} tok/s "
+    speed = (f" | {avg['sequences_per_sec']:.1f} rows/s {avg['tokens_per_sec']:.0f} tok/s "
+             f"({avg['real_tokens_per_sec']:.0f} real) "
              f"{avg['tflops']:.3f} TFLOP/s" + (f" MFU {avg['mfu']:.1%}" if "mfu" in avg else "")
              + f" | ETA {_fmt_time((total_steps - step) / avg['steps_per_sec'])}")
   return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} (mlm {avg['mlm_loss']:.3f} acc "
           f"{avg['mlm_accuracy']:.3f}, nsp {avg['nsp_loss']:.3f} acc {avg['nsp_accuracy']:.3f}) "
-          f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}" + speed)
+          f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}"
+          + (f" | skipped {avg['skipped_steps']}" if avg.get("skipped_steps") else "") + speed)
 
 
 def profile(config, workdir, step, *, before, state=None):
