@@ -35,6 +35,7 @@ from bert_jax import finetune_tasks as ft
 from bert_jax import guard
 from bert_jax import heads
 from bert_jax import inference
+from bert_jax import inference
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
@@ -73,26 +74,16 @@ def build_training(family, model_config, config, mesh, *, num_train_steps, warmu
 # ----------------------------------------------------------------------------------------------
 # Set-up helpers: all of them run before any compute.
 # ----------------------------------------------------------------------------------------------
-def load_tokenizer(config):
-  """config.vocab_file / spm_model_file, else the init_checkpoint's own (an export's bundled
-  vocab, a workdir's; local or gs://), checked against the checkpoint (vocab hash, casing)."""
-  if config.init_checkpoint:
-    return inference.load_for_inference(
-        config.init_checkpoint, vocab_file=config.vocab_file or None,
-        spm_model_file=config.spm_model_file or None, do_lower_case=config.do_lower_case,
-        with_params=False).tokenizer
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
-  return tokenization.get_tokenizer(vocab_file=config.vocab_file or None,
-                                    spm_model_file=config.spm_model_file or None,
-                                    do_lower_case=config.do_lower_case)
-
-
-def load_init_checkpoint(config, vocab):
-  """(trainer_lib.Pretrained or None, BertConfig) from config.init_checkpoint; reads no array.
+def load_init_checkpoint(config):
+  """(tokenizer, trainer_lib.Pretrained or None, BertConfig) for config.init_checkpoint; reads
+  no array.
 
   Accepts a params export (conversion, or a fine-tuning run's best_epoch*), a pre-training
-  workdir or step directory. Dropout, dtype and remat come from config.model.
+  workdir or step directory (local or gs://). The tokenizer and its casing are found and checked
+  as for inference (inference.load_for_inference: the checkpoint's own vocab unless
+  config.vocab_file / spm_model_file is given). Dropout, dtype and remat come from config.model.
   """
+  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
   overrides = {k: v for k, v in config.model.items() if v is not None}
   if not config.init_checkpoint:
     if not config.model_name:
@@ -101,22 +92,21 @@ def load_init_checkpoint(config, vocab):
                         "config.model_name=tiny trains from scratch (tests only).")
     print(f"warning: no init_checkpoint; {config.model_name} starts from random weights",
           flush=True)
-    return None, model_lib.get_bert_config(config.model_name, vocab_size=vocab.size,
-                                           **overrides)
-  pre = trainer_lib.read_pretrained(config.init_checkpoint)
-  stored_case = pre.meta.get("do_lower_case")
-  if stored_case is not None and bool(stored_case) != bool(config.do_lower_case):
-    raise ConfigError(f"config.do_lower_case={config.do_lower_case} but init_checkpoint was "
-                      f"trained with do_lower_case={stored_case}; set "
-                      f"--config.do_lower_case={stored_case}.")
-  if pre.model_config.vocab_size != vocab.size:
-    raise ConfigError(f"init_checkpoint={config.init_checkpoint} has vocab_size="
-                      f"{pre.model_config.vocab_size} but {vocab.path} has {vocab.size} tokens; "
-                      "use the vocab the checkpoint was trained with.")
+    tokenizer = tokenization.get_tokenizer(
+        vocab_file=config.vocab_file or None, spm_model_file=config.spm_model_file or None,
+        do_lower_case=config.do_lower_case)
+    return tokenizer, None, model_lib.get_bert_config(
+        config.model_name, vocab_size=tokenizer.vocab.size, **overrides)
+  found = inference.load_for_inference(
+      config.init_checkpoint, vocab_file=config.vocab_file or None,
+      spm_model_file=config.spm_model_file or None, do_lower_case=config.do_lower_case,
+      with_params=False)
+  pre = trainer_lib.read_pretrained(found.path)
   if trainer_lib.stored_subtree(pre, "bert") is None:
     raise ConfigError(f"init_checkpoint={config.init_checkpoint}: no 'bert' parameters "
                       f"(top-level keys {sorted(pre.params_meta)}).")
-  return pre, model_lib.BertConfig(**{**pre.model_config.to_dict(), **overrides})
+  return (found.tokenizer, pre._replace(path=config.init_checkpoint),
+          model_lib.BertConfig(**{**found.config.to_dict(), **overrides}))
 
 
 def load_splits(task, tokenizer, config):
@@ -197,9 +187,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
 
   # --- Set-up and validation: every bad input fails here, before any compute. ---
   trainer_lib.check_workdir(workdir)
-  tokenizer = load_tokenizer(config)
+  tokenizer, pre, model_config = load_init_checkpoint(config)
   task = ft.build_task(config)
-  pre, model_config = load_init_checkpoint(config, tokenizer.vocab)
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", model_config)
   trainer_lib.check_same_on_all_hosts(config, tokenizer.vocab.path, tokenizer.vocab.size)
   train, evals, tests = load_splits(task, tokenizer, config)
