@@ -1,6 +1,8 @@
 """The non-finite guard: a NaN/Inf step leaves parameters and optimizer state unchanged bit for bit,
 is counted, and too many in a row stop the run with one line naming the step and input position."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,3 +82,194 @@ def test_build_vocab_refuses_an_unwritable_output_before_reading_the_corpus(tmp_
   monkeypatch.setattr(build_vocab, "corpus_paths", must_not_run)
   with pytest.raises(build_vocab.BuildVocabError, match="--output=.*cannot be written"):
     build_vocab.build(str(tmp_path / "corpus.txt"), 100, str(tmp_path / "file" / "vocab.txt"))
+
+
+def test_finite_loss_with_nan_gradient_is_skipped():
+  """sqrt at 0: the loss is 0, its gradient is Inf/NaN."""
+  state, tx = _toy_state()
+
+  def step(s):
+    loss, grads = jax.value_and_grad(lambda p: jnp.sum(jnp.sqrt(jnp.abs(p["w"]))))(s["params"])
+    updates, opt_state = tx.update(grads, s["opt_state"], s["params"])
+    new = dict(s, step=s["step"] + 1, opt_state=opt_state,
+               params=optax.apply_updates(s["params"], updates))
+    return guard.select(s, new, dict(loss=loss, grad_norm=optax.tree.norm(grads)))
+  after, m = jax.jit(step)(state)
+  assert np.isfinite(float(m["loss"])) and int(m["skipped"]) == 1
+  assert _bits(after["params"]) == _bits(state["params"])
+  assert _bits(after["opt_state"]) == _bits(state["opt_state"])
+
+
+# ----------------------------------------------------------------------------------------------
+# The guard inside pre-training (trainer_lib.train_step -> guard.select, train.py counts).
+# ----------------------------------------------------------------------------------------------
+def _tiny(**overrides):
+  from bert_jax.configs import pretrain as pretrain_config
+  c = pretrain_config.get_config("tiny,runlocal")
+  c.train_input_files = "synthetic"
+  c.model.vocab_size = 512
+  c.seq_length, c.max_predictions_per_seq, c.batch_size = 32, 6, 8
+  c.num_train_steps, c.warmup_steps, c.log_every = 4, 2, 1
+  c.checkpoint_every, c.keep_checkpoints, c.eval_every = 1, 20, 1000
+  c.async_checkpointing = False
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+def _poison(monkeypatch, bad_batches):
+  """Batches at these stream positions get NaN masked_lm_weights (a NaN loss and gradient)."""
+  from bert_jax import input_source
+  real = input_source.make_batches
+
+  def poisoned(*args, **kwargs):
+    for i, b in enumerate(real(*args, **kwargs), start=kwargs["start_batch"]):
+      if i in bad_batches:
+        b = dict(b, masked_lm_weights=np.full_like(b["masked_lm_weights"], np.nan))
+      yield b
+  monkeypatch.setattr(input_source, "make_batches", poisoned)
+
+
+def _saved_state(workdir, step):
+  from orbax import checkpoint as ocp
+  from bert_jax import checkpoint as ckpt_lib
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckpt_lib._restore_numpy(ckptr, os.path.join(workdir, "checkpoints", str(step),
+                                                       "state"))
+
+
+@pytest.mark.slow
+def test_nan_batch_in_pretraining_is_skipped_and_counted(tmp_path, monkeypatch):
+  from bert_jax import train
+  _poison(monkeypatch, bad_batches={2})          # the batch of step 3
+  wd = str(tmp_path / "wd")
+  result = train.train_and_evaluate(_tiny(), wd)
+  skipped = {s: m["skipped_steps"] for s, m in result["history"]["train"]}
+  assert skipped == {1: 0, 2: 0, 3: 1, 4: 1}
+  assert all(np.isfinite(m["loss"]) for _, m in result["history"]["train"])
+  s2, s3, s4 = (_saved_state(wd, s) for s in (2, 3, 4))
+  assert _bits(s3["params"]) == _bits(s2["params"])
+  assert _bits(s3["opt_state"]) == _bits(s2["opt_state"])
+  assert int(s3["step"]) == 3 and _bits(s4["params"]) != _bits(s3["params"])
+
+
+@pytest.mark.slow
+def test_consecutive_nan_steps_stop_the_run_with_one_line(tmp_path, monkeypatch):
+  from bert_jax import train
+  _poison(monkeypatch, bad_batches=set(range(2, 100)))
+  wd = str(tmp_path / "wd")
+  with pytest.raises(guard.NonFiniteError,
+                     match=r"stopped at step 4: .* 2 consecutive steps .* first at step 3 "
+                           r"\(input position 2\)"):
+    train.train_and_evaluate(_tiny(num_train_steps=8, max_consecutive_skips=2), wd)
+  steps = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
+  assert steps == [1, 2, 3]                      # no checkpoint after the stop
+  for s in steps:
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(_saved_state(wd, s)["params"]))
+  assert _bits(_saved_state(wd, 3)["params"]) == _bits(_saved_state(wd, 2)["params"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input to pre-training: one error before the model is built.
+# ----------------------------------------------------------------------------------------------
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(195)]
+
+
+def _records(directory, *, seq=128, max_id=150, shards=2, per_shard=16, info_vocab=None,
+             lower=True):
+  """Unmasked records (ids < max_id), with a dataset_info.json when info_vocab is given."""
+  from data_pipelines import dataset_info
+  from data_pipelines.tf_setup import tf
+  directory.mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  names = []
+  for s in range(shards):
+    name = f"part-{s:05d}-of-{shards:05d}.tfrecord"
+    with tf.io.TFRecordWriter(str(directory / name)) as w:
+      for _ in range(per_shard):
+        ids = [2] + list(rng.integers(5, max_id, seq - 2)) + [3]
+        f = {"input_ids": ids, "input_mask": [1] * seq, "segment_ids": [0] * seq,
+             "next_sentence_labels": [0]}
+        w.write(tf.train.Example(features=tf.train.Features(feature={
+            k: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+            for k, v in f.items()})).SerializeToString())
+    names.append(name)
+  if info_vocab:
+    dataset_info.write(str(directory), dict(
+        shards=[dict(file=n, num_instances=per_shard) for n in names], max_seq_length=seq,
+        nsp=True, vocab_file=info_vocab, vocab_size=len(WORDS), do_lower_case=lower,
+        vocab_sha256=dataset_info.sha256_file(info_vocab)))
+  return str(directory / "part-*")
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+  """Any error raised with this fixture came before the model was built."""
+  from bert_jax import train
+
+  def model_built(*args, **kwargs):
+    raise AssertionError("the model was built before the bad input was found")
+  monkeypatch.setattr(train, "build_training", model_built)
+  return train
+
+
+def _vocab(tmp_path, words=WORDS, name="vocab.txt"):
+  (tmp_path / name).write_text("\n".join(words) + "\n")
+  return str(tmp_path / name)
+
+
+def _real(tmp_path, files, vocab, **overrides):
+  kw = dict(train_input_files=files, vocab_file=vocab, seq_length=128,
+            max_predictions_per_seq=20)
+  kw.update(overrides)
+  c = _tiny(**kw)
+  c.model.vocab_size = None
+  return c
+
+
+@pytest.mark.parametrize("field,value", [("batch_size", -32), ("seq_length", 0),
+                                         ("max_predictions_per_seq", 0),
+                                         ("num_train_steps", -1)])
+def test_non_positive_sizes_are_refused_first(tmp_path, no_model, field, value):
+  from bert_jax import errors
+  with pytest.raises(errors.UserError, match=f"config.{field}={value}: expected a positive"):
+    no_model.train_and_evaluate(_tiny(**{field: value}), str(tmp_path / "wd"))
+
+
+def test_records_contract_mismatches_before_the_model(tmp_path, no_model):
+  from data_pipelines import dataset_info
+  vocab = _vocab(tmp_path)
+  files = _records(tmp_path / "rec", info_vocab=vocab)
+  wd = str(tmp_path / "wd")
+  with pytest.raises(dataset_info.DataContractError,
+                     match="max_seq_length = 128 .*config.seq_length=64"):
+    no_model.train_and_evaluate(_real(tmp_path, files, vocab, seq_length=64), wd)
+  shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")
+  with pytest.raises(dataset_info.DataContractError, match="shuffled.txt"):
+    no_model.train_and_evaluate(_real(tmp_path, files, shuffled), wd)
+  with pytest.raises(dataset_info.DataContractError, match="config.do_lower_case=False"):
+    no_model.train_and_evaluate(_real(tmp_path, files, vocab, do_lower_case=False), wd)
+  shard = files.replace("*", "00001-of-00002.tfrecord")
+  with open(shard, "r+b") as f:
+    f.truncate(os.path.getsize(shard) - 100)
+  with pytest.raises(dataset_info.DataContractError, match="00001-of-00002.tfrecord: .* bytes"):
+    no_model.train_and_evaluate(_real(tmp_path, files, vocab), wd)
+
+
+def test_records_without_contract_checked_by_their_first_batch(tmp_path, no_model):
+  from bert_jax import errors
+  small = _vocab(tmp_path, WORDS[:100], "small.txt")      # records hold ids up to 149
+  files = _records(tmp_path / "google", max_id=150)       # no dataset_info.json
+  with pytest.raises(errors.UserError, match=r"1\d\d"):
+    no_model.train_and_evaluate(_real(tmp_path, files, small), str(tmp_path / "wd"))
+  vocab = _vocab(tmp_path)
+  with pytest.raises(errors.UserError, match="part-00000-of-00002.tfrecord.*length 128"):
+    no_model.train_and_evaluate(_real(tmp_path, files, vocab, seq_length=64),
+                                str(tmp_path / "wd"))
+
+
+def test_unwritable_workdir_before_the_model(tmp_path, no_model):
+  from bert_jax import errors
+  (tmp_path / "file").write_text("x")     # a path under a file: unwritable even for root
+  with pytest.raises(errors.UserError, match="workdir"):
+    no_model.train_and_evaluate(_tiny(), str(tmp_path / "file" / "wd"))
