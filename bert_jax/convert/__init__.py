@@ -23,6 +23,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
 from bert_jax.convert import formats
 from bert_jax.convert import names
+from bert_jax.convert import sentencepiece_export
 from bert_jax.convert.formats import ConversionError, check_casing  # noqa: F401 (public API)
 
 VOCAB_NAME = "vocab.txt"
@@ -219,17 +220,14 @@ def hf_state_dict(params, config, where="checkpoint"):
   return {s.hf: names.from_flax(s, np.asarray(flat[s.path]), "hf") for s in table}
 
 
-def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
+def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
+                 spm_model_file=None):
   """Orbax params export, workdir or step directory (local or gs://) -> HF BertForPreTraining."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   if os.path.exists(output):
     raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
   m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
-                                   do_lower_case=do_lower_case)
-  if m.spm_model_file:
-    raise ConversionError(f"--input={checkpoint}: uses the SentencePiece model "
-                          f"{m.spm_model_file}; export to Hugging Face writes a WordPiece "
-                          "BertTokenizer only.")
+                                   spm_model_file=spm_model_file, do_lower_case=do_lower_case)
   state = hf_state_dict(m.params, m.config, checkpoint)
   pad_id = m.tokenizer.vocab.pad_id
 
@@ -238,7 +236,11 @@ def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(formats.hf_config_json(m.config, pad_id), f, indent=2, sort_keys=True)
-    formats.write_tokenizer_files(tmp, m.vocab_file, m.do_lower_case,
-                                  m.config.max_position_embeddings)
+    if m.spm_model_file:  # tokenizer.json (PreTrainedTokenizerFast) with the same ids
+      sentencepiece_export.write_tokenizer_files(tmp, m.spm_model_file,
+                                                 m.config.max_position_embeddings)
+    else:
+      formats.write_tokenizer_files(tmp, m.vocab_file, m.do_lower_case,
+                                    m.config.max_position_embeddings)
 
   return _finish_atomically(output, write)

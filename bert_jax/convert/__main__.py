@@ -25,6 +25,8 @@ flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir, Orbax expo
 flags.DEFINE_string("output", None, "New directory to write (must not exist).")
 flags.DEFINE_enum("source", "auto", ["auto", "tf", "hf", "orbax"], "Format of --input.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --input).")
+flags.DEFINE_string("spm_model_file", None, "Export to HF: SentencePiece .model (default: the "
+                    "checkpoint's own); written as a tokenizer.json with the same ids.")
 flags.DEFINE_string("bert_config_file", None,
                     "TF only: bert_config.json (default: beside the checkpoint).")
 flags.DEFINE_bool("do_lower_case", None,
@@ -63,7 +65,8 @@ def main(argv):
   source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
   if source == "orbax":
     out = convert.export_to_hf(FLAGS.input, FLAGS.output, vocab_file=FLAGS.vocab_file,
-                               do_lower_case=FLAGS.do_lower_case)
+                               do_lower_case=FLAGS.do_lower_case,
+                               spm_model_file=FLAGS.spm_model_file)
     print(f"wrote Hugging Face BertForPreTraining to {out}")
     return
   meta = convert.convert_to_orbax(
