@@ -43,10 +43,13 @@ def detect_source(path):
   if "config.json" in files and files & {"model.safetensors", "model.safetensors.index.json",
                                          "pytorch_model.bin"}:
     return "hf"
-  if files & {ckpt_lib.CONFIG_NAME, "checkpoints", "state"} or "://" in path:
+  tf_index = any(f.endswith(".index") for f in files)  # google's bert_model.ckpt.index
+  # google's TF releases also hold a bert_config.json: an export is bert_config.json + params/.
+  if (files & {"checkpoints", "state"} or {ckpt_lib.CONFIG_NAME, "params"} <= files
+      or (ckpt_lib.CONFIG_NAME in files and not tf_index) or "://" in path):
     inference.resolve(path)  # a one-line error naming what is missing
     return "orbax"
-  if any(f.endswith(".index") for f in files):
+  if tf_index:
     return "tf"
   raise ConversionError(f"--input={path}: unknown layout; expected a google TF checkpoint "
                         "(bert_model.ckpt.index + bert_config.json), a Hugging Face directory "

@@ -202,7 +202,7 @@ def read_tf(prefix):
   from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
   try:
     reader = tf.train.load_checkpoint(prefix)
-  except Exception as e:  # tf raises several types for corrupt files
+  except tf.errors.OpError as e:  # DataLossError, NotFoundError, ... for corrupt files
     raise ConversionError(f"{prefix}: cannot read the TF checkpoint "
                           f"({str(e).splitlines()[0]}).") from e
   shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
@@ -238,14 +238,14 @@ def read_hf(path):
              sorted({os.path.join(path, f)
                      for f in read_json(index, "safetensors index")["weight_map"].values()}))
     shapes, where = {}, {}
-    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+    from safetensors import SafetensorError, safe_open  # pylint: disable=g-import-not-at-top
     for f in files:
       try:
         with safe_open(f, framework="numpy") as st:
           for k in st.keys():
             shapes[k] = tuple(st.get_slice(k).get_shape())
             where[k] = f
-      except Exception as e:
+      except (SafetensorError, OSError) as e:  # a corrupt header, or an unreadable file
         raise ConversionError(f"{f}: cannot read safetensors ({e}).") from e
 
     def get(name):
