@@ -276,3 +276,17 @@ def test_unwritable_workdir_before_the_model(tmp_path, no_model):
   (tmp_path / "file").write_text("x")     # a path under a file: unwritable even for root
   with pytest.raises(errors.UserError, match="workdir"):
     no_model.train_and_evaluate(_tiny(), str(tmp_path / "file" / "wd"))
+
+
+def test_bad_crc_in_a_shard_is_named_before_the_model(tmp_path, no_model):
+  from bert_jax import errors
+  vocab = _vocab(tmp_path)
+  files = _records(tmp_path / "google")                  # no dataset_info.json: no size check
+  shard = files.replace("*", "00001-of-00002.tfrecord")
+  with open(shard, "r+b") as f:                           # a byte inside the first record's data
+    f.seek(40)
+    b = f.read(1)
+    f.seek(40)
+    f.write(bytes([b[0] ^ 0xFF]))
+  with pytest.raises(errors.UserError, match="00001-of-00002.tfrecord"):
+    no_model.train_and_evaluate(_real(tmp_path, files, vocab), str(tmp_path / "wd"))
