@@ -196,3 +196,25 @@ def test_full_disk_during_a_save_is_one_line_and_keeps_earlier_steps(tmp_path):
   manager = ckpt_lib.create_manager(wd)
   assert ckpt_lib.latest_verified_step(manager) == 1
   manager.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["flipped_byte", "deleted_manifest"])
+def test_training_resumes_from_the_previous_good_step(tmp_path, capfd, how):
+  from bert_jax import train
+  from bert_jax.configs import pretrain as pretrain_config
+  c = pretrain_config.get_config("tiny,runlocal")
+  c.train_input_files, c.model.vocab_size = "synthetic", 512
+  c.seq_length, c.max_predictions_per_seq, c.batch_size = 32, 6, 8
+  c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 4, 2, 1, 2
+  c.eval_every, c.async_checkpointing = 1000, False
+  wd = str(tmp_path / "wd")
+  train.train_and_evaluate(c, wd)
+  _damage(os.path.join(wd, "checkpoints", "4"), how)
+  capfd.readouterr()
+  c.num_train_steps = 6
+  result = train.train_and_evaluate(c, wd)
+  out, err = capfd.readouterr()
+  assert "checkpoint 4 is damaged" in err and "falling back to step 2" in err
+  assert "resuming from step 2" in out
+  assert [s for s, _ in result["history"]["train"]] == [3, 4, 5, 6]
