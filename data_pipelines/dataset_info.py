@@ -184,6 +184,23 @@ def _check_size(path, expected_bytes, info_path):
                             "(truncated or rewritten since it was made); regenerate or restore it.")
 
 
+def known_count(files):
+  """Records in `files` per their dataset_info.json, or None if any file is not listed there
+  with its current byte size (then the caller counts by reading)."""
+  total, infos = 0, {}
+  for f in files:
+    directory = os.path.dirname(f)
+    if directory not in infos:
+      infos[directory] = read(directory)
+    info = infos[directory]
+    shard = next((s for s in (info or {}).get("shards", []) if s["file"] == os.path.basename(f)),
+                 None)
+    if shard is None or shard.get("bytes") != _gfile().stat(f).length:
+      return None
+    total += int(shard["num_instances"])
+  return total
+
+
 def record_counts(files, count_fn, contract_counts=None, log=print):
   """Per-file record counts: from the contract where known, else by reading (with a note)."""
   counts = dict(contract_counts or {})

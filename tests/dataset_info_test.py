@@ -135,3 +135,16 @@ def test_corrupt_contract_is_one_error(data):
   (data["dir"] / dataset_info.INFO_FILE).write_text("{not json")
   with pytest.raises(dataset_info.DataContractError, match="not valid JSON"):
     _check(data["files"], data["vocab"])
+
+
+def test_pipeline_counts_come_from_the_contract(data, monkeypatch):
+  from data_pipelines import pretrain_input
+  assert dataset_info.known_count(data["files"]) == 5
+  monkeypatch.setattr(pretrain_input.tf.data, "TFRecordDataset",
+                      lambda *a, **k: pytest.fail("records were read to count them"))
+  assert pretrain_input.count_records(data["files"]) == 5
+  monkeypatch.undo()
+  with open(data["files"][0], "ab") as f:      # a size the contract does not know: count them
+    f.write(b"")
+  os.truncate(data["files"][0], os.path.getsize(data["files"][0]) - 1)
+  assert dataset_info.known_count(data["files"]) is None
