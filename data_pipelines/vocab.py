@@ -52,19 +52,19 @@ class VocabInfo:
 def _check_file(path, flag):
   if not path:
     raise VocabError(f"{flag} is empty: pass the path of a vocabulary file.")
-  try:
-    exists = _gfile_exists(path)
-  except Exception as e:  # pragma: no cover - GCS auth errors and the like
-    raise VocabError(f"{flag}={path}: cannot be read ({e}).") from e
+  exists = _gfile_exists(path, flag)
   if not exists:
     raise VocabError(f"{flag}={path}: no such file; build one with "
                      "`python -m data_pipelines.build_vocab` or fix the path.")
 
 
-def _gfile_exists(path):
+def _gfile_exists(path, flag="--vocab_file"):
   if "://" in path:
     import tensorflow as tf  # only for gs:// and other remote paths
-    return tf.io.gfile.exists(path)
+    try:
+      return tf.io.gfile.exists(path)
+    except tf.errors.OpError as e:  # pragma: no cover - GCS auth errors and the like
+      raise VocabError(f"{flag}={path}: cannot be read ({e.message}).") from e
   return os.path.isfile(path)
 
 
@@ -118,7 +118,7 @@ def sentencepiece_info(path, flag="--spm_model_file"):
   sp = spm.SentencePieceProcessor()
   try:
     sp.LoadFromSerializedProto(_read_bytes(path))
-  except Exception as e:
+  except RuntimeError as e:  # sentencepiece's C++ parse error
     raise VocabError(f"{flag}={path}: not a SentencePiece model ({e}).") from e
   pieces = [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
   index = {p: i for i, p in enumerate(pieces)}
