@@ -39,6 +39,8 @@ import math
 import weakref
 from typing import Iterator
 
+from google.protobuf.message import DecodeError
+
 from bert_jax import errors
 from data_pipelines import masking
 from data_pipelines import packing
@@ -87,7 +89,7 @@ def _check_record(path, index, raw, seq_length, max_predictions_per_seq):
   """Checks one serialized record; returns True if it carries masks (google-research/bert)."""
   try:
     feats = tf.train.Example.FromString(raw).features.feature
-  except Exception as e:  # protobuf's DecodeError
+  except DecodeError as e:  # not a serialized tf.train.Example
     raise InputPipelineError(f"{path}: record {index} is not a tf.train.Example ({e}); expected "
                              "TFRecords from create_pretraining_data.") from None
   premasked = "masked_lm_positions" in feats
