@@ -120,3 +120,32 @@ def test_one_line_error_and_exit_code_2(results, name):
   assert len(lines) == 1, f"{name}: expected one stderr line, got:\n" + "\n".join(lines[-20:])
   assert re.search(pattern, lines[0]), lines[0]
   assert rc == 2, (rc, lines[0])
+
+
+def test_run_main_turns_user_errors_into_one_line_and_exit_2(capsys):
+  from bert_jax import errors
+
+  def main(argv):
+    raise errors.UserError(f"--{argv[1]}=x: bad\nvalue")
+
+  with pytest.raises(SystemExit) as e:
+    errors.run_main(main, ["prog", "flag"])
+  assert e.value.code == 2
+  assert capsys.readouterr().err == "error: --flag=x: bad value\n"
+
+  def bug(argv):
+    raise ValueError("a bug, not a user error")
+
+  with pytest.raises(ValueError, match="a bug"):  # keeps its traceback
+    errors.run_main(bug, ["prog"])
+
+
+def test_unknown_config_override_is_named_with_the_hint():
+  from bert_jax import errors
+  inner = KeyError("'learning_rat'\nDid you mean \"learning_rate\" instead of \"learning_rat\"?")
+  found = errors._unknown_override(  # pylint: disable=protected-access
+      ["prog", "--config=c.py", "--config.learning_rat=1"], ["config"], AttributeError(inner))
+  assert found == ("--config.learning_rat",
+                   'Did you mean "learning_rate" instead of "learning_rat"?')
+  assert errors._unknown_override(  # pylint: disable=protected-access
+      ["prog", "--config.lr=1"], ["config"], KeyError("other")) is None
