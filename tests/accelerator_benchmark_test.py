@@ -1,6 +1,7 @@
 """benchmarks/accelerator.py runs end to end on CPU (--smoke) and its synthetic records look real."""
 
 import numpy as np
+import pytest
 
 from benchmarks import accelerator
 
@@ -37,11 +38,19 @@ def test_packed_batches_are_nearly_full_and_count_every_instance():
 
 
 def test_smoke_run_prints_throughput_and_flops():
-  results = accelerator.main(["--smoke", "--packing=unpacked"])
-  (r,) = results
-  assert r["backend"] == "xla" and r["tokens_per_s"] > 0 and r["seqs_per_s"] > 0
-  assert 0.3 < r["fill"] < 0.6
+  (r,) = accelerator.main(["--smoke", "--packing=packed"])
+  assert r["backend"] == "xla" and r["packed"] and r["tokens_per_s"] > 0 and r["seqs_per_s"] > 0
+  assert r["fill"] > 0.85                                    # packed rows are nearly all real
   assert r["mfu"] is None                                    # CPU: no bf16 peak to divide by
   # The compiled step's FLOPs are within 25% of the analytic count of its slots.
   assert 0.8 < r["xla_flops"] / r["slot_flops"] < 1.25
   assert "MFU    n/a" in accelerator.format_row(r)
+
+
+@pytest.mark.slow
+def test_smoke_run_packed_beats_unpacked_in_real_tokens():
+  unpacked, packed = accelerator.main(["--smoke", "--steps=6"])
+  assert not unpacked["packed"] and packed["packed"]
+  assert 0.3 < unpacked["fill"] < 0.6
+  # Same rows per step, about twice the real tokens in each: a real-token rate well above.
+  assert packed["tokens_per_s"] > 1.3 * unpacked["tokens_per_s"]
