@@ -99,7 +99,9 @@ def _tfds_builder(cfg):
   kwargs = dict(data_dir=cfg.tfds_data_dir) if cfg.tfds_data_dir else {}
   try:
     builder = tfds.builder(cfg.tfds_name, **kwargs)
-  except Exception as e:  # DatasetNotFoundError and friends carry multi-line messages
+  # tfds 4.9: DatasetNotFoundError (a ValueError) for an unknown name, ValueError for an unknown
+  # config, AssertionError for an unknown version; messages run over several lines.
+  except (AssertionError, ValueError) as e:
     raise PretrainingDataError(f"--tfds_name={cfg.tfds_name}: not found in --tfds_data_dir="
                                f"{cfg.tfds_data_dir or '(default)'} ({type(e).__name__}); "
                                "prepare it with `tfds build` first (this tool never "

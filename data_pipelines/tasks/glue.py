@@ -213,7 +213,9 @@ def read_tfds_examples(task, data_dir, split):
   try:
     ds = tfds.load(task.tfds_name, split=task.tfds_splits[split], data_dir=data_dir,
                    download=False)
-  except Exception as e:  # DatasetNotFoundError and the like: one line, with the fix
+  # tfds 4.9 raises DatasetNotFoundError (a ValueError) for an unknown name, ValueError for an
+  # unknown config or split, AssertionError for a dataset that is not prepared (no download).
+  except (AssertionError, ValueError) as e:
     raise TaskDataError(f"tfds {task.tfds_name}[{task.tfds_splits[split]}] in "
                         f"data_dir={data_dir}: cannot be loaded ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare it with "

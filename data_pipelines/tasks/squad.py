@@ -207,7 +207,7 @@ def read_tfds(task, data_dir, split, is_training, skips=None):
     raise TaskDataError(f"{task.name}: TFDS has splits train and dev, not {split!r}.")
   try:
     ds = tfds.load(task.tfds_name, split=tfds_split, data_dir=data_dir, download=False)
-  except Exception as e:
+  except (AssertionError, ValueError) as e:  # tfds errors, see glue.read_tfds_examples
     raise TaskDataError(f"tfds {task.tfds_name}[{tfds_split}] in data_dir={data_dir}: cannot be "
                         f"loaded ({type(e).__name__}); prepare it with `tfds build` or point "
                         "data_dir at it.") from e
