@@ -172,9 +172,8 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
       raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
                         f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
-    if jax.process_index() == 0:
-      print(f"resuming from step {latest} in {workdir} (input position "
-            f"{meta['input_position']})", flush=True)
+    print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
+          f"{meta['input_position']})", flush=True)
     return state, int(latest)
   state = t.init_state(jax.random.PRNGKey(config.seed))
   if config.init_checkpoint:
