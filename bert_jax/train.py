@@ -22,6 +22,7 @@ from ml_collections import config_flags
 import numpy as np
 import optax
 
+from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import errors
@@ -226,11 +227,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   accum = int(config.grad_accum_steps)
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
   local_batch = config.batch_size // jax.process_count()
+  # The attention kernel (an explicit one that cannot run here is an error on every host, now).
+  attention_line = attention_lib.startup_line(model_config, packed=bool(config.get("pack")),
+                                              seq_len=config.seq_length)
   if is_main:
     print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
           f"host(s); global batch {config.batch_size} = {jax.process_count()} x {local_batch} "
           f"rows per host" + (f", {accum} micro-batches of {config.batch_size // accum} per "
                               "step" if accum > 1 else ""), flush=True)
+    print(f"device order: {sharding_lib.device_order_source(mesh)}; {attention_line}", flush=True)
 
   # --- The resume step: the newest checkpoint that verifies against its SHA-256 manifest. ---
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
