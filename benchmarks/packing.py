@@ -235,13 +235,14 @@ def run_one(a):
 # ----------------------------------------------------------------------------------------------
 # Time to the same held-out MLM accuracy (the quick start's training, packed vs unpacked).
 # ----------------------------------------------------------------------------------------------
-def _train_curve(pack, steps, workdir):
+def _train_curve(pack, steps, warmup_steps, workdir):
   """[(seconds since start, step, eval mlm_accuracy)] of one quick-start training."""
   cmd = [sys.executable, "-m", "bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
          f"--workdir={workdir}",
          f"--config.train_input_files={QS}/records/train/*.tfrecord",
          f"--config.eval_input_files={QS}/records/eval/*.tfrecord",
          f"--config.vocab_file={QS}/vocab.txt", f"--config.num_train_steps={steps}",
+         f"--config.warmup_steps={warmup_steps}",
          "--config.eval_every=100", "--config.checkpoint_every=100000",
          f"--config.pack={str(pack).lower()}"]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -261,13 +262,15 @@ def time_to_accuracy(a):
   curves = {}
   with tempfile.TemporaryDirectory() as tmp:
     for pack in (False, True):
-      curves[pack] = _train_curve(pack, a.train_steps, os.path.join(tmp, f"pack{pack}"))
+      curves[pack] = _train_curve(pack, a.train_steps, a.train_warmup_steps,
+                                  os.path.join(tmp, f"pack{pack}"))
   target = curves[False][-1][2]
 
   def first(curve):
     return next(((t, s) for t, s, acc in curve if acc >= target), (None, None))
 
-  print(f"\n3. Quick start (BERT-tiny, runlocal, {a.train_steps} steps): wall time to held-out "
+  print(f"\n3. Quick start (BERT-tiny, runlocal, {a.train_steps} steps, warmup "
+        f"{a.train_warmup_steps}): wall time to held-out "
         f"MLM accuracy {target:.4f} (the unpacked run's last evaluation); evaluations included")
   for pack in (False, True):
     t, s = first(curves[pack])
@@ -292,6 +295,7 @@ def main():
   p.add_argument("--skip_throughput", action="store_true")
   p.add_argument("--time_to_accuracy", action="store_true")
   p.add_argument("--train_steps", type=int, default=1500)
+  p.add_argument("--train_warmup_steps", type=int, default=150)
   p.add_argument("--act", default="gelu", help="internal")
   p.add_argument("--only", default="", help="internal: run one framework and print JSON")
   p.add_argument("--batches_file", default="", help="internal")

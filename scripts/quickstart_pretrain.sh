@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, command 1: a real small pre-training on CPU, from an empty machine.
+# Rows are packed (several instances per row, docs/packing.md): pass --config.pack=false to compare.
 #   1. builds a real English corpus (the docstrings of Python's standard library),
 #   2. learns a WordPiece vocabulary from it,
 #   3. creates NSP pre-training records (train: 3 shards of text, held-out eval: 1),
