@@ -4,11 +4,11 @@ Two layouts, both written by Orbax only:
 
   workdir/checkpoints/<step>/state/   params, opt_state, step, rng   (StandardSave, sharded)
   workdir/checkpoints/<step>/meta/    JSON: config, model config, input position, vocab hash
-  workdir/checkpoints/<step>/manifest.sha256.process_<i>.json   size + SHA-256 of every file
+  workdir/checkpoints/<step>/manifest.sha256.json   size + SHA-256 of every file (manifest.py)
 
   PATH/params/                        params only (StandardSave)     <- `save_params`
   PATH/bert_config.json               the BertConfig and provenance (converter, casing, ...)
-  PATH/manifest.sha256.process_0.json
+  PATH/manifest.sha256.json
 
 The manifest of a step is written inside Orbax's temporary step directory, after every array is
 on disk and before Orbax commits (renames) it (`AsyncOptions.post_finalization_callback`), so a
@@ -81,14 +81,15 @@ class Manager:
     return getattr(self._manager, name)
 
   def _write_manifest(self):
-    """Runs in Orbax's finalize thread on every host once all files of the step are written."""
+    """Runs in Orbax's finalize thread on the primary host, once every host's files of the step
+    are written and before the step is committed (see manifest.py)."""
     step, label = self._saving
     if os.environ.get(SLOW_SAVE_ENV):  # fault injection (tests/kill_test.py) only
       time.sleep(float(os.environ[SLOW_SAVE_ENV]))
     tmp = self._manager.directory / f"{step}{ocp.utils.TMP_DIR_SUFFIX}"
     step_dir = tmp if tmp.exists() else self._manager.directory / str(step)  # gs: no rename
-    n, size = manifest_lib.write_manifest(step_dir, jax.process_index(), jax.process_count())
-    if jax.process_index() == 0 and self.log_every_save:
+    n, size = manifest_lib.write_manifest(step_dir)
+    if self.log_every_save:
       print(f"checkpoint {label} saved (verified: sha256 manifest of {n} files, "
             f"{size / 1e6:.1f} MB)", flush=True)
 
@@ -182,7 +183,7 @@ def verify_dir(path, claims_manifest=True):
   """
   if not manifest_lib.has_manifest(path):
     if claims_manifest:
-      raise ManifestError(f"{epath.Path(path) / manifest_lib.manifest_name(0)}: manifest "
+      raise ManifestError(f"{epath.Path(path) / manifest_lib.NAME}: manifest "
                           "missing, but the checkpoint was saved with one (deleted?).")
     return "unverified", 0, 0
   n, size = manifest_lib.verify(path)

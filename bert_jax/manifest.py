@@ -2,15 +2,14 @@
 
 Orbax keeps no checksum of array data (only the zarr shard index has a CRC), so one flipped byte in
 an array file restores silently as garbage. Here every file of a step (or of a params export) is
-listed with its size and SHA-256 in `manifest.sha256.process_<i>.json`, one per host, each
-listing the files that host wrote:
+listed with its size and SHA-256 in `manifest.sha256.json` beside it.
 
-  files under a path component `ocdbt.process_<j>` or `process_<j>` -> written by host j
-  every other file (merged OCDBT root, _METADATA, _sharding, meta/)  -> written by the primary host
-
-The primary host's manifest also records `num_processes`, so a missing per-host manifest is found.
-Orbax's own step bookkeeping written after the commit callback (`_CHECKPOINT_METADATA`, gains a
-commit timestamp; `commit_success.txt` at the step root) is not listed.
+Who writes it: Orbax runs its finalize callback (`AsyncOptions.post_finalization_callback`) on
+the primary host only, after a barrier that every host's writes have completed, and before the
+step directory is committed. So the primary host hashes every file of the step, each host's
+`ocdbt.process_<i>/` shards included: they are all on the storage every host shares (multi-host
+Orbax needs it). Orbax's own step bookkeeping written after that callback (`_CHECKPOINT_METADATA`,
+which gains a commit timestamp; `commit_success.txt` at the step root) is not listed.
 
 Hashing streams each file in 8 MiB chunks on a thread pool (hashlib releases the GIL), so memory is
 bounded and several files hash at once.
@@ -20,31 +19,19 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import re
 
 from etils import epath
 
 from bert_jax import errors
 
-PREFIX = "manifest.sha256.process_"
+NAME = "manifest.sha256.json"
 # Written by Orbax at the step root after our callback ran: not part of the manifest.
 UNLISTED = ("_CHECKPOINT_METADATA", "commit_success.txt")
 CHUNK = 8 << 20
-_OWNER = re.compile(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)")
 
 
 class ManifestError(errors.UserError):
   """A file of a checkpoint is missing, truncated or changed, or its manifest is gone."""
-
-
-def manifest_name(process_index):
-  return f"{PREFIX}{process_index}.json"
-
-
-def owner(relpath):
-  """The host that wrote `relpath` (relative to the step directory): see the module docstring."""
-  m = _OWNER.search(relpath)
-  return int(m.group(1)) if m else 0
 
 
 def list_files(root):
@@ -57,7 +44,7 @@ def list_files(root):
         out.append(os.path.relpath(os.path.join(dirpath, n), root).replace(os.sep, "/"))
   else:
     out = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
-  return sorted(r for r in out if not r.split("/")[-1].startswith(PREFIX) and r not in UNLISTED)
+  return sorted(r for r in out if not r.startswith(NAME) and r not in UNLISTED)
 
 
 def sha256_file(path):
@@ -75,28 +62,18 @@ def _hash_many(root, relpaths, threads=8):
   return {r: dict(size=(root / r).stat().length, sha256=d) for r, d in zip(relpaths, digests)}
 
 
-def write_manifest(root, process_index=0, process_count=1):
-  """Hashes the files of `root` that host `process_index` wrote; writes its manifest atomically.
-
-  Returns (number of files, bytes) listed.
-  """
+def write_manifest(root):
+  """Hashes every file of `root`; writes its manifest atomically. Returns (files, bytes) listed."""
   root = epath.Path(root)
-  mine = [r for r in list_files(root) if owner(r) == process_index]
-  files = _hash_many(root, mine)
-  doc = dict(format=1, process_index=process_index, files=files)
-  if process_index == 0:
-    doc["num_processes"] = process_count
-  target = root / manifest_name(process_index)
-  tmp = root / (manifest_name(process_index) + ".tmp")
-  tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-  tmp.rename(target)
+  files = _hash_many(root, list_files(root))
+  tmp = root / (NAME + ".tmp")
+  tmp.write_text(json.dumps(dict(format=2, files=files), indent=1, sort_keys=True))
+  tmp.rename(root / NAME)
   return len(files), sum(f["size"] for f in files.values())
 
 
 def has_manifest(root):
-  root = epath.Path(root)
-  return root.exists() and any(p.name.startswith(PREFIX) and p.name.endswith(".json")
-                               for p in root.iterdir())
+  return (epath.Path(root) / NAME).exists()
 
 
 def verify(root, threads=8):
@@ -107,20 +84,13 @@ def verify(root, threads=8):
   manifests existed test `has_manifest` first.
   """
   root = epath.Path(root)
-  primary = root / manifest_name(0)
-  if not primary.exists():
-    raise ManifestError(f"{primary}: manifest missing; the checkpoint cannot be verified.")
+  path = root / NAME
+  if not path.exists():
+    raise ManifestError(f"{path}: manifest missing; the checkpoint cannot be verified.")
   try:
-    docs = [json.loads(primary.read_text())]
-    for i in range(1, int(docs[0].get("num_processes", 1))):
-      path = root / manifest_name(i)
-      if not path.exists():
-        raise ManifestError(f"{path}: manifest of host {i} missing; the checkpoint cannot be "
-                            "verified.")
-      docs.append(json.loads(path.read_text()))
-  except json.JSONDecodeError as e:
-    raise ManifestError(f"{root}: a manifest is not valid JSON ({e}).") from None
-  listed = {r: f for d in docs for r, f in d["files"].items()}
+    listed = json.loads(path.read_text())["files"]
+  except (json.JSONDecodeError, KeyError) as e:
+    raise ManifestError(f"{path}: not a valid manifest ({e}).") from None
   for r, f in sorted(listed.items()):
     p = root / r
     if not p.exists():

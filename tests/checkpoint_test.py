@@ -57,7 +57,7 @@ def _damage(step_dir, how):
   elif how == "deleted_file":
     os.remove(target)
   elif how == "deleted_manifest":
-    target = os.path.join(step_dir, manifest_lib.manifest_name(0))
+    target = os.path.join(step_dir, manifest_lib.NAME)
     os.remove(target)
   return target
 
@@ -69,7 +69,7 @@ def test_every_saved_step_has_a_manifest_and_verifies(tmp_path, capsys):
     status, n, size = ckpt_lib.verify_dir(manager.directory / str(s))
     assert status == "verified" and n > 5 and size > 64 * 32 * 4
   # Orbax's own step metadata (rewritten at commit) is not listed; our meta is.
-  listed = json.loads((manager.directory / "3" / manifest_lib.manifest_name(0)).read_text())
+  listed = json.loads((manager.directory / "3" / manifest_lib.NAME).read_text())
   assert "meta/metadata" in listed["files"] and "_CHECKPOINT_METADATA" not in listed["files"]
   assert ckpt_lib.latest_verified_step(manager) == 3
   manager.close()
@@ -103,7 +103,7 @@ def test_damage_is_named_and_resume_falls_back(tmp_path, capsys, how):
 def test_step_from_before_manifests_restores_with_a_warning(tmp_path, capsys):
   manager = _saved_workdir(tmp_path, steps=(1,))
   step_dir = manager.directory / "1"
-  os.remove(step_dir / manifest_lib.manifest_name(0))
+  os.remove(step_dir / manifest_lib.NAME)
   meta_file = step_dir / "meta" / "metadata"
   meta = json.loads(meta_file.read_text())
   del meta[ckpt_lib.MANIFEST_KEY]   # what a step saved by the earlier code looks like
