@@ -116,3 +116,26 @@ def test_multi_process_direct_runner_cli(corpus, local_corpus_run, tmp_path):
   assert _files(tmp_path) == _files(local_out)
   info = json.load(open(tmp_path / cpd.INFO_FILE))
   assert info["command"].startswith("python") and "data_pipelines.beam_pipeline" in info["command"]
+
+
+def test_beam_jsonl_and_tfds_inputs_match_the_local_path(corpus, tmp_path):
+  import tensorflow_datasets as tfds
+  texts = [d.replace("\n", " ") for p in sorted(glob.glob(corpus["glob"]))
+           for d in open(p).read().split("\n\n")[:15]] + ["  "]  # blank-only: dropped
+  jsonl = tmp_path / "docs.jsonl"
+  jsonl.write_text("\n".join(json.dumps({"body": t}) for t in texts) + "\n")
+  builder = tfds.dataset_builders.TfDataBuilder(
+      name="beam_docs", version="1.0.0",
+      split_datasets={"train": tf.data.Dataset.from_tensor_slices({"text": texts})},
+      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+      data_dir=str(tmp_path / "tfds"))
+  builder.download_and_prepare()
+  inputs = {"jsonl": dict(input_file=str(jsonl), input_format="jsonl", jsonl_text_key="body"),
+            "tfds": dict(input_file="", input_format="tfds", tfds_name="beam_docs",
+                         tfds_data_dir=str(tmp_path / "tfds"), tfds_num_parts=2)}
+  for name, kw in inputs.items():
+    local = cpd.run(_config(corpus, tmp_path / f"{name}-local", nsp_sampling="corpus", **kw),
+                    show_progress=False)
+    beam_pipeline.run(_config(corpus, tmp_path / f"{name}-beam", **kw), ["--runner=DirectRunner"])
+    assert _files(tmp_path / f"{name}-beam") == _files(tmp_path / f"{name}-local"), name
+    assert local["documents"] == len(texts) - 1 and local["dropped"] == 1, name
