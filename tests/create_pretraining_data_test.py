@@ -182,7 +182,8 @@ def test_tfds_input_from_a_locally_built_dataset(corpus, tmp_path):
   builder.download_and_prepare()
   kw = dict(input_file="", input_format="tfds", tfds_name="tiny_docs",
             tfds_data_dir=str(tmp_path / "tfds"), tfds_num_parts=2)
-  summary = _run(corpus, tmp_path / "out", **kw)
+  summary = _run(corpus, tmp_path / "out", nsp_sampling="auto", **kw)  # size from TFDS's info
+  assert summary["nsp_sampling"] == "corpus"
   assert summary["sources"] == 2 and summary["dropped"] == 1
   assert summary["documents"] == len([t for t in texts if t.strip()])
   info, _ = _read(tmp_path / "out")
