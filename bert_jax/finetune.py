@@ -16,6 +16,7 @@ With --config.learning_rates=(5e-5,3e-5,2e-5) (the `sweep` preset) each rate run
 WORKDIR/lr_<rate> and sweep_results.json names the best.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -51,8 +52,32 @@ RESULTS = "eval_results.json"
 # ----------------------------------------------------------------------------------------------
 def forward(module, batch, deterministic):
   """A heads.py model on a batch dict -> the head's outputs (see finetune_tasks.loss_fn)."""
+  packed = {k: batch[k] for k in PACKED_KEYS if k in batch}  # packed training rows only
   return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                deterministic=deterministic)
+                deterministic=deterministic, **packed)
+
+
+PACKED_KEYS = ("instance_ids", "position_ids", "cls_positions")
+
+
+def pack_train(train, task, config):
+  """config.pack: the training split's sequences packed into rows (classification and
+  regression only; evaluation stays unpacked, so metrics are unchanged). docs/packing.md."""
+  if train is None or not config.get("pack", False):
+    return train
+  if task.family not in ("classification", "regression"):
+    raise ConfigError(f"config.pack=True: packing is for sentence(-pair) classification and "
+                      f"regression; task {task.name} is {task.family}: set --config.pack=false.")
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  f = train.features
+  k = config.get("max_instances_per_pack", 0) or packing.default_max_instances(
+      f["input_ids"].shape[1])
+  packed = packing.pack_examples(f, max_instances=k, seed=config.seed)
+  if jax.process_index() == 0:
+    print(f"{task.name}/train: packed {len(f['input_ids'])} sequences into "
+          f"{len(packed['input_ids'])} rows of up to {k}: real tokens per slot "
+          f"{f['input_mask'].mean():.3f} -> {packed['input_mask'].mean():.3f}", flush=True)
+  return dataclasses.replace(train, features=packed)
 
 
 def build_training(family, model_config, config, mesh, *, num_train_steps, warmup_steps,
@@ -157,8 +182,10 @@ def _host_batch(features, keys, idx, batch_size):
   weights = np.concatenate([np.ones(len(idx), np.float32), np.zeros(pad, np.float32)])
   per_host = batch_size // jax.process_count()
   rows = slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
-  batch = {k: features[k][full[rows]] for k in keys}
+  batch = {k: features[k][full[rows]] for k in keys if k in features}
   batch["example_weights"] = weights[rows]
+  if "example_weights" in features:  # packed training rows: one weight per instance [B, K]
+    batch["example_weights"] = features["example_weights"][full[rows]] * weights[rows, None]
   return batch
 
 
@@ -192,6 +219,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", model_config)
   trainer_lib.check_same_on_all_hosts(config, tokenizer.vocab.path, tokenizer.vocab.size)
   train, evals, tests = load_splits(task, tokenizer, config)
+  train = pack_train(train, task, config)
   steps_per_epoch, num_train_steps, warmup_steps = schedule(config, train)
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
@@ -200,7 +228,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
                      warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
                      num_choices=getattr(task, "num_choices", 4))
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
-            ft.INPUT_KEYS + ft.LABEL_KEYS[task.family],
+            ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + PACKED_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             jax.process_index() == 0)
 
@@ -379,7 +407,7 @@ def _save_best(run, params, epoch, previous, results):
   path = os.path.join(run.workdir, f"best_epoch{epoch}")
   ckpt_lib.remove_dir(path)  # a re-run into the same workdir
   ckpt_lib.save_params(path, params, run.model_config, meta=dict(
-      task=run.task.name, epoch=epoch, do_lower_case=bool(run.config.do_lower_case),
+      task=run.task.name, epoch=epoch, do_lower_case=bool(run.tokenizer.do_lower_case),
       labels=list(getattr(run.task, "labels", ()) or ()), dev_metrics=results))
   if previous and previous != path:
     ckpt_lib.remove_dir(previous)

@@ -139,9 +139,11 @@ def _weighted_mean(values, weights):
 
 def loss_fn(family, outputs, batch):
   """(loss, metrics). outputs: the head model's output; batch: features + example_weights [B]."""
-  w = batch["example_weights"]  # [B]: 1.0 real, 0.0 padding of the last eval batch
+  # example_weights [B]: 1.0 real, 0.0 padding of the last eval batch; [B, K] for packed training
+  # rows of classification/regression (one weight per instance, docs/packing.md).
+  w = batch["example_weights"]
   if family == "regression":
-    err = (outputs[:, 0] - batch["label_ids"]) ** 2  # [B] mean squared error
+    err = (outputs[..., 0] - batch["label_ids"]) ** 2  # [B] or [B, K] squared error
     loss = _weighted_mean(err, w)
     return loss, {"loss": loss}
   if family == "span":

@@ -31,17 +31,23 @@ def _head_dense(config, features, name):
 
 
 class BertForSequenceClassification(nn.Module):
-  """Sentence (pair) classification, or regression with num_labels=1."""
+  """Sentence (pair) classification, or regression with num_labels=1.
+
+  Packed training rows (instance_ids, position_ids, cls_positions [B, K]; docs/packing.md) give
+  one prediction per instance: [B, K, L].
+  """
   config: model_lib.BertConfig
   num_labels: int
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+  def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None, position_ids=None,
+               cls_positions=None, deterministic=True):
     out = model_lib.BertModel(self.config, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+        input_ids, input_mask, segment_ids, instance_ids=instance_ids, position_ids=position_ids,
+        cls_positions=cls_positions, deterministic=deterministic)
     x = nn.Dropout(self.config.hidden_dropout_prob)(out["pooled_output"],
-                                                   deterministic=deterministic)  # [B, H]
-    return _head_dense(self.config, self.num_labels, "classifier")(x)           # [B, L]
+                                                   deterministic=deterministic)  # [B, (K,) H]
+    return _head_dense(self.config, self.num_labels, "classifier")(x)      # [B, (K,) L]
 
 
 class BertForQuestionAnswering(nn.Module):

@@ -201,3 +201,39 @@ def efficiency(batches):
     real += int(np.sum(b["input_mask"]))
     slots += int(np.size(b["input_mask"]))
   return real / max(slots, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fine-tuning: packed training examples of sentence(-pair) classification / regression.
+# ----------------------------------------------------------------------------------------------
+def pack_examples(features, *, max_instances, seed=0):
+  """Packs fine-tuning sequences (numpy, all at once) into rows; one label per instance.
+
+  features: input_ids/input_mask/segment_ids [N, T], label_ids [N] (int or float). Returns
+  input_ids/input_mask/segment_ids/instance_ids/position_ids [R, T] int32, cls_positions [R, K]
+  int32, label_ids [R, K] (0 for an empty slot) and example_weights [R, K] float32 (1.0 for a
+  present instance), rows in an order drawn from `seed`. Best-fit decreasing over the whole split:
+  a fine-tuning set fits in memory, and one packing for all epochs keeps steps per epoch fixed.
+  """
+  ids = features["input_ids"]
+  lengths = features["input_mask"].sum(1)
+  row, slot, offset, _, r = assign(lengths, np.zeros_like(lengths), ids.shape[1], max_instances,
+                                   0, count_preds=False)
+  out = {k: np.zeros((r, ids.shape[1]), np.int32) for k in
+         ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids")}
+  inst, pos = np.nonzero(features["input_mask"])
+  dest = (row[inst], offset[inst] + pos)
+  out["input_ids"][dest] = ids[inst, pos]
+  out["input_mask"][dest] = 1
+  out["segment_ids"][dest] = features["segment_ids"][inst, pos]
+  out["instance_ids"][dest] = slot[inst] + 1
+  out["position_ids"][dest] = pos
+  out["cls_positions"] = np.zeros((r, max_instances), np.int32)
+  out["cls_positions"][row, slot] = offset
+  labels = np.asarray(features["label_ids"])
+  out["label_ids"] = np.zeros((r, max_instances), labels.dtype)
+  out["label_ids"][row, slot] = labels
+  out["example_weights"] = np.zeros((r, max_instances), np.float32)
+  out["example_weights"][row, slot] = 1.0
+  order = np.random.default_rng(seed).permutation(r)
+  return {k: v[order] for k, v in out.items()}

@@ -8,6 +8,7 @@ import pytest
 from data_pipelines import packing
 from data_pipelines import pretrain_input as pi
 from data_pipelines.tf_setup import tf
+from tests.finetune_test import pretrained  # noqa: F401 - fixture
 from tests.pretrain_input_test import (  # noqa: F401 - fixtures
     PREDS, SEQ, assert_batches_equal, data, int_feature, make_instances, take, vocab,
     write_records)
@@ -207,3 +208,56 @@ def test_layout_errors(data, vocab):
     packed(data[0] + "/*", vocab, num_logical_shards=2, batch_size=2, process_count=4)
   assert pi.num_logical_shards_for(4, 32) == 4 and pi.num_logical_shards_for(1024, 256) == 256
   assert pi.num_logical_shards_for(6, 32) == 2 and pi.num_logical_shards_for(6, 32, 3) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Fine-tuning: packed training rows of classification / regression.
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["classification", "regression"])
+def test_finetune_packed_loss_and_gradients_equal_unpacked(family):
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune, finetune_tasks, heads, model as model_lib
+  config = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32,
+                                     hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  rng = np.random.default_rng(3)
+  lengths = [9, 14, 5, 20, 7, 11]
+  f = {k: np.zeros((6, 32), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  for i, n in enumerate(lengths):
+    f["input_ids"][i, :n] = rng.integers(5, 99, n)
+    f["input_mask"][i, :n] = 1
+    f["segment_ids"][i, n // 2:n] = 1
+  f["label_ids"] = (rng.integers(0, 3, 6).astype(np.int32) if family == "classification"
+                    else rng.uniform(0, 5, 6).astype(np.float32))
+  f["example_weights"] = np.ones(6, np.float32)
+  p = packing.pack_examples({k: v for k, v in f.items() if k != "example_weights"},
+                            max_instances=4)
+  assert p["input_ids"].shape[0] < 6 and p["example_weights"].sum() == 6
+  model = heads.create_model(family, config, num_labels=3)
+  params = model.init(jax.random.PRNGKey(0), *heads.dummy_inputs(family, 32))["params"]
+
+  def loss(params, batch):
+    out = model.apply({"params": params}, batch, True, method=finetune.forward)
+    return finetune_tasks.loss_fn(family, out, batch)[0]
+
+  grad = jax.jit(jax.value_and_grad(loss))
+  lu, gu = grad(params, f)
+  lp, gp = grad(params, p)
+  np.testing.assert_allclose(lp, lu, rtol=1e-5)
+  scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(gu))
+  for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(gu)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_finetune_with_pack_trains_fewer_steps_and_evaluates_unpacked(tmp_path, pretrained):
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test as ftt  # pylint: disable=g-import-not-at-top
+  ftt._sst2(tmp_path, np.random.default_rng(0), 48, 8)  # sequences of ~8 tokens at seq 32
+  config = ftt._config("glue_sst2", pretrained, tmp_path, num_train_epochs=1.0,
+                       do_predict=False, log_every=1, pack=True)
+  summary = finetune.finetune(config, str(tmp_path / "run"))
+  # 48 sequences of <= 16 tokens, 2 per row of 32 (K = 32 // 16): 24 rows = 3 batches of 8.
+  assert summary["steps"] == 3 and not summary["stopped_early"]
+  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0  # on the 8 unpacked dev rows
+  with pytest.raises(finetune.ConfigError, match="packing is for sentence"):
+    finetune.pack_train(type("S", (), {"features": {}})(), type("T", (), dict(
+        family="span", name="squad"))(), config)

@@ -17,6 +17,7 @@ steps an epoch x 2.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 TASKS = tuple(f"glue_{t}" for t in GLUE) + ("squad_v1", "squad_v2", "conll03", "swag", "custom")
@@ -52,8 +53,13 @@ def get_config(arg="glue_mrpc"):
   c.data_source = "files"       # "files", or "tfds" for glue/* and squad/* prepared in data_dir
   c.vocab_file = ""             # the WordPiece vocab.txt (default: init_checkpoint/vocab.txt) ...
   c.spm_model_file = ""         # ... or its SentencePiece model
-  c.do_lower_case = True        # uncased checkpoints; must match how it was pre-trained
+  # None: the checkpoint's and its vocab's casing; true/false must agree with them.
+  c.do_lower_case = config_dict.placeholder(bool)
   c.max_seq_length = 128
+  # Classification / regression only: pack several training sequences per row (attention within
+  # a sequence only; docs/packing.md), e.g. CoLA at 128 is ~89% padding. Evaluation is unpacked.
+  c.pack = False
+  c.max_instances_per_pack = 0  # 0 = max_seq_length // 16
   c.max_train_examples = 0      # >0 keeps only the first N (quick experiments); 0 = all
   c.max_eval_examples = 0
 
