@@ -23,9 +23,10 @@ Backends (`--config.model.attention=...`):
               (`select_backend` returns the choice and the reason for the start-up line).
 
 What a padding query sees differs between kernels (xla: every real key of a padded row, nothing in
-a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a real token (keys are masked) or the
-loss (heads read real positions only), so the outputs at real tokens, the losses and the gradients
-agree (tests/attention_test.py checks them against xla at float32 <= 1e-5).
+a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a
+real token (keys are masked) or the loss (heads read real positions only), so the outputs at real
+tokens, the losses and the gradients agree (tests/attention_test.py checks them against xla at
+float32 <= 1e-5).
 """
 
 import functools
@@ -89,11 +90,13 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
       return f"cuDNN flash attention needs bfloat16/float16, the model computes in {dtype}"
   if backend == "splash":
     if seq_len % 128:
-      return f"splash tiles the sequence in blocks of 128 lanes; seq_length={seq_len} is not a multiple"
+      return (f"splash tiles the sequence in blocks of 128 lanes; seq_length={seq_len} is not a "
+              "multiple of 128")
     if platform_name == "cpu" and dtype != jnp.float32:
       return "splash in CPU interpret mode computes in float32 only"
-  if backend == "pallas_gpu" and seq_len % _block(seq_len, 128):
-    return f"pallas_gpu needs seq_length a multiple of its block of 128; got {seq_len}"
+  if backend == "pallas_gpu" and (seq_len % _block(seq_len, 128) or seq_len % _block(seq_len, 32)):
+    return (f"pallas_gpu tiles the sequence in blocks of 128 (forward) and 32 (backward); "
+            f"seq_length={seq_len} is not a multiple of both")
   return None
 
 
@@ -267,7 +270,7 @@ def _per_shard(kernel, q, k, v, ids):
   rules = nn.get_logical_axis_rules()
   if not rules:
     from bert_jax.sharding import LOGICAL_AXIS_RULES as rules
-  spec = nn.logical_to_mesh_axes(BTND, rules)                             # e.g. P(('data','fsdp'), None, 'tensor', None)
+  spec = nn.logical_to_mesh_axes(BTND, rules)    # e.g. P(("data", "fsdp"), None, "tensor", None)
   ids_spec = P(spec[0], spec[1])
   return jax.shard_map(kernel, mesh=mesh, in_specs=(spec, spec, spec, ids_spec), out_specs=spec,
                        check_vma=False)(q, k, v, ids)

@@ -1,4 +1,4 @@
-"""benchmarks/accelerator.py runs end to end on CPU (--smoke) and its synthetic records look real."""
+"""benchmarks/accelerator.py runs end to end on CPU (--smoke); its synthetic records look real."""
 
 import numpy as np
 import pytest

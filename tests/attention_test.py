@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from jax.sharding import Mesh
 
 from bert_jax import attention
@@ -208,3 +209,55 @@ def test_startup_line_names_the_kernel_and_why():
   with pytest.raises(attention.AttentionError, match="attention_dropout_prob=0.1"):
     attention.startup_line(model_lib.get_bert_config("tiny", attention="splash"), packed=True,
                            seq_len=128)
+
+
+def _positions(ids):
+  """Per-instance positions 0, 1, ... restarting where the id changes (0 at padding)."""
+  ids = np.asarray(ids)
+  pos = np.zeros_like(ids)
+  for i in range(1, ids.shape[1]):
+    pos[:, i] = np.where(ids[:, i] == ids[:, i - 1], pos[:, i - 1] + 1, 0)
+  return jnp.asarray(np.where(ids > 0, pos, 0), jnp.int32)
+
+
+def test_model_with_a_fused_kernel_equals_the_xla_model():
+  # The whole packed pre-training forward and its parameter gradients, through model.py's
+  # SelfAttention: pallas_gpu (interpret mode on CPU) against xla, float32, dropout off.
+  from bert_jax import model as model_lib
+  t = 32
+  ids = _ids(t, packed=True)
+  rng = np.random.default_rng(1)
+  batch = dict(input_ids=jnp.asarray(rng.integers(5, 99, (2, t)), jnp.int32) * (ids > 0),
+               input_mask=(ids > 0).astype(jnp.int32), segment_ids=jnp.zeros((2, t), jnp.int32),
+               masked_lm_positions=jnp.asarray([[1, 5, 9], [2, 20, 30]], jnp.int32),
+               instance_ids=ids, position_ids=_positions(ids),
+               nsp_positions=jnp.asarray([[0, int(t * 0.3)], [0, t // 2]], jnp.int32))
+  assert int(batch["position_ids"][0, int(t * 0.3)]) == 0                # instance 2 restarts
+
+  def loss_and_grads(backend):
+    cfg = model_lib.get_bert_config("tiny", vocab_size=99, hidden_dropout_prob=0.0,
+                                    attention_dropout_prob=0.0, attention=backend)
+    module = model_lib.BertForPreTraining(cfg)
+    params = nn.meta.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0), seq_len=t,
+                                                 num_predictions=3))
+
+    def loss(p):
+      mlm, nsp = module.apply({"params": p}, batch, False, method=model_lib.pretraining_forward)
+      return jnp.sum(jax.nn.log_softmax(mlm)[..., 7]) + jnp.sum(nsp[..., 0])
+
+    return jax.value_and_grad(loss)(params)
+
+  ref_loss, ref_grads = loss_and_grads("xla")
+  got_loss, got_grads = loss_and_grads("pallas_gpu")
+  np.testing.assert_allclose(got_loss, ref_loss, rtol=1e-5)
+  for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(got_grads),
+                          jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("seq_len,ok", [(16, True), (32, True), (128, True), (512, True),
+                                        (48, False), (200, False)])
+def test_pallas_gpu_lengths_must_fit_its_tiles(seq_len, ok):
+  reason = attention.unsupported_reason("pallas_gpu", platform_name="gpu", packed=True,
+                                        dtype="bfloat16", seq_len=seq_len, dropout=0.0)
+  assert (reason is None) == ok, reason
