@@ -414,10 +414,9 @@ def main(argv):
     raise ConfigError("--config is required, e.g. "
                       "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
   trainer_lib.quiet_logging()
-  distributed.maybe_initialize_distributed()
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main)
+  errors.run(main, init_distributed=True)  # multi-host start-up inside the one-line errors
