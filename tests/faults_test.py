@@ -250,8 +250,11 @@ def test_records_contract_mismatches_before_the_model(tmp_path, no_model):
   shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")
   with pytest.raises(dataset_info.DataContractError, match="shuffled.txt"):
     no_model.train_and_evaluate(_real(tmp_path, files, shuffled), wd)
+  # A cased vocab (its casing is taken from it) for records that say they were lower-cased.
+  cased = _vocab(tmp_path, WORDS[:5] + ["Paris", "London"] + WORDS[7:], "cased.txt")
+  lowered = _records(tmp_path / "lowered", info_vocab=cased, lower=True)
   with pytest.raises(dataset_info.DataContractError, match="config.do_lower_case=False"):
-    no_model.train_and_evaluate(_real(tmp_path, files, vocab, do_lower_case=False), wd)
+    no_model.train_and_evaluate(_real(tmp_path, lowered, cased, do_lower_case=False), wd)
   shard = files.replace("*", "00001-of-00002.tfrecord")
   with open(shard, "r+b") as f:
     f.truncate(os.path.getsize(shard) - 100)
