@@ -86,7 +86,9 @@ def iter_documents(max_modules=None):
       objs.extend(v for _, v in sorted(vars(cls).items())
                   if inspect.isfunction(v) and not _.startswith("_"))
     for obj in objs:
-      doc = getattr(obj, "__doc__", None)
+      with warnings.catch_warnings():  # reading a deprecated module's attributes (typing.io)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        doc = getattr(obj, "__doc__", None)
       if not isinstance(doc, str) or id(doc) in seen:
         continue
       seen.add(id(doc))
