@@ -32,14 +32,33 @@ once); no step holds more than one document's requests or one shard (~N x dupe /
 
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import sys
 import time
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 from absl import flags
+
+
+class _DropBigQueryNotice(logging.Filter):
+  """apache_beam logs "apitools not found, and bigquery client libraries are not available" on
+  the root logger when imported without its GCP extras; this pipeline uses no BigQuery, and the
+  line would precede every CLI message (one-line errors included)."""
+
+  def filter(self, record):
+    return "bigquery client libraries are not available" not in record.getMessage()
+
+
+_root_logger = logging.getLogger()
+_root_handlers = list(_root_logger.handlers)  # logging.warning() would add one (basicConfig)
+_root_logger.addFilter(_bq_filter := _DropBigQueryNotice())
+try:
+  import apache_beam as beam
+  from apache_beam.options.pipeline_options import PipelineOptions
+finally:
+  _root_logger.removeFilter(_bq_filter)
+  _root_logger.handlers[:] = _root_handlers
 
 from bert_jax import errors
 from data_pipelines import create_pretraining_data as cpd
