@@ -33,6 +33,7 @@ f["features"][a:b].
 import os
 
 from absl import flags
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -230,6 +231,7 @@ def main(argv):
   if FLAGS.batch_size < 1:
     raise ExtractError(f"--batch_size={FLAGS.batch_size}: must be at least 1.")
   inputs = read_inputs(FLAGS.input_file)
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO
   m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
                                    spm_model_file=FLAGS.spm_model_file,
                                    do_lower_case=FLAGS.do_lower_case)

@@ -22,9 +22,31 @@ _CPP_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::In
 _CORE_DONE = os.path.join(ROOT, ".coord", "core_done")
 
 
+def _two_layer_export(tmp):
+  """A 2-layer BERT export with its vocab.txt: errors found after a checkpoint is loaded."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  vocab = tasks_testlib.write_vocab(tmp, "the cat sat on the mat . a dog ran")
+  with open(vocab) as f:
+    size = len(f.read().splitlines())
+  cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, num_layers=2, max_position_embeddings=32)
+  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
+  export = os.path.join(tmp, "export")
+  ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
+  shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))
+  return export
+
+
 def _cases(tmp):
   """name -> (argv after `python -m`, regex the error line must match)."""
   nope = os.path.join(tmp, "does-not-exist")
+  export = _two_layer_export(tmp)
   cases = {
       "predict": (["bert_jax.predict", f"--init_checkpoint={nope}", "fill-mask", "a [MASK] ."],
                   rf"^error: --init_checkpoint={re.escape(nope)}: no such file"),
@@ -34,6 +56,11 @@ def _cases(tmp):
                             "--output_file=out.npz", f"--init_checkpoint={nope}",
                             "--max_seq_length=0"],
                            r"^error: --max_seq_length=0: must be at least 3"),
+      # After the checkpoint is loaded (Orbax's INFO logs must not reach stderr either).
+      "extract_features_layers": (["bert_jax.extract_features", "--input_file=in.txt",
+                                   "--output_file=out.npz", f"--init_checkpoint={export}",
+                                   "--layers=-1,-3"],
+                                  r"^error: --layers=-1,-3: the model has 2 layers"),
       "convert": (["bert_jax.convert", f"--input={nope}", f"--output={tmp}/out"],
                   rf"^error: --input={re.escape(nope)}: no such directory"),
       "checkpoint_verify": (["bert_jax.checkpoint", "verify", nope],
@@ -87,7 +114,7 @@ def results(tmp_path_factory):
     while pending and len(running) < 4:
       name, (argv, pattern) = pending.pop(0)
       running[name] = (subprocess.Popen(
-          [sys.executable, "-m", *argv], cwd=tmp if name == "extract_features" else ROOT,
+          [sys.executable, "-m", *argv], cwd=tmp if name.startswith("extract_features") else ROOT,
           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
           text=True), pattern)
     name = next(iter(running))
@@ -108,7 +135,8 @@ def test_every_cli_is_covered(results):
 
 
 @pytest.mark.parametrize("name", [
-    "predict", "predict_unknown_flag", "extract_features", "convert", "checkpoint_verify",
+    "predict", "predict_unknown_flag", "extract_features", "extract_features_layers", "convert",
+    "checkpoint_verify",
     "build_vocab", "create_pretraining_data", "tokenize", "stdlib_corpus", "local_pod",
     "pod_check", "beam_pipeline", "train", "finetune"])
 def test_one_line_error_and_exit_code_2(results, name):
