@@ -135,8 +135,16 @@ def load_vocab(config):
   if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file):
     return input_source_vocab(config.model.vocab_size or 30522)
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  return vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
+  info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
                                    spm_model_file=config.spm_model_file or None)
+  # Casing from the vocab's own settings (None takes them; a contradiction is a one-line error),
+  # recorded in the config so the records' check and the checkpoints carry the real value.
+  settings = vocab_lib.resolve_settings(config.vocab_file or None,
+                                        config.spm_model_file or None,
+                                        config.get("do_lower_case"),
+                                        flag="--config.do_lower_case")
+  config.do_lower_case = settings["do_lower_case"]
+  return info
 
 
 def input_source_vocab(size):

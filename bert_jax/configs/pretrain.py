@@ -20,6 +20,7 @@ steps (29.5B tokens), then 10% = 100k steps at 512 (13.1B tokens).
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config(arg="base"):
@@ -53,7 +54,9 @@ def get_config(arg="base"):
   c.eval_input_files = ""          # held-out records; empty = no evaluation
   c.vocab_file = ""                # WordPiece vocab.txt ...
   c.spm_model_file = ""            # ... or a SentencePiece model
-  c.do_lower_case = True
+  # None: the vocab's casing (its .meta.json from build_vocab, or inferred for google/HF
+  # vocabs); true/false is checked against it and against the records (one-line error).
+  c.do_lower_case = config_dict.placeholder(bool)
   c.seq_length = 128
   c.max_predictions_per_seq = 20   # ~ 0.15 * 128 rounded up, as google-research/bert
   c.masked_lm_prob = 0.15
