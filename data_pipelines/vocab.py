@@ -299,8 +299,10 @@ def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
     source = where if value is None else f"{where}, and {source}"
     value = bool(rec["do_lower_case"])
   if do_lower_case is not None and value is not None and bool(do_lower_case) != value:
-    raise CasingMismatchError(f"{flag}={bool(do_lower_case)} but {source.split(':')[0]} is "
-                              f"{'uncased' if value else 'cased'} ({source}); drop {flag} or "
+    subject = source.split(": ")[0]
+    detail = f" ({source})" if source != subject else ""
+    raise CasingMismatchError(f"{flag}={bool(do_lower_case)} but {subject} is "
+                              f"{'uncased' if value else 'cased'}{detail}; drop {flag} or "
                               f"pass {flag}={value}.")
   if value is None:
     value = True if do_lower_case is None else bool(do_lower_case)
