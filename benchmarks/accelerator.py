@@ -233,6 +233,9 @@ def parse_args(argv=None):
   p.add_argument("--smoke", action="store_true", help="tiny config, 3 steps: checks the "
                  "benchmark end to end on CPU in seconds")
   a = p.parse_args(argv)
+  unknown = set(a.cases.split(",")) - set(CASES)
+  if unknown:
+    p.error(f"--cases: unknown {sorted(unknown)}; use {', '.join(CASES)}")
   if a.smoke:
     a.cases, a.steps, a.warmup = "smoke", 3, 1
   return a
