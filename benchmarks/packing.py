@@ -1,6 +1,6 @@
 r"""Packed sequences: packing efficiency, real tokens/s packed vs unpacked vs peers, time to accuracy.
 
-  scripts/quickstart_pretrain.sh --config.num_train_steps=0   # builds runs/quickstart/records
+  bash scripts/quickstart_pretrain.sh   # builds runs/quickstart/records (then trains; Ctrl-C is fine)
   nice -n 10 .venv/bin/python -m benchmarks.packing [--model=mini --steps=10] \
       [--google_records='/tmp/gbert/out/*.tfrecord'] [--records512='runs/quickstart/records/train512/*'] \
       [--time_to_accuracy]
