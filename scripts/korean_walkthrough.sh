@@ -66,4 +66,5 @@ nice -n 10 python -m bert_jax.train --config=bert_jax/configs/pretrain.py:tiny,r
 python -m bert_jax.predict --init_checkpoint="$OUT/workdir" fill-mask "대한민국은 민주[MASK]이다."
 nice -n 10 python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:glue_sst2,runlocal \
   --config.init_checkpoint="$OUT/workdir" --config.data_dir="$OUT/source_task" \
-  --workdir="$OUT/finetune" --config.max_train_examples=0
+  --workdir="$OUT/finetune" --config.max_train_examples=0 \
+  --config.learning_rate=5e-4 --config.num_train_epochs=3  # BERT-tiny needs a larger rate
