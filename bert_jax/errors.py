@@ -22,6 +22,7 @@ What `run` turns into `error: ...` + exit code 2:
 """
 
 import os
+import gc
 import re
 import sys
 
@@ -62,7 +63,13 @@ def run_main(main, argv, *, init_distributed=False):
       distributed.maybe_initialize_distributed()
     return main(argv)
   except (UserError, app.UsageError) as e:
-    fail(e)
+    line = format_error(e)
+  # Exit outside the handler, after a collection: the error's traceback holds the frames of the
+  # failed run, and with them live tf.data iterators whose tf.numpy_function stages (the packer)
+  # deadlock if they are first destroyed during interpreter shutdown (seen: a user error raised
+  # after the input pipeline started printed its line, then hung for good).
+  gc.collect()
+  fail(line[len("error: "):])
 
 
 # ----------------------------------------------------------------------------------------------

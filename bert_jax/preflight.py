@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 
 from bert_jax import errors
+from bert_jax import optimizer as optimizer_lib
 
 # Config fields that must be positive integers (a negative batch size divides evenly by the
 # device count, so the mesh check alone lets batch_size=-32 through).
@@ -31,6 +32,9 @@ def check_config_values(config):
     raise PreflightError(f"config.max_predictions_per_seq={config.max_predictions_per_seq} > "
                          f"config.seq_length={config.seq_length}: at most one prediction per "
                          "token (20 for seq 128, 80 for 512).")
+  # The schedule's own check (warmup <= steps), here so that it fails before any input is read.
+  optimizer_lib.create_learning_rate_schedule(config.learning_rate, config.warmup_steps,
+                                              config.num_train_steps)
   if "max_consecutive_skips" in config and config.max_consecutive_skips < 0:
     raise PreflightError(f"config.max_consecutive_skips={config.max_consecutive_skips}: expected "
                          ">= 0 (0 = never stop on NaN/Inf steps, only skip them).")

@@ -239,6 +239,18 @@ def test_non_positive_sizes_are_refused_first(tmp_path, no_model, field, value):
     no_model.train_and_evaluate(_tiny(**{field: value}), str(tmp_path / "wd"))
 
 
+def test_warmup_longer_than_training_is_refused_before_any_input(tmp_path, no_model,
+                                                                 monkeypatch):
+  from bert_jax import errors, input_source
+
+  def read(*args, **kwargs):
+    raise AssertionError("the input was read before the bad schedule was found")
+  monkeypatch.setattr(input_source, "make_batches", read)
+  with pytest.raises(errors.UserError, match="warmup_steps=50, num_train_steps=10"):
+    no_model.train_and_evaluate(_tiny(num_train_steps=10, warmup_steps=50),
+                                str(tmp_path / "wd"))
+
+
 def test_records_contract_mismatches_before_the_model(tmp_path, no_model):
   from data_pipelines import dataset_info
   vocab = _vocab(tmp_path)
