@@ -212,9 +212,11 @@ def init_from_checkpoint(state, t, path, model_config):
 # ----------------------------------------------------------------------------------------------
 # The loop.
 # ----------------------------------------------------------------------------------------------
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
-  """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
-  # --- Set-up and validation (no compute before this passes). ---
+def validate_inputs(config, workdir):
+  """Config values, workdir, files, vocab, model size and the records' contract, before compute.
+
+  Returns (train_files, eval_files or None, vocab, model_config, vocab_hash).
+  """
   preflight.check_config_values(config)
   trainer_lib.check_workdir(workdir)
   train_files = expand_files(config.train_input_files, "train_input_files")
@@ -224,18 +226,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   model_config = create_model_config(config, vocab)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
-  is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
-  note = print if is_main else (lambda _: None)
+  note = print if jax.process_index() == 0 else (lambda _: None)
   preflight.check_data_contract(train_files, "train_input_files", config, vocab, note)
   if eval_files:
     preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note)
+  return train_files, eval_files, vocab, model_config, vocab_hash
 
-  # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
+
+def print_mesh_line(config, model_config, mesh, local_batch, is_main):
+  """The start-up lines: mesh, batch split, device order and the attention kernel.
+
+  The attention kernel is resolved on every host (an explicit one that cannot run here is an
+  error everywhere, now), printed by host 0.
+  """
   accum = int(config.grad_accum_steps)
-  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
-  local_batch = config.batch_size // jax.process_count()
-  # The attention kernel (an explicit one that cannot run here is an error on every host, now).
   attention_line = attention_lib.startup_line(model_config, packed=bool(config.get("pack")),
                                               seq_len=config.seq_length)
   if is_main:
@@ -244,6 +249,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
           f"rows per host" + (f", {accum} micro-batches of {config.batch_size // accum} per "
                               "step" if accum > 1 else ""), flush=True)
     print(f"device order: {sharding_lib.device_order_source(mesh)}; {attention_line}", flush=True)
+
+
+def input_line(layout, num_files, real_per_slot):
+  """The start-up line of the training stream: logical shards, packing and its efficiency."""
+  shards = layout["num_logical_shards"]
+  return (f"input: {num_files} files in {shards} logical shards (host 0 reads "
+          f"{shards // jax.process_count()}); "
+          + (f"packed rows of up to {layout['max_instances_per_pack']} instances"
+             if layout["pack"] else "one instance per row (--config.pack=false)")
+          + f": {real_per_slot:.3f} real tokens per slot over the first batches")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+  """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
+  # --- Set-up and validation (no compute before this passes). ---
+  train_files, eval_files, vocab, model_config, vocab_hash = validate_inputs(config, workdir)
+  is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
+
+  # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
+  accum = int(config.grad_accum_steps)
+  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
+  local_batch = config.batch_size // jax.process_count()
+  print_mesh_line(config, model_config, mesh, local_batch, is_main)
 
   # --- The resume step: the newest checkpoint that verifies against its SHA-256 manifest. ---
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
@@ -267,12 +295,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   train_iter, real_per_slot = input_source.peek(batches(train_files, config.seed, latest or 0))
   train_iter = preflight.first_batch(train_iter, "train_input_files", config, vocab, local_batch)
   if is_main and layout:
-    shards = layout["num_logical_shards"]
-    print(f"input: {len(train_files)} files in {shards} logical shards (host 0 reads "
-          f"{shards // jax.process_count()}); "
-          + (f"packed rows of up to {layout['max_instances_per_pack']} instances"
-             if layout["pack"] else "one instance per row (--config.pack=false)")
-          + f": {real_per_slot:.3f} real tokens per slot over the first batches", flush=True)
+    print(input_line(layout, len(train_files), real_per_slot), flush=True)
 
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, model_config, mesh)
