@@ -109,6 +109,25 @@ def num_rows(lengths, num_preds, seq_length, max_instances, max_preds, count_pre
   return assign(lengths, num_preds, seq_length, max_instances, max_preds, count_preds)[-1]
 
 
+def scatter_tokens(ids, input_mask, segment_ids, row, slot, offset, num_rows_out):
+  """The token features of packed rows: instance n's real tokens go to row[n] from offset[n].
+
+  ids/input_mask/segment_ids: [N, T] one instance per row; row/slot/offset: [N] from `assign`.
+  Returns input_ids, input_mask, segment_ids, instance_ids (slot + 1; 0 = padding) and
+  position_ids (restarting at 0 per instance), each [num_rows_out, T] int32.
+  """
+  out = {k: np.zeros((num_rows_out, ids.shape[1]), np.int32) for k in
+         ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids")}
+  inst, pos = np.nonzero(input_mask)                                    # real tokens
+  dest = (row[inst], offset[inst] + pos)
+  out["input_ids"][dest] = ids[inst, pos]
+  out["input_mask"][dest] = 1
+  out["segment_ids"][dest] = segment_ids[inst, pos]
+  out["instance_ids"][dest] = slot[inst] + 1
+  out["position_ids"][dest] = pos
+  return out
+
+
 def pack_arrays(f, seed, *, max_instances, max_preds, count_preds):
   """Packs a chunk of unpacked instances (numpy dict, PACKED_KEYS' unpacked subset) into rows.
 
@@ -125,15 +144,7 @@ def pack_arrays(f, seed, *, max_instances, max_preds, count_preds):
   preds = weights.sum(1)
   row, slot, offset, pred_offset, r = assign(lengths, preds, t, max_instances, max_preds,
                                              count_preds)
-  out = {k: np.zeros((r, t), np.int32) for k in
-         ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids")}
-  inst, pos = np.nonzero(f["input_mask"])                               # real tokens
-  dest = (row[inst], offset[inst] + pos)
-  out["input_ids"][dest] = ids[inst, pos]
-  out["input_mask"][dest] = 1
-  out["segment_ids"][dest] = f["segment_ids"][inst, pos]
-  out["instance_ids"][dest] = slot[inst] + 1
-  out["position_ids"][dest] = pos
+  out = scatter_tokens(ids, f["input_mask"], f["segment_ids"], row, slot, offset, r)
 
   for k in ("masked_lm_positions", "masked_lm_ids"):
     out[k] = np.zeros((r, max_preds), np.int32)
@@ -219,15 +230,7 @@ def pack_examples(features, *, max_instances, seed=0):
   lengths = features["input_mask"].sum(1)
   row, slot, offset, _, r = assign(lengths, np.zeros_like(lengths), ids.shape[1], max_instances,
                                    0, count_preds=False)
-  out = {k: np.zeros((r, ids.shape[1]), np.int32) for k in
-         ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids")}
-  inst, pos = np.nonzero(features["input_mask"])
-  dest = (row[inst], offset[inst] + pos)
-  out["input_ids"][dest] = ids[inst, pos]
-  out["input_mask"][dest] = 1
-  out["segment_ids"][dest] = features["segment_ids"][inst, pos]
-  out["instance_ids"][dest] = slot[inst] + 1
-  out["position_ids"][dest] = pos
+  out = scatter_tokens(ids, features["input_mask"], features["segment_ids"], row, slot, offset, r)
   out["cls_positions"] = np.zeros((r, max_instances), np.int32)
   out["cls_positions"][row, slot] = offset
   labels = np.asarray(features["label_ids"])
