@@ -348,20 +348,9 @@ def test_preempted_finetuning_resumes_to_the_same_result(tmp_path, pretrained, m
                                                          capsys):
   """SIGTERM mid-epoch saves; the re-run resumes there and ends where an uninterrupted run does."""
   import signal
-  rng = np.random.default_rng(1)
   data = tmp_path / "SST-2"
   data.mkdir()
-
-  def rows(n):
-    out = []
-    for _ in range(n):
-      label = int(rng.integers(0, 2))
-      out.append(" ".join(list(rng.choice(WORDS[:10], 4)) + [("bad", "good")[label]])
-                 + f"\t{label}")
-    return out
-
-  _write(data / "train.tsv", ["sentence\tlabel"] + rows(96))
-  _write(data / "dev.tsv", ["sentence\tlabel"] + rows(16))
+  _sst2(data, np.random.default_rng(1), 96, 16)
   kw = dict(num_train_epochs=3.0, do_predict=False, log_every=1)
   full = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), str(tmp_path / "full"))
   assert not os.path.exists(tmp_path / "full" / "checkpoints" / "1")
