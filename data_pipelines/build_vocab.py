@@ -2,7 +2,8 @@
 
   python -m data_pipelines.build_vocab --input_file='data/corpus/*.txt' --vocab_size=8000 \\
       --output=data/vocab.txt [--[no]lower_case] [--model_type=wordpiece|unigram|bpe] \\
-      [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab]
+      [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab] \\
+      [--hangul_coverage=auto|ksx1001|none]
 
 WordPiece: words come from the same in-graph BERT basic tokenizer that tokenization.py uses (so
 the vocab is learned on exactly the words it will see), then tensorflow_text's WordPiece learner
@@ -17,6 +18,14 @@ the `nmt_nfkc_cf` rule, so the model itself case-folds. --character_coverage, --
 
 Corpora larger than memory: --input_sentence_size=N trains on a uniform sample of N lines
 (reservoir sampling with --seed, as sentencepiece's own input_sentence_size), for both kinds.
+
+Hangul coverage (WordPiece): BasicTokenizer keeps a Korean eojeol (대한민국은) as one word, and
+WordPiece turns the whole word into [UNK] when one syllable has no piece. A small corpus misses
+common syllables (the walk-through's 120 KB holds 436 distinct ones; its held-out documents had
+1.56% [UNK]), so --hangul_coverage=ksx1001 reserves the 2,350 syllables of KS X 1001 as "가" and
+"##가" (4,700 pieces, counted in --vocab_size; the learned pieces fill the rest), as
+SentencePiece's character_coverage does for characters. Default (auto): on for a cased
+WordPiece vocab of a Hangul-heavy corpus (Hangul at least half the letters), off otherwise.
 
 Casing: --lower_case unset = from the corpus' script mix: cased when Hangul/CJK/kana make up at
 least half the letters (uncased NFD splits every Hangul syllable into jamo), else uncased as
@@ -43,6 +52,11 @@ from data_pipelines import vocab as vocab_lib
 from data_pipelines.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call
+HANGUL_COVERAGE = ("auto", "ksx1001", "none")
+# With the syllables reserved, at least this many slots must be left for learned pieces
+# (multi-syllable pieces, words of other scripts); fewer and the vocab is mostly a syllable table.
+# The walk-through's 120 KB corpus fills ~2,200 slots beyond them at a count threshold of 1.
+MIN_LEARNED_PIECES = 1000
 
 
 class BuildVocabError(errors.UserError):
@@ -52,6 +66,25 @@ class BuildVocabError(errors.UserError):
 def reserved_tokens(num_unused=0):
   return (["[PAD]"] + [f"[unused{i}]" for i in range(num_unused)]
           + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+
+
+def ksx1001_syllables():
+  """The 2,350 modern Hangul syllables of KS X 1001, in code point order ("가" .. "힝").
+
+  KS X 1001, the Korean national character set (EUC-KR's 2-byte plane), gives 2,350 of the
+  11,172 possible syllables U+AC00..U+D7A3 a code of their own: the ones in common use. Python's
+  euc_kr codec writes those as 2 bytes and the other 8,822 (뷁, 햏, 똠) as 8-byte jamo make-up
+  sequences (KS X 1001 annex 3), so the encoded length picks them out. Measured on all Korean
+  text of the konlpy 0.6.0 wheel (constitution + 10 bills): 36,038 syllables, 445 distinct, every
+  one of them in this set (100%).
+  """
+  return [ch for ch in map(chr, range(0xAC00, 0xD7A4)) if len(ch.encode("euc_kr")) == 2]
+
+
+def hangul_pieces():
+  """The reserved WordPiece tokens of --hangul_coverage=ksx1001: "가".."힝" then "##가".."##힝"."""
+  syllables = ksx1001_syllables()
+  return syllables + ["##" + s for s in syllables]
 
 
 def corpus_paths(input_file):
@@ -148,8 +181,14 @@ def count_words(lines, lower_case, pretokenizer=None):
   return {w.decode("utf-8"): c for w, c in counts.items()}
 
 
-def learn_wordpiece(word_counts, vocab_size, reserved, num_iterations=4):
+def learn_wordpiece(word_counts, vocab_size, reserved, num_iterations=4, always=()):
   """tf_text's WordPiece learner with a galloping search for the count threshold.
+
+  `always`: pieces the vocab must hold whatever the corpus (the Hangul syllables of
+  --hangul_coverage). They go to the learner as reserved tokens after the specials, so every
+  candidate vocab it builds holds them and counts them against vocab_size; a learned piece equal
+  to one of them is not listed twice. Words are still counted as they are (a one-syllable word
+  "가" is not dropped as the learner drops reserved words).
 
   The library's own `learn` bisects thresholds between 10 and the top word count (~13 learner
   runs of ~1 s each on a 1 MB corpus) and never goes under a threshold of 10, which caps a 1 MB
@@ -161,7 +200,7 @@ def learn_wordpiece(word_counts, vocab_size, reserved, num_iterations=4):
   params = learner.Params(
       upper_thresh=None, lower_thresh=1, num_iterations=num_iterations, max_input_tokens=-1,
       max_token_length=50, max_unique_chars=1000, vocab_size=vocab_size, slack_ratio=0.05,
-      include_joiner_token=True, joiner="##", reserved_tokens=reserved)
+      include_joiner_token=True, joiner="##", reserved_tokens=list(reserved) + list(always))
   words = learner.get_input_words(word_counts.items(), reserved, params.max_token_length)
   words = learner.filter_input_words(
       words, learner.get_allowed_chars(words, params.max_unique_chars), -1)
@@ -169,7 +208,15 @@ def learn_wordpiece(word_counts, vocab_size, reserved, num_iterations=4):
     raise BuildVocabError("the corpus has no word of at most 50 characters to learn from.")
   chars = learner.extract_char_tokens(words)
   smallest = learner.generate_final_vocabulary(
-      reserved, chars, learner.ensure_all_tokens_exist(chars, {}, True, "##"))
+      params.reserved_tokens, chars, learner.ensure_all_tokens_exist(chars, {}, True, "##"))
+  if always and len(smallest) + MIN_LEARNED_PIECES > vocab_size:
+    others = len(smallest) - len(reserved) - len(always)
+    raise BuildVocabError(
+        f"--vocab_size={vocab_size} is too small for --hangul_coverage=ksx1001: "
+        f"{len(reserved)} special + {len(always):,} reserved syllable pieces + {others:,} other "
+        f"character pieces + {MIN_LEARNED_PIECES:,} learned pieces need "
+        f"{len(smallest) + MIN_LEARNED_PIECES:,}; raise --vocab_size (e.g. 8000) or pass "
+        "--hangul_coverage=none.")
   if len(smallest) > vocab_size:
     raise BuildVocabError(
         f"--vocab_size={vocab_size} is too small: the {len(reserved)} reserved tokens and "
@@ -269,6 +316,32 @@ def choose_casing(lower_case, shares):
   return True, f"default: uncased as BERT's English models ({mix or 'no'} letters)"
 
 
+def choose_hangul_coverage(mode, shares, lower_case, model_type):
+  """(mode, reason): "ksx1001" or "none", from --hangul_coverage (auto = from the script mix)."""
+  if mode not in HANGUL_COVERAGE:
+    raise BuildVocabError(f"--hangul_coverage={mode}: expected auto, ksx1001 or none.")
+  hangul = f"hangul {shares.get('hangul', 0):.0%} of letters"
+  if mode == "ksx1001":
+    if model_type != "wordpiece":
+      raise BuildVocabError(
+          f"--hangul_coverage=ksx1001 is for WordPiece, not --model_type={model_type}; "
+          "SentencePiece covers rare syllables with --character_coverage=1.0 or --byte_fallback.")
+    if lower_case:
+      raise BuildVocabError("--hangul_coverage=ksx1001 with --lower_case: uncased NFD splits "
+                            "every syllable into jamo, so no syllable piece could ever match; "
+                            "pass --nolower_case or --hangul_coverage=none.")
+    return mode, "--hangul_coverage=ksx1001"
+  if mode == "none":
+    return mode, "--hangul_coverage=none"
+  if model_type != "wordpiece":
+    return "none", "default: off for SentencePiece (see --character_coverage)"
+  if shares.get("hangul", 0) < pretokenize.CJK_HEAVY:
+    return "none", f"default: off, not a Hangul-heavy corpus ({hangul})"
+  if lower_case:
+    return "none", "default: off for an uncased vocab (its syllables become jamo)"
+  return "ksx1001", f"default: on for a Hangul-heavy corpus ({hangul})"
+
+
 def _warn_jamo(shares, lower_case, model_type):
   # Uncased WordPiece = NFD: every Hangul syllable becomes 2-3 jamo (SentencePiece's NFKC keeps
   # them whole). Said once, with the fix.
@@ -280,7 +353,7 @@ def _warn_jamo(shares, lower_case, model_type):
 
 def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece",
           num_unused=0, input_sentence_size=0, seed=0, character_coverage=0.9995,
-          byte_fallback=False, pretokenizer="none"):
+          byte_fallback=False, pretokenizer="none", hangul_coverage="auto"):
   """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta)."""
   if model_type not in ("wordpiece", "unigram", "bpe"):
     raise BuildVocabError(f"--model_type={model_type}: expected wordpiece, unigram or bpe.")
@@ -302,6 +375,17 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
   lower_case, reason = choose_casing(lower_case, shares)
   _warn_jamo(shares, lower_case, model_type)
+  coverage, coverage_reason = choose_hangul_coverage(hangul_coverage, shares, lower_case,
+                                                     model_type)
+  always = hangul_pieces() if coverage == "ksx1001" else []
+  # Checked again after counting, with the corpus' other characters (learn_wordpiece).
+  need = len(reserved) + len(always) + MIN_LEARNED_PIECES
+  if always and need > vocab_size:
+    raise BuildVocabError(
+        f"--vocab_size={vocab_size} is too small for --hangul_coverage=ksx1001 ({coverage_reason}"
+        f"): {len(reserved)} special + {len(always):,} reserved syllable pieces + "
+        f"{MIN_LEARNED_PIECES:,} learned pieces need {need:,}; raise --vocab_size (e.g. 8000) "
+        "or pass --hangul_coverage=none.")
   if model_type == "wordpiece" and input_sentence_size == 0:
     # Streaming: memory is the word counts, whatever the corpus size.
     sample = Sample(None, 0)
@@ -319,7 +403,7 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
     raise BuildVocabError(f"--input_file={input_file}: the {len(paths)} matching file(s) hold "
                           "no text (only blank lines); a vocab needs a non-empty corpus.")
   if model_type == "wordpiece":
-    vocab = learn_wordpiece(counts, vocab_size, reserved)
+    vocab = learn_wordpiece(counts, vocab_size, reserved, always=always)
     data = ("\n".join(vocab) + "\n").encode("utf-8")
     size = len(vocab)
   else:
@@ -334,6 +418,7 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
       "normalization": ("bert_uncased" if lower_case else "bert_cased")
       if model_type == "wordpiece" else ("nmt_nfkc_cf" if lower_case else "nmt_nfkc"),
       "pretokenizer": pretokenizer or "none", "scripts": shares,
+      "hangul_coverage": coverage, "hangul_coverage_reason": coverage_reason,
       "sample": {"input_sentence_size": input_sentence_size, "seed": seed,
                  "sentences_seen": sample.seen,
                  "sentences_used": sample.seen if sample.lines is None else len(sample.lines)},
@@ -371,6 +456,10 @@ def define_flags(flag_values=flags.FLAGS):
                      "covered (0.9995 for CJK/Korean, 1.0 for small alphabets).", **fv)
   flags.DEFINE_bool("byte_fallback", False, "SentencePiece: rare characters become UTF-8 byte "
                     "pieces instead of [UNK].", **fv)
+  flags.DEFINE_enum("hangul_coverage", "auto", list(HANGUL_COVERAGE), "WordPiece: reserve the "
+                    "2,350 KS X 1001 Hangul syllables as 가 and ##가 (4,700 pieces of "
+                    "--vocab_size) so no common syllable makes a word [UNK]. auto: on for a "
+                    "cased vocab of a Hangul-heavy corpus.", **fv)
   flags.DEFINE_enum("pretokenizer", "none", list(vocab_lib.PRETOKENIZERS), "Split text before "
                     "learning (mecab: Korean morphemes); recorded so every tool applies it.", **fv)
 
@@ -382,14 +471,16 @@ def main(argv):
     size, num_files, meta = build(
         FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "", FLAGS.lower_case,
         FLAGS.model_type, FLAGS.num_unused, FLAGS.input_sentence_size, FLAGS.seed,
-        FLAGS.character_coverage, FLAGS.byte_fallback, FLAGS.pretokenizer)
+        FLAGS.character_coverage, FLAGS.byte_fallback, FLAGS.pretokenizer,
+        FLAGS.hangul_coverage)
   except tf.errors.OpError as e:
     raise BuildVocabError(f"--input_file={FLAGS.input_file}: {str(e).splitlines()[0]}") from e
   sample = meta["sample"]
   print(f"wrote {FLAGS.output}: {FLAGS.model_type} vocabulary of {size} tokens from "
         f"{num_files} file(s) ({sample['sentences_used']:,} of {sample['sentences_seen']:,} "
         f"lines) in {time.time() - start:.1f} s; do_lower_case={meta['do_lower_case']} "
-        f"({meta['casing_reason']}); settings in {vocab_lib.meta_path(FLAGS.output)}")
+        f"({meta['casing_reason']}); hangul_coverage={meta['hangul_coverage']} "
+        f"({meta['hangul_coverage_reason']}); settings in {vocab_lib.meta_path(FLAGS.output)}")
 
 
 if __name__ == "__main__":

@@ -173,6 +173,8 @@ def load_vocab_info(vocab_file=None, spm_model_file=None):
 #   sample          {"input_sentence_size": N or 0 (= all), "seed": S, "sentences_seen": M,
 #                    "sentences_used": K}
 #   sentencepiece   {"model_type", "character_coverage", "byte_fallback"} (SentencePiece only)
+#   hangul_coverage "ksx1001" (the 2,350 KS X 1001 syllables reserved as 가 and ##가) | "none",
+#                   with hangul_coverage_reason; absent from files written before it existed
 # ----------------------------------------------------------------------------------------------
 
 META_SUFFIX = ".meta.json"

@@ -148,16 +148,19 @@ def test_sample_is_uniform_deterministic_and_recorded(corpus, tmp_path):
 
 def test_korean_corpus_defaults_to_cased_and_keeps_syllables(tmp_path, capsys):
   path = str(tmp_path / "ko.txt")
-  _, _, meta = build_vocab.build(KOREAN, 2000, path)
+  # Without the reserved syllables, so the syllable pieces counted below are learned ones.
+  _, _, meta = build_vocab.build(KOREAN, 2000, path, hangul_coverage="none")
   assert meta["do_lower_case"] is False and "Hangul/CJK-heavy" in meta["casing_reason"]
   assert meta["scripts"]["hangul"] > 0.9
   tokens = vocab_lib.load_wordpiece_vocab(path)
   assert sum(any("\uac00" <= c <= "\ud7a3" for c in t) for t in tokens) > 500
   assert "jamo" not in capsys.readouterr().err
-  # Asking for uncased on Hangul says once how to keep the syllables whole.
+  # Asking for uncased on Hangul says once how to keep the syllables whole; the default
+  # coverage is off then (a syllable piece could never match NFD jamo), so 2000 is enough.
   _, _, meta = build_vocab.build(KOREAN, 2000, str(tmp_path / "uncased.txt"), lower_case=True)
   err = capsys.readouterr().err
   assert err.count("jamo") == 1 and "--nolower_case" in err
+  assert meta["hangul_coverage"] == "none" and "uncased" in meta["hangul_coverage_reason"]
   tokens = vocab_lib.load_wordpiece_vocab(str(tmp_path / "uncased.txt"))
   assert not any("\uac00" <= c <= "\ud7a3" for t in tokens for c in t)  # NFD: jamo only
 
@@ -183,3 +186,95 @@ def test_sentencepiece_options_and_byte_fallback(tmp_path):
   msg = _error(input_file=KOREAN, vocab_size=500, output=str(tmp_path / "x.model"),
                model_type="bpe", character_coverage=0.5)
   assert "--character_coverage=0.5" in msg
+
+
+# --hangul_coverage: the 2,350 KS X 1001 syllables reserved as "가" and "##가".
+
+def test_ksx1001_syllables_are_the_2350_of_euc_kr():
+  syllables = build_vocab.ksx1001_syllables()
+  assert len(syllables) == len(set(syllables)) == 2350 and syllables == sorted(syllables)
+  assert syllables[0] == "가" and syllables[-1] == "힝"
+  assert all("\uac00" <= s <= "\ud7a3" for s in syllables)
+  assert "한" in syllables and "뷁" not in syllables and "햏" not in syllables  # 8-byte make-ups
+  pieces = build_vocab.hangul_pieces()
+  assert len(pieces) == 4700 and pieces[2350:] == ["##" + s for s in syllables]
+
+
+def _syllable_pieces(tokens):
+  reserved = set(build_vocab.hangul_pieces())
+  return reserved & set(tokens), reserved
+
+
+def test_hangul_coverage_default_flag_and_meta(corpus, tmp_path):
+  path = str(tmp_path / "ko.txt")
+  _, _, meta = build_vocab.build(KOREAN, 6200, path)  # every default
+  tokens = vocab_lib.load_wordpiece_vocab(path)
+  found, reserved = _syllable_pieces(tokens)
+  assert found == reserved and len(tokens) <= 6200  # the 4,700 count toward --vocab_size
+  assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and tokens[5] == "가"
+  assert len(tokens) > 4705 + 1000  # learned pieces fill the rest
+  assert meta["hangul_coverage"] == "ksx1001"
+  assert meta["hangul_coverage_reason"].startswith("default: on for a Hangul-heavy corpus")
+  assert vocab_lib.read_settings(path)["hangul_coverage"] == "ksx1001"
+  # Forced off on Korean: only the corpus' own ~430 syllables, as learned pieces.
+  _, _, meta = build_vocab.build(KOREAN, 6200, path, hangul_coverage="none")
+  found, _ = _syllable_pieces(vocab_lib.load_wordpiece_vocab(path))
+  assert meta["hangul_coverage"] == "none" and len(found) < 1500
+  assert meta["hangul_coverage_reason"] == "--hangul_coverage=none"
+  # English: off by default; forced on, both forms are there.
+  _, _, meta = build_vocab.build(corpus, 600, path)
+  assert meta["hangul_coverage"] == "none"
+  assert "not a Hangul-heavy" in meta["hangul_coverage_reason"]
+  assert not _syllable_pieces(vocab_lib.load_wordpiece_vocab(path))[0]
+  _, _, meta = build_vocab.build(corpus, 6000, path, lower_case=False, hangul_coverage="ksx1001")
+  tokens = vocab_lib.load_wordpiece_vocab(path)
+  assert _syllable_pieces(tokens)[0] == _syllable_pieces(tokens)[1] and "the" in tokens
+  assert meta["hangul_coverage"] == "ksx1001" and len(tokens) <= 6000
+  # SentencePiece: off by default (it has --character_coverage).
+  _, _, meta = build_vocab.build(KOREAN, 1200, str(tmp_path / "ko.model"), model_type="unigram")
+  assert meta["hangul_coverage"] == "none"
+  flag_values = flags.FlagValues()
+  build_vocab.define_flags(flag_values)
+  flag_values(["build_vocab", "--hangul_coverage=ksx1001"])
+  assert flag_values.hangul_coverage == "ksx1001"
+
+
+def test_hangul_coverage_errors_are_one_line(tmp_path):
+  out = str(tmp_path / "v.txt")
+  # Before counting: 5 specials + 4,700 syllable pieces + 1,000 learned > 4,000.
+  msg = _error(input_file=KOREAN, vocab_size=4000, output=out)
+  assert msg.startswith("--vocab_size=4000 is too small for --hangul_coverage=ksx1001")
+  assert "4,700 reserved syllable pieces" in msg and "need 5,705" in msg
+  assert "--hangul_coverage=none" in msg
+  # After counting: the corpus' 63 other characters (126 pieces) no longer leave 1,000.
+  msg = _error(input_file=KOREAN, vocab_size=5800, output=out)
+  assert "126 other character pieces" in msg and "need 5,831" in msg
+  msg = _error(input_file=KOREAN, vocab_size=8000, output=out, hangul_coverage="ksx1001",
+               lower_case=True)
+  assert "jamo" in msg and "--nolower_case" in msg
+  msg = _error(input_file=KOREAN, vocab_size=8000, output=str(tmp_path / "v.model"),
+               model_type="unigram", hangul_coverage="ksx1001")
+  assert "is for WordPiece" in msg
+  assert "expected auto, ksx1001 or none" in _error(input_file=KOREAN, vocab_size=8000,
+                                                    output=out, hangul_coverage="all")
+  assert not os.path.exists(out)
+
+
+def _unk_rate(vocab, lines):
+  tok = tokenization.get_tokenizer(vocab)
+  ids = [i for row in tok.encode(lines) for i in row]
+  return ids.count(tok.vocab.unk_id) / len(ids)
+
+
+def test_hangul_coverage_cuts_unknowns_on_held_out_korean(tmp_path):
+  # Vocab from one bill (8.6 KB, ~300 distinct syllables), text from the constitution.
+  bill = os.path.join(ROOT, "tests", "data", "korean", "1809891.txt")
+  with open(os.path.join(ROOT, "tests", "data", "korean", "constitution.txt"),
+            encoding="utf-8") as f:
+    held_out = [l.strip() for l in f if l.strip()]
+  with_cov, without = str(tmp_path / "with.txt"), str(tmp_path / "without.txt")
+  build_vocab.build(bill, 8000, with_cov)
+  build_vocab.build(bill, 8000, without, hangul_coverage="none")
+  # Measured: 0.17% (23 of 13,366 ids; hanja and symbols the bill lacks) with coverage, 11.2%
+  # (1,166 of 10,406) without: a missing syllable makes its whole eojeol one [UNK].
+  assert _unk_rate(with_cov, held_out) < 0.01 < 0.05 < _unk_rate(without, held_out)

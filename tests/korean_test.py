@@ -25,7 +25,8 @@ def _syllables(text):
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("ko") / "vocab.txt")
-  build_vocab.build(KOREAN, 4000, path)  # every default
+  # Every default; 8000 holds the 4,700 reserved syllable pieces (hangul_coverage) + learned ones.
+  build_vocab.build(KOREAN, 8000, path)
   return path
 
 
@@ -85,7 +86,7 @@ def test_records_record_the_casing_and_split_korean_sentences(vocab, tmp_path):
 
 def test_mecab_pretokenizer_is_recorded_and_applied(tmp_path):
   path = str(tmp_path / "mecab.txt")
-  _, _, meta = build_vocab.build(KOREAN, 3000, path, pretokenizer="mecab")
+  _, _, meta = build_vocab.build(KOREAN, 8000, path, pretokenizer="mecab")
   assert meta["pretokenizer"] == "mecab"
   tok = tokenization.get_tokenizer(path)
   assert tok.settings["pretokenizer"] == "mecab"
