@@ -3,7 +3,8 @@
 #   corpus (konlpy's bundled constitution + 10 National Assembly bills, ~140 KB)
 #   -> vocab (build_vocab sees Hangul and picks a cased WordPiece vocab)
 #   -> records (JSONL documents split into sentences by kss)
-#   -> pre-train BERT-tiny (short, on CPU) -> fill-mask -> fine-tune (constitution vs bill sentences).
+#   -> pre-train BERT-tiny (short, on CPU) -> fill-mask -> features -> Hugging Face export
+#   -> fine-tune (constitution vs bill sentences).
 # Extra arguments go to `python -m bert_jax.train`.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" requirements.txt
 set -euo pipefail
@@ -46,7 +47,10 @@ print(f"{len(docs)} documents ({len(docs) - 3} train, 3 held out), {len(rows)} l
 PY
 fi
 if [ ! -f "$OUT/vocab.txt" ]; then
-  python -m data_pipelines.build_vocab --input_file="$OUT/corpus/train.txt" --vocab_size=4000 \
+  # 8000, not 4000: the default --hangul_coverage reserves the 2,350 KS X 1001 syllables as 가 and
+  # ##가 (4,700 pieces), so no held-out word becomes [UNK] for a syllable the 120 KB never shows;
+  # the corpus fills ~2,200 more (6,887 in all, under 8000: it has no more pieces to learn).
+  python -m data_pipelines.build_vocab --input_file="$OUT/corpus/train.txt" --vocab_size=8000 \
     --output="$OUT/vocab.txt"
 fi
 for split in train eval; do
@@ -57,6 +61,21 @@ for split in train eval; do
       --dupe_factor=$([ $split = train ] && echo 10 || echo 2) --num_shards=2
   fi
 done
+python - "$OUT" <<'PY'  # [UNK] share of every non-padding id of the records
+import glob, sys
+import tensorflow as tf
+from data_pipelines import vocab
+out = sys.argv[1]
+unk = vocab.wordpiece_info(f"{out}/vocab.txt").unk_id
+for split in ("train", "eval"):
+  n = u = 0
+  for raw in tf.data.TFRecordDataset(sorted(glob.glob(f"{out}/records/{split}/*.tfrecord"))):
+    f = tf.train.Example.FromString(raw.numpy()).features.feature
+    ids = [i for i, m in zip(f["input_ids"].int64_list.value, f["input_mask"].int64_list.value)
+           if m]
+    n, u = n + len(ids), u + ids.count(unk)
+  print(f"[UNK] in the {split} records: {u:,} of {n:,} tokens ({u / n:.2%})")
+PY
 python -m data_pipelines.tokenize --vocab_file="$OUT/vocab.txt" --tokens <<< "대한민국은 민주공화국이다."
 nice -n 10 python -m bert_jax.train --config=bert_jax/configs/pretrain.py:tiny,runlocal \
   --workdir="$OUT/workdir" \
@@ -64,6 +83,22 @@ nice -n 10 python -m bert_jax.train --config=bert_jax/configs/pretrain.py:tiny,r
   --config.eval_input_files="$OUT/records/eval/*.tfrecord" \
   --config.vocab_file="$OUT/vocab.txt" "$@"
 python -m bert_jax.predict --init_checkpoint="$OUT/workdir" fill-mask "대한민국은 민주[MASK]이다."
+printf '%s\n' "대한민국은 민주공화국이다." "모든 국민은 법 앞에 평등하다." > "$OUT/sentences.txt"
+python -m bert_jax.extract_features --init_checkpoint="$OUT/workdir" \
+  --input_file="$OUT/sentences.txt" --output_file="$OUT/features.npz"
+rm -rf "$OUT/hf"  # convert writes a new directory only
+python -m bert_jax.convert --input="$OUT/workdir" --output="$OUT/hf"
+python - "$OUT/hf" <<'PY'  # the export in transformers (requirements-test.txt), if installed
+import sys
+try:
+  import transformers
+except ImportError:
+  sys.exit(print("transformers is not installed (requirements-test.txt): export not loaded"))
+transformers.logging.set_verbosity_error()  # its load report lists the unused NSP head
+fill = transformers.pipeline("fill-mask", model=sys.argv[1], top_k=3)
+print("transformers:", fill.tokenizer.tokenize("대한민국은 민주공화국이다."),
+      [(r["token_str"], round(r["score"], 4)) for r in fill("대한민국은 민주[MASK]이다.")])
+PY
 nice -n 10 python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:glue_sst2,runlocal \
   --config.init_checkpoint="$OUT/workdir" --config.data_dir="$OUT/source_task" \
   --workdir="$OUT/finetune" --config.max_train_examples=0 \
