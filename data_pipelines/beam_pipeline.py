@@ -252,6 +252,7 @@ def run(cfg, beam_args=()):
     raise BeamPipelineError("--nsp_sampling=block: the Beam pipeline always draws the random "
                             "next from the whole corpus; drop the flag (or use "
                             "create_pretraining_data for block sampling).")
+  cfg = cpd.resolve_word_boundaries(cfg)
   tok, params, sources, _ = cpd.prepare(cfg, nsp_sampling="corpus")
   vocab_meta = cpd.vocab_metadata(cfg, tok.vocab)
   options = PipelineOptions(list(beam_args))
@@ -271,7 +272,8 @@ def run(cfg, beam_args=()):
         random_next=info["not_next_instances"], tokens=info["tokens"],
         filtered_duplicate=info["filtered_duplicate_documents"],
         filtered_short=info["filtered_short_documents"],
-        filtered_script=info["filtered_script_documents"])
+        filtered_script=info["filtered_script_documents"],
+        word_boundary_fallbacks=info["word_boundary_fallbacks"])
     if stats.instances == 0:
       raise cpd.no_instance_error(cfg, stats)
   return cpd.summarize(stats, len(sources), cfg.num_shards, cfg.max_seq_length,

@@ -55,12 +55,13 @@ def process_source(source, cfg, encode, params, part_dir, progress=lambda n: Non
 
   with tf.io.TFRecordWriter(base + ".tfrecord") as writer:
     def flush(raw_documents):
-      documents = cpd.tokenize_documents(raw_documents, encode, stats, cfg.filters)
+      documents = cpd.tokenize_documents(raw_documents, encode, stats, cfg.filters,
+                                         word_boundaries=cfg.word_boundaries)
       if not documents:
         return
       for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
                                   dupe_rngs):
-        record = cpd.serialize_instance(inst, cfg.max_seq_length)
+        record = cpd.serialize_instance(inst, cfg.max_seq_length, cfg.word_boundaries == "jieba")
         writer.write(record)
         sizes.append(len(record) + 16)  # TFRecord framing: u64 length, 2 x u32 masked crc32c
         stats.instances += 1

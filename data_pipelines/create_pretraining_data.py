@@ -59,6 +59,7 @@ from bert_jax import errors
 from data_pipelines import dataset_info as dataset_info_lib
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
+from data_pipelines import pretokenize
 from data_pipelines import text_sources
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
@@ -96,6 +97,9 @@ class Config:
   min_document_tokens: int = 0
   keep_scripts: str = ""
   min_script_fraction: float = 0.5
+  # Word boundaries for whole-word masking of Chinese (`word_continues` feature): auto | none |
+  # jieba; auto = jieba when the vocab's pre-tokenizer is jieba (its .meta.json), else none.
+  word_boundaries: str = "auto"
   overwrite: bool = False
 
   @property
@@ -117,6 +121,7 @@ class Stats:
   filtered_duplicate: int = 0  # filters.py counts (0 unless a filter is on)
   filtered_short: int = 0
   filtered_script: int = 0
+  word_boundary_fallbacks: int = 0  # sentences whose jieba words did not tokenize like the whole
 
   def add(self, other):
     for f in dataclasses.fields(self):
@@ -152,6 +157,8 @@ def validate_config(cfg):
       raise _Error(f"--{name}={getattr(cfg, name)}: must be >= 1.")
   if cfg.nsp_sampling not in ("auto", "corpus", "block"):
     raise _Error(f"--nsp_sampling={cfg.nsp_sampling}: expected auto, corpus or block.")
+  if cfg.word_boundaries not in ("auto", "none", "jieba"):
+    raise _Error(f"--word_boundaries={cfg.word_boundaries}: expected auto, none or jieba.")
   filters_lib.validate(cfg.filters)
 
 
@@ -206,30 +213,77 @@ def _int_feature(values):
   return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
 
-def serialize_instance(instance, max_seq_length):
+# Whole-word masking of Chinese needs word boundaries that WordPiece does not have (it makes every
+# ideograph a word of its own, so "清华大学" is 4 one-character words). With --word_boundaries=jieba
+# a token id that continues a jieba word carries this bit from tokenize_documents to
+# serialize_instance: instances.py cuts, truncates and joins token lists without looking at ids,
+# so the bit travels with its token through every sampling mode and the Beam pipeline, and
+# serialize_instance moves it into the `word_continues` feature. Vocab ids are < 2^30 (a
+# 30k-250k vocab), and array('i') holds 2^30 | id.
+WORD_CONT = 1 << 30
+
+
+def serialize_instance(instance, max_seq_length, word_boundaries=False):
   n = len(instance.tokens)
   pad = [0] * (max_seq_length - n)
-  feature = {
-      "input_ids": _int_feature(list(instance.tokens) + pad),
+  ids = list(instance.tokens)
+  feature = {}
+  if word_boundaries:  # [seq] 1 where the token continues the word of the token before it
+    feature["word_continues"] = _int_feature([int(t >= WORD_CONT) for t in ids] + pad)
+    ids = [t & (WORD_CONT - 1) for t in ids]
+  feature.update({
+      "input_ids": _int_feature(ids + pad),
       "input_mask": _int_feature([1] * n + pad),
       "segment_ids": _int_feature(list(instance.segment_ids) + pad),
       "next_sentence_labels": _int_feature([int(instance.is_random_next)]),
-  }
+  })
   example = tf.train.Example(features=tf.train.Features(feature=feature))
   return example.SerializeToString(deterministic=True)  # map order fixed: byte-identical output
 
 
-def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None):
+def encode_with_word_boundaries(sentences, encode, stats):
+  """Sentences -> token ids with WORD_CONT set on the tokens that continue a jieba word.
+
+  The ids are those of `encode(sentences)`, whatever the boundaries: each sentence is also
+  encoded word by word, and the per-word tokens give the flags only where they join up to the
+  sentence's own tokens (they do unless a word boundary falls inside what the tokenizer reads as
+  one word, e.g. a literal "[MASK]"); otherwise the sentence keeps token-level boundaries and
+  counts in stats.word_boundary_fallbacks.
+  """
+  ids = encode(sentences)
+  words = [pretokenize.jieba_words(tokenization.decode_utf8(bytes(s))[0]
+                                   if not isinstance(s, str) else s) for s in sentences]
+  word_ids = encode([w for ws in words for w in ws]) if any(words) else []
+  out, k = [], 0
+  for sentence_ids, ws in zip(ids, words):
+    flagged = [t | (WORD_CONT if j else 0) for wi in word_ids[k:k + len(ws)]
+               for j, t in enumerate(wi)]
+    k += len(ws)
+    if [t & (WORD_CONT - 1) for t in flagged] != list(sentence_ids):
+      stats.word_boundary_fallbacks += 1
+      flagged = list(sentence_ids)
+    out.append(flagged)
+  return out
+
+
+def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None,
+                       word_boundaries="none"):
   """list of lists of sentence strings -> documents of array('i') sentences, empties dropped.
 
   With `filter_cfg`, the script and length filters drop documents (counted in stats); with a
-  `digests` list, the dedup digest of each kept document is appended to it.
+  `digests` list, the dedup digest of each kept document is appended to it; with
+  word_boundaries="jieba", ids carry WORD_CONT (see serialize_instance).
   """
   if filter_cfg is not None and filter_cfg.keep_scripts:
     scripts = filters_lib.parse_scripts(filter_cfg.keep_scripts)
     documents = [d for d in documents if filters_lib.keep_text(d, filter_cfg, scripts, stats)]
   flat = [s for doc in documents for s in doc]
-  ids = encode(flat) if flat else []
+  if not flat:
+    ids = []
+  elif word_boundaries == "jieba":
+    ids = encode_with_word_boundaries(flat, encode, stats)
+  else:
+    ids = encode(flat)
   out, k = [], 0
   for doc in documents:
     sentences = [array.array("i", t) for t in ids[k:k + len(doc)] if len(t)]
@@ -376,6 +430,7 @@ def vocab_metadata(cfg, vocab):
   return {"vocab_file": path, "vocab_kind": vocab.kind, "vocab_size": vocab.size,
           "vocab_sha256": _file_sha256(path), "do_lower_case": settings["do_lower_case"],
           "casing_source": settings["casing_source"], "pretokenizer": settings["pretokenizer"],
+          "word_boundaries": cfg.word_boundaries,
           "sentence_splitter": cfg.sentence_splitter if cfg.input_format != "text" else None}
 
 
@@ -405,6 +460,7 @@ def dataset_info(cfg, vocab_meta, source_names, stats, shards, nsp_sampling):
       "filtered_short_documents": stats.filtered_short,
       "filtered_script_documents": stats.filtered_script,
       "tokens": stats.tokens,
+      "word_boundary_fallbacks": stats.word_boundary_fallbacks,
   }
 
 
@@ -414,13 +470,32 @@ def write_dataset_info(output_dir, info, command=None):
   dataset_info_lib.write(output_dir, info, command)
 
 
+def resolve_word_boundaries(cfg):
+  """cfg with word_boundaries auto resolved from the vocab's pre-tokenizer (call before prepare)."""
+  validate_config(cfg)
+  mode = cfg.word_boundaries
+  settings = vocab_lib.resolve_settings(cfg.vocab_file or None, cfg.spm_model_file or None,
+                                        cfg.do_lower_case)
+  if mode == "auto":
+    mode = "jieba" if settings["pretokenizer"] == "jieba" else "none"
+  if mode == "jieba" and cfg.spm_model_file:
+    raise _Error("--word_boundaries=jieba needs a WordPiece --vocab_file: SentencePiece pieces "
+                 "can span jieba words; pass --word_boundaries=none with --spm_model_file.")
+  if mode == "jieba":
+    pretokenize.get_pretokenizer("jieba")  # a missing package fails now, not in a worker
+  return dataclasses.replace(cfg, word_boundaries=mode)
+
+
 def prepare(cfg, nsp_sampling=None):
   """Every check before any output: config, vocab, inputs, output dir, sampling mode.
 
   Returns (tokenizer, InstanceParams, sources, nsp_sampling); `nsp_sampling` given (the Beam
-  pipeline: always "corpus") skips choosing one.
+  pipeline: always "corpus") skips choosing one. `cfg.word_boundaries` must be resolved
+  (resolve_word_boundaries).
   """
   validate_config(cfg)
+  if cfg.word_boundaries == "auto":
+    raise ValueError("prepare() needs resolve_word_boundaries(cfg) first (a bug in the caller).")
   tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
                                    spm_model_file=cfg.spm_model_file or None,
                                    do_lower_case=cfg.do_lower_case)
@@ -440,13 +515,15 @@ def summarize(stats, num_sources, num_shards, max_seq_length, seconds, nsp_sampl
       instances=stats.instances, not_next_fraction=stats.random_next / stats.instances,
       tokens=stats.tokens, padding_fraction=1.0 - stats.tokens / slots, shards=num_shards,
       filtered_duplicate=stats.filtered_duplicate, filtered_short=stats.filtered_short,
-      filtered_script=stats.filtered_script, nsp_sampling=nsp_sampling, seconds=seconds)
+      filtered_script=stats.filtered_script, nsp_sampling=nsp_sampling, seconds=seconds,
+      word_boundary_fallbacks=stats.word_boundary_fallbacks)
 
 
 def run(cfg, show_progress=True):
   """Validates everything, writes the shards and dataset_info.json; returns the summary dict."""
   from data_pipelines import block_sampling, whole_corpus  # they import this module
   start = time.time()
+  cfg = resolve_word_boundaries(cfg)
   tok, params, sources, mode = prepare(cfg)
   num_workers = min(cfg.num_workers, len(sources))
   bar = tqdm.tqdm(total=sum(s.size for s in sources), disable=not show_progress,
@@ -475,7 +552,9 @@ def format_summary(s, output_dir):
       f"blank-only) {s['dropped']:,}; replaced (invalid UTF-8) {s['replaced']:,}",
       f"  filtered: duplicate {s['filtered_duplicate']:,}, short {s['filtered_short']:,}, "
       f"script {s['filtered_script']:,}; NSP sampling: {s['nsp_sampling']}",
-      f"  sentences {s['sentences']:,}, input tokens {s['input_tokens']:,}",
+      f"  sentences {s['sentences']:,}, input tokens {s['input_tokens']:,}"
+      + (f"; jieba word boundaries fell back to tokens in {s['word_boundary_fallbacks']:,} "
+         "sentence(s)" if s.get("word_boundary_fallbacks") else ""),
       f"  instance tokens {s['tokens']:,}, padding fraction {s['padding_fraction']:.3f}, "
       f"NotNext fraction {s['not_next_fraction']:.3f}",
   ])
@@ -535,6 +614,9 @@ def define_flags(flag_values=flags.FLAGS):
                       "fewer than --min_script_fraction of their letters in them.", **fv)
   flags.DEFINE_float("min_script_fraction", d.min_script_fraction,
                      "See --keep_scripts.", **fv)
+  flags.DEFINE_enum("word_boundaries", d.word_boundaries, ["auto", "none", "jieba"],
+                    "Chinese whole-word masking: write jieba word boundaries (feature "
+                    "word_continues); auto = jieba when the vocab's pre-tokenizer is jieba.", **fv)
   flags.DEFINE_bool("overwrite", d.overwrite, "Replace shards already in --output_dir.", **fv)
 
 

@@ -13,6 +13,9 @@ The recipe follows google-research/bert's `create_masked_lm_predictions`:
     unchanged 10% (drawn per token, as google-research/bert does, whole-word masking included);
   * whole-word masking selects words (a piece plus its "##" continuations) in random order,
     skipping a word that would overflow num_to_predict: the greedy rule of google-research/bert.
+    Records made with `--word_boundaries=jieba` also carry `word_continues` (1 where a token
+    continues a jieba word), which joins Chinese characters into words as Chinese BERT-wwm
+    (Cui et al. 2019) does: "清华大学" is masked as one word of 4 tokens, not 4 words.
 Positions come out sorted ascending and padded with 0; padding has id 0 and weight 0.0.
 
 Randomness comes only from `tf.random.stateless_*` ops seeded by `key`, so the same (ids, key)
@@ -83,10 +86,13 @@ def _select_tokens(cand, ntp, key, num_preds):
   return tf.sort(tf.where(valid, idx, seq), axis=1)
 
 
-def _select_whole_words(ids, cand, ntp, key, cfg):
+def _select_whole_words(ids, cand, ntp, key, cfg, word_continues=None):
   """Whole-word selection; returns the selected-token mask [B, S] with at most ntp per row."""
   batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
-  is_cont = tf.gather(tf.constant(cfg.is_continuation), ids) & cand
+  is_cont = tf.gather(tf.constant(cfg.is_continuation), ids)
+  if word_continues is not None:  # jieba boundaries from the records
+    is_cont |= word_continues > 0
+  is_cont &= cand
   prev_cand = tf.pad(cand[:, :-1], [[0, 0], [1, 0]])
   # A "##" piece joins the word before it only if that token is a candidate (never a [SEP]).
   word_start = cand & ~(is_cont & prev_cand)  # [B, S]
@@ -122,7 +128,7 @@ def _select_whole_words(ids, cand, ntp, key, cfg):
   return cand & tf.gather(taken_by_word, tf.maximum(word_idx, 0), batch_dims=1)
 
 
-def mask_batch(input_ids, input_mask, key, cfg):
+def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
   """Masks a batch of unmasked sequences.
 
   Args:
@@ -130,6 +136,8 @@ def mask_batch(input_ids, input_mask, key, cfg):
     input_mask: [batch, seq] int32, 1 for real tokens.
     key: [2] int64 stateless seed; the output is a pure function of (input_ids, key).
     cfg: MaskConfig.
+    word_continues: None, or [batch, seq] int, 1 where a token continues the word before it
+      (records' jieba boundaries); used by whole-word masking only.
   Returns:
     masked input_ids [B, S] int32, masked_lm_positions [B, P] int32, masked_lm_ids [B, P] int32,
     masked_lm_weights [B, P] float32, with P = cfg.max_predictions_per_seq.
@@ -143,7 +151,7 @@ def mask_batch(input_ids, input_mask, key, cfg):
   ntp = _num_to_predict(tf.reduce_sum(tf.cast(cand, tf.int32), axis=1), cfg)  # [B]
 
   if cfg.whole_word_masking:
-    selected = _select_whole_words(input_ids, cand, ntp, select_key, cfg)
+    selected = _select_whole_words(input_ids, cand, ntp, select_key, cfg, word_continues)
     # Ascending positions of the selected tokens: largest (seq - pos) first, 0 for the rest.
     top, _ = tf.math.top_k(tf.where(selected, seq - tf.range(seq)[None, :], 0), k=num_preds)
     positions = tf.where(top > 0, seq - top, seq)  # [B, P], pad = seq

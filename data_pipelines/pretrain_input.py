@@ -5,6 +5,8 @@ Reads TFRecords of tf.train.Example with int64 features `input_ids`, `input_mask
 `data_pipelines.create_pretraining_data`, and masks them on the fly (dynamic masking: a new mask
 every epoch). Records written by google-research/bert's `create_pretraining_data.py`, which carry
 their masks (`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights`), are used as they are.
+Records made with `--word_boundaries=jieba` add `word_continues` ([seq_length]: jieba word
+boundaries for whole-word masking of Chinese, masking.py); they need whole_word_masking=True.
 
 The stream is a function of the record files, the seed and the step only, whatever the host
 count (1 x 8, 2 x 4 and 4 x 2 devices train on the same global batches):
@@ -95,6 +97,7 @@ def _check_record(path, index, raw, seq_length, max_predictions_per_seq):
                              "TFRecords from create_pretraining_data.") from None
   premasked = "masked_lm_positions" in feats
   names = SEQ_FEATURES + (MASKED_LM_FEATURES if premasked else ()) + ("next_sentence_labels",)
+  names += ("word_continues",) if "word_continues" in feats else ()
   for name in names:
     if name not in feats:
       raise InputPipelineError(
@@ -132,11 +135,12 @@ def _first_records(files):
 
 
 def inspect_files(files, seq_length, max_predictions_per_seq):
-  """Checks the first record of every file; returns whether the records are pre-masked."""
-  kinds = {}
+  """Checks the first record of every file; returns (pre-masked, carries word_continues)."""
+  kinds, boundaries = {}, {}
   for f, raw in _first_records(files):
     if raw is not None:
       kinds[f] = _check_record(f, 0, raw, seq_length, max_predictions_per_seq)
+      boundaries[f] = "word_continues" in tf.train.Example.FromString(raw).features.feature
   if not kinds:
     raise InputPipelineError(f"{files[0]} and the other {len(files) - 1} file(s) of this host hold "
                              "no records; regenerate the data or fix the pattern.")
@@ -145,7 +149,13 @@ def inspect_files(files, seq_length, max_predictions_per_seq):
     plain = [f for f, m in kinds.items() if not m][0]
     raise InputPipelineError(f"{masked} holds pre-masked records but {plain} does not; read the "
                              "two formats with separate patterns.")
-  return next(iter(kinds.values()))
+  if len(set(boundaries.values())) > 1:
+    with_wb = [f for f, b in boundaries.items() if b][0]
+    without = [f for f, b in boundaries.items() if not b][0]
+    raise InputPipelineError(
+        f"{with_wb} carries jieba word boundaries (word_continues) but {without} does not; "
+        "make all records with the same create_pretraining_data --word_boundaries.")
+  return next(iter(kinds.values())), next(iter(boundaries.values()))
 
 
 def count_records(files):
@@ -179,8 +189,10 @@ def _epoch_records(files, epoch, data_key, shuffle, shuffle_buffer, num_parallel
   return ds
 
 
-def _parse_spec(seq_length, max_predictions_per_seq, premasked):
+def _parse_spec(seq_length, max_predictions_per_seq, premasked, word_boundaries=False):
   spec = {k: tf.io.FixedLenFeature([seq_length], tf.int64) for k in SEQ_FEATURES}
+  if word_boundaries:
+    spec["word_continues"] = tf.io.FixedLenFeature([seq_length], tf.int64)
   spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
   if premasked:
     for k in ("masked_lm_positions", "masked_lm_ids"):
@@ -302,7 +314,14 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
                process_count=process_count)
   shards = host_shards(num_shards, process_index, process_count)
   files = [f for j in shards for f in all_files[j::num_shards]]
-  found_premasked = inspect_files(files, seq_length, max_predictions_per_seq)
+  found_premasked, word_boundaries = inspect_files(files, seq_length, max_predictions_per_seq)
+  if word_boundaries and not whole_word_masking:
+    # Records made for whole-word masking and trained without it would mask single Chinese
+    # characters, silently not the recipe the records were made for.
+    raise InputPipelineError(
+        f"{files[0]}: records carry jieba word boundaries (create_pretraining_data "
+        "--word_boundaries=jieba) but whole_word_masking is off; pass "
+        "--config.whole_word_masking=true, or remake the records with --word_boundaries=none.")
   if premasked is not None and bool(premasked) != found_premasked:
     raise InputPipelineError(
         f"{files[0]}: records are {'pre-masked' if found_premasked else 'unmasked'} but "
@@ -315,7 +334,7 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
               premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
               shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
-              rows=global_batch // num_shards)
+              rows=global_batch // num_shards, word_boundaries=word_boundaries)
   if pack:
     k = max_instances_per_pack or packing.default_max_instances(seq_length)
     q = (max_predictions_per_seq * k if found_premasked else
@@ -358,6 +377,7 @@ class _Stream:
   shuffle_buffer: int
   num_parallel_calls: int
   rows: int                 # rows this shard adds to every global batch (batch / L)
+  word_boundaries: bool = False  # records carry word_continues (jieba), used by masking
   pack: bool = False
   max_instances: int = 0    # K
   max_preds: int = 0        # Q
@@ -381,16 +401,18 @@ class _Stream:
 
   def parse_and_mask(self, serialized, key):
     """[n] serialized records -> dict of unpacked, masked [n, ...] features."""
-    spec = _parse_spec(self.seq_length, self.max_predictions_per_seq, self.premasked)
+    spec = _parse_spec(self.seq_length, self.max_predictions_per_seq, self.premasked,
+                       self.word_boundaries)
     ex = tf.io.parse_example(serialized, spec)
     out = {k: tf.cast(v, tf.int32) for k, v in ex.items()}
+    word_continues = out.pop("word_continues", None)  # [n, seq]; not part of the batch contract
     out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
     if self.premasked:
       out["masked_lm_weights"] = ex["masked_lm_weights"]
       return out
     (out["input_ids"], out["masked_lm_positions"], out["masked_lm_ids"],
      out["masked_lm_weights"]) = masking.mask_batch(out["input_ids"], out["input_mask"], key,
-                                                    self.mask_cfg)
+                                                    self.mask_cfg, word_continues)
     return out
 
   def shard_batches(self, files, shard, start_batch):

@@ -46,7 +46,8 @@ def read_source(source, cfg, encode, stats, progress=lambda n: None):
   pending = []
 
   def flush():
-    docs = cpd.tokenize_documents(pending, encode, stats, cfg.filters, digests)
+    docs = cpd.tokenize_documents(pending, encode, stats, cfg.filters, digests,
+                                  cfg.word_boundaries)
     out.extend(zip(digests if digests is not None else [None] * len(docs), docs))
     if digests is not None:
       digests.clear()
@@ -93,8 +94,8 @@ def pack_group(members, dupe, group, cfg, params):
 
 
 def _record(key, instance, cfg):
-  return (key, cpd.serialize_instance(instance, cfg.max_seq_length), len(instance.tokens),
-          bool(instance.is_random_next))
+  record = cpd.serialize_instance(instance, cfg.max_seq_length, cfg.word_boundaries == "jieba")
+  return (key, record, len(instance.tokens), bool(instance.is_random_next))
 
 
 def shard_of(key, num_shards):
