@@ -10,6 +10,8 @@ pattern before any compute (`check_records`). The fields the contract rests on:
   max_predictions_per_seq, masking       null / "dynamic" for unmasked records (the input pipeline
                                          masks them); a number for pre-masked ones
   nsp                                    NSP pairs (True) or FULL-SENTENCES packing (False)
+  word_boundaries                        "jieba": records carry `word_continues` for Chinese
+                                         whole-word masking (the input pipeline checks it)
   shards: [{file, num_instances}]        per-shard record counts: readers take them from here
                                          instead of reading every file
   command                                the command line that made the records

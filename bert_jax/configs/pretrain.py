@@ -60,6 +60,8 @@ def get_config(arg="base"):
   c.seq_length = 128
   c.max_predictions_per_seq = 20   # ~ 0.15 * 128 rounded up, as google-research/bert
   c.masked_lm_prob = 0.15
+  # Whole words ("##" pieces; Chinese words too when the records carry jieba boundaries, which
+  # then require it: docs/non_english.md).
   c.whole_word_masking = False
   c.shuffle_buffer = 10_000        # records per logical shard's shuffle buffer
   # Packing (docs/packing.md): several instances per row, attention only within an instance, so
