@@ -307,8 +307,12 @@ def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
                               f"{'uncased' if value else 'cased'}{detail}; drop {flag} or "
                               f"pass {flag}={value}.")
   if value is None:
-    value = True if do_lower_case is None else bool(do_lower_case)
-    source = flag if do_lower_case is not None else f"{source}; default uncased"
+    if do_lower_case is None:
+      # No default here: guessing uncased for a cased vocab turns its upper-case words into
+      # [UNK] (a 65% [UNK] rate for a cased Korean vocab in issue 14's experiment).
+      raise CasingMismatchError(f"cannot tell whether {source.split(': ')[0]} is cased "
+                                f"({source.split(': ', 1)[-1]}); pass {flag}=true or {flag}=false.")
+    value, source = bool(do_lower_case), flag
   recorded_pre = (settings or {}).get("pretokenizer", "none")
   if recorded is not None and recorded[0] and recorded[0].get("pretokenizer") not in (
       None, recorded_pre):

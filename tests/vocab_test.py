@@ -37,6 +37,19 @@ def test_casing_inferred_from_vocab_without_metadata(tmp_path, words, expected):
   assert vocab_lib.resolve_settings(vocab_file=path)["do_lower_case"] is expected
 
 
+def test_undetermined_casing_needs_the_flag(tmp_path):
+  # 1 token of 201 changes when lower-cased: too few to call it cased, too many for uncased.
+  path = _vocab(tmp_path, [f"w{i}" for i in range(200)] + ["Zebra"])
+  with pytest.raises(vocab_lib.CasingMismatchError) as e:
+    tokenization.get_tokenizer(path)
+  msg = str(e.value)
+  assert "cannot tell whether" in msg and "1 of 201" in msg and "--do_lower_case=" in msg
+  assert "\n" not in msg
+  assert tokenization.get_tokenizer(path, do_lower_case=False).do_lower_case is False
+  assert vocab_lib.resolve_settings(vocab_file=path, recorded=(
+      {"do_lower_case": True}, "dataset_info.json"))["do_lower_case"] is True
+
+
 def test_google_name_wins(tmp_path):
   os.makedirs(tmp_path / "multi_cased_L-12_H-768_A-12")
   path = _vocab(tmp_path, ["the"], "multi_cased_L-12_H-768_A-12/vocab.txt")
