@@ -49,6 +49,8 @@ def _rows(output_dir, n):
 
 
 def _word_spans(cont, special):
+  """[(start, end)] of the multi-token jieba words of one row: a continuation joins the word
+  before it unless that is [CLS]/[SEP] (truncation can cut a word's first characters)."""
   spans = []
   for i, (c, s) in enumerate(zip(cont, special)):
     if s:
@@ -61,7 +63,8 @@ def _word_spans(cont, special):
 
 
 def whole_vs_partial(rows, cfg, word_continues, seed=0):
-  """(multi-character words masked whole, masked in part) over `rows`."""
+  """(multi-character jieba words masked whole, masked in part) over `rows` (dicts of the
+  records' numpy features), masked with (word_continues=True) or without (None) the boundaries."""
   from data_pipelines import masking
   from data_pipelines.tf_setup import tf
   ids = tf.constant(np.stack([r["input_ids"] for r in rows]), tf.int32)

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from benchmarks import chinese_wwm
 from data_pipelines import build_vocab
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import masking
@@ -130,47 +131,16 @@ def test_sentencepiece_with_jieba_boundaries_is_a_one_line_error(tmp_path):
                                            word_boundaries="jieba"))
 
 
-def _words(flags_row, special_row):
-  """[(start, end)] token spans of the jieba words of one row: a continuation joins the word
-  before it unless that is [CLS]/[SEP] (truncation can cut a word's first characters)."""
-  spans = []
-  for i, (c, special) in enumerate(zip(flags_row, special_row)):
-    if special:
-      continue
-    if c and spans and spans[-1][1] == i:
-      spans[-1][1] = i + 1
-    else:
-      spans.append([i, i + 1])
-  return spans
-
-
 def test_masking_takes_whole_jieba_words(corpus, vocab, tmp_path):
   _make(corpus, vocab, tmp_path / "wwm", word_boundaries="jieba")
-  recs = _records(tmp_path / "wwm")[:64]
-  ids = tf.constant([r["input_ids"] for r in recs], tf.int32)
-  mask = tf.constant([r["input_mask"] for r in recs], tf.int32)
-  cont = np.asarray([r["word_continues"] for r in recs])
+  rows = [{k: np.asarray(v) for k, v in r.items()} for r in _records(tmp_path / "wwm")[:64]]
   cfg = masking.mask_config_from_vocab(vocab_lib.wordpiece_info(vocab), masked_lm_prob=0.15,
                                        max_predictions_per_seq=10, whole_word_masking=True)
-  special = cfg.is_special[np.asarray([r["input_ids"] for r in recs])]  # [rows, seq]; [PAD] too
-
-  def split_words(word_continues):
-    _, pos, _, w = masking.mask_batch(ids, mask, tf.constant([1, 2], tf.int64), cfg,
-                                      word_continues)
-    whole = partial = 0
-    for row in range(len(recs)):
-      chosen = {int(p) for p, x in zip(pos[row].numpy(), w[row].numpy()) if x > 0}
-      for s, e in _words(cont[row], special[row]):
-        hit = len(chosen & set(range(s, e)))
-        if e - s > 1 and hit:
-          whole += hit == e - s
-          partial += hit < e - s
-    return whole, partial
-
-  whole, partial = split_words(tf.constant(cont, tf.int32))
+  # The benchmark's count (benchmarks/chinese_wwm.py), so its printed figures are tested here.
+  whole, partial = chinese_wwm.whole_vs_partial(rows, cfg, word_continues=True)
   assert partial == 0 and whole > 20  # every multi-character word is masked whole or not at all
-  whole, partial = split_words(None)  # the same rows without the boundaries: characters
-  assert partial > whole  # most multi-character words lose only some characters
+  whole, partial = chinese_wwm.whole_vs_partial(rows, cfg, word_continues=None)
+  assert partial > whole  # without the boundaries most touched words lose only some characters
 
 
 def test_pipeline_needs_whole_word_masking_for_such_records(corpus, vocab, tmp_path):
