@@ -64,6 +64,62 @@ def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
   tokens_b[:] = tokens_b[b_lo:b_hi]
 
 
+def _nsp_chunks(document, rng, params):
+  """google-research/bert's chunk loop, shared by both NSP samplers (same random draws).
+
+  Yields (tokens_a, tokens_b, target_b_length) per pair: tokens_b is the rest of the chunk for
+  IsNext, None for NotNext (the consumer fetches B; target_b_length is what it aims at). The
+  generator is lazy, so the consumer's own draws (random document, start, truncation) happen
+  between two of its draws, exactly where the original makes them.
+  """
+  max_num_tokens = params.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
+  # Mostly fill the whole sequence (padding is wasted compute), but for short_seq_prob of the
+  # documents (10% by default) aim at a random shorter length. One draw per document, as the
+  # original. The target is soft; max_seq_length is the hard limit.
+  target_seq_length = max_num_tokens
+  if rng.random() < params.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+  # A and B are made of whole sentences (not an arbitrary split of the token stream), otherwise
+  # NSP is too easy.
+  current_chunk = []
+  current_length = 0
+  i = 0
+  while i < len(document):
+    current_chunk.append(document[i])
+    current_length += len(document[i])
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      # How many sentences of the chunk go into A.
+      a_end = 1
+      if len(current_chunk) >= 2:
+        a_end = rng.randint(1, len(current_chunk) - 1)
+      tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
+      if len(current_chunk) == 1 or rng.random() < 0.5:
+        yield tokens_a, None, target_seq_length - len(tokens_a)
+        # The chunk's sentences after A were not used: put them back for the next chunk.
+        i -= len(current_chunk) - a_end
+      else:
+        yield tokens_a, [t for sentence in current_chunk[a_end:] for t in sentence], 0
+      current_chunk = []
+      current_length = 0
+    i += 1
+
+
+def _other_document(rng, num_documents, document_index):
+  """Ten tries to draw another document (a one-document pool falls back to itself)."""
+  for _ in range(10):
+    index = rng.randint(0, num_documents - 1)
+    if index != document_index:
+      break
+  return index
+
+
+def _nsp_instance(tokens_a, tokens_b, is_random_next, params):
+  assert tokens_a and tokens_b, "empty segment: documents must hold non-empty sentences"
+  tokens = [params.cls_id, *tokens_a, params.sep_id, *tokens_b, params.sep_id]
+  segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+  return Instance(tokens, segment_ids, is_random_next)
+
+
 def create_instances_from_document(documents, document_index, rng, params):
   """NSP instances for `documents[document_index]`; the other documents are the random-next pool.
 
@@ -71,65 +127,19 @@ def create_instances_from_document(documents, document_index, rng, params):
   whole corpus; the runner passes a bounded pool (the document's block), see the module docstring
   of create_pretraining_data.
   """
-  document = documents[document_index]
-  max_num_tokens = params.max_seq_length - 3  # room for [CLS], [SEP], [SEP]
-
-  # Mostly fill the whole sequence (padding is wasted compute), but for short_seq_prob of the
-  # documents (10% by default) aim at a random shorter length. One draw per document, as the
-  # original. The target is soft; max_seq_length is the hard limit.
-  target_seq_length = max_num_tokens
-  if rng.random() < params.short_seq_prob:
-    target_seq_length = rng.randint(2, max_num_tokens)
-
-  # A and B are made of whole sentences (not an arbitrary split of the token stream), otherwise
-  # NSP is too easy.
   instances = []
-  current_chunk = []
-  current_length = 0
-  i = 0
-  while i < len(document):
-    segment = document[i]
-    current_chunk.append(segment)
-    current_length += len(segment)
-    if i == len(document) - 1 or current_length >= target_seq_length:
-      # How many sentences of the chunk go into A.
-      a_end = 1
-      if len(current_chunk) >= 2:
-        a_end = rng.randint(1, len(current_chunk) - 1)
-      tokens_a = []
-      for j in range(a_end):
-        tokens_a.extend(current_chunk[j])
-
+  for tokens_a, tokens_b, target_b_length in _nsp_chunks(documents[document_index], rng, params):
+    is_random_next = tokens_b is None
+    if is_random_next:
+      random_document = documents[_other_document(rng, len(documents), document_index)]
+      random_start = rng.randint(0, len(random_document) - 1)
       tokens_b = []
-      if len(current_chunk) == 1 or rng.random() < 0.5:
-        is_random_next = True
-        target_b_length = target_seq_length - len(tokens_a)
-        # Ten tries to pick another document (a one-document pool falls back to itself).
-        for _ in range(10):
-          random_document_index = rng.randint(0, len(documents) - 1)
-          if random_document_index != document_index:
-            break
-        random_document = documents[random_document_index]
-        random_start = rng.randint(0, len(random_document) - 1)
-        for j in range(random_start, len(random_document)):
-          tokens_b.extend(random_document[j])
-          if len(tokens_b) >= target_b_length:
-            break
-        # The chunk's sentences after A were not used: put them back for the next chunk.
-        i -= len(current_chunk) - a_end
-      else:
-        is_random_next = False
-        for j in range(a_end, len(current_chunk)):
-          tokens_b.extend(current_chunk[j])
-      truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-      assert tokens_a and tokens_b, "empty segment: documents must hold non-empty sentences"
-
-      tokens = [params.cls_id, *tokens_a, params.sep_id, *tokens_b, params.sep_id]
-      segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-      instances.append(Instance(tokens, segment_ids, is_random_next))
-      current_chunk = []
-      current_length = 0
-    i += 1
+      for j in range(random_start, len(random_document)):
+        tokens_b.extend(random_document[j])
+        if len(tokens_b) >= target_b_length:
+          break
+    truncate_seq_pair(tokens_a, tokens_b, params.max_seq_length - 3, rng)
+    instances.append(_nsp_instance(tokens_a, tokens_b, is_random_next, params))
   return instances
 
 
@@ -153,45 +163,22 @@ class Pair:
 def plan_nsp_pairs(document, document_index, num_documents, rng, params, key=()):
   """The pairs of `document` with random-next documents drawn from `num_documents` (all of them).
 
-  The same chunking as `create_instances_from_document` and the same draws up to the random
-  document: target length, A's sentence count, IsNext/NotNext, the document index (ten tries
-  to avoid itself). Then, where the original draws the start sentence with
+  The same chunking as `create_instances_from_document` (`_nsp_chunks`) and the same draws up to
+  the random document: target length, A's sentence count, IsNext/NotNext, the document index
+  (ten tries to avoid itself). Then, where the original draws the start sentence with
   randint(0, len(random document) - 1), this draws u = rng.random() and the start is
   floor(u * len): the same uniform choice without knowing the other document's length. The
   truncation's coin flips come from a per-pair stream (`finish_pair`), so this stream never
   depends on another document's content: a pair is fixed by (seed, document, dupe) alone.
   """
-  max_num_tokens = params.max_seq_length - 3
-  target_seq_length = max_num_tokens
-  if rng.random() < params.short_seq_prob:
-    target_seq_length = rng.randint(2, max_num_tokens)
   pairs = []
-  current_chunk = []
-  current_length = 0
-  i = 0
-  while i < len(document):
-    current_chunk.append(document[i])
-    current_length += len(document[i])
-    if i == len(document) - 1 or current_length >= target_seq_length:
-      a_end = 1
-      if len(current_chunk) >= 2:
-        a_end = rng.randint(1, len(current_chunk) - 1)
-      tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
-      pair_key = (*key, len(pairs))
-      if len(current_chunk) == 1 or rng.random() < 0.5:
-        for _ in range(10):  # a one-document corpus falls back to itself
-          random_document = rng.randint(0, num_documents - 1)
-          if random_document != document_index:
-            break
-        pairs.append(Pair(pair_key, tokens_a, [], random_document, rng.random(),
-                          target_seq_length - len(tokens_a)))
-        i -= len(current_chunk) - a_end
-      else:
-        tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
-        pairs.append(Pair(pair_key, tokens_a, tokens_b, -1, 0.0, 0))
-      current_chunk = []
-      current_length = 0
-    i += 1
+  for tokens_a, tokens_b, target_b_length in _nsp_chunks(document, rng, params):
+    pair_key = (*key, len(pairs))
+    if tokens_b is None:
+      random_document = _other_document(rng, num_documents, document_index)
+      pairs.append(Pair(pair_key, tokens_a, [], random_document, rng.random(), target_b_length))
+    else:
+      pairs.append(Pair(pair_key, tokens_a, tokens_b, -1, 0.0, 0))
   return pairs
 
 
@@ -212,10 +199,7 @@ def finish_pair(pair, tokens_b, rng, params):
   tokens_a = list(pair.tokens_a)
   tokens_b = list(tokens_b)
   truncate_seq_pair(tokens_a, tokens_b, params.max_seq_length - 3, rng)
-  assert tokens_a and tokens_b, "empty segment: documents must hold non-empty sentences"
-  tokens = [params.cls_id, *tokens_a, params.sep_id, *tokens_b, params.sep_id]
-  segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-  return Instance(tokens, segment_ids, pair.random_document >= 0)
+  return _nsp_instance(tokens_a, tokens_b, pair.random_document >= 0, params)
 
 
 def pack_full_sentences(documents, params):
