@@ -80,6 +80,12 @@ def get_config(arg="glue_mrpc"):
       dtype="float32",          # "bfloat16" on TPU/GPU: bf16 compute, f32 params and Adam
       remat=False))
 
+  _optimizer_and_run_fields(c)
+  _apply_task_and_variants(c, name, variants)
+  return c
+
+
+def _optimizer_and_run_fields(c):
   # Optimisation.
   c.batch_size = 32
   c.eval_batch_size = 64
@@ -103,6 +109,9 @@ def get_config(arg="glue_mrpc"):
   c.log_every = 50
   c.max_consecutive_skips = 10  # NaN/Inf steps (skipped, never applied) in a row -> stop; 0 never
 
+
+def _apply_task_and_variants(c, name, variants):
+  """The task's own hyper-parameters (paper / google-research/bert), then sweep and runlocal."""
   if name.startswith("squad"):
     # SQuAD: 384-token windows, 2 epochs (the paper trains v1.1 3 epochs at 5e-5 and v2.0 2
     # epochs at 5e-5; google-research/bert's README uses 2 epochs at 3e-5 for v1.1).
@@ -131,4 +140,3 @@ def get_config(arg="glue_mrpc"):
     c.log_every = 8
     if "sweep" in variants:
       c.learning_rates = (5e-5, 2e-5)
-  return c

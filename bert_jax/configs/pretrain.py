@@ -49,6 +49,13 @@ def get_config(arg="base"):
       attention="auto",
   ))
 
+  _input_fields(c)
+  _optimizer_and_loop_fields(c)
+  _apply_variants(c, preset, variants)
+  return c
+
+
+def _input_fields(c):
   # Input: TFRecords from `python -m data_pipelines.create_pretraining_data`.
   c.train_input_files = ""         # glob, comma-separated globs allowed
   c.eval_input_files = ""          # held-out records; empty = no evaluation
@@ -75,6 +82,8 @@ def get_config(arg="base"):
   # checkpoint.
   c.num_logical_shards = 0
 
+
+def _optimizer_and_loop_fields(c):
   # Optimisation: Adam(W) lr 1e-4, b .9/.999, L2 0.01, 10k warmup, linear decay.
   c.batch_size = 256               # global, across all hosts and devices
   c.grad_accum_steps = 1           # micro-batches per optimizer step (batch_size / k each)
@@ -107,6 +116,9 @@ def get_config(arg="base"):
   c.profile_start_step = -1        # >= 0: write a jax.profiler trace of `profile_steps` steps
   c.profile_steps = 5
 
+
+def _apply_variants(c, preset, variants):
+  """phase2, fast and runlocal on top of the preset (module docstring)."""
   if "phase2" in variants:
     c.seq_length = 512
     c.max_predictions_per_seq = 80
@@ -132,4 +144,3 @@ def get_config(arg="base"):
     if "phase2" not in variants:
       c.seq_length = 128
       c.max_predictions_per_seq = 20
-  return c
