@@ -265,12 +265,19 @@ def save_params(path, params, model_config, meta=None):
   (epath.Path(target) / CONFIG_NAME).write_text(json.dumps(info, indent=2, sort_keys=True))
   params = jax.tree.map(np.asarray, params)
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(epath.Path(target).absolute() / "params", params)
+    ckptr.save(absolute(target) / "params", params)
     ckptr.wait_until_finished()
   manifest_lib.write_manifest(target)
   if local:
     os.rename(target, path)
   return path
+
+
+def absolute(path):
+  """`path` as an absolute epath for Orbax. A gs:// path is already absolute: epath's own
+  absolute() would prepend the working directory to it ('/cwd/gs:/bucket/...', a local path)."""
+  p = epath.Path(path)
+  return p if "://" in str(path) else p.absolute()
 
 
 def _latest_step_dir(ckpt_dir):
@@ -332,14 +339,14 @@ def load_params(path):
   if kind == "params":
     info = json.loads((p / CONFIG_NAME).read_text())
     with ocp.StandardCheckpointer() as ckptr:
-      params = _restore_numpy(ckptr, p.absolute() / "params")
+      params = _restore_numpy(ckptr, absolute(p) / "params")
     model_config = model_lib.BertConfig.from_dict(info.pop("bert_config"))
     return params, model_config, info
   meta = json.loads((p / "meta" / "metadata").read_text()) if (p / "meta" / "metadata").exists() \
       else ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(p / "meta")
   meta = with_casing(meta)
   with ocp.StandardCheckpointer() as ckptr:
-    state = _restore_numpy(ckptr, p.absolute() / "state", only="params")
+    state = _restore_numpy(ckptr, absolute(p) / "state", only="params")
   model_config = model_lib.BertConfig.from_dict(meta["model_config"])
   return state["params"], model_config, meta
 

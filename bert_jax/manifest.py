@@ -42,8 +42,9 @@ def list_files(root):
     for dirpath, _, names in os.walk(root):
       for n in names:
         out.append(os.path.relpath(os.path.join(dirpath, n), root).replace(os.sep, "/"))
-  else:
-    out = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+  else:  # epath refuses rglob on gs:// ("could trigger thousands of RPC requests"); walk lists
+    # one directory per request, as os.walk does.
+    out = [str((d / n).relative_to(root)) for d, _, names in root.walk() for n in names]
   return sorted(r for r in out if not r.startswith(NAME) and r not in UNLISTED)
 
 

@@ -211,11 +211,11 @@ def read_pretrained(path) -> Pretrained:
   if kind == "params":
     meta = json.loads((p / ckpt_lib.CONFIG_NAME).read_text())
     model_config = model_lib.BertConfig.from_dict(meta.pop("bert_config"))
-    item_dir, prefix = p.absolute() / "params", ()
+    item_dir, prefix = ckpt_lib.absolute(p) / "params", ()
   else:
     meta = ckpt_lib.with_casing(json.loads((p / "meta" / "metadata").read_text()))
     model_config = model_lib.BertConfig.from_dict(meta["model_config"])
-    item_dir, prefix = p.absolute() / "state", ("params",)
+    item_dir, prefix = ckpt_lib.absolute(p) / "state", ("params",)
   tree = _tree_metadata(item_dir)
   for key in prefix:
     tree = tree[key]
