@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_flags
 import numpy as np
-import optax
 
 from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
@@ -93,19 +92,31 @@ PEAK_TFLOPS = {"TPU v4": 275, "TPU v5 lite": 197, "TPU v5e": 197, "TPU v5p": 459
                "NVIDIA A100": 312}
 
 
-def model_flops_per_sequence(cfg, seq_length, num_predictions):
+def model_flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1):
   """Analytic training FLOPs per sequence (forward + backward = 3x forward).
 
   6 x non-embedding params per token, + attention scores/context 12 x L x T x H per token,
-  + the MLM head on the masked positions only (transform H*H + decoder H*V), + NSP/pooler.
+  + the MLM head on the masked positions only (transform H*H + decoder H*V), + NSP/pooler on
+  each of `num_nsp` [CLS] slots (a packed row has K).
   """
   h, l, t, i = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size
   per_layer = 4 * h * h + 2 * h * i                         # q,k,v,o + two FFN matrices
   dense = 6 * l * per_layer * t
   attention = 12 * l * t * t * h
   mlm_head = 6 * num_predictions * (h * h + h * cfg.vocab_size)
-  pooler_nsp = 6 * (h * h + 2 * h)
+  pooler_nsp = 6 * num_nsp * (h * h + 2 * h)
   return dense + attention + mlm_head + pooler_nsp
+
+
+def step_flops(config, model_config, layout):
+  """FLOPs of one optimizer step as the step computes them: a packed row carries Q prediction
+  slots and K NSP slots (pretrain_input's widths), an unpacked one max_predictions_per_seq and 1."""
+  preds, nsp = config.max_predictions_per_seq, 1
+  if layout and layout.get("pack"):
+    from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+    nsp = layout["max_instances_per_pack"]
+    preds = packing.max_predictions_per_pack(config.seq_length, nsp, config.masked_lm_prob)
+  return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
 
 
 def device_peak_tflops():
@@ -273,17 +284,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   local_batch = config.batch_size // jax.process_count()
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
 
-  # --- The resume step: the newest checkpoint that verifies against its SHA-256 manifest. ---
-  manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
-                                    keep_period=config.keep_every or None,
-                                    async_save=config.async_checkpointing)
-  # The stream's layout (logical shards, packing) is fixed at the first run and kept in the
-  # checkpoint; resuming on another host count continues the same stream.
-  latest = ckpt_lib.latest_verified_step(manager)
-  layout = input_source.stream_layout(
-      config, train_files, jax.process_count(),
-      stored=(ckpt_lib.read_meta(manager, latest).get("stream_layout")
-              if latest is not None else None))
+  manager, latest, layout = resume_point(config, workdir, train_files)
 
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
   # checked before the model exists (bad records: one line in seconds, not after compiling). ---
@@ -322,8 +323,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
     writer.write_text("config", config.to_json_best_effort(indent=2))
-  flops_per_step = model_flops_per_sequence(model_config, config.seq_length,
-                                            config.max_predictions_per_seq) * config.batch_size
+  flops_per_step = step_flops(config, model_config, layout)
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
   # NaN/Inf steps are skipped inside the step (guard.py); counted here one step late, so that
@@ -367,6 +367,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   writer.close()
   return dict(history=history, final_step=step, last_eval=last_eval,
               stopped_early=step < total_steps)
+
+
+def resume_point(config, workdir, train_files):
+  """(checkpoint manager, newest step that verifies against its SHA-256 manifest or None, the
+  stream layout). The layout (logical shards, packing) is fixed at the first run and kept in the
+  checkpoint; resuming on another host count continues the same stream."""
+  manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
+                                    keep_period=config.keep_every or None,
+                                    async_save=config.async_checkpointing)
+  latest = ckpt_lib.latest_verified_step(manager)
+  layout = input_source.stream_layout(
+      config, train_files, jax.process_count(),
+      stored=(ckpt_lib.read_meta(manager, latest).get("stream_layout")
+              if latest is not None else None))
+  return manager, latest, layout
 
 
 def evaluate_params(eval_step, params, num_steps, mesh, batches):

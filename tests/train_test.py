@@ -248,3 +248,16 @@ def test_flops_formula_is_6_params_per_token_plus_attention_and_heads():
   per_seq = train.model_flops_per_sequence(cfg, 128, 20)
   # 6 * 85M non-embedding params * 128 tokens = 65 GFLOP; attention + MLM head add ~10%.
   assert 6.5e10 < per_seq < 8.0e10
+
+
+def test_packed_step_flops_count_the_packed_prediction_and_nsp_slots():
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("base")
+  config = tiny_config(batch_size=2, seq_length=128, max_predictions_per_seq=20)
+  unpacked = train.step_flops(config, cfg, None)
+  assert unpacked == 2 * train.model_flops_per_sequence(cfg, 128, 20)
+  packed = train.step_flops(config, cfg, dict(pack=True, max_instances_per_pack=8))
+  # Q = floor(0.15 * 128) + 8 = 27 prediction slots and 8 NSP slots per row.
+  assert packed == 2 * train.model_flops_per_sequence(cfg, 128, 27, num_nsp=8)
+  h, v = cfg.hidden_size, cfg.vocab_size
+  assert packed - unpacked == 2 * 6 * (7 * (h * h + h * v) + 7 * (h * h + 2 * h))
