@@ -7,6 +7,7 @@ an HTTPS proxy with a test CA), tensorstore's gcs driver (Orbax's arrays) and go
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -136,6 +137,38 @@ def test_checkpoints_written_to_gs_verify_load_and_catch_corruption(gcs, tiny, t
     inference.load_for_inference(remote)
 
 
+def test_convert_exports_a_gs_workdir_to_hugging_face_like_local(copied, tmp_path):
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  local, remote = copied
+  out = {w: convert.export_to_hf(w, str(tmp_path / name))
+         for name, w in (("local", local), ("gs", remote))}
+  names = sorted(os.listdir(out[local]))
+  assert names == sorted(os.listdir(out[remote])) and "model.safetensors" in names
+  for n in names:   # the same weights, config and tokenizer files, byte for byte
+    with open(os.path.join(out[local], n), "rb") as a, open(os.path.join(out[remote], n),
+                                                            "rb") as b:
+      assert a.read() == b.read(), n
+
+
+@pytest.mark.slow
+def test_finetune_from_a_gs_workdir_equals_local(copied, tmp_path):
+  """One fine-tuning epoch from the gs:// workdir (its bundled vocab found there) gives the
+  losses and dev metrics of the same run from the local copy."""
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  local, remote = copied
+  finetune_test._sst2(tmp_path, np.random.default_rng(0), 16, 8)
+  runs = {}
+  for name, w in (("local", local), ("gs", remote)):
+    c = finetune_test._config("glue_sst2", (w, ""), tmp_path, num_train_epochs=1.0,
+                              do_predict=False, log_every=1, max_seq_length=16)
+    summary = finetune.finetune(c, str(tmp_path / name))
+    loss = metrics_writer.read_scalars(str(tmp_path / name / "tensorboard"))["train/loss"]
+    runs[name] = (summary["steps"], summary["history"], [v for _, v in loss])
+  assert runs["local"][0] == 2 and runs["gs"] == runs["local"]
+
+
 def _cli(env, module, *args):
   r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
                      text=True, timeout=300, env=dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
@@ -155,26 +188,42 @@ def test_predict_and_extract_features_clis_on_a_gs_workdir_equal_local(gcs, copi
   feats = {}
   for name, w in (("local", local), ("gs", remote)):
     _cli(gcs, "bert_jax.extract_features", f"--init_checkpoint={w}", f"--input_file={lines}",
-         f"--output_file={tmp_path / name}.npz")
+         f"--output_file={tmp_path / name}.npz", "--max_seq_length=32")
     feats[name] = np.load(tmp_path / f"{name}.npz")
   for k in feats["local"].files:
     np.testing.assert_array_equal(feats["gs"][k], feats["local"][k], err_msg=k)
 
 
 @pytest.mark.slow
-def test_pretraining_saves_to_gs_and_resumes_like_local(gcs, tmp_path):
-  """6 steps into a gs:// workdir, then resumed to 8: the losses are those of 8 local steps."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
+def test_pretraining_saves_to_gs_and_resumes_like_local(gcs, tmp_path, monkeypatch):
+  """Stopped (SIGTERM) after step 5 of 8 in a gs:// workdir, then resumed there: the losses are
+  those of 8 uninterrupted local steps (as tests/train_test.py checks on local disk)."""
+  from bert_jax import input_source, train  # pylint: disable=g-import-not-at-top
   from tests import train_test  # pylint: disable=g-import-not-at-top
   config = train_test.tiny_config(num_train_steps=8, checkpoint_every=3)
   full = train.train_and_evaluate(config, str(tmp_path / "local"))
+  real = input_source.make_batches
+
+  def stopping_batches(*args, **kwargs):
+    for i, b in enumerate(real(*args, **kwargs)):
+      if kwargs["start_batch"] == 0 and i == 4:
+        os.kill(os.getpid(), signal.SIGTERM)   # the loop saves step 5 and exits
+      yield b
+
+  monkeypatch.setattr(input_source, "make_batches", stopping_batches)
   remote = f"{GS}/pretrain"
-  first = train.train_and_evaluate(train_test.tiny_config(num_train_steps=6, checkpoint_every=3),
-                                   remote)
-  assert tf.io.gfile.listdir(f"{remote}/checkpoints") == ["3/", "6/"]
-  second = train.train_and_evaluate(config, remote)
-  assert [s for s, _ in second["history"]["train"]] == [7, 8]   # resumed from gs:// step 6
+  try:
+    first = train.train_and_evaluate(config, remote)
+    assert first["stopped_early"] and first["final_step"] == 5
+    assert tf.io.gfile.listdir(f"{remote}/checkpoints") == ["3/", "5/"]
+    second = train.train_and_evaluate(config, remote)
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert [s for s, _ in second["history"]["train"]] == [6, 7, 8]   # resumed from gs:// step 5
   losses = lambda h: [m["loss"] for _, m in h["history"]["train"]]  # noqa: E731
   np.testing.assert_allclose(losses(first) + losses(second), losses(full), rtol=1e-5)
-  for step in (3, 6, 8):
+  # keep_checkpoints=3: Orbax deleted step 3 from gs:// (every object of it), kept 5, 6 and 8.
+  assert config.keep_checkpoints == 3
+  assert tf.io.gfile.listdir(f"{remote}/checkpoints") == ["5/", "6/", "8/"]
+  for step in (5, 6, 8):
     assert ckpt_lib.verify_dir(f"{remote}/checkpoints/{step}")[0] == "verified"
