@@ -29,7 +29,6 @@ import re
 import shutil
 import sys
 import time
-import uuid
 
 from absl import logging
 import jax
@@ -236,10 +235,15 @@ def _move_aside(manager, damaged, good_step):
     if jax.process_index() == 0:
       corrupt_dir.mkdir(parents=True, exist_ok=True)
       (manager.directory / str(step)).rename(target)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices("bert_jax.checkpoint.move_aside")
+  sync_hosts("move_aside")
   manager.reload()
+
+
+def sync_hosts(tag):
+  """A barrier across the hosts of a pod (nothing on one host); every host must call it."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(f"bert_jax.checkpoint.{tag}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,22 +258,38 @@ def save_params(path, params, model_config, meta=None):
   On object stores (gs://) a rename is not atomic: there the config is written first, the params
   next and the manifest last, and Orbax commits the params directory only when it is complete,
   so a crashed export has no `params/` and `load_params` refuses it.
+
+  On a pod every host calls it with the same (possibly sharded) params: Orbax writes each host's
+  shards, process 0 alone writes the config and the manifest and renames. The params are never
+  gathered on one host (an FSDP-sharded jax.Array cannot be: np.asarray raises), and
+  `load_params` reads them back as numpy whatever the sharding they were saved with.
   """
   path = str(path)
-  if epath.Path(path).exists():
+  sync_hosts("save_params.begin")  # a caller's clean-up on process 0 is done everywhere
+  exists = epath.Path(path).exists()
+  sync_hosts("save_params.checked")  # every host has looked before process 0 writes
+  if exists:
     raise CheckpointError(f"{path}: output already exists; choose a new path or delete it.")
   local = "://" not in path
-  target = f"{path}.tmp-{uuid.uuid4().hex[:8]}" if local else path
-  epath.Path(target).mkdir(parents=True)
-  info = {"bert_config": model_config.to_dict(), **(meta or {})}
-  (epath.Path(target) / CONFIG_NAME).write_text(json.dumps(info, indent=2, sort_keys=True))
-  params = jax.tree.map(np.asarray, params)
+  # The same temp name on every host (a random one would differ per host); a leftover of a
+  # crashed export is removed first.
+  target = f"{path}.tmp-export" if local else path
+  if jax.process_index() == 0:
+    if local and os.path.exists(target):
+      shutil.rmtree(target)
+    epath.Path(target).mkdir(parents=True)
+    info = {"bert_config": model_config.to_dict(), **(meta or {})}
+    (epath.Path(target) / CONFIG_NAME).write_text(json.dumps(info, indent=2, sort_keys=True))
+  sync_hosts("save_params.started")
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(absolute(target) / "params", params)
     ckptr.wait_until_finished()
-  manifest_lib.write_manifest(target)
-  if local:
-    os.rename(target, path)
+  sync_hosts("save_params.written")
+  if jax.process_index() == 0:
+    manifest_lib.write_manifest(target)
+    if local:
+      os.rename(target, path)
+  sync_hosts("save_params.done")
   return path
 
 

@@ -36,7 +36,6 @@ from bert_jax import finetune_tasks as ft
 from bert_jax import guard
 from bert_jax import heads
 from bert_jax import inference
-from bert_jax import inference
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
@@ -403,13 +402,15 @@ def evaluate(run, params, epoch, step, history, best, *, export):
 
 def _save_best(run, params, epoch, previous, results):
   """Exports params as workdir/best_epoch{N} and removes the previous best; returns the path."""
-  # Every host calls this: Orbax coordinates the hosts and writes from the primary one.
+  # Every host calls this: each writes its own shards of the (possibly FSDP-sharded) params,
+  # process 0 the rest (checkpoint.save_params); directories are removed by process 0 only.
   path = os.path.join(run.workdir, f"best_epoch{epoch}")
-  ckpt_lib.remove_dir(path)  # a re-run into the same workdir
+  if run.is_main:
+    ckpt_lib.remove_dir(path)  # a re-run into the same workdir
   ckpt_lib.save_params(path, params, run.model_config, meta=dict(
       task=run.task.name, epoch=epoch, do_lower_case=bool(run.tokenizer.do_lower_case),
       labels=list(getattr(run.task, "labels", ()) or ()), dev_metrics=results))
-  if previous and previous != path:
+  if run.is_main and previous and previous != path:
     ckpt_lib.remove_dir(previous)
   return path
 
