@@ -5,7 +5,9 @@ an HTTPS proxy with a test CA), tensorstore's gcs driver (Orbax's arrays) and go
 (Orbax's bucket check). Every gs:// result is compared with the same run on local disk.
 """
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,10 +16,12 @@ import sys
 import jax
 import numpy as np
 import pytest
+from etils import epath
 from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
+from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
 from data_pipelines.tf_setup import tf
 from tests import gcs_emulator
@@ -110,6 +114,11 @@ def test_workdir_copied_to_gs_loads_like_local(copied, tiny):
   assert light.params is None and light.vocab_file == f"{remote}/vocab.txt"
 
 
+def _layout(step_dir):
+  files = json.loads(epath.Path(step_dir, manifest_lib.NAME).read_text())["files"]
+  return sorted({re.sub(r"/d/[0-9a-f]+$", "/d/*", f) for f in files})
+
+
 def test_checkpoints_written_to_gs_verify_load_and_catch_corruption(gcs, tiny, tmp_path):
   """Orbax writes the steps straight to gs:// (tensorstore + tf.io.gfile), manifest included."""
   vocab_file, cfg, params = tiny
@@ -120,12 +129,12 @@ def test_checkpoints_written_to_gs_verify_load_and_catch_corruption(gcs, tiny, t
   got, want = inference.load_for_inference(remote), inference.load_for_inference(local)
   assert got.path == f"{remote}/checkpoints/5" and got.vocab_file == vocab_file  # as recorded
   _assert_same_model(got, want)
-  # The manifest lists the same files as the local run's (the ocdbt data files have random
-  # names: compare their count), each of which verifies.
+  # Each step's manifest lists the files of the local run's (the ocdbt data files d/<hash> have
+  # random names, and their number varies with write timing), and every one of them verifies.
   for step in (2, 5):
-    status, n, _ = ckpt_lib.verify_dir(f"{remote}/checkpoints/{step}")
-    status_local, n_local, _ = ckpt_lib.verify_dir(f"{local}/checkpoints/{step}")
-    assert (status, n) == (status_local, n_local) and n > 5
+    layout = {w: _layout(f"{w}/checkpoints/{step}") for w in (remote, local)}
+    assert layout[remote] == layout[local] and "state/manifest.ocdbt" in layout[local]
+    assert ckpt_lib.verify_dir(f"{remote}/checkpoints/{step}")[0] == "verified"
   # One flipped byte in an array file of step 5 on gs:// is caught on load, naming the file.
   data = sorted(tf.io.gfile.glob(f"{remote}/checkpoints/5/state/ocdbt.process_0/d/*"))[0]
   with tf.io.gfile.GFile(data, "rb") as f:
@@ -135,6 +144,29 @@ def test_checkpoints_written_to_gs_verify_load_and_catch_corruption(gcs, tiny, t
     f.write(bytes(blob))
   with pytest.raises(ckpt_lib.CheckpointError, match=f"{data}: SHA-256 .* differs"):
     inference.load_for_inference(remote)
+
+
+def test_vocab_built_on_gs_and_its_settings_are_found_from_a_gs_workdir(gcs, tmp_path):
+  """build_vocab writes a cased vocab and its .meta.json to gs://; a workdir whose training
+  config recorded that vocab finds it, reads its casing from the meta on gs://, and a casing
+  flag that contradicts it is a one-line error naming the meta file."""
+  from data_pipelines import build_vocab  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("The Cat sat on the mat .\nA Dog ran in Paris .\n" * 20)
+  vocab = f"{GS}/vocab/vocab.txt"
+  size, _, meta = build_vocab.build(str(corpus), 200, vocab, lower_case=False)
+  assert meta["do_lower_case"] is False and tf.io.gfile.exists(vocab + ".meta.json")
+  assert not tf.io.gfile.exists(vocab + ".tmp") and not tf.io.gfile.exists(vocab + ".meta.json.tmp")
+  cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, num_layers=1, max_position_embeddings=32)
+  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(1))))
+  remote = inference_test.make_workdir(f"{GS}/cased", params, cfg, vocab, do_lower_case=False)
+  m = inference.load_for_inference(remote, with_params=False)
+  assert m.vocab_file == vocab and m.do_lower_case is False
+  assert f"{vocab}.meta.json" in m.casing_source
+  assert m.tokenizer.encode(["The Cat"]) != m.tokenizer.encode(["the cat"])   # cased
+  with pytest.raises(inference.InferenceLoadError, match=r"vocab\.txt\.meta\.json"):
+    inference.load_for_inference(remote, do_lower_case=True, with_params=False)
 
 
 def test_convert_exports_a_gs_workdir_to_hugging_face_like_local(copied, tmp_path):

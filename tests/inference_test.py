@@ -8,6 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from etils import epath
 from flax import linen as nn
 
 from bert_jax import checkpoint as ckpt_lib
@@ -25,8 +26,7 @@ def make_workdir(workdir, params, config, vocab_file, steps=(5,), do_lower_case=
   Step s holds params + s, so a test can tell which step was loaded.
   """
   manager = ckpt_lib.create_manager(workdir, async_save=False)
-  with open(vocab_file, "rb") as f:
-    vocab_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+  vocab_hash = hashlib.sha256(epath.Path(vocab_file).read_bytes()).hexdigest()[:16]  # or gs://
   meta = dict(config=dict(vocab_file=vocab_file, spm_model_file="",
                           do_lower_case=do_lower_case),
               model_config=config.to_dict(), vocab_hash=vocab_hash if record_hash else "")
