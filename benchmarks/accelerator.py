@@ -120,7 +120,6 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
 # ----------------------------------------------------------------------------------------------
 def build(case, *, packed, backend, dtype, remat, batch, interpret):
   """The pre-training config, model config, mesh and jitted steps of one run."""
-  import jax
   from bert_jax import attention, sharding as sharding_lib, train
   from bert_jax.configs import pretrain
   c = pretrain.get_config(case["model"])

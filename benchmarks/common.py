@@ -1,8 +1,27 @@
 """Shared timing for the side-by-side benchmarks."""
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import jax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_isolated(module, args, label):
+  """Runs `python -m module *args` (one framework per process, so none warms another's caches or
+  holds its memory) and returns the dict it printed on its `RESULT {json}` line, or None after
+  printing `label: FAILED` and its stderr's tail."""
+  r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                     text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+  if r.returncode or not line:
+    print(f"{label}: FAILED\n{r.stderr[-2000:]}")
+    return None
+  return json.loads(line[0][len("RESULT "):])
 
 
 def time_jax_steps(train_step, state, batch, *, warmup, steps):

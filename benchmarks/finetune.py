@@ -19,13 +19,10 @@ be shared.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 from benchmarks import common
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = dict(tiny=(2, 128), mini=(4, 256), small=(4, 512), medium=(8, 512), base=(12, 768),
              large=(24, 1024))
 WORKLOADS = dict(pair=128, squad=384)
@@ -123,6 +120,9 @@ def main():
   p.add_argument("--only", default="", help="internal: one framework, prints JSON")
   p.add_argument("--workload", default="pair", help="internal")
   a = p.parse_args()
+  unknown = set(a.workloads.split(",")) - set(WORKLOADS)
+  if unknown:
+    p.error(f"--workloads: unknown {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
   if a.only:
     print("RESULT " + json.dumps(RUNNERS[a.only](a)), flush=True)
     return
@@ -130,16 +130,12 @@ def main():
   for workload in a.workloads.split(","):
     results = {}
     for name in RUNNERS:
-      cmd = [sys.executable, "-m", "benchmarks.finetune", f"--only={name}",
-             f"--workload={workload}"] + [f"--{k}={v}" for k, v in vars(a).items()
-                                          if k not in ("only", "workload", "workloads")]
-      r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-      line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-      if r.returncode or not line:
-        print(f"{workload}/{name}: FAILED\n{r.stderr[-2000:]}")
-        continue
-      results[name] = json.loads(line[0][7:])
+      result = common.run_isolated(
+          "benchmarks.finetune", [f"--only={name}", f"--workload={workload}"] + [
+              f"--{k}={v}" for k, v in vars(a).items()
+              if k not in ("only", "workload", "workloads")], f"{workload}/{name}")
+      if result is not None:
+        results[name] = result
     rows.append((workload, results))
   print(f"\nBERT-{a.model} fine-tuning, batch {a.batch}, {a.dtype}, {a.steps} timed steps "
         f"({os.cpu_count()} CPU cores)")

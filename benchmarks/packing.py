@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import common
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QS = os.path.join(ROOT, "runs", "quickstart")
 
@@ -196,16 +198,12 @@ def throughput(a):
     save_batches(a, path)
     results = {}
     for name, (_, act, _) in RUNNERS.items():
-      cmd = [sys.executable, "-m", "benchmarks.packing", f"--only={name}", f"--act={act}",
-             f"--batches_file={path}"] + [f"--{k}={v}" for k, v in vars(a).items()
-                                         if k in ("model", "batch", "steps", "warmup")]
-      r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-      line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-      if r.returncode or not line:
-        print(f"  {name}: FAILED\n{r.stderr[-2000:]}")
-        continue
-      results[name] = json.loads(line[0][7:])
+      result = common.run_isolated(
+          "benchmarks.packing", [f"--only={name}", f"--act={act}", f"--batches_file={path}"] + [
+              f"--{k}={v}" for k, v in vars(a).items() if k in ("model", "batch", "steps",
+                                                               "warmup")], f"  {name}")
+      if result is not None:
+        results[name] = result
   print(f"\n2. BERT-{a.model}, quick start records (seq 128), batch {a.batch} rows, "
         f"{a.steps} timed steps over {a.num_batches} real batches ({os.cpu_count()} cores)")
   for name, r in results.items():

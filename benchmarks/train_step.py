@@ -14,13 +14,10 @@ the analytic model FLOPs of bert_jax.train.model_flops_per_sequence.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 from benchmarks import common
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _batch_np(batch, seq, preds, vocab, seed=0):
@@ -37,7 +34,7 @@ def _batch_np(batch, seq, preds, vocab, seed=0):
 
 def run_bert_jax(a):
   import jax
-  from bert_jax import input_source, sharding as sharding_lib, train
+  from bert_jax import sharding as sharding_lib, train
   from bert_jax.configs import pretrain
   c = pretrain.get_config(a.model)
   c.train_input_files = "synthetic"
@@ -145,15 +142,10 @@ def main():
   results = {}
   for name in RUNNERS:
     act = "gelu_tanh" if name == "bert_jax_tanh" else "gelu"
-    cmd = [sys.executable, "-m", "benchmarks.train_step", f"--only={name}", f"--act={act}"] + [
-        f"--{k}={v}" for k, v in vars(a).items() if k not in ("only", "act")]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    if r.returncode or not line:
-      print(f"{name}: FAILED\n{r.stderr[-2000:]}")
-      continue
-    results[name] = json.loads(line[0][7:])
+    result = common.run_isolated("benchmarks.train_step", [f"--only={name}", f"--act={act}"] + [
+        f"--{k}={v}" for k, v in vars(a).items() if k not in ("only", "act")], name)
+    if result is not None:
+      results[name] = result
   print(f"\nBERT-{a.model}, seq {a.seq}, batch {a.batch}, vocab {a.vocab}, {a.steps} timed steps"
         f" ({os.cpu_count()} cores)")
   for name, r in results.items():
