@@ -169,6 +169,29 @@ def test_vocab_built_on_gs_and_its_settings_are_found_from_a_gs_workdir(gcs, tmp
     inference.load_for_inference(remote, do_lower_case=True, with_params=False)
 
 
+def test_sentencepiece_model_bundled_in_a_gs_workdir(gcs, tmp_path):
+  """A SentencePiece model built to gs://, then bundled in a gs:// workdir (the original gone):
+  found there, and it tokenizes as the same model read from local disk."""
+  from data_pipelines import build_vocab, stdlib_corpus, tokenization
+  stdlib_corpus.write_corpus(str(tmp_path), num_files=1, max_modules=30)
+  built = f"{GS}/spm/tok.model"
+  build_vocab.build(str(tmp_path / "*.txt"), 300, built, lower_case=False, model_type="unigram")
+  cfg = model_lib.get_bert_config("tiny", vocab_size=300, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, num_layers=1, max_position_embeddings=32)
+  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(2))))
+  remote = inference_test.make_workdir(f"{GS}/spm_run", params, cfg, built, do_lower_case=False)
+  for suffix in ("", ".meta.json"):   # bundle model + settings, then drop the originals
+    tf.io.gfile.copy(built + suffix, f"{remote}/tok.model{suffix}")
+    tf.io.gfile.copy(built + suffix, str(tmp_path / f"tok.model{suffix}"))
+    tf.io.gfile.remove(built + suffix)
+  m = inference.load_for_inference(remote)
+  assert (m.vocab_file, m.spm_model_file) == (None, f"{remote}/tok.model")
+  assert m.do_lower_case is False
+  text = ["The Quick brown fox, 42 times: os.path.join()"]
+  local = tokenization.SentencePieceTokenizer(str(tmp_path / "tok.model"))
+  assert m.tokenizer.encode(text) == local.encode(text)
+
+
 def test_convert_exports_a_gs_workdir_to_hugging_face_like_local(copied, tmp_path):
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
   local, remote = copied
