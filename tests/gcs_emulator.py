@@ -12,10 +12,12 @@ Nothing here reaches the network: the clients are pointed at 127.0.0.1 by enviro
 - tensorstore (Orbax's array storage) reads TENSORSTORE_GCS_HTTP_URL and talks plain HTTP here;
   google-cloud-storage (Orbax's bucket check) reads STORAGE_EMULATOR_HOST.
 
-Surface (what the two clients send, and nothing else): bucket get; object get (metadata, or
+Surface (what these clients send, and nothing else): bucket get; object get (metadata, or
 media with Range); list (prefix, delimiter, startOffset, endOffset, pages); media and resumable
-uploads; delete; rewrite (TF's rename); generation preconditions (tensorstore's atomic writes).
-Anything else answers 501 and is logged to stderr, so a client path we do not cover fails loudly.
+uploads; delete; rewrite (TF's rename) and the bucket's storageLayout TF reads before renaming a
+directory; generation preconditions (tensorstore's atomic writes).
+Anything else answers 400 and is logged to stderr as "unsupported", so a client path we do not
+cover fails loudly.
 
   python tests/gcs_emulator.py CERTS_DIR     # prints the port on stdout, serves until killed
 """
@@ -130,7 +132,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
   store = None                 # set by serve()
   tls = None
 
-  def log_message(self, fmt, *args):  # quiet unless GCS_EMULATOR_LOG=1: only 501s are printed
+  def log_message(self, fmt, *args):  # quiet unless GCS_EMULATOR_LOG=1 (unsupported: always)
     if os.environ.get("GCS_EMULATOR_LOG"):
       print(f"gcs_emulator: {self.headers.get('Host') if hasattr(self, 'headers') else ''} "
             + fmt % args, file=sys.stderr, flush=True)
@@ -176,6 +178,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     if unq[:3] == ["storage", "v1", "b"] and len(unq) >= 4:
       if len(unq) == 4:
         return "bucket", unq[3], None, query
+      if len(unq) == 5 and unq[4] == "storageLayout":   # TF asks before renaming a directory
+        return "layout", unq[3], None, query
       if len(unq) == 5 and unq[4] == "o":
         return "list", unq[3], None, query
       if len(unq) == 6:
@@ -185,9 +189,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     return "unknown", None, None, query
 
   def _unsupported(self):
-    print(f"gcs_emulator: 501 {self.command} {self.headers.get('Host')} {self.path}",
+    # 400, not 501: clients retry a 5xx (TF 10 times, minutes), a test should fail at once.
+    print(f"gcs_emulator: unsupported {self.command} {self.headers.get('Host')} {self.path}",
           file=sys.stderr, flush=True)
-    self._error(501, f"gcs_emulator does not implement {self.command} {self.path}")
+    self._error(400, f"gcs_emulator does not implement {self.command} {self.path}")
 
   # -- CONNECT: TLS for TF's hard-coded https endpoints ------------------------------------------
   def do_CONNECT(self):
@@ -213,6 +218,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
       return self._error(404, f"no bucket {bucket}")
     if kind == "bucket":
       return self._send(200, {"kind": "storage#bucket", "name": BUCKET, "location": "US"})
+    if kind == "layout":
+      return self._send(200, {"kind": "storage#storageLayout", "bucket": BUCKET, "location": "US",
+                              "locationType": "multi-region",
+                              "hierarchicalNamespace": {"enabled": False}})
     if kind == "list":
       return self._list(query)
     with self.store.lock:
