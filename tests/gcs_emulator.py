@@ -22,6 +22,7 @@ cover fails loudly.
   python tests/gcs_emulator.py CERTS_DIR     # prints the port on stdout, serves until killed
 """
 
+import base64
 import datetime
 import hashlib
 import http.server
@@ -103,7 +104,7 @@ class Store:
             "generation": str(gen), "metageneration": "1", "contentType":
             "application/octet-stream", "updated": "2026-01-01T00:00:00.000Z",
             "timeCreated": "2026-01-01T00:00:00.000Z",
-            "md5Hash": __import__("base64").b64encode(hashlib.md5(data).digest()).decode()}
+            "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode()}
 
   def check(self, name, query):
     """Generation preconditions: None when they hold, else the HTTP status to answer."""
