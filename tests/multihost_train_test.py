@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests import pod_testlib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TRAIN_ARGS = [
@@ -27,11 +29,10 @@ def _env():
 
 def _pod(workdir, steps):
   r = subprocess.run(
-      [sys.executable, "-m", "launch.local_pod", "--num_processes=2", "--devices_per_process=4",
-       "--timeout_seconds=500", "--", *TRAIN_ARGS, f"--workdir={workdir}",
-       f"--config.num_train_steps={steps}"],
+      [*pod_testlib.pod_command(), "--timeout_seconds=500", "--", *TRAIN_ARGS,
+       f"--workdir={workdir}", f"--config.num_train_steps={steps}"],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=560)
-  assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+  assert r.returncode == 0, pod_testlib.failure(r)
   return r.stdout + r.stderr
 
 
@@ -99,11 +100,10 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
   finetune_test._sst2(tmp_path / "sst", np.random.default_rng(0), 64, 16)  # pylint: disable=protected-access
   args = [*FINETUNE_ARGS, f"--config.init_checkpoint={export}",
           f"--config.vocab_file={vocab_file}", f"--config.data_dir={tmp_path / 'sst'}"]
-  r = subprocess.run(
-      [sys.executable, "-m", "launch.local_pod", "--num_processes=2", "--devices_per_process=4",
-       "--timeout_seconds=300", "--", *args, f"--workdir={tmp_path / 'pod'}"],
-      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=360)
-  assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+  r = subprocess.run([*pod_testlib.pod_command(), "--timeout_seconds=300", "--", *args,
+                      f"--workdir={tmp_path / 'pod'}"],
+                     cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=360)
+  assert r.returncode == 0, pod_testlib.failure(r)
   env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
   r = subprocess.run([sys.executable, "-m", *args, f"--workdir={tmp_path / 'one'}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

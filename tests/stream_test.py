@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from data_pipelines import pretrain_input as pi
+from tests import pod_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,12 +81,11 @@ def _train(records, workdir, steps, hosts):
     cmd = [sys.executable, "-m", *_args(records, workdir, steps)]
     env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
   else:
-    cmd = [sys.executable, "-m", "launch.local_pod", f"--num_processes={hosts}",
-           f"--devices_per_process={8 // hosts}", "--timeout_seconds=500", "--",
+    cmd = [*pod_testlib.pod_command(hosts, 8 // hosts), "--timeout_seconds=500", "--",
            *_args(records, workdir, steps)]
     env = _env()
   r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560)
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert r.returncode == 0, pod_testlib.failure(r)
   return r.stdout + r.stderr
 
 
