@@ -26,7 +26,6 @@ from bert_jax import model as model_lib
 from data_pipelines.tf_setup import tf
 from tests import gcs_emulator
 from tests import inference_test
-from tests import tasks_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GS = f"gs://{gcs_emulator.BUCKET}"
@@ -56,15 +55,7 @@ def gcs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-  d = tmp_path_factory.mktemp("tiny")
-  vocab_file = tasks_testlib.write_vocab(str(d), inference_test.TEXT)
-  with open(vocab_file) as f:
-    vocab_size = len(f.read().split("\n")) - 1
-  cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, hidden_size=32, num_heads=2,
-                                  intermediate_size=64, num_layers=2,
-                                  max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
-  return vocab_file, cfg, params
+  return inference_test.tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 def _upload(local, remote):

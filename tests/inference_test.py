@@ -39,9 +39,8 @@ def make_workdir(workdir, params, config, vocab_file, steps=(5,), do_lower_case=
   return workdir
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-  d = tmp_path_factory.mktemp("inference")
+def tiny_model(d):
+  """(vocab.txt written in directory d, a 2-layer H32 BertConfig, its random numpy params)."""
   vocab_file = tasks_testlib.write_vocab(str(d), TEXT)
   with open(vocab_file) as f:
     vocab_size = len(f.read().split("\n")) - 1
@@ -49,6 +48,13 @@ def setup(tmp_path_factory):
                                   intermediate_size=64, num_layers=2,
                                   max_position_embeddings=32)
   params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
+  return vocab_file, cfg, params
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  d = tmp_path_factory.mktemp("inference")
+  vocab_file, cfg, params = tiny_model(d)
   export = str(d / "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab_file, os.path.join(export, "vocab.txt"))
