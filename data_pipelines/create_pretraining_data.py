@@ -570,7 +570,7 @@ def define_flags(flag_values=flags.FLAGS):
                       "fewer than --min_script_fraction of their letters in them.", **fv)
   flags.DEFINE_float("min_script_fraction", d.min_script_fraction,
                      "See --keep_scripts.", **fv)
-  flags.DEFINE_enum("word_boundaries", d.word_boundaries, ["auto", "none", "jieba"],
+  flags.DEFINE_enum("word_boundaries", d.word_boundaries, list(word_boundaries_lib.MODES),
                     "Chinese whole-word masking: write jieba word boundaries (feature "
                     "word_continues); auto = jieba when the vocab's pre-tokenizer is jieba.", **fv)
   flags.DEFINE_bool("overwrite", d.overwrite, "Replace shards already in --output_dir.", **fv)

@@ -89,7 +89,8 @@ def _fix_length(name):
 
 
 def _check_record(path, index, raw, seq_length, max_predictions_per_seq):
-  """Checks one serialized record; returns True if it carries masks (google-research/bert)."""
+  """Checks one serialized record; returns its feature map (pre-masked records, from
+  google-research/bert, hold masked_lm_positions; jieba records word_continues)."""
   try:
     feats = tf.train.Example.FromString(raw).features.feature
   except DecodeError as e:  # not a serialized tf.train.Example
@@ -111,7 +112,7 @@ def _check_record(path, index, raw, seq_length, max_predictions_per_seq):
       raise InputPipelineError(
           f"{path}: record {index} has {name} of length {found}, expected {want}; set "
           f"{_fix_length(name)} to {found} to match the data, or regenerate the data for {want}.")
-  return premasked
+  return feats
 
 
 def _first_records(files):
@@ -139,8 +140,9 @@ def inspect_files(files, seq_length, max_predictions_per_seq):
   kinds, boundaries = {}, {}
   for f, raw in _first_records(files):
     if raw is not None:
-      kinds[f] = _check_record(f, 0, raw, seq_length, max_predictions_per_seq)
-      boundaries[f] = "word_continues" in tf.train.Example.FromString(raw).features.feature
+      feats = _check_record(f, 0, raw, seq_length, max_predictions_per_seq)
+      kinds[f] = "masked_lm_positions" in feats
+      boundaries[f] = "word_continues" in feats
   if not kinds:
     raise InputPipelineError(f"{files[0]} and the other {len(files) - 1} file(s) of this host hold "
                              "no records; regenerate the data or fix the pattern.")
@@ -486,7 +488,8 @@ def find_bad_record(files, seq_length, max_predictions_per_seq, premasked):
   for f in files:
     try:
       for i, raw in enumerate(tf.data.TFRecordDataset(f).as_numpy_iterator()):
-        if _check_record(f, i, raw, seq_length, max_predictions_per_seq) != premasked:
+        feats = _check_record(f, i, raw, seq_length, max_predictions_per_seq)
+        if ("masked_lm_positions" in feats) != premasked:
           raise InputPipelineError(f"{f}: record {i} is {'' if premasked else 'pre-'}masked unlike "
                                    "the first record; do not mix the two formats in one pattern.")
     except tf.errors.OpError as e:

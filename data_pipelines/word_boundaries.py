@@ -22,10 +22,8 @@ MODES = ("auto", "none", "jieba")
 
 
 def resolve(mode, vocab_file, spm_model_file, do_lower_case):
-  """--word_boundaries -> "none" | "jieba"; auto = jieba when the vocab's pre-tokenizer is."""
-  if mode not in MODES:
-    raise text_sources.PretrainingDataError(
-        f"--word_boundaries={mode}: expected auto, none or jieba.")
+  """--word_boundaries (one of MODES, checked by create_pretraining_data.validate_config) ->
+  "none" | "jieba"; auto = jieba when the vocab's pre-tokenizer is."""
   if mode == "auto":
     settings = vocab_lib.resolve_settings(vocab_file or None, spm_model_file or None,
                                           do_lower_case)
