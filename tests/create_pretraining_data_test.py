@@ -15,6 +15,7 @@ from data_pipelines import block_sampling, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import vocab as vocab_lib
 from data_pipelines.tf_setup import tf
+from tests import tfds_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ = 64
@@ -169,17 +170,11 @@ def test_jsonl_input_counts_empty_documents(corpus, tmp_path):
 
 
 def test_tfds_input_from_a_locally_built_dataset(corpus, tmp_path):
-  import tensorflow_datasets as tfds
   texts = []
   for p in sorted(glob.glob(corpus["glob"])):
     texts.extend(d.replace("\n", " ") for d in open(p).read().split("\n\n")[:20])
   texts.append("  ")  # blank-only: dropped
-  builder = tfds.dataset_builders.TfDataBuilder(
-      name="tiny_docs", version="1.0.0",
-      split_datasets={"train": tf.data.Dataset.from_tensor_slices({"text": texts})},
-      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-      data_dir=str(tmp_path / "tfds"))
-  builder.download_and_prepare()
+  tfds_testlib.build_text_dataset("tiny_docs", texts, tmp_path / "tfds")
   kw = dict(input_file="", input_format="tfds", tfds_name="tiny_docs",
             tfds_data_dir=str(tmp_path / "tfds"), tfds_num_parts=2)
   summary = _run(corpus, tmp_path / "out", nsp_sampling="auto", **kw)  # size from TFDS's info

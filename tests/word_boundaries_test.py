@@ -35,16 +35,9 @@ def vocab(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   """The reviews as documents of sentences (one review a document, split at 。！？)."""
-  with open(CORPUS, encoding="utf-8") as f:
-    reviews = [l.strip() for l in f if l.strip()]
-  path = tmp_path_factory.mktemp("zh_text") / "reviews.txt"
-  docs = []
-  for review in reviews:
-    sentences = [s for s in review.replace("。", "。\n").replace("！", "！\n")
-                 .replace("？", "？\n").split("\n") if s.strip()]
-    docs.append("\n".join(sentences))
-  path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-  return str(path)
+  path = str(tmp_path_factory.mktemp("zh_text") / "reviews.txt")
+  chinese_wwm.write_corpus(path)
+  return path
 
 
 def _records(output_dir):
