@@ -1,25 +1,43 @@
-"""TensorBoard event files for scalars and text (process 0 only; no-ops elsewhere)."""
+"""TensorBoard event files, the end-of-run summary, and the one metric naming scheme.
 
+Metric names (TensorBoard tags, summary.json, eval_results.json) are the same in both loops:
+  train/<metric>           training-stream metrics: train/loss, train/learning_rate, ...
+  eval/<metric>            pre-training's held-out set: eval/mlm_accuracy, eval/nsp_loss, ...
+  eval/<split>/<metric>    fine-tuning's dev splits: eval/dev/accuracy, eval/dev_matched/f1, ...
+`train/learning_rate` is the mean of the rates of the steps since the previous log line (so is
+every train/ metric: loss, accuracy, grad_norm), not the rate of the logged step alone.
+
+Scalars are written as `simple_value` summaries (TF1's scalar format), which both TensorBoard's
+web UI and its Python API list: `EventAccumulator(dir).Tags()["scalars"]`. (tf.summary.scalar
+writes tensors, which the accumulator lists under "tensors" only.)
+"""
+
+import json
 import os
+import time
+
+SUMMARY_NAME = "summary.json"
 
 
 class MetricsWriter:
-  """Writes `workdir/tensorboard/` event files with tf.summary (TF on CPU only)."""
+  """Writes `workdir/tensorboard/` event files (process 0 only; no-ops elsewhere)."""
 
   def __init__(self, workdir, enabled=True, subdir="tensorboard"):
     self.enabled = enabled
     self._writer = None
     if enabled:
-      from data_pipelines.tf_setup import tf
+      from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
       self._tf = tf
       self._writer = tf.summary.create_file_writer(os.path.join(workdir, subdir))
 
   def write_scalars(self, step, scalars):
     if not self._writer:
       return
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    summary = summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])
     with self._writer.as_default():
-      for k, v in scalars.items():
-        self._tf.summary.scalar(k, float(v), step=int(step))
+      self._tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=int(step))
     self._writer.flush()
 
   def write_text(self, name, text, step=0):
@@ -36,12 +54,85 @@ class MetricsWriter:
 
 def read_scalars(logdir):
   """{tag: [(step, value), ...]} from the event files in `logdir` (for tests and tools)."""
-  from data_pipelines.tf_setup import tf
+  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
   out = {}
   for path in sorted(tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*"))):
     for event in tf.compat.v1.train.summary_iterator(path):
       for v in event.summary.value:
+        if v.HasField("tensor") and v.metadata.plugin_data.plugin_name == "text":
+          continue
         value = tf.make_ndarray(v.tensor) if v.HasField("tensor") else v.simple_value
         value = value.item() if getattr(value, "shape", None) == () else value
         out.setdefault(v.tag, []).append((event.step, value))
   return out
+
+
+def prefixed(prefix, metrics):
+  """{prefix + name: float(value)}: e.g. prefixed("train/", {"loss": 1.0})."""
+  return {f"{prefix}{k}": float(v) for k, v in metrics.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The end-of-run summary: printed, and written as WORKDIR/summary.json, by both loops.
+# ----------------------------------------------------------------------------------------------
+class Clock:
+  """Wall time of a run from its start (the summary's wall_time_sec)."""
+
+  def __init__(self):
+    self.t0 = time.time()
+
+  def seconds(self):
+    return time.time() - self.t0
+
+
+def format_duration(seconds):
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  return f"{h}h{rem // 60:02d}m{rem % 60:02d}s" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def summary_lines(summary):
+  """The summary as the lines a run prints last (see write_summary for the fields)."""
+  s = summary
+  lines = [f"summary ({s['program']}): {s['status']}: steps {s['start_step']} -> "
+           f"{s['final_step']} of {s['total_steps']} in {format_duration(s['wall_time_sec'])}"]
+  if s.get("final_eval"):
+    lines.append(f"  final eval (step {s.get('final_eval_step', s['final_step'])}): "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in s["final_eval"].items()
+                             if isinstance(v, (int, float))))
+  if s.get("model"):
+    lines.append(f"  model: {s['model']}")
+  for k, v in (s.get("outputs") or {}).items():
+    lines.append(f"  {k}: {v}")
+  lines.append(f"  this summary: {os.path.join(s['workdir'], SUMMARY_NAME)}")
+  if s.get("next"):
+    lines.append("  next:")
+    lines += [f"    {cmd}" for cmd in s["next"]]
+  return lines
+
+
+def write_summary(workdir, summary, *, is_main=True):
+  """Prints the summary and writes it to WORKDIR/summary.json (process 0; atomically).
+
+  Fields: program (train|finetune), status (finished|stopped_early|nothing_to_do), workdir,
+  wall_time_sec, start_step, final_step, total_steps, final_eval ({tag: value}, the naming
+  scheme above), final_eval_step, model (the path to load), outputs ({what: path}), next
+  (commands to run next).
+  """
+  summary = dict(summary, workdir=workdir)
+  if not is_main:
+    return summary
+  print("\n".join(summary_lines(summary)), flush=True)
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  path = epath.Path(workdir) / SUMMARY_NAME
+  tmp = epath.Path(f"{path}.tmp")
+  tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
+  tmp.rename(path)
+  return summary
+
+
+def read_summary(workdir):
+  """WORKDIR/summary.json as a dict, or None when the run never finished one."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  path = epath.Path(workdir) / SUMMARY_NAME
+  return json.loads(path.read_text()) if path.exists() else None

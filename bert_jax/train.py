@@ -275,6 +275,7 @@ def input_line(layout, num_files, real_per_slot):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
   # --- Set-up and validation (no compute before this passes). ---
+  clock = metrics_writer.Clock()  # the summary's wall time: set-up, compilation and all
   train_files, eval_files, vocab, model_config, vocab_hash = validate_inputs(config, workdir)
   is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
 
@@ -285,6 +286,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
 
   manager, latest, layout = resume_point(config, workdir, train_files)
+  if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
+    manager.close()
+    return nothing_to_do(config, workdir, latest, is_main)
 
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
   # checked before the model exists (bad records: one line in seconds, not after compiling). ---
@@ -309,8 +313,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     writer.write_scalars(step, result)
     history["eval"].append((step, result))
     if is_main:
-      print(f"eval @ step {step}: mlm_accuracy {result['eval_mlm_accuracy']:.4f} mlm_loss "
-            f"{result['eval_mlm_loss']:.4f} nsp_accuracy {result['eval_nsp_accuracy']:.4f}",
+      print(f"eval @ step {step}: mlm_accuracy {result['eval/mlm_accuracy']:.4f} mlm_loss "
+            f"{result['eval/mlm_loss']:.4f} nsp_accuracy {result['eval/nsp_accuracy']:.4f}",
             flush=True)
     return result
 
@@ -346,7 +350,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         previous = None
         avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
         avg["skipped_steps"] = skips.total
-        writer.write_scalars(step, avg)
+        writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
         history["train"].append((step, avg))
         if is_main:
           print(log_line(step, total_steps, avg), flush=True)
@@ -365,8 +369,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   manager.wait_until_finished()
   manager.close()
   writer.close()
-  return dict(history=history, final_step=step, last_eval=last_eval,
-              stopped_early=step < total_steps)
+  stopped = step < total_steps
+  summary = metrics_writer.write_summary(workdir, dict(
+      program="train", status="stopped_early" if stopped else "finished",
+      wall_time_sec=clock.seconds(), start_step=start_step, final_step=step,
+      total_steps=total_steps, final_eval=last_eval,
+      final_eval_step=history["eval"][-1][0] if history["eval"] else None,
+      model=f"{workdir} (checkpoint {step})",
+      outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
+      next=next_commands(config, workdir, step, stopped)), is_main=is_main)
+  return dict(history=history, final_step=step, last_eval=last_eval, stopped_early=stopped,
+              summary=summary)
+
+
+# ----------------------------------------------------------------------------------------------
+# The end of a run: what it did and what to run next.
+# ----------------------------------------------------------------------------------------------
+def next_commands(config, workdir, step, stopped):
+  """The commands a user runs next on this workdir (printed and in summary.json)."""
+  if stopped:
+    return ["re-run the same command to resume from checkpoint " f"{step}"]
+  more = max(2 * step, step + 1)
+  name = os.path.basename(os.path.normpath(workdir)) or "model"
+  return [
+      f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
+      f'"The man went to the [MASK] ."',
+      f"python -m bert_jax.convert --input={workdir} --output=hf/{name}",
+      f"python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
+      f"--config.init_checkpoint={workdir} --config.data_dir=DATA --workdir=runs/{name}-ft",
+      f"train further: the same command with --config.num_train_steps={more} (resumes from "
+      f"step {step}; the learning-rate decay is stretched to the new total)",
+  ]
+
+
+def nothing_to_do(config, workdir, latest, is_main):
+  """A workdir whose latest checkpoint already reached num_train_steps: no compute."""
+  total = int(config.num_train_steps)
+  previous = metrics_writer.read_summary(workdir) if is_main else None
+  if is_main:
+    print(f"nothing to do: {workdir} already holds checkpoint {latest} and "
+          f"--config.num_train_steps={total}; to train further pass "
+          f"--config.num_train_steps={max(2 * latest, latest + 1)} (or a new --workdir to "
+          "start over)", flush=True)
+    if previous:
+      print("\n".join(metrics_writer.summary_lines(previous)), flush=True)
+  return dict(history=dict(train=[], eval=[]), final_step=latest,
+              last_eval=(previous or {}).get("final_eval") or {}, stopped_early=False,
+              nothing_to_do=True, summary=previous)
 
 
 def resume_point(config, workdir, train_files):
@@ -392,7 +441,7 @@ def evaluate_params(eval_step, params, num_steps, mesh, batches):
     for k, v in m.items():
       sums[k] = sums.get(k, 0.0) + float(v)
     n += 1
-  return {f"eval_{k}": v / max(n, 1) for k, v in sums.items()}
+  return {f"eval/{k}": v / max(n, 1) for k, v in sums.items()}  # metrics_writer's names
 
 
 def summarize(host_metrics, steps_per_sec, config, flops_per_step):

@@ -48,7 +48,7 @@ def _single(workdir, steps):
 def _losses(workdir):
   from bert_jax import metrics_writer
   scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
-  return [v for _, v in sorted(scalars["loss"])], scalars
+  return [v for _, v in sorted(scalars["train/loss"])], scalars
 
 
 @pytest.mark.slow

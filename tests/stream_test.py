@@ -92,7 +92,7 @@ def _train(records, workdir, steps, hosts):
 def _losses(workdir):
   from bert_jax import metrics_writer
   scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
-  return dict(scalars["loss"])
+  return dict(scalars["train/loss"])
 
 
 @pytest.mark.slow

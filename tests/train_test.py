@@ -234,12 +234,43 @@ def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path):
 
 def test_tensorboard_events_written(tmp_path):
   from bert_jax import metrics_writer
+  from tensorboard.backend.event_processing import event_accumulator
   train.train_and_evaluate(tiny_config(num_train_steps=2), str(tmp_path))
   scalars = metrics_writer.read_scalars(str(tmp_path / "tensorboard"))
   for tag in ["mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "learning_rate",
               "grad_norm", "sequences_per_sec", "tokens_per_sec", "tflops"]:
-    assert tag in scalars, tag
-  assert [s for s, _ in scalars["mlm_loss"]] == [1, 2]
+    assert f"train/{tag}" in scalars, tag
+  assert [s for s, _ in scalars["train/mlm_loss"]] == [1, 2]
+  # TensorBoard's own Python API lists them as scalars (not only as tensors).
+  acc = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  acc.Reload()
+  assert "train/mlm_loss" in acc.Tags()["scalars"]
+  assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
+
+
+def test_summary_json_and_a_finished_workdir_is_a_no_op(tmp_path, capsys):
+  workdir = str(tmp_path / "run")
+  c = tiny_config(num_train_steps=3, eval_input_files="synthetic", eval_steps=1)
+  out = train.train_and_evaluate(c, workdir)
+  printed = capsys.readouterr().out
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  assert summary["program"] == "train" and summary["status"] == "finished"
+  assert (summary["start_step"], summary["final_step"], summary["total_steps"]) == (0, 3, 3)
+  assert summary["wall_time_sec"] > 0 and summary["final_eval_step"] == 3
+  assert summary["final_eval"] == pytest.approx(out["last_eval"])
+  assert set(summary["final_eval"]) >= {"eval/mlm_accuracy", "eval/mlm_loss", "eval/nsp_loss"}
+  assert summary["model"] == f"{workdir} (checkpoint 3)"
+  assert any(cmd.startswith("python -m bert_jax.predict") for cmd in summary["next"])
+  assert "summary (train): finished: steps 0 -> 3 of 3" in printed
+  assert f"this summary: {workdir}/summary.json" in printed
+  # Run again: nothing is trained or compiled, and the run says so and how to train further.
+  again = train.train_and_evaluate(c, workdir)
+  printed = capsys.readouterr().out
+  assert again["nothing_to_do"] and again["final_step"] == 3
+  assert (f"nothing to do: {workdir} already holds checkpoint 3 and "
+          "--config.num_train_steps=3; to train further pass --config.num_train_steps=6") in printed
+  assert "resuming" not in printed and "step 1/" not in printed
+  assert json.load(open(os.path.join(workdir, "summary.json"))) == summary  # untouched
 
 
 def test_flops_formula_is_6_params_per_token_plus_attention_and_heads():
