@@ -4,9 +4,13 @@
 #   1. builds a real English corpus (the docstrings of Python's standard library),
 #   2. learns a WordPiece vocabulary from it,
 #   3. creates NSP pre-training records (train: 3 shards of text, held-out eval: 1),
-#   4. pre-trains BERT-tiny for a few minutes, printing progress and held-out MLM accuracy.
-# Run it again and it resumes from the last Orbax checkpoint in runs/quickstart/workdir instead of
-# starting over (pass e.g. --config.num_train_steps=1200 to train further).
+#   4. pre-trains BERT-tiny for 1,500 steps (a few minutes), printing progress and held-out MLM
+#      accuracy, and ends with a summary (time, final evaluation, where the model is, the next
+#      commands), also written to runs/quickstart/workdir/summary.json.
+# Interrupted, run it again and it resumes from the last Orbax checkpoint in
+# runs/quickstart/workdir. Finished, a second run trains nothing and says so; to train further
+# raise the total, e.g. `bash scripts/quickstart_pretrain.sh --config.num_train_steps=3000`
+# (resumes at step 1,500; the learning-rate decay is stretched to the new total).
 # Extra arguments go to `python -m bert_jax.train`.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" requirements.txt
 OUT=runs/quickstart
