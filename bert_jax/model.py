@@ -23,6 +23,7 @@ table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside 
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -34,6 +35,10 @@ import optax
 from bert_jax import attention as attention_lib
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+FAMILIES = ("bert", "albert", "spanbert")
+SHARE_LAYERS = ("none", "all", "attention", "ffn")
+OBJECTIVES = ("mlm", "nsp", "sop", "sbo")
+FAMILY_FIELDS = ("family", "embedding_size", "share_layers", "objectives", "sbo_max_targets")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -59,6 +64,15 @@ class BertConfig:
   # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/attention.py). How the model
   # runs, not what it is: left out of to_dict(), so checkpoints never pin a kernel.
   attention: str = "xla"
+  # The family fields (docs/models.md). Their defaults are BERT, and to_dict() leaves a field at
+  # its default out, so a BERT checkpoint's stored config is what it was before they existed.
+  family: str = "bert"              # bert | albert | spanbert: what convert/predict call it
+  embedding_size: int = 0           # E; 0 = H, no projection. ALBERT: E=128 projected to H
+  share_layers: str = "none"        # none | all | attention | ffn (ALBERT's cross-layer sharing)
+  # Pre-training objectives (bert_jax/objectives.py), comma-separated: mlm plus at most one
+  # sentence-level task (nsp | sop), plus sbo (SpanBERT's span-boundary objective).
+  objectives: str = "mlm,nsp"
+  sbo_max_targets: int = 20         # SBO relative-position embeddings (spans of up to 20 tokens)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -73,6 +87,42 @@ class BertConfig:
     if self.attention not in attention_lib.BACKENDS:
       raise ValueError(f"BertConfig: attention={self.attention!r} is not one of "
                        f"{attention_lib.BACKENDS}.")
+    if self.family not in FAMILIES:
+      raise ValueError(f"BertConfig: family={self.family!r} is not one of {FAMILIES}.")
+    if self.share_layers not in SHARE_LAYERS:
+      raise ValueError(f"BertConfig: share_layers={self.share_layers!r} is not one of "
+                       f"{SHARE_LAYERS}.")
+    if self.embedding_size < 0:
+      raise ValueError(f"BertConfig: embedding_size={self.embedding_size}; expected >= 0 "
+                       "(0 = hidden_size, no projection).")
+    if self.family != "albert" and (self.embedding_size or self.share_layers != "none"):
+      raise ValueError(f"BertConfig: family={self.family!r} with embedding_size="
+                       f"{self.embedding_size}, share_layers={self.share_layers!r}; factorised "
+                       "embeddings and shared layers are ALBERT's: set family='albert'.")
+    parts = self.objective_list
+    unknown = [o for o in parts if o not in OBJECTIVES]
+    sentence = [o for o in parts if o in ("nsp", "sop")]
+    if unknown or "mlm" not in parts or len(sentence) > 1 or len(set(parts)) != len(parts):
+      raise ValueError(f"BertConfig: objectives={self.objectives!r}; expected 'mlm' plus at "
+                       "most one of nsp/sop, optionally sbo, comma-separated (e.g. 'mlm,sop').")
+
+  @property
+  def objective_list(self) -> tuple:
+    return tuple(o.strip() for o in self.objectives.split(",") if o.strip())
+
+  @property
+  def sentence_objective(self):
+    """"nsp", "sop" or None: the two-class task on the pooled [CLS]."""
+    return next((o for o in self.objective_list if o in ("nsp", "sop")), None)
+
+  @property
+  def factorised(self) -> bool:
+    return self.embedding_size > 0
+
+  @property
+  def embed_dim(self) -> int:
+    """Width of the embedding tables (E when factorised, else H)."""
+    return self.embedding_size or self.hidden_size
 
   @property
   def head_dim(self):
@@ -82,6 +132,9 @@ class BertConfig:
     """The model's identity (what checkpoints store and resuming compares); no kernel choice."""
     d = dataclasses.asdict(self)
     del d["attention"]
+    for f in FAMILY_FIELDS:   # BERT's values left out: old checkpoints compare equal
+      if d[f] == _DEFAULTS[f]:
+        del d[f]
     return d
 
   @classmethod
@@ -94,12 +147,19 @@ class BertConfig:
     return cls(**dict(d))
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+
+
 def _miniatures():
   # The 24 BERT miniatures (Turc et al., 2019): L layers, H hidden, H/64 heads, 4H FFN.
   return {f"L-{l}_H-{h}": dict(num_layers=l, hidden_size=h, num_heads=h // 64,
                                intermediate_size=4 * h)
           for l in (2, 4, 6, 8, 10, 12) for h in (128, 256, 512, 768)}
 
+
+_ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectives="mlm,sop",
+               hidden_act="gelu_tanh", hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+_SPANBERT = dict(family="spanbert", objectives="mlm,sbo")
 
 PRESETS = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
@@ -109,6 +169,25 @@ PRESETS = {
     "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
     "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
     **_miniatures(),
+    # ALBERT (Lan et al. 2019, Table 1): E=128, all layers shared, SOP. Parameters at a 30k
+    # vocab (AlbertModel, tests/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M, xxlarge
+    # 222.6M -- the paper's rounded 12M / 18M / 60M / 235M (its xxlarge figure counts a 4096
+    # XXX. gelu_tanh, no
+    # dropout: the released v2 configs.
+    **{f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_heads=n,
+                              intermediate_size=4 * h)
+       for name, l, h, n in (("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("base", 12, 768, 12),
+                             ("large", 24, 1024, 16), ("xlarge", 24, 2048, 16),
+                             ("xxlarge", 12, 4096, 64))},
+    # SpanBERT (Joshi et al. 2019): BERT's encoder, span masking, one segment, no NSP, SBO head.
+    "spanbert": dict(_SPANBERT, num_layers=12, hidden_size=768, num_heads=12,
+                     intermediate_size=3072),
+    "spanbert-large": dict(_SPANBERT, num_layers=24, hidden_size=1024, num_heads=16,
+                           intermediate_size=4096),
+    "spanbert-tiny": dict(_SPANBERT, num_layers=2, hidden_size=128, num_heads=2,
+                          intermediate_size=512),
+    "spanbert-mini": dict(_SPANBERT, num_layers=4, hidden_size=256, num_heads=4,
+                          intermediate_size=1024),
 }
 
 
@@ -187,13 +266,17 @@ BTND = ("activation_batch", "activation_length", "activation_heads", "activation
 
 
 class BertEmbeddings(nn.Module):
-  """word + learned position + token type (segment) embeddings, LayerNorm, dropout."""
+  """word + learned position + token type (segment) embeddings, LayerNorm, dropout.
+
+  ALBERT (embedding_size E > 0): the tables are [., E], LayerNorm and dropout run at width E and
+  a dense E -> H (`projection`, HF's encoder.embedding_hidden_mapping_in) follows.
+  """
   config: BertConfig
 
   def setup(self):
     c = self.config
     # The lookups run in float32 (a gather, cheap) so the sum and LayerNorm are float32.
-    embed = lambda n, names: nn.Embed(n, c.hidden_size, dtype=jnp.float32,
+    embed = lambda n, names: nn.Embed(n, c.embed_dim, dtype=jnp.float32,
                                       param_dtype=c.param_dtype,
                                       embedding_init=_init(c, names))
     self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"))
@@ -201,6 +284,8 @@ class BertEmbeddings(nn.Module):
     self.token_type_embeddings = embed(c.type_vocab_size, ("type", "embed"))
     self.layer_norm = _layer_norm(c, None)
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
+    if c.factorised:
+      self.projection = _dense(c, c.hidden_size, ("embed2", "embed"), None)  # [E, H]
 
   def __call__(self, input_ids, segment_ids, deterministic, position_ids=None):
     seq_len = input_ids.shape[1]
@@ -208,13 +293,15 @@ class BertEmbeddings(nn.Module):
       raise ValueError(f"BertEmbeddings: sequence length {seq_len} exceeds "
                        f"max_position_embeddings={self.config.max_position_embeddings}.")
     # Packed rows restart positions at each instance ([B, T]); unpacked rows count 0..T-1.
-    positions = (self.position_embeddings(jnp.arange(seq_len))[None]    # [1, T, H]
-                 if position_ids is None else self.position_embeddings(position_ids))  # [B, T, H]
-    x = (self.word_embeddings(input_ids)                                 # [B, T, H]
+    positions = (self.position_embeddings(jnp.arange(seq_len))[None]    # [1, T, E]
+                 if position_ids is None else self.position_embeddings(position_ids))  # [B, T, E]
+    x = (self.word_embeddings(input_ids)                                 # [B, T, E]
          + positions
-         + self.token_type_embeddings(segment_ids))                      # [B, T, H]
+         + self.token_type_embeddings(segment_ids))                      # [B, T, E]
     x = self.layer_norm(x).astype(self.config.dtype)
     x = self.dropout(x, deterministic=deterministic)
+    if self.config.factorised:
+      x = self.projection(x)                                             # [B, T, H]
     return _constrain(x, *BTH)
 
 
@@ -259,41 +346,96 @@ class SelfAttention(nn.Module):
     return _constrain(out, *BTH)
 
 
+def _attention_block(c, x, attention_ids, deterministic, block_diagonal):
+  """x = LN(x + Attn(x)). Called inside a module's compact method: creates its `attention` and
+  `attention_layer_norm` there (BertLayer's names, or a shared block's)."""
+  y = SelfAttention(c, name="attention")(x, attention_ids, deterministic, block_diagonal)
+  y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
+  x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
+  return _constrain(x, *BTH)
+
+
+def _ffn_block(c, x, deterministic):
+  """x = LN(x + FFN(x)); creates `intermediate`, `output`, `output_layer_norm` in the caller."""
+  y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+  y = _constrain(_activation(c.hidden_act)(y),
+                 "activation_batch", "activation_length", "activation_mlp")  # [B, T, I]
+  y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)          # [B, T, H]
+  y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
+  x = _layer_norm(c, "output_layer_norm")(x + y).astype(c.dtype)
+  return _constrain(x, *BTH)
+
+
 class BertLayer(nn.Module):
   """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
-    c = self.config
-    dropout = nn.Dropout(c.hidden_dropout_prob)
-    y = SelfAttention(c, name="attention")(x, attention_ids, deterministic, block_diagonal)
-    y = dropout(y, deterministic=deterministic)
-    x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
+    x = _attention_block(self.config, x, attention_ids, deterministic, block_diagonal)
+    return _ffn_block(self.config, x, deterministic)
 
-    y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-    y = _constrain(_activation(c.hidden_act)(y),
-                   "activation_batch", "activation_length", "activation_mlp")  # [B, T, I]
-    y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)          # [B, T, H]
-    y = dropout(y, deterministic=deterministic)
-    x = _layer_norm(c, "output_layer_norm")(x + y).astype(c.dtype)
-    return _constrain(x, *BTH)
+
+class AttentionBlock(nn.Module):
+  """The attention half of a layer, as its own module (ALBERT's share_layers="attention")."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
+    return _attention_block(self.config, x, attention_ids, deterministic, block_diagonal)
+
+
+class FFNBlock(nn.Module):
+  """The feed-forward half of a layer, as its own module (share_layers="ffn")."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic):
+    return _ffn_block(self.config, x, deterministic)
 
 
 class BertEncoder(nn.Module):
+  """L layers. share_layers (ALBERT, Lan et al. 2019 section 3.1 and Table 4):
+    none       layer_{i}: L independent layers (BERT)
+    all        layer_shared: one layer applied L times (ALBERT's default)
+    attention  shared_attention (attention + its LayerNorm) + layer_{i} (FFN + its LayerNorm)
+    ffn        layer_{i} (attention + its LayerNorm) + shared_ffn (FFN + its LayerNorm)
+  A flax module called several times reuses its parameters, which is all sharing takes.
+  """
   config: BertConfig
 
   @nn.compact
   def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
     c = self.config
     # static_argnums counts `self` as 0: (x=1, attention_ids=2, deterministic=3,
-    # block_diagonal=4). Static flags keep the Python `if`s legal inside jax.checkpoint.
-    layer_cls = nn.remat(BertLayer, static_argnums=(3, 4)) if c.remat else BertLayer
+    # block_diagonal=4), and for FFNBlock (x=1, deterministic=2). Static flags keep the Python
+    # `if`s legal inside jax.checkpoint.
+    remat = (lambda cls, argnums: nn.remat(cls, static_argnums=argnums)) if c.remat else (
+        lambda cls, argnums: cls)
+    layer_cls, attn_cls = remat(BertLayer, (3, 4)), remat(AttentionBlock, (3, 4))
+    ffn_cls = remat(FFNBlock, (2,))
+    if c.share_layers == "all":
+      shared = layer_cls(c, name="layer_shared")
+      layers = [shared] * c.num_layers
+    elif c.share_layers == "attention":
+      attn = attn_cls(c, name="shared_attention")
+      ffns = [ffn_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
+      layers = [functools.partial(_two_blocks, attn, ffn) for ffn in ffns]
+    elif c.share_layers == "ffn":
+      ffn = ffn_cls(c, name="shared_ffn")
+      attns = [attn_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
+      layers = [functools.partial(_two_blocks, attn, ffn) for attn in attns]
+    else:
+      layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
     hidden_states = [x]
-    for i in range(c.num_layers):
-      x = layer_cls(c, name=f"layer_{i}")(x, attention_ids, deterministic, block_diagonal)
+    for layer in layers:
+      x = layer(x, attention_ids, deterministic, block_diagonal)
       hidden_states.append(x)
     return x, tuple(hidden_states)
+
+
+def _two_blocks(attn, ffn, x, attention_ids, deterministic, block_diagonal):
+  return ffn(attn(x, attention_ids, deterministic, block_diagonal), deterministic)
 
 
 class BertModel(nn.Module):
@@ -337,35 +479,78 @@ def gather_positions(x, positions):
 
 
 class MaskedLMHead(nn.Module):
-  """dense(H) + act + LayerNorm, then logits against the (tied) word embeddings + bias [V]."""
+  """dense + act + LayerNorm, then logits against the (tied) word embeddings + bias [V].
+
+  The transform maps H -> E (= H for BERT; ALBERT's E=128, as HF's AlbertMLMHead), so the
+  decoder is the [V, E] word table either way.
+  """
   config: BertConfig
 
   @nn.compact
   def __call__(self, x, word_embeddings):
     c = self.config
-    x = _dense(c, c.hidden_size, ("embed", "embed2"), "transform")(x)    # [B, P, H]
+    x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)      # [B, P, E]
     x = _activation(c.hidden_act)(x)
     x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
-    # The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
-    # float32 accumulation and float32 logits for the loss.
-    logits = jnp.einsum("BPH,VH->BPV", x, word_embeddings.astype(c.dtype),
-                        preferred_element_type=jnp.float32)
-    bias = self.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
-    logits = logits + bias.astype(jnp.float32)
-    return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+    return _tied_logits(c, self, x, word_embeddings)
+
+
+def _tied_logits(c, module, x, word_embeddings):
+  """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V].
+
+  The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
+  float32 accumulation and float32 logits for the loss.
+  """
+  logits = jnp.einsum("BPH,VH->BPV", x, word_embeddings.astype(c.dtype),
+                      preferred_element_type=jnp.float32)
+  bias = module.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
+  logits = logits + bias.astype(jnp.float32)
+  return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+
+
+class SpanBoundaryHead(nn.Module):
+  """SpanBERT's span-boundary objective (Joshi et al. 2019, eq. 1-2): each masked token of a span
+  is predicted from the span's two boundary tokens x_{s-1}, x_{e+1} and its offset in the span:
+    h = LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s}])),  y = LN(GeLU(W2 h)),
+  then logits against the tied word embeddings (its own bias). Offsets past sbo_max_targets - 1
+  share the last position embedding.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, positions, left, right, word_embeddings):
+    c = self.config
+    table = self.param("position_embeddings", _init(c, ("pos", "embed")),
+                       (c.sbo_max_targets, c.hidden_size), c.param_dtype)
+    offset = jnp.clip(positions - left - 1, 0, c.sbo_max_targets - 1)   # [B, P]
+    x = jnp.concatenate([gather_positions(sequence_output, left),        # [B, P, H]
+                         gather_positions(sequence_output, right),       # [B, P, H]
+                         table[offset].astype(sequence_output.dtype)], -1)  # [B, P, 3H]
+    act = _activation("gelu")
+    x = _dense(c, c.hidden_size, ("mlp", "embed"), "dense_1")(x)        # [B, P, H]
+    x = _layer_norm(c, "layer_norm_1")(act(x)).astype(c.dtype)
+    x = _dense(c, c.embed_dim, ("embed", "embed2"), "dense_2")(x)       # [B, P, E]
+    x = _layer_norm(c, "layer_norm_2")(act(x)).astype(c.dtype)
+    return _tied_logits(c, self, x, word_embeddings)
 
 
 class BertForPreTraining(nn.Module):
-  """BertModel + MLM head (only at masked_lm_positions) + NSP head (on the pooled output).
+  """BertModel + the heads of config.objectives (bert_jax/objectives.py composes their losses):
+    mlm  MaskedLMHead on the masked positions                          mlm_head
+    nsp  / sop  dense(2) on the pooled [CLS] (same shape, other data)   nsp_head / sop_head
+    sbo  SpanBoundaryHead on the masked positions                      sbo_head
 
-  Packed rows (instance_ids, position_ids, nsp_positions [B, K] given) get one NSP prediction
-  per instance, read at its own [CLS]: nsp_logits [B, K, 2] instead of [B, 2].
+  Returns (mlm_logits, sentence_logits) as before -- sentence_logits is None without a sentence
+  task -- or, with return_dict=True, {objective: logits} (what `pretraining_forward` gives the
+  loss). Packed rows (instance_ids, position_ids, nsp_positions [B, K] given) get one sentence
+  prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-               instance_ids=None, position_ids=None, nsp_positions=None, deterministic=True):
+               instance_ids=None, position_ids=None, nsp_positions=None, span_left=None,
+               span_right=None, deterministic=True, return_dict=False):
     c = self.config
     bert = BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
@@ -374,47 +559,50 @@ class BertForPreTraining(nn.Module):
     # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
     # H x V projection runs on ~15% of the positions instead of all T.
     masked = gather_positions(out["sequence_output"], masked_lm_positions)
-    table = bert.embeddings.word_embeddings.embedding                     # [V, H], tied
-    mlm_logits = MaskedLMHead(c, name="mlm_head")(masked, table)         # [B, P, V] float32
-    nsp_logits = _dense(c, 2, ("embed", "classes"), "nsp_head", dtype=jnp.float32)(
-        out["pooled_output"])                                    # [B, 2] or [B, K, 2] float32
-    return mlm_logits, nsp_logits
+    table = bert.embeddings.word_embeddings.embedding                     # [V, E], tied
+    logits = {"mlm": MaskedLMHead(c, name="mlm_head")(masked, table)}   # [B, P, V] float32
+    sentence = c.sentence_objective
+    if sentence:
+      logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
+                                dtype=jnp.float32)(out["pooled_output"])  # [B, (K,) 2] float32
+    if "sbo" in c.objective_list:
+      if span_left is None:   # model.init without span inputs: any in-range boundary will do
+        span_left = span_right = jnp.zeros_like(masked_lm_positions)
+      logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
+          out["sequence_output"], masked_lm_positions, span_left, span_right, table)
+    if return_dict:
+      return logits
+    return logits["mlm"], logits.get(sentence)
 
 
 def pretraining_loss(outputs, batch):
-  """google-research/bert's loss, weighted MLM cross-entropy + NSP cross-entropy, packed or not.
+  """google-research/bert's loss (MLM + NSP) on BertForPreTraining's (mlm, nsp) tuple; the
+  composed, objective-aware loss is bert_jax/objectives.py."""
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  if isinstance(outputs, (tuple, list)):
+    outputs = {"mlm": outputs[0], "nsp": outputs[1]}
+  return objectives.pretraining_loss(outputs, batch)
 
-  outputs: (mlm_logits [B, P, V], nsp_logits [B, 2] or packed [B, K, 2]) float32. The NSP loss and
-  accuracy are means over instances: over rows unpacked, over the nsp_weights [B, K] of packed
-  rows (a row of 5 instances counts 5 times), so packing changes neither.
-  Returns (loss, metrics dict).
-  """
-  mlm_logits, nsp_logits = outputs
-  weights = batch["masked_lm_weights"]                                   # [B, P]
-  mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
-  # 1e-5 as in the original: a batch with no predictions gives 0, not NaN.
-  mlm_loss = jnp.sum(mlm_ce * weights) / (jnp.sum(weights) + 1e-5)
-  labels = batch["next_sentence_labels"]                                 # [B] or [B, K]
-  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)
-  nsp_correct = (jnp.argmax(nsp_logits, -1) == labels).astype(jnp.float32)
-  if "nsp_weights" in batch:
-    nsp_w = batch["nsp_weights"]                                         # [B, K]
-    nsp_loss = jnp.sum(nsp_ce * nsp_w) / jnp.maximum(jnp.sum(nsp_w), 1.0)
-    nsp_accuracy = jnp.sum(nsp_correct * nsp_w) / jnp.maximum(jnp.sum(nsp_w), 1.0)
-  else:
-    nsp_loss, nsp_accuracy = jnp.mean(nsp_ce), jnp.mean(nsp_correct)
-  mlm_correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
-  metrics = dict(
-      loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-      mlm_accuracy=jnp.sum(mlm_correct) / (jnp.sum(weights) + 1e-5), nsp_accuracy=nsp_accuracy)
-  return mlm_loss + nsp_loss, metrics
+
+# Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
+_FORWARD_KEYS = {"instance_ids": "instance_ids", "position_ids": "position_ids",
+                 "nsp_positions": "nsp_positions", "masked_lm_span_left": "span_left",
+                 "masked_lm_span_right": "span_right"}
+
+
+def pretraining_outputs(module, batch, deterministic):
+  """BertForPreTraining on a batch dict, packed or unpacked -> {objective: logits} (use as
+  `apply(..., method=)`; what the trainer's loss reads)."""
+  extra = {arg: batch[k] for k, arg in _FORWARD_KEYS.items() if k in batch}
+  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
+                **extra)
 
 
 def pretraining_forward(module, batch, deterministic):
-  """BertForPreTraining on a batch dict, packed or unpacked (use as `apply(..., method=)`)."""
-  packed = {k: batch[k] for k in ("instance_ids", "position_ids", "nsp_positions") if k in batch}
-  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                batch["masked_lm_positions"], deterministic=deterministic, **packed)
+  """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining."""
+  out = pretraining_outputs(module, batch, deterministic)
+  return out["mlm"], out.get(module.config.sentence_objective)
 
 
 def count_params(params) -> int:

@@ -29,6 +29,7 @@ from bert_jax import guard
 from bert_jax import input_source
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
+from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import preflight
 from bert_jax import sharding as sharding_lib
@@ -41,20 +42,15 @@ ConfigError = trainer_lib.ConfigError  # one class for config problems in both l
 # Model call and loss (pure).
 # ----------------------------------------------------------------------------------------------
 def forward(module, batch, deterministic):
-  """BertForPreTraining on a batch dict -> (mlm_logits [B, P, V], nsp_logits [B, 2]) float32.
-
-  Packed batches (instance_ids, position_ids, nsp_positions present; data_pipelines/packing.py)
-  give nsp_logits [B, K, 2], one per instance.
-  """
-  return model_lib.pretraining_forward(module, batch, deterministic)
+  """BertForPreTraining on a batch dict -> {objective: logits} float32 (model.objective_list):
+  mlm [B, P, V]; nsp or sop [B, 2] (packed: [B, K, 2], one per instance); sbo [B, P, V]."""
+  return model_lib.pretraining_outputs(module, batch, deterministic)
 
 
 def pretraining_loss(outputs, batch):
-  """google-research/bert's loss: weighted MLM cross-entropy + NSP cross-entropy.
-
-  NSP loss and accuracy are means over instances (model.pretraining_loss), packed or not.
-  """
-  loss, metrics = model_lib.pretraining_loss(outputs, batch)
+  """The sum of the objectives' losses (bert_jax/objectives.py): BERT's MLM + NSP as
+  google-research/bert, ALBERT's MLM + SOP, SpanBERT's MLM + SBO."""
+  loss, metrics = objectives.pretraining_loss(outputs, batch)
   # Real tokens per slot of the batch (1 - padding); x tokens/s = real tokens/s in the log.
   metrics["real_token_fraction"] = jnp.mean(batch["input_mask"].astype(jnp.float32))
   return loss, metrics
@@ -314,8 +310,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     history["eval"].append((step, result))
     if is_main:
       print(f"eval @ step {step}: mlm_accuracy {result['eval/mlm_accuracy']:.4f} mlm_loss "
-            f"{result['eval/mlm_loss']:.4f} nsp_accuracy {result['eval/nsp_accuracy']:.4f}",
-            flush=True)
+            f"{result['eval/mlm_loss']:.4f}" + "".join(
+                f" {p}_accuracy {result[f'eval/{p}_accuracy']:.4f}" for p in objectives.PARTS
+                if p != "mlm" and f"eval/{p}_accuracy" in result), flush=True)
     return result
 
   def save(step, force=False):
@@ -468,8 +465,9 @@ def log_line(step, total_steps, avg):
              f"({avg['real_tokens_per_sec']:.0f} real) "
              f"{avg['tflops']:.3f} TFLOP/s" + (f" MFU {avg['mfu']:.1%}" if "mfu" in avg else "")
              + f" | ETA {_fmt_time((total_steps - step) / avg['steps_per_sec'])}")
-  return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} (mlm {avg['mlm_loss']:.3f} acc "
-          f"{avg['mlm_accuracy']:.3f}, nsp {avg['nsp_loss']:.3f} acc {avg['nsp_accuracy']:.3f}) "
+  parts = ", ".join(f"{p} {avg[p + '_loss']:.3f} acc {avg[p + '_accuracy']:.3f}"
+                    for p in objectives.PARTS if p + "_loss" in avg)   # the model's objectives
+  return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} ({parts}) "
           f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}"
           + (f" | skipped {avg['skipped_steps']}" if avg.get("skipped_steps") else "") + speed)
 

@@ -1,0 +1,71 @@
+"""Pre-training objectives as parts: each maps (its logits, the batch) to (loss, metrics), and
+`pretraining_loss` sums the parts a model produced, in one place.
+
+  part  logits (BertForPreTraining, return_dict=True)   targets (batch keys)
+  mlm   [B, P, V] at masked_lm_positions                 masked_lm_ids, masked_lm_weights
+  nsp   [B, 2] or packed [B, K, 2] on the pooled [CLS]   next_sentence_labels (1 = random next)
+  sop   the same head shape, ALBERT's sentence order     next_sentence_labels (1 = swapped)
+  sbo   [B, P, V] from the span's boundary tokens        masked_lm_ids, masked_lm_weights
+
+The records keep one label field, `next_sentence_labels`, whatever the sentence task; what the
+label means is the records' `sentence_objective` in dataset_info.json, checked against the model's
+objectives before compute (data_pipelines/dataset_info.py).
+
+A model's outputs are a dict {part: logits}; the loss is sum_part weight[part] * loss[part], with
+weight 1 for every part unless given (BERT: MLM + NSP; ALBERT: MLM + SOP; SpanBERT: MLM + SBO, as
+the papers). A two-network objective (ELECTRA's generator MLM + 50 x replaced-token detection)
+adds its part here and its weight in `weights`; nothing else changes.
+"""
+
+import jax.numpy as jnp
+import optax
+
+
+def _weighted_ce(logits, labels, weights):
+  """Mean cross-entropy and accuracy over the predictions with weight > 0."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  # 1e-5 as in google-research/bert: a batch with no predictions gives 0, not NaN.
+  denom = jnp.sum(weights) + 1e-5
+  correct = (jnp.argmax(logits, -1) == labels) * weights
+  return jnp.sum(ce * weights) / denom, jnp.sum(correct) / denom
+
+
+def masked_lm(name, logits, batch):
+  """MLM (and SBO, which predicts the same tokens from the span's boundaries)."""
+  loss, accuracy = _weighted_ce(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+  return loss, {f"{name}_loss": loss, f"{name}_accuracy": accuracy}
+
+
+def sentence(name, logits, batch):
+  """NSP / SOP: means over instances, over rows unpacked and over the nsp_weights [B, K] of packed
+  rows (a row of 5 instances counts 5 times), so packing changes neither."""
+  labels = batch["next_sentence_labels"]                                 # [B] or [B, K]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  if "nsp_weights" in batch:
+    w = batch["nsp_weights"]                                             # [B, K]
+    loss = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+    accuracy = jnp.sum(correct * w) / jnp.maximum(jnp.sum(w), 1.0)
+  else:
+    loss, accuracy = jnp.mean(ce), jnp.mean(correct)
+  return loss, {f"{name}_loss": loss, f"{name}_accuracy": accuracy}
+
+
+PARTS = {"mlm": masked_lm, "nsp": sentence, "sop": sentence, "sbo": masked_lm}
+
+
+def pretraining_loss(outputs, batch, weights=None):
+  """(sum of weighted part losses, metrics) for outputs {part: logits}; metrics hold `loss` and
+  each part's `<part>_loss` and `<part>_accuracy`."""
+  weights = weights or {}
+  unknown = sorted(set(outputs) - set(PARTS))
+  if unknown:
+    raise ValueError(f"objectives.pretraining_loss: no part for outputs {unknown}; "
+                     f"parts are {sorted(PARTS)}.")
+  total, metrics = 0.0, {}
+  for name, logits in outputs.items():
+    loss, part_metrics = PARTS[name](name, logits, batch)
+    total = total + weights.get(name, 1.0) * loss
+    metrics.update(part_metrics)
+  metrics["loss"] = total
+  return total, metrics
