@@ -206,8 +206,8 @@ def define_flags():
   """Flags are defined only when run as a program, so modules import side-effect free."""
   flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
   flags.DEFINE_string("output_file", None, "Where to write the .npz.")
-  flags.DEFINE_string("init_checkpoint", None, "Export, pre-training/fine-tuning workdir or step "
-                      "directory (local or gs://).")
+  flags.DEFINE_string("init_checkpoint", None, "Export, pre-training/fine-tuning workdir, step "
+                      "directory (local or gs://) or Hugging Face folder.")
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: the checkpoint's own).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
@@ -235,6 +235,7 @@ def main(argv):
   m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
                                    spm_model_file=FLAGS.spm_model_file,
                                    do_lower_case=FLAGS.do_lower_case)
+  print(f"loaded {m.description}", flush=True)
   cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
   layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,

@@ -9,7 +9,13 @@
     (bert_config.json + params/, usually with vocab.txt beside them);
   - a pre-training or fine-tuning workdir: its latest committed step (checkpoints/<step>/), or for
     a finished fine-tuning run (resume state removed) its `best_epoch{N}/` export;
-  - one step directory (checkpoints/<step>/ with state/ and meta/).
+  - one step directory (checkpoints/<step>/ with state/ and meta/);
+  - a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin, as
+    `save_pretrained` writes it): converted once with bert_jax.convert into a cache
+    ($BERT_JAX_CACHE, default ~/.cache/bert_jax/hf/<hash of the folder's files>) and loaded from
+    there; the run prints where.
+Every load says what it loaded: `InferenceModel.description` names the directory and the step (or
+the export's provenance), and the CLIs print it.
 
 The tokenizer is found, in this order: the --vocab_file / --spm_model_file the caller passes; a
 vocab.txt or *.model bundled in the export, the step directory or the workdir; the file the
@@ -26,6 +32,7 @@ pieces that lower-casing would change), checked against the checkpoint's recorde
 import dataclasses
 import hashlib
 import json
+import os
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import errors
@@ -49,6 +56,7 @@ class InferenceModel:
   casing_source: str             # where the casing came from, for messages
   meta: dict                     # the checkpoint's metadata (export info or training meta)
   path: str                      # the directory actually loaded (export or step directory)
+  description: str = ""          # "step 1500 of runs/base (runs/base/checkpoints/1500)", ...
 
 
 def _gfile():
@@ -62,6 +70,65 @@ def _join(*parts):
 
 def _parent(path):
   return str(path).rstrip("/").rsplit("/", 1)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face folders: converted once (bert_jax.convert), then loaded like any export.
+# ----------------------------------------------------------------------------------------------
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def is_hf_folder(path):
+  """A local `save_pretrained` folder: config.json beside the weights (and no bert_jax files)."""
+  path = str(path)
+  if "://" in path or not os.path.isdir(path):
+    return False
+  files = set(os.listdir(path))
+  return ("config.json" in files and bool(files & set(HF_WEIGHTS))
+          and ckpt_lib.CONFIG_NAME not in files)
+
+
+def hf_cache_dir(path, *settings):
+  """Where the Orbax copy of HF folder `path` lives: keyed by the folder's absolute path, its
+  files' names, sizes and modification times (a changed folder converts again) and `settings`."""
+  h = hashlib.sha256(repr((os.path.abspath(path),) + settings).encode())
+  for name in sorted(os.listdir(path)):
+    st = os.stat(os.path.join(path, name))
+    h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+  root = os.environ.get("BERT_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                          "bert_jax")
+  return os.path.join(root, "hf", f"{os.path.basename(os.path.abspath(path))}-"
+                                  f"{h.hexdigest()[:16]}")
+
+
+def from_hf_folder(path, *, vocab_file=None, do_lower_case=None):
+  """The Orbax export of HF folder `path`, converting it into the cache on first use."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top  (convert imports us)
+  target = hf_cache_dir(path, vocab_file, do_lower_case)
+  if os.path.exists(os.path.join(target, ckpt_lib.CONFIG_NAME)):
+    print(f"{path}: a Hugging Face folder; using its converted copy {target}", flush=True)
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  convert.convert_to_orbax(path, target, "hf", vocab_file=vocab_file,
+                           do_lower_case=do_lower_case)
+  print(f"{path}: a Hugging Face folder; converted to Orbax in {target} (reused next time; "
+        "`python -m bert_jax.convert` does the same by hand)", flush=True)
+  return target
+
+
+def describe(kind, directory, meta):
+  """What was loaded, for the line every loader prints."""
+  directory = str(directory).rstrip("/")
+  if kind == "train":
+    step, workdir = directory.rsplit("/", 1)[-1], _parent(_parent(directory))
+    return f"step {step} of {workdir} ({directory})"
+  if meta.get("epoch") is not None:
+    return (f"{directory} (fine-tuning export: {meta.get('task', '?')} epoch "
+            f"{meta['epoch']})")
+  source = meta.get("converted_from") or {}
+  if source:
+    return f"{directory} (converted from {source.get('format')} {source.get('path')})"
+  return f"{directory} (params export)"
 
 
 def resolve(path):
@@ -171,6 +238,8 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   if not path:
     raise InferenceLoadError("--init_checkpoint is empty: pass an export, a workdir or a step "
                              "directory.")
+  if is_hf_folder(path):
+    path = from_hf_folder(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
   kind, directory = resolve(path)
   if with_params:
     params, config, meta = ckpt_lib.load_params(directory)
@@ -187,7 +256,7 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
         f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
         f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
   return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
-                        meta, directory)
+                        meta, directory, describe(kind, directory, meta))
 
 
 def _read_config(kind, directory):

@@ -6,7 +6,8 @@ r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
 
 --init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or
-one of its step directories, local or gs:// (`bert_jax.inference.load_for_inference`): the
+one of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
+`bert_jax.inference.load_for_inference`); the first line says what was loaded; the
 vocab.txt or SentencePiece model bundled with it (or --vocab_file / --spm_model_file) and its
 recorded casing are used. Prints, for each [MASK], the top-k tokens with their probabilities,
 and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
@@ -109,7 +110,8 @@ FLAGS = flags.FLAGS
 def define_flags():
   """Flags are defined only when run as a program, so modules import side-effect free."""
   flags.DEFINE_string("init_checkpoint", None,
-                      "Converted export, pre-training workdir or step directory (local or gs://).")
+                      "Converted export, pre-training workdir, step directory (local or gs://) "
+                      "or Hugging Face folder (converted once into a cache).")
   flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the checkpoint's own).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
@@ -128,6 +130,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
                    FLAGS.spm_model_file)
+  print(f"loaded {predictor.description}")
   print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
 
 

@@ -81,7 +81,9 @@ def test_workdir_latest_step_and_step_directory(setup, tmp_path):
   m = inference.load_for_inference(workdir)
   assert m.path.endswith("checkpoints/5") and m.vocab_file == vocab_file
   np.testing.assert_array_equal(_word_embeddings(m.params), _word_embeddings(params) + 5)
+  assert m.description == f"step 5 of {workdir} ({workdir}/checkpoints/5)"
   m2 = inference.load_for_inference(os.path.join(workdir, "checkpoints", "2"))
+  assert m2.description.startswith("step 2 of ")
   np.testing.assert_array_equal(_word_embeddings(m2.params), _word_embeddings(params) + 2)
   light = inference.load_for_inference(workdir, with_params=False)
   assert light.params is None and light.config.to_dict() == cfg.to_dict()

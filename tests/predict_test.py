@@ -84,5 +84,21 @@ def test_cli(converted):
       capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
   lines = r.stdout.strip().splitlines()
-  assert lines[0] == "[MASK] #1:" and len(lines) == 5 and lines[-1].startswith(
+  assert lines[0] == f"loaded {orbax_dir} (converted from hf {converted[0]})", lines[0]
+  assert lines[1] == "[MASK] #1:" and len(lines) == 6 and lines[-1].startswith(
       "next sentence: P(IsNext) = 0.")
+
+
+def test_a_hugging_face_folder_is_converted_once_and_predicts_the_same(converted, tmp_path,
+                                                                       monkeypatch, capsys):
+  hf_dir, orbax_dir = converted
+  monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
+  text = "The man went to the [MASK] ."
+  want = predict.predict(predict.load(orbax_dir), text)
+  capsys.readouterr()
+  got = predict.load(hf_dir)
+  assert "a Hugging Face folder; converted to Orbax in " in capsys.readouterr().out
+  assert got.path.startswith(str(tmp_path / "cache" / "hf"))
+  assert predict.predict(got, text) == want
+  again = predict.load(hf_dir)  # the cached copy, no second conversion
+  assert "using its converted copy" in capsys.readouterr().out and again.path == got.path
