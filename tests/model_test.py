@@ -341,3 +341,126 @@ def test_attention_mask_forms():
   np.testing.assert_array_equal(block[0], [1, 1, 0, 0, 0])
   np.testing.assert_array_equal(block[3], [0, 0, 1, 1, 0])
   assert not block[4].any()
+
+
+# ----------------------------------------------------------------------------------------------
+# The family: ALBERT (factorised embeddings, shared layers, SOP) and SpanBERT (SBO) presets.
+# ----------------------------------------------------------------------------------------------
+ALBERT_TINY = model_lib.get_bert_config("albert-tiny", vocab_size=99, max_position_embeddings=32)
+
+
+def _hf_albert(c, transformers):
+  return transformers.AlbertConfig(
+      vocab_size=c.vocab_size, embedding_size=c.embedding_size, hidden_size=c.hidden_size,
+      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+      intermediate_size=c.intermediate_size, max_position_embeddings=c.max_position_embeddings,
+      type_vocab_size=c.type_vocab_size)
+
+
+# AlbertModel parameters at the paper's 30k vocab, from transformers 5.23 (the test below
+# rebuilds them). The paper's Table 1 rounds: base 12M, large 18M, xlarge 60M, xxlarge 235M.
+ALBERT_COUNTS = {"albert-base": 11_683_584, "albert-large": 17_683_968,
+                 "albert-xlarge": 58_724_864, "albert-xxlarge": 222_595_584}
+
+
+@pytest.mark.parametrize("name", ["albert-tiny", "albert-base", "albert-large", "albert-xlarge",
+                                  "albert-xxlarge"])
+def test_albert_param_counts_match_transformers_and_the_paper(name):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  c = model_lib.get_bert_config(name, vocab_size=30000)
+  with torch.device("meta"):
+    hf = transformers.AlbertForPreTraining(_hf_albert(c, transformers))
+  assert _abstract_count(c) == sum(p.numel() for p in hf.parameters())   # tied decoder once
+  assert _abstract_count(c, model_lib.BertModel) == sum(p.numel() for p in hf.albert.parameters())
+  if name in ALBERT_COUNTS:
+    assert _abstract_count(c, model_lib.BertModel) == ALBERT_COUNTS[name]
+    # The paper's Table 1 (12M, 18M, 60M, 235M): base and large are these counts rounded;
+    # xlarge (58.7M) and xxlarge (222.6M) are 2.1% and 5.3% below the table with the released
+    # configs, as in transformers (docs/models.md).
+    paper = {"albert-base": 12, "albert-large": 18}.get(name)
+    if paper:
+      assert round(ALBERT_COUNTS[name] / 1e6) == paper
+
+
+def _param_paths(config):
+  return sorted("/".join(str(k.key) for k in path) for path, _ in
+                jax.tree_util.tree_leaves_with_path(nn.meta.unbox(_init(config))))
+
+
+@pytest.mark.parametrize("share,expected,count_layers", [
+    ("all", {"layer_shared"}, 1), ("attention", {"shared_attention", "layer_0", "layer_1"}, 2),
+    ("ffn", {"shared_ffn", "layer_0", "layer_1"}, 2), ("none", {"layer_0", "layer_1"}, 2)])
+def test_albert_layer_sharing(share, expected, count_layers):
+  c = dataclasses.replace(ALBERT_TINY, share_layers=share)
+  paths = _param_paths(c)
+  assert {p.split("/")[2] for p in paths if p.startswith("bert/encoder/")} == expected
+  # One shared layer = the params of one layer; 'none' = num_layers of them.
+  per_layer = 4 * (128 * 128 + 128) + 2 * 128 + 2 * 128 * 512 + 512 + 128 + 2 * 128
+  encoder = sum(np.size(x) for x in jax.tree.leaves(nn.meta.unbox(_init(c))["bert"]["encoder"]))
+  if share in ("all", "none"):
+    assert encoder == count_layers * per_layer
+  # The shared encoder runs num_layers times.
+  params = nn.meta.unbox(_init(c))
+  ids, mask, seg, _ = _batch(vocab=99)
+  out = model_lib.BertModel(c).apply({"params": params["bert"]}, ids, mask, seg,
+                                     output_hidden_states=True)
+  assert out["sequence_output"].shape == (2, 12, 128)
+  assert len(out["hidden_states"]) == c.num_layers + 1
+
+
+def test_albert_factorised_embeddings_and_mlm_head_shapes():
+  params = nn.meta.unbox(_init(ALBERT_TINY))
+  emb = params["bert"]["embeddings"]
+  assert emb["word_embeddings"]["embedding"].shape == (99, 128)
+  assert emb["projection"]["kernel"].shape == (128, 128)
+  c = dataclasses.replace(ALBERT_TINY, embedding_size=16)
+  params = nn.meta.unbox(_init(c))
+  emb = params["bert"]["embeddings"]
+  assert emb["word_embeddings"]["embedding"].shape == (99, 16)
+  assert emb["layer_norm"]["scale"].shape == (16,)
+  assert emb["projection"]["kernel"].shape == (16, 128)
+  assert params["mlm_head"]["transform"]["kernel"].shape == (128, 16)
+  assert "sop_head" in params and "nsp_head" not in params
+  ids, mask, seg, pos = _batch()
+  mlm, sop = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  assert mlm.shape == (2, 3, 99) and sop.shape == (2, 2)
+
+
+def test_spanbert_sbo_head_reads_the_span_boundaries():
+  c = model_lib.get_bert_config("spanbert-tiny", vocab_size=99, max_position_embeddings=32)
+  params = nn.meta.unbox(_init(c))
+  assert "sbo_head" in params and "nsp_head" not in params
+  ids, mask, seg, pos = _batch()
+  batch = dict(input_ids=ids, input_mask=mask, segment_ids=seg, masked_lm_positions=pos,
+               masked_lm_span_left=np.maximum(pos - 1, 0), masked_lm_span_right=pos + 1)
+  apply = lambda b: model_lib.BertForPreTraining(c).apply(  # noqa: E731
+      {"params": params}, b, True, method=model_lib.pretraining_outputs)
+  out = apply(batch)
+  assert set(out) == {"mlm", "sbo"} and out["sbo"].shape == (2, 3, 99)
+  moved = dict(batch, masked_lm_span_right=np.minimum(pos + 2, 6))
+  assert not np.allclose(apply(moved)["sbo"], out["sbo"])
+  np.testing.assert_array_equal(apply(moved)["mlm"], out["mlm"])   # MLM does not read them
+  mlm, sentence = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  assert sentence is None and mlm.shape == (2, 3, 99)
+
+
+def test_family_fields_keep_bert_configs_unchanged_and_validate():
+  # A BERT checkpoint's stored config (written before the family fields) still compares equal.
+  assert set(TINY.to_dict()) & set(model_lib.FAMILY_FIELDS) == set()
+  a = model_lib.get_bert_config("albert-base")
+  assert a.to_dict()["share_layers"] == "all" and model_lib.BertConfig.from_dict(a.to_dict()) == a
+  assert model_lib.get_bert_config("spanbert").objective_list == ("mlm", "sbo")
+  with pytest.raises(ValueError, match="objectives='mlm,nsp,sop'"):
+    model_lib.BertConfig(objectives="mlm,nsp,sop")
+  with pytest.raises(ValueError, match="objectives='nsp'"):
+    model_lib.BertConfig(objectives="nsp")
+  with pytest.raises(ValueError, match="set family='albert'"):
+    model_lib.BertConfig(share_layers="all")
+  with pytest.raises(ValueError, match="share_layers='some'"):
+    model_lib.BertConfig(family="albert", share_layers="some")
+  # The BERT parameter tree is unchanged by the family code (names the converters rely on).
+  paths = _param_paths(TINY)
+  assert "bert/encoder/layer_1/attention/query/kernel" in paths
+  assert "bert/encoder/layer_0/output_layer_norm/scale" in paths
+  assert "nsp_head/kernel" in paths and not any("projection" in p for p in paths)
