@@ -6,19 +6,23 @@ r"""Fine-tuning BERT end to end on GLUE, SQuAD, CoNLL-2003 NER or SWAG: one loop
 
 Sections: set-up and validation -> tokenizer and data -> mesh -> model, optimizer, shardings ->
 state (pre-trained `bert` + fresh head) -> train/eval steps -> loop (train an epoch, evaluate,
-keep the best) -> predictions of the best parameters. Outputs in --workdir:
+keep the best) -> predictions of the best parameters -> the summary. Outputs in --workdir:
   best_epoch{N}/          params export (bert + head) of the best dev epoch (load_params reads it)
   eval_results.json       dev metrics per epoch and the best
+  summary.json            what the run did (time, steps, final dev metrics, the best export, the
+                          next commands), as pre-training writes it (metrics_writer.write_summary)
   predictions/            submission files (GLUE <Task>.tsv, SQuAD predictions.json +
                           nbest_predictions.json (+ null_odds.json), CoNLL columns, SWAG csv)
   tensorboard/            training loss and dev metrics
 With --config.learning_rates=(5e-5,3e-5,2e-5) (the `sweep` preset) each rate runs in
-WORKDIR/lr_<rate> and sweep_results.json names the best.
+WORKDIR/lr_<rate> and sweep_results.json names the best. A workdir whose run finished is left
+as it is: running the command again says so and does nothing (an interrupted one resumes).
 """
 
 import dataclasses
 import functools
 import json
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -129,6 +133,8 @@ def load_init_checkpoint(config):
   if trainer_lib.stored_subtree(pre, "bert") is None:
     raise ConfigError(f"init_checkpoint={config.init_checkpoint}: no 'bert' parameters "
                       f"(top-level keys {sorted(pre.params_meta)}).")
+  if jax.process_index() == 0:
+    print(f"init_checkpoint: {found.description}", flush=True)
   return (found.tokenizer, pre._replace(path=config.init_checkpoint),
           model_lib.BertConfig(**{**found.config.to_dict(), **overrides}))
 
@@ -153,25 +159,86 @@ def load_splits(task, tokenizer, config):
   return train, evals, tests
 
 
+# The small-model rule for fine-tuning hyper-parameters left unset (learning_rate / num_train_epochs
+# None). The paper's values (Devlin et al. 2018, A.3: lr 2e-5..5e-5, 2-4 epochs) are for
+# BERT-base/large. For the smaller BERTs, Turc et al. 2019 ("Well-Read Students Learn Better",
+# the 24 BERT miniatures of google-research/bert's README) searched lr in {3e-4, 1e-4, 5e-5,
+# 3e-5}, 4 epochs: the smaller the model, the larger its best rate. Our rule interpolates between
+# the two: lr = paper_lr * (768 / H)^1.5, at most 3e-4 (2e-5 -> 3.8e-5 at H=512, 1.0e-4 at H=256,
+# 2.9e-4 at H=128; the exponent is ours, fitted to that grid's end points), and at least 4 epochs
+# below H=768. Small training sets also need more optimizer steps than a few epochs give
+# (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT", train small GLUE sets 20 epochs):
+# below H=768 we add epochs until the run makes at least 100 optimizer steps (our floor), at most
+# 20 epochs. Measured on the quick-start model (issue 22): lr 2e-5 for 18 steps predicted one
+# class; a larger rate and more epochs learned the task.
+PAPER_HIDDEN_SIZE = 768
+SMALL_MODEL_MAX_LR = 3e-4      # the top of Turc et al.'s grid
+SMALL_MODEL_MIN_EPOCHS = 4     # Turc et al.
+SMALL_MODEL_MIN_STEPS = 100    # ours
+MAX_AUTO_EPOCHS = 20           # Mosbach et al.
+
+
+def auto_learning_rate(paper_lr, hidden_size):
+  if hidden_size >= PAPER_HIDDEN_SIZE:
+    return float(paper_lr)
+  return float(min(paper_lr * (PAPER_HIDDEN_SIZE / hidden_size) ** 1.5, SMALL_MODEL_MAX_LR))
+
+
+def auto_num_train_epochs(paper_epochs, hidden_size, steps_per_epoch):
+  if hidden_size >= PAPER_HIDDEN_SIZE:
+    return float(paper_epochs)
+  epochs = max(paper_epochs, SMALL_MODEL_MIN_EPOCHS,
+               math.ceil(SMALL_MODEL_MIN_STEPS / max(steps_per_epoch, 1)))
+  return float(min(epochs, MAX_AUTO_EPOCHS))
+
+
+def resolve_hyperparameters(config, model_config, steps_per_epoch):
+  """A copy of config with learning_rate and num_train_epochs set (the rule above for those left
+  None), and the start-up line that says which and why."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  h, notes = model_config.hidden_size, []
+  if c.learning_rate is None:
+    c.learning_rate = auto_learning_rate(c.paper_learning_rate, h)
+    notes.append(f"learning rate {c.learning_rate:.2g}")
+  if c.num_train_epochs is None:
+    c.num_train_epochs = auto_num_train_epochs(c.paper_num_train_epochs, h, steps_per_epoch)
+    notes.append(f"{c.num_train_epochs:g} epochs")
+  line = None
+  if notes:
+    line = (f"{' and '.join(notes)} for hidden size {h} (the paper's "
+            f"{c.paper_learning_rate:g} and {c.paper_num_train_epochs:g} epochs at 768, scaled "
+            "for smaller models: bert_jax/finetune.py auto_learning_rate; set "
+            "--config.learning_rate / --config.num_train_epochs to choose)")
+  return c, line
+
+
 def schedule(config, train):
-  """(steps_per_epoch, num_train_steps, warmup_steps): epochs -> steps, 10% warmup (paper)."""
-  steps_per_epoch = 1
-  if train is not None:
-    n_train = len(train.features["input_ids"])
-    steps_per_epoch = n_train // config.batch_size
-    if steps_per_epoch == 0:
-      raise ConfigError(f"config.batch_size={config.batch_size} exceeds the {n_train} training "
-                        "sequences; lower the batch size.")
+  """(steps_per_epoch, num_train_steps, warmup_steps): epochs -> steps, 10% warmup (paper).
+
+  Every training sequence is used each epoch: the last batch of an epoch is the remainder,
+  padded with weight-0 rows (it counts as one optimizer step)."""
+  steps_per_epoch = steps_per_epoch_of(train, config.batch_size)
   num_train_steps = max(1, int(config.num_train_epochs * steps_per_epoch))
   return steps_per_epoch, num_train_steps, int(config.warmup_proportion * num_train_steps)
 
 
+def steps_per_epoch_of(train, batch_size):
+  return 1 if train is None else math.ceil(len(train.features["input_ids"]) / batch_size)
+
+
+def batches_line(task, train, batch_size):
+  """The start-up line about an epoch's batches, naming the partial last one."""
+  n = len(train.features["input_ids"])
+  full, rest = divmod(n, batch_size)
+  return (f"{task.name}/train: {n} sequences per epoch in {full} batches of {batch_size}"
+          + (f" + 1 of {rest} (padded with weight-0 rows)" if rest else ""))
+
+
 def _splits_batches(n, batch_size, rng=None):
-  """Index arrays of full batches (training: shuffled, remainder dropped) or padded eval ones."""
-  if rng is not None:
-    order = rng.permutation(n)
-    return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
-  return [np.arange(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+  """Index arrays of batches: training shuffled, eval in order; the last one may be partial
+  (_host_batch pads it with weight-0 rows)."""
+  order = rng.permutation(n) if rng is not None else np.arange(n)
+  return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
 def _host_batch(features, keys, idx, batch_size):
@@ -212,14 +279,27 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
     return _sweep(config, workdir)
 
   # --- Set-up and validation: every bad input fails here, before any compute. ---
+  clock = metrics_writer.Clock()
   trainer_lib.check_workdir(workdir)
+  done = _finished_summary(workdir)
+  if done is not None:  # a finished run is the product: never retrain over it
+    return nothing_to_do(workdir, done)
   tokenizer, pre, model_config = load_init_checkpoint(config)
   task = ft.build_task(config)
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", model_config)
   trainer_lib.check_same_on_all_hosts(config, tokenizer.vocab.path, tokenizer.vocab.size)
   train, evals, tests = load_splits(task, tokenizer, config)
   train = pack_train(train, task, config)
+  config, hp_line = resolve_hyperparameters(config, model_config,
+                                            steps_per_epoch_of(train, config.batch_size))
   steps_per_epoch, num_train_steps, warmup_steps = schedule(config, train)
+  if jax.process_index() == 0:
+    if train is not None:
+      print(batches_line(task, train, config.batch_size) + f"; {num_train_steps} steps "
+            f"({config.num_train_epochs:g} epochs) at learning rate {config.learning_rate:.2g}",
+            flush=True)
+    if hp_line and train is not None:
+      print(hp_line, flush=True)
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)
@@ -240,12 +320,14 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
   history, best = [], dict(score=-np.inf, epoch=None, step=None, dir=None, outputs=None)
 
   # --- Train (resuming a preempted run), evaluating at every epoch end; or evaluate only. ---
-  step = 0
+  step = start_step = 0
   if train is not None:
-    state, step, stopped = train_loop(run, state, train, steps_per_epoch, num_train_steps,
-                                      history, best)
+    state, step, stopped, start_step = train_loop(run, state, train, steps_per_epoch,
+                                                  num_train_steps, history, best)
     if stopped:
       run.writer.close()
+      write_summary(run, clock, "stopped_early", start_step, step, num_train_steps, history,
+                    best)
       return dict(task=task.name, stopped_early=True, steps=step, history=history)
   elif evals:
     evaluate(run, state["params"], 0, 0, history, best, export=False)
@@ -258,15 +340,58 @@ def finetune(config: ml_collections.ConfigDict, workdir: str):
                  best_checkpoint=best["dir"], history=history, steps=step, predictions=written,
                  stopped_early=False)
   write_results(run, dict(summary, finished=True))
-  if run.is_main:
-    print(f"done: best {summary['best_metric']} {summary['best_score']} at epoch "
-          f"{best['epoch']}; checkpoint {best['dir']}; predictions in "
-          f"{os.path.join(workdir, 'predictions')}", flush=True)
+  write_summary(run, clock, "finished", start_step, step, num_train_steps, history, best,
+                written)
   return summary
 
 
+def write_summary(run, clock, status, start_step, step, num_train_steps, history, best,
+                  predictions=()):
+  """The end-of-run summary (metrics_writer.write_summary), printed and in summary.json."""
+  last = history[-1] if history else {}
+  final_eval = {f"eval/{k}": v for k, v in last.items() if k not in ("epoch", "step")}
+  w = run.workdir
+  outputs = {"eval_results": os.path.join(w, RESULTS), "tensorboard": os.path.join(w,
+                                                                                "tensorboard")}
+  if predictions:
+    outputs["predictions"] = os.path.join(w, "predictions")
+  if status == "stopped_early":
+    nxt = [f"re-run the same command to resume from step {step}"]
+  else:
+    nxt = [f"python -m bert_jax.report {w}     # curves (PNG) and this summary as a table"]
+    if best["dir"] and best["dir"] != run.config.init_checkpoint:
+      nxt += [f"python -m bert_jax.extract_features --init_checkpoint={best['dir']} "
+              "--input_file=sentences.txt --output_file=features.npz",
+              f"evaluate it on other data: the same command with --config.init_checkpoint="
+              f"{best['dir']} --config.do_train=false --workdir=NEW_DIR"]
+  best_line = (f"best {ft.primary_metric(run.task)} {best['score']:.4f} at epoch {best['epoch']}: "
+               f"{best['dir']}" if best["epoch"] is not None else None)
+  return metrics_writer.write_summary(w, dict(
+      program="finetune", status=status, task=run.task.name,
+      wall_time_sec=clock.seconds(), start_step=start_step, final_step=step,
+      total_steps=num_train_steps, final_eval=final_eval,
+      final_eval_step=last.get("step"), model=best_line, best_checkpoint=best["dir"],
+      best_epoch=best["epoch"], learning_rate=float(run.config.learning_rate),
+      num_train_epochs=float(run.config.num_train_epochs), outputs=outputs, next=nxt),
+      is_main=run.is_main)
+
+
+def nothing_to_do(workdir, results):
+  """A workdir whose run finished (eval_results.json says so): report it, change nothing."""
+  if jax.process_index() == 0:
+    print(f"nothing to do: {workdir} holds a finished fine-tuning run (best "
+          f"{results.get('best_metric')} {results.get('best_score')} at epoch "
+          f"{results.get('best_epoch')}: {results.get('best_checkpoint')}); pass a new "
+          "--workdir to train again", flush=True)
+    previous = metrics_writer.read_summary(workdir)
+    if previous:
+      print("\n".join(metrics_writer.summary_lines(previous)), flush=True)
+  return dict(results, nothing_to_do=True)
+
+
 def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, best):
-  """Optimizer steps from the last saved one to num_train_steps -> (state, step, stopped).
+  """Optimizer steps from the last saved one to num_train_steps -> (state, step, stopped,
+  the step it started from).
 
   The position in the data is a function of the global step alone (epoch, i = divmod(step,
   steps_per_epoch), each epoch's order drawn from (seed, epoch)), so a resumed run replays the
@@ -276,6 +401,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   config = run.config
   manager = ckpt_lib.create_manager(run.workdir, max_to_keep=1, async_save=False)
   state, step = resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
+  start_step = step
 
   def save(step):
     ckpt_lib.save(manager, step, state, dict(
@@ -321,13 +447,13 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
           print(f"SIGTERM: saved step {step} (epoch {epoch + 1}); re-run the same command to "
                 "resume", flush=True)
         manager.close()
-        return state, step, True
+        return state, step, True, start_step
   manager.close()
   # Training finished: the best-epoch export is the product; the resume state goes, so a re-run
   # of the same command starts over instead of replaying the last epoch.
   if run.is_main:
     ckpt_lib.remove_dir(os.path.join(run.workdir, "checkpoints"))
-  return state, step, False
+  return state, step, False, start_step
 
 
 def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best):
@@ -381,6 +507,11 @@ def evaluate(run, params, epoch, step, history, best, *, export):
   results, outputs = {}, {}
   for split in run.evals:
     outputs[split.name] = predict(run, params, split)
+    warning = ft.single_class_warning(run.task, split, outputs[split.name])
+    if warning and run.is_main:
+      print(f"warning: epoch {epoch}: {warning}; it has not learned the task yet: try a larger "
+            f"--config.learning_rate (now {run.config.learning_rate:.2g}) or more "
+            f"--config.num_train_epochs (now {run.config.num_train_epochs:g})", flush=True)
     scores = ft.evaluate(run.task, split, outputs[split.name], run.tokenizer, run.config)
     results.update({f"{split.name}/{k}": v for k, v in scores.items()})
   run.writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})

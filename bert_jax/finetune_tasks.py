@@ -185,6 +185,20 @@ def primary_metric(task):
   return {"span": "f1", "tagging": "f1"}.get(task.family, task.metrics[0])
 
 
+def single_class_warning(task, split, outputs):
+  """For a classifier: a sentence when it predicts one class for every example of a labelled
+  split whose labels hold several (a model that learned nothing but the majority), else None."""
+  if task.family != "classification" or "label_ids" not in split.features:
+    return None
+  preds, labels = np.argmax(outputs["logits"], -1), split.features["label_ids"]
+  if len(preds) < 2 or len(np.unique(preds)) > 1 or len(np.unique(labels)) < 2:
+    return None
+  names = list(getattr(task, "labels", ()) or ())
+  label = names[int(preds[0])] if int(preds[0]) < len(names) else str(int(preds[0]))
+  return (f"the classifier predicts one class ({label!r}) for all {len(preds)} "
+          f"{split.name} examples")
+
+
 def evaluate(task, split, outputs, tokenizer, config, output_dir=None):
   """Official metrics of one labelled split; SQuAD also writes its prediction files."""
   f = split.features

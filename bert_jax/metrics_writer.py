@@ -127,7 +127,7 @@ def write_summary(workdir, summary, *, is_main=True):
   path = epath.Path(workdir) / SUMMARY_NAME
   tmp = epath.Path(f"{path}.tmp")
   tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
-  tmp.rename(path)
+  tmp.replace(path)  # a stopped run's summary is replaced when it finishes
   return summary
 
 

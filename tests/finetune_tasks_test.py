@@ -59,11 +59,12 @@ def test_build_task_and_primary_metric():
 
 def test_presets_follow_the_paper():
   c = finetune_config.get_config("glue_mnli")
-  assert (c.batch_size, c.num_train_epochs, c.warmup_proportion, c.max_seq_length) == (
+  assert (c.batch_size, c.paper_num_train_epochs, c.warmup_proportion, c.max_seq_length) == (
       32, 3.0, 0.1, 128)
-  assert 2e-5 <= c.learning_rate <= 5e-5
+  assert 2e-5 <= c.paper_learning_rate <= 5e-5
+  assert c.learning_rate is None and c.num_train_epochs is None  # picked for the model's size
   s = finetune_config.get_config("squad_v1,sweep")
-  assert (s.max_seq_length, s.num_train_epochs, s.doc_stride, s.max_query_length) == (
+  assert (s.max_seq_length, s.paper_num_train_epochs, s.doc_stride, s.max_query_length) == (
       384, 2.0, 128, 64)
   assert s.learning_rates == (5e-5, 4e-5, 3e-5, 2e-5)
   with pytest.raises(ValueError, match="unknown variant"):

@@ -220,10 +220,76 @@ def _sst2(directory, rng, n_train, n_dev):
   _write(directory / "dev.tsv", ["sentence\tlabel"] + rows(n_dev))
 
 
-def test_one_step_classification(tmp_path, pretrained):
+def test_one_step_classification(tmp_path, pretrained, capsys):
   _sst2(tmp_path, np.random.default_rng(0), 8, 8)
-  summary, _ = _one_step(tmp_path, pretrained, "glue_sst2")
+  summary, workdir = _one_step(tmp_path, pretrained, "glue_sst2")
   assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
+  printed = capsys.readouterr().out
+  # What was loaded, and the end-of-run summary (printed and as JSON).
+  assert f"init_checkpoint: {pretrained[0]} (params export)" in printed
+  run = json.load(open(os.path.join(workdir, "summary.json")))
+  assert run["program"] == "finetune" and run["status"] == "finished"
+  assert (run["start_step"], run["final_step"], run["total_steps"]) == (0, 1, 1)
+  assert run["final_eval"]["eval/dev/accuracy"] == summary["history"][0]["dev/accuracy"]
+  assert run["best_checkpoint"] == summary["best_checkpoint"] and run["wall_time_sec"] > 0
+  assert run["learning_rate"] == 1e-3 and run["num_train_epochs"] == 1.0
+  assert any("bert_jax.report" in cmd for cmd in run["next"])
+  assert "summary (finetune): finished: steps 0 -> 1 of 1" in printed
+  # The same command again: a message, nothing trained, nothing written.
+  events = sorted(os.listdir(os.path.join(workdir, "tensorboard")))
+  again = finetune.finetune(_config("glue_sst2", pretrained, tmp_path, num_train_epochs=1.0,
+                                    do_predict=False, log_every=1), workdir)
+  printed = capsys.readouterr().out
+  assert again["nothing_to_do"] and again["best_checkpoint"] == summary["best_checkpoint"]
+  assert f"nothing to do: {workdir} holds a finished fine-tuning run (best accuracy" in printed
+  assert "pass a new --workdir to train again" in printed and "step 1/1" not in printed
+  assert sorted(os.listdir(os.path.join(workdir, "tensorboard"))) == events
+  assert json.load(open(os.path.join(workdir, "summary.json"))) == run
+
+
+def test_unset_rate_and_epochs_scale_to_the_model_and_the_last_partial_batch_is_used(
+    tmp_path, pretrained, capsys):
+  _sst2(tmp_path, np.random.default_rng(3), 12, 8)   # 12 = one batch of 8 + one of 4
+  c = _config("glue_sst2", pretrained, tmp_path, do_predict=False, log_every=100)
+  c.learning_rate, c.num_train_epochs = None, None
+  c.max_train_examples = 12
+  summary = finetune.finetune(c, str(tmp_path / "run"))
+  printed = capsys.readouterr().out
+  # hidden 64 < 768: 2e-5 * 12^1.5 = 8.3e-4 -> capped at 3e-4; 100 steps / 2 per epoch -> 20.
+  assert ("sst2/train: 12 sequences per epoch in 1 batches of 8 + 1 of 4 (padded with weight-0 "
+          "rows); 40 steps (20 epochs) at learning rate 0.0003") in printed, printed[-3000:]
+  assert "learning rate 0.0003 and 20 epochs for hidden size 64" in printed
+  assert summary["steps"] == 40
+  run = json.load(open(tmp_path / "run" / "summary.json"))
+  assert (run["learning_rate"], run["num_train_epochs"]) == (3e-4, 20.0)
+
+
+def test_auto_hyperparameter_rule():
+  # BERT-base and larger: the paper's values untouched.
+  assert finetune.auto_learning_rate(2e-5, 768) == 2e-5
+  assert finetune.auto_learning_rate(5e-5, 1024) == 5e-5
+  assert finetune.auto_num_train_epochs(3.0, 768, steps_per_epoch=1) == 3.0
+  # Smaller: (768 / H)^1.5 times the paper's rate, at most 3e-4.
+  assert finetune.auto_learning_rate(2e-5, 256) == pytest.approx(2e-5 * 3 ** 1.5)
+  assert finetune.auto_learning_rate(2e-5, 128) == pytest.approx(2e-5 * 6 ** 1.5)
+  assert finetune.auto_learning_rate(5e-5, 128) == 3e-4
+  assert finetune.auto_num_train_epochs(3.0, 128, steps_per_epoch=1000) == 4.0
+  assert finetune.auto_num_train_epochs(3.0, 128, steps_per_epoch=6) == 17.0  # >= 100 steps
+  assert finetune.auto_num_train_epochs(3.0, 128, steps_per_epoch=1) == 20.0
+
+
+def test_a_classifier_that_predicts_one_class_warns(tmp_path, pretrained, capsys):
+  rng = np.random.default_rng(5)
+  rows = lambda n, label: [f"{' '.join(rng.choice(WORDS[:10], 4))} good\t{label}"  # noqa: E731
+                           for _ in range(n)]
+  _write(tmp_path / "train.tsv", ["sentence\tlabel"] + rows(16, 1))   # only positives
+  _write(tmp_path / "dev.tsv", ["sentence\tlabel"] + rows(4, 1) + rows(4, 0))
+  finetune.finetune(_config("glue_sst2", pretrained, tmp_path, num_train_epochs=2.0,
+                            do_predict=False), str(tmp_path / "run"))
+  printed = capsys.readouterr().out
+  assert ("warning: epoch 2: the classifier predicts one class ('1') for all 8 dev examples; "
+          "it has not learned the task yet: try a larger --config.learning_rate (now 0.001) or "
+          "more --config.num_train_epochs (now 2)") in printed, printed[-3000:]
 
 
 def test_one_step_regression(tmp_path, pretrained):

@@ -11,7 +11,11 @@ The argument after ':' is TASK[,sweep][,runlocal]:
   runlocal  a laptop-sized run: short sequences, 256 training examples, 1 epoch.
 
 Paper defaults: batch 32, Adam lr in 2e-5..5e-5, 3 epochs (SQuAD 2), warmup over the first 10%
-of steps then linear decay, dropout 0.1. E.g. MRPC: 3,668 pairs / 32 = 114 steps an epoch x 3 =
+of steps then linear decay, dropout 0.1. Those are for BERT-base/large: learning_rate and
+num_train_epochs are left unset (None) and the run picks them from paper_learning_rate /
+paper_num_train_epochs and the model's size (bert_jax/finetune.py auto_learning_rate and
+auto_num_train_epochs: the paper's values at hidden size >= 768, larger rates and more epochs for
+the small BERTs, after Turc et al. 2019); setting either uses it as given. E.g. MRPC: 3,668 pairs / 32 = 114 steps an epoch x 3 =
 342 steps, 34 of them warmup. SQuAD v1.1: 87,599 questions -> ~88.6k windows of 384 / 32 = 2,768
 steps an epoch x 2.
 """
@@ -89,9 +93,13 @@ def _optimizer_and_run_fields(c):
   # Optimisation.
   c.batch_size = 32
   c.eval_batch_size = 64
-  c.learning_rate = 2e-5
+  # None: the paper's value below scaled to the model size (printed at start-up; finetune.py
+  # auto_learning_rate / auto_num_train_epochs); a number is used as given.
+  c.learning_rate = config_dict.placeholder(float)
+  c.num_train_epochs = config_dict.placeholder(float)
+  c.paper_learning_rate = 2e-5      # the paper's rate for BERT-base/large (hidden size >= 768)
+  c.paper_num_train_epochs = 3.0    # the paper's epochs for BERT-base/large
   c.learning_rates = ()         # non-empty: sweep these rates (one sub-run each)
-  c.num_train_epochs = 3.0
   c.warmup_proportion = 0.1
   c.optimizer = "adamw"
   c.weight_decay = 0.01         # google-research/bert's AdamWeightDecay rate
@@ -116,15 +124,15 @@ def _apply_task_and_variants(c, name, variants):
     # SQuAD: 384-token windows, 2 epochs (the paper trains v1.1 3 epochs at 5e-5 and v2.0 2
     # epochs at 5e-5; google-research/bert's README uses 2 epochs at 3e-5 for v1.1).
     c.max_seq_length = 384
-    c.num_train_epochs = 2.0
-    c.learning_rate = 5e-5 if name == "squad_v2" else 3e-5
+    c.paper_num_train_epochs = 2.0
+    c.paper_learning_rate = 5e-5 if name == "squad_v2" else 3e-5
     c.eval_batch_size = 32
   elif name == "swag":
-    c.learning_rate = 2e-5      # paper: 3 epochs, lr 2e-5, batch 16
+    c.paper_learning_rate = 2e-5  # paper: 3 epochs, lr 2e-5, batch 16
     c.batch_size = 16
     c.eval_batch_size = 32      # x 4 choices = 128 sequences
   elif name == "conll03":
-    c.learning_rate = 5e-5
+    c.paper_learning_rate = 5e-5
   if "sweep" in variants:
     c.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
 
