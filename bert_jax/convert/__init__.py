@@ -21,6 +21,7 @@ import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
+from bert_jax.convert import albert
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert import sentencepiece_export
@@ -61,12 +62,17 @@ def detect_source(path):
 # ----------------------------------------------------------------------------------------------
 # Source variables -> Flax parameters.
 # ----------------------------------------------------------------------------------------------
+def specs_for(config):
+  """The name table of a model: BERT's (names.py) or ALBERT's (albert.py)."""
+  return albert.specs(config) if config.family == "albert" else names.specs(config)
+
+
 def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
   """(flat {path: float32 array} for every BertForPreTraining param, report dict).
 
   Every source variable is mapped, ignored for a stated reason, or a one-line error.
   """
-  table = names.specs(config)
+  table = specs_for(config)
   by_name = {(s.hf if kind == "hf" else s.tf): s for s in table}
   ignored, casts, flat = {}, {}, {}
   for name in sorted(source.shapes):
@@ -138,6 +144,8 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     prefix = formats.find_tf_checkpoint(path)
     base = os.path.dirname(prefix)
     config_file = bert_config_file or os.path.join(base, "bert_config.json")
+    if not bert_config_file and os.path.isfile(os.path.join(base, "albert_config.json")):
+      config_file = os.path.join(base, "albert_config.json")   # google-research/albert's name
     config_json = formats.read_json(config_file, "--bert_config_file")
     src = formats.read_tf(prefix)
     where, pre_ignored = prefix, {}
@@ -149,16 +157,22 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     where = os.path.join(path, where) if len(src.files) == 1 else f"{path} ({where})"
   else:
     raise ConversionError(f"--source={kind}: import reads 'tf' or 'hf' checkpoints.")
-  config, numerics = formats.bert_config_from_json(config_json, config_file, kind, gelu)
+  if config_json.get("model_type") == "albert" or "embedding_size" in config_json:
+    # transformers' AlbertModel / AlbertForPreTraining, or google-research/albert's
+    # albert_config.json: the ALBERT table.
+    config, numerics = albert.config_from_json(config_json, config_file, kind)
+    if kind == "hf":
+      src, more = albert.normalise_hf_names(src)
+      pre_ignored = {**pre_ignored, **more}
+  else:
+    config, numerics = formats.bert_config_from_json(config_json, config_file, kind, gelu)
 
-  vocab_file = vocab_file or os.path.join(base, VOCAB_NAME)
-  if not os.path.isfile(vocab_file):
-    raise ConversionError(f"--vocab_file={vocab_file}: not found; pass the vocab.txt of this "
-                          "checkpoint with --vocab_file.")
-  tokens = formats.read_vocab(vocab_file)
-  formats.check_vocab_size(tokens, config, vocab_file, config_file)
+  tok = _read_tokenizer(base, vocab_file, config, config_file)
   recorded = ((tokenizer_config or {}).get("do_lower_case"), "tokenizer_config.json do_lower_case")
-  inferred, how = formats.infer_casing(where if kind == "tf" else path, tokens, recorded)
+  if tok["tokens"] is not None:
+    inferred, how = formats.infer_casing(where if kind == "tf" else path, tok["tokens"], recorded)
+  else:   # a SentencePiece model: casing only from the tokenizer config or the flag
+    inferred, how = recorded
   lower = formats.resolve_casing(do_lower_case, inferred, how)
 
   flat, report = map_source(src, kind, config, where, config_file, ignore, seed)
@@ -168,9 +182,42 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
                          "files": [os.path.basename(f) for f in src.files]},
       "do_lower_case": lower, "casing_inferred_from": how if inferred is not None else
       ("--do_lower_case" if do_lower_case is not None else "default (uncased)"),
-      "vocab_file": VOCAB_NAME, "vocab_size": len(tokens), "numerics": numerics, **report,
+      tok["key"]: os.path.basename(tok["path"]) if tok["key"] != "vocab_file" else VOCAB_NAME,
+      "vocab_size": tok["size"], "numerics": numerics, **report,
   }
-  return names.unflatten(flat), config, {"_vocab_path": vocab_file, **meta}
+  return names.unflatten(flat), config, {"_vocab_path": tok["path"], **meta}
+
+
+def _read_tokenizer(base, vocab_file, config, config_file):
+  """The checkpoint's vocab: --vocab_file, else its vocab.txt, else (ALBERT ships one) its
+  SentencePiece *.model. Returns {key, path, size, tokens (WordPiece only)}."""
+  import glob  # pylint: disable=g-import-not-at-top
+  if vocab_file or os.path.isfile(os.path.join(base, VOCAB_NAME)):
+    vocab_file = vocab_file or os.path.join(base, VOCAB_NAME)
+    if not os.path.isfile(vocab_file):
+      raise ConversionError(f"--vocab_file={vocab_file}: not found; pass the vocab.txt of this "
+                            "checkpoint with --vocab_file.")
+    if vocab_file.endswith(".model"):
+      spm_files = [vocab_file]
+    else:
+      tokens = formats.read_vocab(vocab_file)
+      formats.check_vocab_size(tokens, config, vocab_file, config_file)
+      return dict(key="vocab_file", path=vocab_file, size=len(tokens), tokens=tokens)
+  else:
+    spm_files = sorted(glob.glob(os.path.join(base, "*.model")))
+  if not spm_files:
+    raise ConversionError(f"--vocab_file={os.path.join(base, VOCAB_NAME)}: not found; pass the "
+                          "vocab.txt (or SentencePiece .model) of this checkpoint with "
+                          "--vocab_file.")
+  if len(spm_files) > 1:
+    raise ConversionError(f"{base}: no {VOCAB_NAME} and {len(spm_files)} SentencePiece *.model "
+                          "files; pass the checkpoint's vocab with --vocab_file.")
+  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  size = vocab_lib.load_vocab_info(spm_model_file=spm_files[0]).size
+  if size != config.vocab_size:
+    raise ConversionError(f"{spm_files[0]} has {size} pieces but {config_file} gives vocab_size="
+                          f"{config.vocab_size}; pass the vocab that belongs to this checkpoint.")
+  return dict(key="spm_model_file", path=spm_files[0], size=size, tokens=None)
 
 
 def _finish_atomically(output, write):
@@ -200,7 +247,8 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
 
   def write(tmp):
     ckpt_lib.save_params(tmp, params, config, meta)
-    shutil.copyfile(vocab_path, os.path.join(tmp, VOCAB_NAME))
+    shutil.copyfile(vocab_path, os.path.join(
+        tmp, meta["spm_model_file"] if "spm_model_file" in meta else VOCAB_NAME))
 
   _finish_atomically(output, write)
   return meta
@@ -212,7 +260,7 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
 def hf_state_dict(params, config, where="checkpoint"):
   """Flax BertForPreTraining params -> {HF name: array} (tied decoder left to transformers)."""
   flat = names.flatten(params)
-  table = names.specs(config)
+  table = specs_for(config)
   for s in table:
     if s.path not in flat:
       raise ConversionError(f"{where}: parameter {s.path} (shape {s.shape}) is missing; export "
@@ -238,7 +286,9 @@ def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
     os.makedirs(tmp)
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(formats.hf_config_json(m.config, pad_id), f, indent=2, sort_keys=True)
+      hf_config = (albert.hf_config_json if m.config.family == "albert" else
+                   formats.hf_config_json)(m.config, pad_id)
+      json.dump(hf_config, f, indent=2, sort_keys=True)
     if m.spm_model_file:  # tokenizer.json (PreTrainedTokenizerFast) with the same ids
       sentencepiece_export.write_tokenizer_files(tmp, m.spm_model_file,
                                                  m.config.max_position_embeddings)
