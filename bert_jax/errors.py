@@ -86,6 +86,27 @@ def _config_flag_names(flag_values):
           if isinstance(flag_values[name].parser, config_flags.ConfigFileFlagParser)]
 
 
+PACKAGED_CONFIGS = "bert_jax/configs/"
+
+
+def _packaged_configs(argv, names):
+  """argv with `--config=bert_jax/configs/X.py[:arg]` pointed at the installed package's copy when
+  that relative path does not exist here (a pip-installed bert_jax run outside the repository)."""
+  out = []
+  for arg in argv:
+    for name in names:
+      prefix = f"--{name}={PACKAGED_CONFIGS}"
+      if arg.startswith(prefix):
+        rel, sep, rest = arg[len(f"--{name}="):].partition(":")
+        if not os.path.isfile(rel):
+          packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                                  rel[len(PACKAGED_CONFIGS):])
+          if os.path.isfile(packaged):
+            arg = f"--{name}={packaged}{sep}{rest}"
+    out.append(arg)
+  return out
+
+
 def _check_config_files(argv, names):
   """A `--config=FILE[:arg]` naming a missing file: ml_collections would defer the IOError to
   the first attribute access (a traceback from inside main); say it now."""
@@ -125,6 +146,7 @@ def parse_flags(argv, parser=None):
   exit code 2 (see the module docstring)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   names = _config_flag_names(flags.FLAGS)
+  argv = _packaged_configs(argv, names)
   _check_config_files(argv, names)
   try:
     return (parser or flags.FLAGS)(argv)

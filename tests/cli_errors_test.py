@@ -63,6 +63,7 @@ def _cases(tmp):
                                   r"^error: --layers=-1,-3: the model has 2 layers"),
       "convert": (["bert_jax.convert", f"--input={nope}", f"--output={tmp}/out"],
                   rf"^error: --input={re.escape(nope)}: no such directory"),
+      "report": (["bert_jax.report", nope], rf"^error: {re.escape(nope)}: no such directory"),
       "checkpoint_verify": (["bert_jax.checkpoint", "verify", nope],
                             rf"^error: .*{re.escape(nope)}"),
       "build_vocab": (["data_pipelines.build_vocab", f"--input_file={nope}/*.txt",

@@ -1,0 +1,111 @@
+r"""Look at a run: its curves as a PNG and its summary as a table.
+
+  python -m bert_jax.report runs/quickstart/workdir            # -> WORKDIR/report.png
+  python -m bert_jax.report runs/mrpc --output=mrpc.png
+
+Reads the TensorBoard event files of a pre-training or fine-tuning workdir (WORKDIR/tensorboard)
+and draws four panels: loss, accuracy (and the other eval scores), learning rate, throughput.
+Then prints the run's summary.json (what it did, the final evaluation, where the model is, the
+next commands) and the last value of every scalar. Tags follow bert_jax.metrics_writer's scheme:
+train/<metric>, eval/<metric>, eval/<split>/<metric>.
+"""
+
+import os
+
+from absl import flags
+
+from bert_jax import errors
+from bert_jax import metrics_writer
+
+
+class ReportError(errors.UserError):
+  pass
+
+
+# Panel title -> which tags it draws (a tag goes to the first panel that claims it).
+PANELS = (
+    ("loss", lambda t: t.endswith("loss")),
+    ("accuracy and eval scores", lambda t: t.startswith("eval/") or t.endswith("accuracy")),
+    ("learning rate", lambda t: t == "train/learning_rate"),
+    ("throughput (sequences/s)", lambda t: t == "train/sequences_per_sec"),
+)
+
+
+def load(workdir):
+  """({tag: [(step, value)]}, summary dict or None) of a workdir; a one-line error if empty."""
+  logdir = os.path.join(workdir, "tensorboard")
+  if not os.path.isdir(workdir):
+    raise ReportError(f"{workdir}: no such directory; pass a pre-training or fine-tuning "
+                      "--workdir.")
+  scalars = metrics_writer.read_scalars(logdir) if os.path.isdir(logdir) else {}
+  scalars = {k: sorted(v) for k, v in scalars.items()
+             if v and all(isinstance(x, (int, float)) for _, x in v)}
+  if not scalars:
+    raise ReportError(f"{workdir}: no scalars in {logdir}; is it the --workdir of a run that "
+                      "logged at least one step?")
+  return scalars, metrics_writer.read_summary(workdir)
+
+
+def draw(scalars, output, title):
+  """The four panels as one PNG at `output`; returns {panel: [tags drawn]}."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")  # files only, no display
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+  drawn, claimed = {}, set()
+  for ax, (name, wants) in zip(axes.flat, PANELS):
+    tags = [t for t in sorted(scalars) if t not in claimed and wants(t)]
+    claimed.update(tags)
+    for t in tags:
+      steps, values = zip(*scalars[t])
+      ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=t)
+    ax.set_title(name)
+    ax.set_xlabel("optimizer step")
+    ax.grid(alpha=0.3)
+    if tags:
+      ax.legend(fontsize=7)
+    else:
+      ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    drawn[name] = tags
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(output, dpi=100)
+  plt.close(fig)
+  return drawn
+
+
+def table(scalars):
+  """The last value of every scalar, one line each."""
+  width = max(len(t) for t in scalars)
+  lines = [f"{'scalar':<{width}}  {'step':>8}  last value"]
+  for t in sorted(scalars):
+    step, value = scalars[t][-1]
+    lines.append(f"{t:<{width}}  {step:>8}  {value:.6g}")
+  return lines
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("output", None, "PNG to write (default: WORKDIR/report.png).")
+
+
+def main(argv):
+  if len(argv) != 2:
+    raise ReportError("usage: python -m bert_jax.report WORKDIR [--output=curves.png]")
+  workdir = argv[1]
+  scalars, summary = load(workdir)
+  output = FLAGS.output or os.path.join(workdir, "report.png")
+  drawn = draw(scalars, output, title=workdir)
+  if summary:
+    print("\n".join(metrics_writer.summary_lines(summary)))
+  else:
+    print(f"{workdir}: no summary.json (the run has not finished)")
+  print("\n".join(table(scalars)))
+  print(f"wrote {output} ({', '.join(f'{k}: {len(v)}' for k, v in drawn.items())} curves)")
+
+
+if __name__ == "__main__":
+  define_flags()
+  errors.run(main)
