@@ -102,3 +102,15 @@ def test_a_hugging_face_folder_is_converted_once_and_predicts_the_same(converted
   assert predict.predict(got, text) == want
   again = predict.load(hf_dir)  # the cached copy, no second conversion
   assert "using its converted copy" in capsys.readouterr().out and again.path == got.path
+
+
+def test_hf_export_files_are_readable_by_others(converted, tmp_path):
+  _, orbax_dir = converted
+  old = os.umask(0o022)
+  try:
+    out = convert.export_to_hf(orbax_dir, str(tmp_path / "hf"))
+  finally:
+    os.umask(old)
+  modes = {f: os.stat(os.path.join(out, f)).st_mode & 0o777 for f in os.listdir(out)}
+  assert modes["model.safetensors"] == 0o644, modes
+  assert set(modes.values()) == {0o644}, modes

@@ -285,6 +285,11 @@ def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
   def write(tmp):
     os.makedirs(tmp)
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    # safetensors writes the file 0600; give it the mode every other file of the export gets
+    # (0666 less the umask: 0644 by default), so a shared or served export is readable.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~umask)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       hf_config = (albert.hf_config_json if m.config.family == "albert" else
                    formats.hf_config_json)(m.config, pad_id)
