@@ -18,6 +18,22 @@ The recipe follows google-research/bert's `create_masked_lm_predictions`:
     (Cui et al. 2019) does: "清华大学" is masked as one word of 4 tokens, not 4 words.
 Positions come out sorted ascending and padded with 0; padding has id 0 and weight 0.0.
 
+Two more selection schemes (`scheme`), with the same budget (num_to_predict) and outputs:
+  * "ngram" (ALBERT, Lan et al. 2019; google-research/albert create_pretraining_data.py
+    `create_masked_lm_predictions`): units are words (whole_word_masking) or tokens, visited in a
+    random order; at each start unit an n is drawn with p(n) proportional to 1/n over
+    n = 1..min(max_ngram, units left in the row), shortened while the n-gram would overflow the
+    budget, skipped if even one unit overflows or if any of its units is already masked; its
+    tokens are then masked. 80/10/10 is drawn per token, as the reference.
+  * "span" (SpanBERT, Joshi et al. 2019): span lengths in complete words from a geometric
+    distribution p=0.2 clipped at 10 (p(l) proportional to 0.2 * 0.8^(l-1), l = 1..10); anchor
+    words in a random order weighted by their length in tokens (SpanBERT draws an anchor token
+    uniformly and extends it to its word); a span runs over the next l words (through words
+    already masked, which then merge, as SpanBERT's merge_intervals), shortened to the whole
+    words that fit the budget, skipped if none fits. 80/10/10 is decided once per span.
+`span_boundaries` gives SpanBERT's span-boundary targets (the tokens just outside each
+contiguous run of masked positions) from the masked positions alone.
+
 Randomness comes only from `tf.random.stateless_*` ops seeded by `key`, so the same (ids, key)
 always gives the same masks: the pipeline derives the key from the batch's index in the stream,
 which makes a resumed pipeline reproduce the masks of an uninterrupted one.
@@ -39,6 +55,10 @@ class MaskConfig:
   masked_lm_prob: float = 0.15
   max_predictions_per_seq: int = 20
   whole_word_masking: bool = False
+  scheme: str = "token"        # token | ngram (ALBERT) | span (SpanBERT): module docstring
+  max_ngram: int = 3           # ngram: n <= 3, p(n) proportional to 1/n
+  span_p: float = 0.2          # span: geometric(p) lengths in words ...
+  max_span: int = 10           # ... clipped at 10 words
 
   @property
   def random_token_ids(self):
@@ -46,7 +66,14 @@ class MaskConfig:
     return np.flatnonzero(~self.is_special).astype(np.int32)
 
 
-def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, whole_word_masking):
+SCHEMES = ("token", "ngram", "span")
+
+
+def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, whole_word_masking,
+                           scheme="token"):
+  if scheme not in SCHEMES:
+    raise ValueError(f"masking scheme {scheme!r}: expected one of {SCHEMES} (token = BERT, "
+                     "ngram = ALBERT, span = SpanBERT).")
   if not 0.0 < masked_lm_prob <= 1.0:
     raise ValueError(f"masked_lm_prob={masked_lm_prob}: expected a fraction in (0, 1], "
                      "e.g. 0.15 as in the BERT paper.")
@@ -60,7 +87,7 @@ def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, wh
                     is_continuation=np.asarray(vocab.is_continuation, dtype=bool),
                     masked_lm_prob=float(masked_lm_prob),
                     max_predictions_per_seq=int(max_predictions_per_seq),
-                    whole_word_masking=bool(whole_word_masking))
+                    whole_word_masking=bool(whole_word_masking), scheme=scheme)
 
 
 def _num_to_predict(num_candidates, cfg):
@@ -86,22 +113,34 @@ def _select_tokens(cand, ntp, key, num_preds):
   return tf.sort(tf.where(valid, idx, seq), axis=1)
 
 
-def _select_whole_words(ids, cand, ntp, key, cfg, word_continues=None):
-  """Whole-word selection; returns the selected-token mask [B, S] with at most ntp per row."""
+def _words(ids, cand, cfg, word_continues=None, whole_words=True):
+  """Candidate words: (word_idx [B, S] (valid where cand), num_words [B], word_len [B, S]: the
+  token count of word w at column w, 0 past num_words). Without whole_words every candidate
+  token is its own word."""
   batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
-  is_cont = tf.gather(tf.constant(cfg.is_continuation), ids)
-  if word_continues is not None:  # jieba boundaries from the records
-    is_cont |= word_continues > 0
-  is_cont &= cand
-  prev_cand = tf.pad(cand[:, :-1], [[0, 0], [1, 0]])
-  # A "##" piece joins the word before it only if that token is a candidate (never a [SEP]).
-  word_start = cand & ~(is_cont & prev_cand)  # [B, S]
+  if whole_words:
+    is_cont = tf.gather(tf.constant(cfg.is_continuation), ids)
+    if word_continues is not None:  # jieba boundaries from the records
+      is_cont |= word_continues > 0
+    is_cont &= cand
+    prev_cand = tf.pad(cand[:, :-1], [[0, 0], [1, 0]])
+    # A "##" piece joins the word before it only if that token is a candidate (never a [SEP]).
+    word_start = cand & ~(is_cont & prev_cand)  # [B, S]
+  else:
+    word_start = cand
   word_idx = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1  # [B, S]; valid where cand
   num_words = tf.reduce_sum(tf.cast(word_start, tf.int32), axis=1)  # [B]
   rows = tf.range(batch)[:, None] * seq
   seg = tf.where(cand, word_idx + rows, batch * seq)  # non-candidates go to a dump segment
   word_len = tf.math.unsorted_segment_sum(tf.ones_like(ids), seg, batch * seq + 1)
   word_len = tf.reshape(word_len[:-1], [batch, seq])  # [B, words] (padded to S words)
+  return word_idx, num_words, word_len
+
+
+def _select_whole_words(ids, cand, ntp, key, cfg, word_continues=None):
+  """Whole-word selection; returns the selected-token mask [B, S] with at most ntp per row."""
+  batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
+  word_idx, num_words, word_len = _words(ids, cand, cfg, word_continues)
   scores = tf.random.stateless_uniform([batch, seq], seed=key)
   scores = tf.where(tf.range(seq)[None, :] < num_words[:, None], scores, -1.0)
   _, order = tf.math.top_k(scores, k=seq)  # [B, S]: a random permutation of each row's words
@@ -128,6 +167,129 @@ def _select_whole_words(ids, cand, ntp, key, cfg, word_continues=None):
   return cand & tf.gather(taken_by_word, tf.maximum(word_idx, 0), batch_dims=1)
 
 
+def ngram_probs(max_ngram):
+  """ALBERT's p(n) for n = 1..max_ngram: proportional to 1/n (favor_shorter_ngram)."""
+  p = 1.0 / np.arange(1, max_ngram + 1)
+  return p / p.sum()
+
+
+def span_length_probs(p=0.2, max_span=10):
+  """SpanBERT's p(l) for l = 1..max_span: geometric(p) clipped (renormalised) at max_span."""
+  q = p * (1 - p) ** np.arange(max_span)
+  return q / q.sum()
+
+
+def _draw(u, probs, limit=None):
+  """Inverse-CDF draws in 1..len(probs) from uniforms u [B]; with limit [B], from the
+  distribution truncated (renormalised) to 1..limit."""
+  cdf = tf.constant(np.cumsum(probs), tf.float32)  # [K]
+  k = len(probs)
+  if limit is None:
+    total = tf.ones_like(u)
+  else:
+    total = tf.gather(cdf, tf.clip_by_value(limit, 1, k) - 1)  # [B]
+  below = tf.cast(u[:, None] * total[:, None] >= cdf[None, :k - 1], tf.int32)  # [B, K-1]
+  n = 1 + tf.reduce_sum(below, axis=1)
+  return n if limit is None else tf.minimum(n, tf.maximum(limit, 1))
+
+
+def _select_spans(ids, cand, ntp, key, cfg, word_continues=None):
+  """ngram / span selection (module docstring). Returns (selected [B, S] bool, span_rank [B, S]
+  int32: the visit rank of the n-gram / span that masked each token, and the per-rank record
+  {"drawn": n or l drawn [B, R] (0 = no visit), "limit": min(words left, max) at that visit,
+  "taken": words masked [B, R] (0 = skipped)} for the tests)."""
+  batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
+  span = cfg.scheme == "span"
+  word_idx, num_words, word_len = _words(ids, cand, cfg, word_continues,
+                                         whole_words=span or cfg.whole_word_masking)
+  order_key, length_key = tf.unstack(tf.random.experimental.stateless_split(key, num=2))
+  u = tf.random.stateless_uniform([batch, seq], seed=order_key, minval=1e-12, maxval=1.0)
+  if span:   # weighted without replacement (Efraimidis-Spirakis): key u^(1/len), len in tokens
+    scores = tf.math.log(u) / tf.cast(tf.maximum(word_len, 1), tf.float32)
+  else:
+    scores = u
+  scores = tf.where(tf.range(seq)[None, :] < num_words[:, None], scores, -np.inf)
+  _, order = tf.math.top_k(scores, k=seq)  # [B, S]: the start words in visit order
+  draws = tf.random.stateless_uniform([batch, seq], seed=length_key)  # one per visit rank
+  width = cfg.max_span if span else cfg.max_ngram
+  probs = span_length_probs(cfg.span_p, cfg.max_span) if span else ngram_probs(cfg.max_ngram)
+  word_cols = tf.range(seq)[None, :]
+
+  def cond(j, count, covered, rank, drawn, taken):
+    del covered, rank, drawn, taken
+    return (j == 0) | ((j < tf.reduce_max(num_words)) & tf.reduce_any(count < ntp))
+
+  def body(j, count, covered, rank, drawn, taken):
+    w = order[:, j]                                                     # [B] start word
+    live = (j < num_words) & (count < ntp)
+    left = num_words - w                                                # words from w on
+    # ALBERT truncates p(n) to the n-grams that exist from w; SpanBERT draws l unconditionally
+    # and stops at the end of the sequence.
+    limit = tf.minimum(left, width)
+    n = _draw(draws[:, j], probs, None if span else limit)
+    window = tf.minimum(w[:, None] + tf.range(width)[None, :], seq - 1)  # [B, width] words
+    in_row = tf.range(width)[None, :] < left[:, None]
+    was = tf.gather(covered, window, batch_dims=1) & in_row             # [B, width]
+    lengths = tf.where(in_row, tf.gather(word_len, window, batch_dims=1), 0)
+    if span:   # only newly masked tokens count against the budget
+      lengths = tf.where(was, 0, lengths)
+    cum = tf.cumsum(lengths, axis=1)                                    # [B, width]
+    fits = tf.reduce_sum(tf.cast((cum <= (ntp - count)[:, None]) & in_row, tf.int32), axis=1)
+    m = tf.minimum(tf.minimum(n, fits), left)                           # words actually used
+    used = tf.range(width)[None, :] < m[:, None]                        # [B, width]
+    new_tokens = tf.reduce_sum(tf.where(used, lengths, 0), axis=1)
+    take = live & (m > 0) & (new_tokens > 0)
+    if not span:   # ALBERT skips an n-gram with any word already masked
+      take &= ~tf.reduce_any(was & used, axis=1)
+    span_words = (word_cols >= w[:, None]) & (word_cols < (w + m)[:, None]) & take[:, None]
+    rank = tf.where(span_words & ~covered, j, rank)
+    covered |= span_words
+    count += tf.where(take, new_tokens, 0)
+    # drawn: n (l) drawn at a live visit, + 100 x the words left from its start (for tests).
+    return (j + 1, count, covered, rank,
+            drawn.write(j, tf.where(live, n + 100 * limit, 0)), taken.write(j, tf.where(take, m, 0)))
+
+  ta = lambda: tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[None])  # noqa
+  _, _, covered, rank, drawn, taken = tf.while_loop(
+      cond, body, (0, tf.zeros_like(ntp), tf.zeros([batch, seq], tf.bool),
+                   tf.fill([batch, seq], -1), ta(), ta()))
+  token_word = tf.maximum(word_idx, 0)
+  selected = cand & tf.gather(covered, token_word, batch_dims=1)
+  span_rank = tf.where(selected, tf.gather(rank, token_word, batch_dims=1), -1)
+  drawn = tf.transpose(drawn.stack())
+  record = {"drawn": drawn % 100, "limit": drawn // 100, "taken": tf.transpose(taken.stack())}
+  return selected, span_rank, record
+
+
+def span_boundaries(positions, weights):
+  """SpanBERT's boundary targets: for every masked position, the positions just left and right of
+  its contiguous run of masked positions (adjacent spans merge, as SpanBERT's merge_intervals).
+
+  positions [B, P] int32 ascending with padding after the real ones; weights [B, P] (> 0 = real).
+  Returns (left, right) [B, P] int32, 0 at padding. Works in numpy and TF (pure tensor ops).
+  """
+  valid = tf.convert_to_tensor(weights) > 0
+  positions = tf.convert_to_tensor(positions, tf.int32)
+  batch, p = tf.shape(positions)[0], tf.shape(positions)[1]
+  prev = tf.pad(positions[:, :-1], [[0, 0], [1, 0]], constant_values=-2)
+  nxt = tf.pad(positions[:, 1:], [[0, 0], [0, 1]], constant_values=-2)
+  nxt_valid = tf.pad(valid[:, 1:], [[0, 0], [0, 1]])
+  starts = valid & (positions != prev + 1)                              # [B, P] run starts
+  ends = valid & ~((nxt == positions + 1) & nxt_valid)                  # [B, P] run ends
+  run = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1                # [B, P] run index
+  cols = tf.range(p)[None, :]
+  # Slot of the k-th run start / end, gathered back per position by its run index.
+  start_slot = tf.sort(tf.where(starts, cols, p), axis=1)
+  end_slot = tf.sort(tf.where(ends, cols, p), axis=1)
+  padded = tf.pad(positions, [[0, 0], [0, 1]])
+  left = tf.gather(padded, tf.gather(start_slot, tf.maximum(run, 0), batch_dims=1),
+                   batch_dims=1) - 1
+  right = tf.gather(padded, tf.gather(end_slot, tf.maximum(run, 0), batch_dims=1),
+                    batch_dims=1) + 1
+  del batch
+  return tf.where(valid, left, 0), tf.where(valid, right, 0)
+
+
 def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
   """Masks a batch of unmasked sequences.
 
@@ -150,8 +312,12 @@ def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
   cand = ~tf.gather(tf.constant(cfg.is_special), input_ids) & (input_mask > 0)  # [B, S]
   ntp = _num_to_predict(tf.reduce_sum(tf.cast(cand, tf.int32), axis=1), cfg)  # [B]
 
-  if cfg.whole_word_masking:
+  span_rank = None
+  if cfg.scheme != "token":
+    selected, span_rank, _ = _select_spans(input_ids, cand, ntp, select_key, cfg, word_continues)
+  elif cfg.whole_word_masking:
     selected = _select_whole_words(input_ids, cand, ntp, select_key, cfg, word_continues)
+  if cfg.scheme != "token" or cfg.whole_word_masking:
     # Ascending positions of the selected tokens: largest (seq - pos) first, 0 for the rest.
     top, _ = tf.math.top_k(tf.where(selected, seq - tf.range(seq)[None, :], 0), k=num_preds)
     positions = tf.where(top > 0, seq - top, seq)  # [B, P], pad = seq
@@ -159,8 +325,13 @@ def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
     positions = _select_tokens(cand, ntp, select_key, num_preds)
   valid = positions < seq  # [B, P]; real slots come first since padding sorts last
 
-  # 80% [MASK], 10% random non-special token, 10% unchanged, per selected token.
+  # 80% [MASK], 10% random non-special token, 10% unchanged, per selected token (per span with
+  # scheme="span": every token of a span gets its span's draw, as SpanBERT).
   action = tf.random.stateless_uniform([batch, num_preds], seed=action_key)
+  if cfg.scheme == "span":
+    per_rank = tf.random.stateless_uniform([batch, seq], seed=action_key)
+    ranks = tf.gather(tf.pad(span_rank, [[0, 0], [0, 1]]), positions, batch_dims=1)  # [B, P]
+    action = tf.gather(per_rank, tf.maximum(ranks, 0), batch_dims=1)
   vocab_ids = tf.constant(cfg.random_token_ids)
   random_ids = tf.gather(vocab_ids, tf.random.stateless_uniform(
       [batch, num_preds], seed=token_key, minval=0, maxval=vocab_ids.shape[0], dtype=tf.int32))
