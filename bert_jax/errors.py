@@ -141,11 +141,18 @@ def _unknown_override(argv, names, key_error):
   return None
 
 
-def parse_flags(argv, parser=None):
+def parse_flags(argv, parser=None, help_config=None, program=None):
   """absl's flag parsing (or `parser(argv)`, e.g. known_only parsing) with one-line errors and
-  exit code 2 (see the module docstring)."""
+  exit code 2 (see the module docstring). With help_config (a config file), --help prints the
+  help generated from that config (bert_jax.cli.print_config_help) and exits 0."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   names = _config_flag_names(flags.FLAGS)
+  if help_config:
+    from bert_jax import cli  # pylint: disable=g-import-not-at-top
+    if cli.wants_help(argv):
+      others = [(n, flags.FLAGS[n].help) for n in ("workdir",) if n in flags.FLAGS]
+      cli.print_config_help(argv, help_config, program or os.path.basename(argv[0]), others)
+      sys.exit(0)
   argv = _packaged_configs(argv, names)
   _check_config_files(argv, names)
   try:
@@ -165,15 +172,18 @@ def parse_flags(argv, parser=None):
          + (hint.replace('"', "") if hint else "see the config file for the field names."))
 
 
-def run(main, *, init_distributed=False, flags_parser=None):
+def run(main, *, init_distributed=False, flags_parser=None, help_config=None, program=None):
   """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr).
 
   flags_parser: optional `argv -> args` replacing `FLAGS(argv)` (e.g. known_only parsing for a
   program that forwards unknown flags); its flag errors get the same one-line treatment.
+  help_config: the program's config file; its --help is generated from it (parse_flags).
+  program: the command name shown in that help (default: argv[0]'s file name).
   """
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def wrapped(argv):
     return run_main(main, argv, init_distributed=init_distributed)
 
-  app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, flags_parser))
+  app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, flags_parser, help_config,
+                                                         program))

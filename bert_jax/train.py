@@ -512,4 +512,5 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main, init_distributed=True)  # multi-host start-up inside the one-line errors
+  errors.run(main, init_distributed=True,  # multi-host start-up inside the one-line errors
+             help_config="bert_jax/configs/pretrain.py", program="python -m bert_jax.train")

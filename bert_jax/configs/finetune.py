@@ -15,8 +15,9 @@ of steps then linear decay, dropout 0.1. Those are for BERT-base/large: learning
 num_train_epochs are left unset (None) and the run picks them from paper_learning_rate /
 paper_num_train_epochs and the model's size (bert_jax/finetune.py auto_learning_rate and
 auto_num_train_epochs: the paper's values at hidden size >= 768, larger rates and more epochs for
-the small BERTs, after Turc et al. 2019); setting either uses it as given. E.g. MRPC: 3,668 pairs / 32 = 114 steps an epoch x 3 =
-342 steps, 34 of them warmup. SQuAD v1.1: 87,599 questions -> ~88.6k windows of 384 / 32 = 2,768
+the small BERTs, after Turc et al. 2019); setting either uses it as given.
+E.g. MRPC at BERT-base: 3,668 pairs / 32 = 115 steps an epoch (the last one partial) x 3 = 345
+steps, 34 of them warmup. SQuAD v1.1: 87,599 questions -> ~88.6k windows of 384 / 32 = 2,769
 steps an epoch x 2.
 """
 
@@ -96,7 +97,7 @@ def _optimizer_and_run_fields(c):
   # None: the paper's value below scaled to the model size (printed at start-up; finetune.py
   # auto_learning_rate / auto_num_train_epochs); a number is used as given.
   c.learning_rate = config_dict.placeholder(float)
-  c.num_train_epochs = config_dict.placeholder(float)
+  c.num_train_epochs = config_dict.placeholder(float)  # None: as learning_rate, scaled
   c.paper_learning_rate = 2e-5      # the paper's rate for BERT-base/large (hidden size >= 768)
   c.paper_num_train_epochs = 3.0    # the paper's epochs for BERT-base/large
   c.learning_rates = ()         # non-empty: sweep these rates (one sub-run each)

@@ -1,0 +1,60 @@
+"""bert_jax/cli.py: --help generated from the config files; console-script plumbing."""
+
+import os
+import subprocess
+import sys
+
+from bert_jax import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _help(*args):
+  r = subprocess.run([sys.executable, "-m", *args, "--help"], cwd=ROOT, capture_output=True,
+                     text=True, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return r.stdout
+
+
+def test_train_help_lists_presets_and_every_field_with_its_default_and_comment():
+  out = _help("bert_jax.train")
+  assert out.startswith("usage: python -m bert_jax.train --config=bert_jax/configs/pretrain.py:"
+                        "PRESET[,VARIANT...] --workdir=DIR")
+  assert "PRESET    a model size: tiny, mini, small, medium, base, large" in out  # the presets
+  lines = out.splitlines()
+  row = lambda flag: next(line for line in lines if line.strip().startswith(flag))  # noqa: E731
+  assert row("--config.batch_size=256").split(None, 1)[1] == ("global, across all hosts and "
+                                                              "devices")
+  assert row("--config.learning_rate=0.0001")
+  assert "phase 1: 90% of the paper's 1M steps" in row("--config.num_train_steps=900000")
+  assert "Other flags:" in out and "--workdir: Checkpoints, TensorBoard" in out
+  assert "Sections:" not in out  # train.py's notes for maintainers stay out of the help
+  from bert_jax.configs import pretrain
+  assert all(f"--config.{k}" in out for k in pretrain.get_config().keys())
+
+
+def test_finetune_help_shows_the_chosen_presets_defaults():
+  out = _help("bert_jax.finetune", "--config=bert_jax/configs/finetune.py:squad_v1")
+  assert "--config.max_seq_length=384" in out and "--config.paper_learning_rate=3e-05" in out
+  assert ("--config.null_score_diff_threshold=0.0     v2: predict \"\" when null - best span > "
+          "this; tune it with eval_results.json's best_f1_thresh") in out  # continued comment
+  assert "glue_wnli squad_v1 squad_v2 conll03 swag custom" in out
+
+
+def test_section_titles_are_not_field_comments(tmp_path):
+  path = tmp_path / "c.py"
+  path.write_text('"""Doc."""\nimport ml_collections\n\n\ndef get_config(arg="a"):\n'
+                  '  c = ml_collections.ConfigDict()\n'
+                  '  # Run.\n'
+                  '  c.seed = 0\n'
+                  '  # A comment that explains\n  # the next field.\n'
+                  '  c.steps = 3\n'
+                  '  c.sub = ml_collections.ConfigDict(dict(\n'
+                  '      x=1,  # the x\n'
+                  '  ))\n'
+                  '  return c\n')
+  out = cli.config_help(str(path))
+  assert "  --config.seed=0\n" in out + "\n"
+  assert "--config.steps=3  A comment that explains the next field." in out
+  assert "--config.sub.x=1  the x" in out
