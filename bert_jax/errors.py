@@ -172,6 +172,33 @@ def parse_flags(argv, parser=None, help_config=None, program=None):
          + (hint.replace('"', "") if hint else "see the config file for the field names."))
 
 
+# Third-party log messages that a user of our CLIs can do nothing about (each explained):
+QUIET_LOG_MESSAGES = (
+    # Orbax, on every load of a checkpoint without its optional checkpoint-level metadata file
+    # (our params exports and older steps): the data is read and verified all the same.
+    "Metadata file does not exist",
+    # Orbax, when a save waits for the previous one: fine-tuning saves synchronously on purpose
+    # (one resume state per epoch), so the wait is expected, not a misconfiguration.
+    "Waiting for previous save to complete took",
+)
+
+
+class _QuietFilter:
+  """A logging filter dropping QUIET_LOG_MESSAGES (matched on the message template's start)."""
+
+  def filter(self, record):
+    msg = record.msg if isinstance(record.msg, str) else ""
+    return not msg.startswith(QUIET_LOG_MESSAGES)
+
+
+def quiet_third_party_logs():
+  """Installs the filter on absl's logger (Orbax logs through absl.logging); idempotent."""
+  import logging  # pylint: disable=g-import-not-at-top
+  logger = logging.getLogger("absl")
+  if not any(isinstance(f, _QuietFilter) for f in logger.filters):
+    logger.addFilter(_QuietFilter())
+
+
 def run(main, *, init_distributed=False, flags_parser=None, help_config=None, program=None):
   """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr).
 
@@ -183,6 +210,7 @@ def run(main, *, init_distributed=False, flags_parser=None, help_config=None, pr
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def wrapped(argv):
+    quiet_third_party_logs()
     return run_main(main, argv, init_distributed=init_distributed)
 
   app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, flags_parser, help_config,

@@ -1,20 +1,72 @@
-"""Import TensorFlow for input pipelines only, with every accelerator hidden from it.
+"""Import TensorFlow for input pipelines only, with every accelerator hidden from it, quietly.
 
 TF must never take a GPU or TPU: on a TPU VM the chips belong to JAX, and on a GPU host TF would
 otherwise reserve most of the GPU memory at start-up. Every module in data_pipelines imports TF
 through here (`from data_pipelines.tf_setup import tf`).
+
+Importing TF prints C++ log lines no user can act on, before TF_CPP_MIN_LOG_LEVEL applies (they
+are logged before absl::InitializeLog): oneDNN's numerics notice, "Could not find cuda drivers"
+and, when a CUDA library is present, `E0000 ... failed call to cuInit: UNKNOWN ERROR (303)` (TF
+probing for a GPU we hide from it anyway). The import runs with stderr captured; those known
+lines (NOISE) are dropped and every other line is written back to stderr. BERT_JAX_TF_LOGS=1
+shows them all.
 """
 import os
+import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # silence TF's C++ start-up banner
 
-import tensorflow as tf  # noqa: E402
+# Substrings of TF start-up lines that carry nothing a user can act on (see the docstring).
+NOISE = (
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "port.cc:153] oneDNN custom operations are on",
+    "cudart_stub.cc:31] Could not find cuda drivers on your machine",
+    "cuda_platform.cc:52] failed call to cuInit",
+    "Unable to register cuDNN factory", "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory", "computation placer already registered",
+    "TF-TRT Warning: Could not find TensorRT",
+    "This TensorFlow binary is optimized to use available CPU instructions",
+    "To enable the following instructions",
+)
 
-try:
-  tf.config.set_visible_devices([], "GPU")
-  tf.config.set_visible_devices([], "TPU")
-except (RuntimeError, ValueError):
-  # Already initialised (devices fixed) or no such device type: check nothing leaked.
-  pass
+
+def _import_tensorflow():
+  """tensorflow, imported (and hidden from accelerators) with its start-up noise filtered."""
+  def load():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    try:
+      tf.config.set_visible_devices([], "GPU")
+      tf.config.set_visible_devices([], "TPU")
+    except (RuntimeError, ValueError):
+      # Already initialised (devices fixed) or no such device type: check nothing leaked.
+      pass
+    return tf
+
+  if os.environ.get("BERT_JAX_TF_LOGS") == "1" or "tensorflow" in sys.modules:
+    return load()
+  try:
+    stderr_fd = sys.stderr.fileno()
+  except (AttributeError, ValueError, OSError):  # stderr replaced by an object without a fd
+    return load()
+  sys.stderr.flush()
+  saved = os.dup(stderr_fd)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), stderr_fd)
+    try:
+      return load()
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, stderr_fd)
+      os.close(saved)
+      captured.seek(0)
+      kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(True)
+              if not any(n in line for n in NOISE)]
+      if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
+
+
+tf = _import_tensorflow()
 
 __all__ = ["tf"]

@@ -1,0 +1,55 @@
+"""data_pipelines/tf_setup.py and errors.quiet_third_party_logs: start-up noise a user cannot act
+on is dropped, everything else is kept."""
+
+import logging
+import os
+import subprocess
+import sys
+
+from bert_jax import errors
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Writes a real warning to fd 2 while TF is being imported (inside the capture), then imports TF.
+_SCRIPT = """
+import os, sys
+os.write(2, b"my own warning: keep me\\n")
+from data_pipelines.tf_setup import tf
+print(tf.config.get_visible_devices("GPU"))
+"""
+
+
+def _run(extra_env=None):
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env.update(PYTHONPATH=ROOT, **(extra_env or {}))
+  return subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_tf_import_drops_known_noise_and_keeps_other_stderr_lines():
+  r = _run()
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == "[]"  # no GPU for TF, ever
+  assert "my own warning: keep me" in r.stderr
+  from data_pipelines import tf_setup
+  assert not any(n in r.stderr for n in tf_setup.NOISE), r.stderr
+  assert "I0000" not in r.stderr and "E0000" not in r.stderr, r.stderr
+
+
+def test_bert_jax_tf_logs_shows_everything():
+  r = _run({"BERT_JAX_TF_LOGS": "1"})
+  assert r.returncode == 0 and "my own warning: keep me" in r.stderr
+  # (whether TF prints its banner depends on the machine; the filter is off either way)
+
+
+def test_orbax_notices_are_filtered_and_real_warnings_kept(caplog):
+  errors.quiet_third_party_logs()
+  errors.quiet_third_party_logs()  # idempotent
+  logger = logging.getLogger("absl")
+  assert sum(isinstance(f, errors._QuietFilter) for f in logger.filters) == 1
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    logger.warning("Metadata file does not exist: %s", "/x/_CHECKPOINT_METADATA")
+    logger.warning("Waiting for previous save to complete took %f seconds. If this number is "
+                   "high, consider checkpointing less frequently.", 3.0)
+    logger.warning("Checkpoint %s is damaged", "/x")
+  assert [r.getMessage() for r in caplog.records] == ["Checkpoint /x is damaged"]
