@@ -448,3 +448,19 @@ def test_preempted_finetuning_resumes_to_the_same_result(tmp_path, pretrained, m
     assert a["epoch"] == b["epoch"]
     assert a["dev/accuracy"] == pytest.approx(b["dev/accuracy"], abs=1e-6)
   assert second["best_score"] == pytest.approx(full["best_score"], abs=1e-6)
+
+
+def test_a_hugging_face_folder_is_accepted_as_init_checkpoint(tmp_path, monkeypatch, capsys):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from tests import hf_testlib
+  hf_dir = hf_testlib.save_hf(hf_testlib.random_hf_model(hf_testlib.hf_config()),
+                              str(tmp_path / "hf"), do_lower_case=True)
+  monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
+  _sst2(tmp_path, np.random.default_rng(6), 8, 8)
+  c = _config("glue_sst2", (hf_dir, ""), tmp_path, num_train_epochs=1.0, do_predict=False,
+              max_seq_length=24)
+  summary = finetune.finetune(c, str(tmp_path / "run"))
+  printed = capsys.readouterr().out
+  assert f"{hf_dir}: a Hugging Face folder; converted to Orbax in {tmp_path}/cache/hf/" in printed
+  assert f"(converted from hf {hf_dir})" in printed and summary["steps"] == 1
