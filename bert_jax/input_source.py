@@ -74,7 +74,9 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
       shuffle_buffer=config.shuffle_buffer, expanded=True,
       num_logical_shards=layout.get("num_logical_shards", 0), pack=layout.get("pack", False),
       max_instances_per_pack=layout.get("max_instances_per_pack", 0),
-      pack_chunk_size=layout.get("pack_chunk_size") or 1024)
+      pack_chunk_size=layout.get("pack_chunk_size") or 1024,
+      masking_scheme=config.get("masking", "token"),
+      span_boundaries=config.get("masking", "token") == "span")   # SpanBERT's SBO targets
   return pretrain_input.as_numpy_batches(ds)
 
 

@@ -566,8 +566,12 @@ class BertForPreTraining(nn.Module):
       logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
                                 dtype=jnp.float32)(out["pooled_output"])  # [B, (K,) 2] float32
     if "sbo" in c.objective_list:
-      if span_left is None:   # model.init without span inputs: any in-range boundary will do
-        span_left = span_right = jnp.zeros_like(masked_lm_positions)
+      if span_left is None:
+        if not self.is_initializing():   # never a silent SBO on made-up boundaries
+          raise ValueError("BertForPreTraining: objectives include sbo but the batch has no "
+                           "masked_lm_span_left/right (span masking adds them: "
+                           "--config.masking=span).")
+        span_left = span_right = jnp.zeros_like(masked_lm_positions)  # shapes for init
       logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
           out["sequence_output"], masked_lm_positions, span_left, span_right, table)
     if return_dict:

@@ -40,7 +40,7 @@ def check_config_values(config):
                          ">= 0 (0 = never stop on NaN/Inf steps, only skip them).")
 
 
-def check_data_contract(files, field, config, vocab, log=print):
+def check_data_contract(files, field, config, vocab, log=print, model_config=None):
   """Every directory of `files` against its dataset_info.json; {file: records} from it.
 
   Directories without one (google-research/bert's records) are noted; their records are
@@ -54,7 +54,9 @@ def check_data_contract(files, field, config, vocab, log=print):
   counts, without = dataset_info.check_records(
       files, field=f"config.{field}", vocab_path=vocab.path, vocab_size=vocab.size,
       vocab_sha256=vocab_sha256, do_lower_case=config.get("do_lower_case"),
-      seq_length=config.seq_length, max_predictions_per_seq=config.max_predictions_per_seq)
+      seq_length=config.seq_length, max_predictions_per_seq=config.max_predictions_per_seq,
+      sentence_objective=(model_config.sentence_objective or "none") if model_config else None,
+      log=log)
   if without:
     log(f"note: config.{field}: no {dataset_info.INFO_FILE} beside {', '.join(without)} (e.g. "
         "google-research/bert records): vocab and casing unchecked; lengths are checked on the "

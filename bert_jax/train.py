@@ -61,11 +61,29 @@ def eval_metrics(outputs, batch):
 
 
 def dummy_batch(config):
-  """Zeros of the batch contract's model inputs (batch 1), for model.init."""
+  """Zeros of the batch contract's model inputs (batch 1), for model.init; the span boundaries
+  are the SBO head's (span masking adds them to real batches; other heads ignore them)."""
   t, p = config.seq_length, config.max_predictions_per_seq
   return dict(input_ids=jnp.zeros((1, t), jnp.int32), input_mask=jnp.ones((1, t), jnp.int32),
               segment_ids=jnp.zeros((1, t), jnp.int32),
-              masked_lm_positions=jnp.zeros((1, p), jnp.int32))
+              masked_lm_positions=jnp.zeros((1, p), jnp.int32),
+              masked_lm_span_left=jnp.zeros((1, p), jnp.int32),
+              masked_lm_span_right=jnp.zeros((1, p), jnp.int32))
+
+
+def check_objectives(config, model_config):
+  """The masking scheme and the model's objectives fit together (one line, before compute)."""
+  scheme = config.get("masking", "token")
+  if scheme not in ("token", "ngram", "span"):   # masking.SCHEMES, without importing TF here
+    raise ConfigError(f"config.masking={scheme!r}: expected token (BERT), ngram (ALBERT) or "
+                      "span (SpanBERT).")
+  if "sbo" in model_config.objective_list and config.train_input_files == "synthetic":
+    raise ConfigError("config.train_input_files=synthetic has no span boundaries for the SBO "
+                      "objective; train SpanBERT on records (create_pretraining_data --no_nsp).")
+  if "sbo" in model_config.objective_list and scheme != "span":
+    raise ConfigError(f"config.model.objectives={model_config.objectives!r} has the span-boundary "
+                      f"objective but config.masking={scheme!r}; SBO predicts masked spans from "
+                      "their boundaries: set --config.masking=span.")
 
 
 def build_training(config, model_config, mesh,
@@ -231,13 +249,16 @@ def validate_inputs(config, workdir):
                 if config.eval_input_files else None)
   vocab = load_vocab(config)
   model_config = create_model_config(config, vocab)
+  check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
   note = print if jax.process_index() == 0 else (lambda _: None)
-  preflight.check_data_contract(train_files, "train_input_files", config, vocab, note)
+  preflight.check_data_contract(train_files, "train_input_files", config, vocab, note,
+                                model_config=model_config)
   if eval_files:
-    preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note)
+    preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note,
+                                  model_config=model_config)
   return train_files, eval_files, vocab, model_config, vocab_hash
 
 

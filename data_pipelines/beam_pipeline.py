@@ -277,7 +277,7 @@ def run(cfg, beam_args=()):
     if stats.instances == 0:
       raise cpd.no_instance_error(cfg, stats)
   return cpd.summarize(stats, len(sources), cfg.num_shards, cfg.max_seq_length,
-                       time.time() - start, "corpus")
+                       time.time() - start, "corpus", cfg.sop)
 
 
 FLAGS = flags.FLAGS

@@ -25,7 +25,7 @@ _COPY_CHUNK = 16 << 20  # bytes per read when merging part files into shards
 # ----------------------------------------------------------------------------------------------
 # One source -> one part file of serialized tf.train.Examples (+ its record sizes).
 # ----------------------------------------------------------------------------------------------
-def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs):
+def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs, sop=False):
   """All dupes' instances of one block, shuffled together (pure: no I/O, explicit rngs)."""
   result = []
   if not no_nsp:
@@ -38,7 +38,9 @@ def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs
       result.extend(instances_lib.pack_full_sentences(order, params))
     else:
       for index in range(len(documents)):
-        result.extend(instances_lib.create_instances_from_document(documents, index, rng, params))
+        result.extend(instances_lib.create_sop_instances(documents[index], rng, params) if sop
+                      else instances_lib.create_instances_from_document(documents, index, rng,
+                                                                        params))
   block_rng.shuffle(result)
   return result
 
@@ -60,7 +62,7 @@ def process_source(source, cfg, encode, params, part_dir, progress=lambda n: Non
       if not documents:
         return
       for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
-                                  dupe_rngs):
+                                  dupe_rngs, sop=cfg.sop):
         record = cpd.serialize_instance(inst, cfg.max_seq_length, cfg.word_boundaries == "jieba")
         writer.write(record)
         sizes.append(len(record) + 16)  # TFRecord framing: u64 length, 2 x u32 masked crc32c

@@ -82,6 +82,7 @@ class Config:
   random_seed: int = 12345
   dupe_factor: int = 10
   no_nsp: bool = False
+  sop: bool = False  # ALBERT sentence-order pairs instead of NSP (instances.create_sop_instances)
   num_shards: int = 16
   num_workers: int = 1
   input_format: str = "text"  # text | jsonl | tfds
@@ -145,6 +146,9 @@ def validate_config(cfg):
     raise _Error(f"--input_format={cfg.input_format}: expected text, jsonl or tfds.")
   if not cfg.output_dir:
     raise _Error("--output_dir is empty: pass the directory to write the TFRecord shards to.")
+  if cfg.sop and cfg.no_nsp:
+    raise _Error("--sop and --no_nsp: pick one (SOP pairs for ALBERT, full sentences for "
+                 "RoBERTa/SpanBERT).")
   min_len = 3 if cfg.no_nsp else 5  # [CLS] A [SEP] B [SEP] with len(A), len(B) >= 1
   if cfg.max_seq_length < min_len:
     raise _Error(f"--max_seq_length={cfg.max_seq_length}: must be >= {min_len} "
@@ -405,7 +409,10 @@ def dataset_info(cfg, vocab_meta, source_names, stats, shards, nsp_sampling):
       "num_instances": stats.instances,
       "shards": [{"file": n, "num_instances": c} for n, c in shards],
       "max_seq_length": cfg.max_seq_length,
-      "nsp": not cfg.no_nsp,
+      "nsp": not (cfg.no_nsp or cfg.sop),
+      # What next_sentence_labels mean: nsp | sop | none; training checks it against the model's
+      # objectives (dataset_info.check_records).
+      "sentence_objective": "none" if cfg.no_nsp else "sop" if cfg.sop else "nsp",
       **vocab_meta,
       "dupe_factor": cfg.dupe_factor,
       "short_seq_prob": cfg.short_seq_prob,
@@ -463,9 +470,9 @@ def prepare(cfg, nsp_sampling=None):
   return tok, params, sources, mode
 
 
-def summarize(stats, num_sources, num_shards, max_seq_length, seconds, nsp_sampling):
+def summarize(stats, num_sources, num_shards, max_seq_length, seconds, nsp_sampling, sop=False):
   slots = stats.instances * max_seq_length
-  return dict(
+  return dict(sop=sop,
       sources=num_sources, documents=stats.documents, dropped=stats.dropped,
       replaced=stats.replaced, sentences=stats.sentences, input_tokens=stats.input_tokens,
       instances=stats.instances, not_next_fraction=stats.random_next / stats.instances,
@@ -497,7 +504,7 @@ def run(cfg, show_progress=True):
   finally:
     bar.close()
   return summarize(stats, len(sources), len(shards), cfg.max_seq_length, time.time() - start,
-                   mode)
+                   mode, cfg.sop)
 
 
 def format_summary(s, output_dir):
@@ -512,7 +519,7 @@ def format_summary(s, output_dir):
       + (f"; jieba word boundaries fell back to tokens in {s['word_boundary_fallbacks']:,} "
          "sentence(s)" if s.get("word_boundary_fallbacks") else ""),
       f"  instance tokens {s['tokens']:,}, padding fraction {s['padding_fraction']:.3f}, "
-      f"NotNext fraction {s['not_next_fraction']:.3f}",
+      f"{'SOP swapped' if s.get('sop') else 'NotNext'} fraction {s['not_next_fraction']:.3f}",
   ])
 
 
@@ -544,6 +551,8 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_integer("dupe_factor", d.dupe_factor,
                        "Passes over the input (different pairs and splits each time).", **fv)
   flags.DEFINE_bool("no_nsp", d.no_nsp, "RoBERTa FULL-SENTENCES packing, no NSP pairs.", **fv)
+  flags.DEFINE_bool("sop", d.sop, "ALBERT sentence-order pairs (label 1 = swapped), no NSP.",
+                    **fv)
   flags.DEFINE_integer("num_shards", d.num_shards, "Output TFRecord shards.", **fv)
   flags.DEFINE_integer("num_workers", d.num_workers, "Processes (output does not depend on it).",
                        **fv)

@@ -9,7 +9,10 @@ pattern before any compute (`check_records`). The fields the contract rests on:
   max_seq_length                         the length of every record (config.seq_length)
   max_predictions_per_seq, masking       null / "dynamic" for unmasked records (the input pipeline
                                          masks them); a number for pre-masked ones
-  nsp                                    NSP pairs (True) or FULL-SENTENCES packing (False)
+  nsp                                    NSP pairs (True) or not (False)
+  sentence_objective                     what next_sentence_labels mean: nsp | sop (ALBERT's
+                                         sentence order) | none (full sentences); checked against
+                                         the model's objectives
   word_boundaries                        "jieba": records carry `word_continues` for Chinese
                                          whole-word masking (the input pipeline checks it)
   shards: [{file, num_instances}]        per-shard record counts: readers take them from here
@@ -140,6 +143,7 @@ def _check_one(path, info, field, expected):
   if info.get("max_seq_length") is not None and info["max_seq_length"] != expected["seq_length"]:
     fail("max_seq_length =", info["max_seq_length"], f"config.seq_length={expected['seq_length']}",
          f"set --config.seq_length={info['max_seq_length']} or regenerate the records")
+  _check_sentence_objective(path, info, field, expected)
   in_records = info.get("max_predictions_per_seq")
   if in_records is not None and in_records != expected["max_predictions_per_seq"]:
     fail("masks of max_predictions_per_seq =", in_records,
@@ -147,8 +151,40 @@ def _check_one(path, info, field, expected):
          f"set --config.max_predictions_per_seq={in_records}")
 
 
+def records_sentence_objective(info):
+  """"nsp", "sop" or "none" (full sentences): what the records' next_sentence_labels mean.
+  Records written before the field existed say it with `nsp` (true: NSP pairs)."""
+  if info.get("sentence_objective"):
+    return info["sentence_objective"]
+  return "nsp" if info.get("nsp", True) else "none"
+
+
+def _check_sentence_objective(path, info, field, expected):
+  """The model's sentence task (nsp | sop | none) against the records'. One combination is let
+  through with a note: NSP on full-sentence records (what training a BERT on RoBERTa-style
+  records always did: the NSP head learns label 0); every other mismatch trains a head on labels
+  that mean something else, or a no-NSP model on random-next pairs: a one-line error."""
+  model_side = expected.get("sentence_objective")
+  if model_side is None:
+    return
+  records = records_sentence_objective(info)
+  if records == model_side:
+    return
+  if records == "none" and model_side == "nsp":
+    expected["log"](f"note: {field}: the records in {os.path.dirname(path)} are full sentences "
+                    "(no NSP pairs): the NSP head sees label 0 only; "
+                    "--config.model.objectives=mlm drops it (RoBERTa's recipe).")
+    return
+  make = {"nsp": "create_pretraining_data (NSP pairs, the default)",
+          "sop": "create_pretraining_data --sop", "none": "create_pretraining_data --no_nsp"}
+  raise DataContractError(
+      f"{field}: the records in {os.path.dirname(path)} were made for sentence objective "
+      f"{records!r} ({path}) but the model trains {model_side!r} (config.model.objectives); "
+      f"remake the records with {make[model_side]} or pick a model with the records' objective.")
+
+
 def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lower_case,
-                  seq_length, max_predictions_per_seq):
+                  seq_length, max_predictions_per_seq, sentence_objective=None, log=print):
   """Checks every directory of `files` against its dataset_info.json, before any compute.
 
   Returns ({file: record count} for the files whose directory has a dataset_info.json, [the
@@ -157,7 +193,8 @@ def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lowe
   """
   expected = dict(vocab_path=vocab_path, vocab_size=vocab_size, vocab_sha256=vocab_sha256,
                   do_lower_case=do_lower_case, seq_length=seq_length,
-                  max_predictions_per_seq=max_predictions_per_seq)
+                  max_predictions_per_seq=max_predictions_per_seq,
+                  sentence_objective=sentence_objective, log=log)
   counts, without = {}, []
   for directory, dir_files in sorted(_by_directory(files).items()):
     info = read(directory)

@@ -10,6 +10,13 @@ Two instance layouts:
     from another document (label 1 = NotNext). `create_instances_from_document` draws its random
     numbers in the same order as google-research/bert's function of the same name, so for the
     same document pool and the same `random.Random` state it builds the same pairs.
+  * SOP (ALBERT, Lan et al. 2019): the same `[CLS] A [SEP] B [SEP]` layout with A and B two
+    consecutive segments of one document; label 0 when in order, 1 when swapped (half the time).
+    `create_sop_instances` draws in the order of google-research/albert's
+    create_instances_from_document with random_next_sentence=False, except for a chunk of a
+    single sentence, where ALBERT falls back to a B from another document (an NSP negative inside
+    SOP data): here that sentence is split at a random token into A and B instead (skipped if it
+    has one token), so every SOP instance is a pair of consecutive segments, in or out of order.
   * FULL-SENTENCES (RoBERTa, Liu et al. 2019, section 4.2): `[CLS] s1 s2 ... [SEP]`, whole
     sentences packed contiguously and across document boundaries with an extra `[SEP]` between
     documents; one segment, label 0.
@@ -36,7 +43,7 @@ class InstanceParams:
 class Instance:
   tokens: list  # [seq <= max_seq_length] token ids, [CLS]/[SEP] included, unpadded
   segment_ids: list  # [seq] 0 or 1
-  is_random_next: bool  # next_sentence_labels: 1 if True (NotNext), else 0 (IsNext)
+  is_random_next: bool  # next_sentence_labels: 1 if True (NotNext; SOP: swapped), else 0
 
 
 def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
@@ -143,6 +150,45 @@ def create_instances_from_document(documents, document_index, rng, params):
   return instances
 
 
+def _sop_pairs(document, rng, params):
+  """ALBERT's chunk loop for SOP: yields (tokens_a, tokens_b, swapped), A and B consecutive
+  segments in document order (module docstring); the caller swaps and truncates."""
+  max_num_tokens = params.max_seq_length - 3
+  target_seq_length = max_num_tokens
+  if rng.random() < params.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+  current_chunk = []
+  current_length = 0
+  for i, sentence in enumerate(document):
+    current_chunk.append(sentence)
+    current_length += len(sentence)
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      if len(current_chunk) >= 2:
+        a_end = rng.randint(1, len(current_chunk) - 1)
+        tokens_a = [t for s in current_chunk[:a_end] for t in s]
+        tokens_b = [t for s in current_chunk[a_end:] for t in s]
+      elif len(current_chunk[0]) >= 2:   # one sentence: split it (ALBERT: a random document)
+        cut = rng.randint(1, len(current_chunk[0]) - 1)
+        tokens_a, tokens_b = list(current_chunk[0][:cut]), list(current_chunk[0][cut:])
+      else:
+        tokens_a = None
+      if tokens_a is not None:
+        yield tokens_a, tokens_b, rng.random() < 0.5
+      current_chunk = []
+      current_length = 0
+
+
+def create_sop_instances(document, rng, params):
+  """SOP instances of one document (no other document is needed): label 1 = swapped."""
+  instances = []
+  for tokens_a, tokens_b, swapped in _sop_pairs(document, rng, params):
+    if swapped:
+      tokens_a, tokens_b = tokens_b, tokens_a
+    truncate_seq_pair(tokens_a, tokens_b, params.max_seq_length - 3, rng)
+    instances.append(_nsp_instance(tokens_a, tokens_b, swapped, params))
+  return instances
+
+
 @dataclasses.dataclass
 class Pair:
   """One NSP pair planned from its own document, before a NotNext B is fetched.
@@ -158,6 +204,7 @@ class Pair:
   random_document: int  # NotNext: index of the document B comes from; -1 for IsNext
   random_start: float  # NotNext: uniform [0, 1); B starts at sentence floor(u * len(doc))
   target_b_length: int
+  swapped: bool = False  # SOP: A and B are laid out in reverse order (label 1)
 
 
 def plan_nsp_pairs(document, document_index, num_documents, rng, params, key=()):
@@ -182,6 +229,13 @@ def plan_nsp_pairs(document, document_index, num_documents, rng, params, key=())
   return pairs
 
 
+def plan_sop_pairs(document, rng, params, key=()):
+  """SOP pairs of `document` as complete Pairs (no random-next document), for the whole-corpus
+  and Beam runners; `finish_pair` swaps and truncates them with the pair's own stream."""
+  return [Pair((*key, j), tokens_a, tokens_b, -1, 0.0, 0, swapped)
+          for j, (tokens_a, tokens_b, swapped) in enumerate(_sop_pairs(document, rng, params))]
+
+
 def random_next_tokens(random_document, pair):
   """B of a NotNext pair: whole sentences of `random_document` from the pair's start sentence
   until target_b_length tokens (the last sentence whole, as the original)."""
@@ -198,8 +252,10 @@ def finish_pair(pair, tokens_b, rng, params):
   """Truncates (coin flips from `rng`, the pair's own stream) and lays out the instance."""
   tokens_a = list(pair.tokens_a)
   tokens_b = list(tokens_b)
+  if pair.swapped:
+    tokens_a, tokens_b = tokens_b, tokens_a
   truncate_seq_pair(tokens_a, tokens_b, params.max_seq_length - 3, rng)
-  return _nsp_instance(tokens_a, tokens_b, pair.random_document >= 0, params)
+  return _nsp_instance(tokens_a, tokens_b, pair.random_document >= 0 or pair.swapped, params)
 
 
 def pack_full_sentences(documents, params):

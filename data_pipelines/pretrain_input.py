@@ -266,7 +266,7 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
                           start_batch=0, shuffle_buffer=10000,
                           num_parallel_calls=tf.data.AUTOTUNE, premasked=None, pack=False,
                           max_instances_per_pack=0, pack_chunk_size=packing.DEFAULT_CHUNK_SIZE,
-                          expanded=False):
+                          expanded=False, masking_scheme="token", span_boundaries=False):
   """Masked (and optionally packed) pre-training batches for this host; see the module docstring.
 
   Args:
@@ -289,6 +289,10 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     pack: several instances per row (data_pipelines/packing.py documents the packed contract).
     max_instances_per_pack: K (0 = packing.default_max_instances(seq_length)).
     pack_chunk_size: instances the packer looks at together.
+    masking_scheme: token (BERT), ngram (ALBERT) or span (SpanBERT); data_pipelines/masking.py.
+    span_boundaries: add masked_lm_span_left/right [batch, P] (SpanBERT's SBO targets:
+      masking.span_boundaries, computed after packing, where runs never cross instances since
+      [CLS]/[SEP] are never masked).
   Returns:
     tf.data.Dataset of dicts. Unpacked (BATCH_KEYS): [batch, seq] int32 input_ids/input_mask/
     segment_ids, [batch, P] int32 masked_lm_positions/masked_lm_ids, [batch, P] float32
@@ -332,7 +336,7 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   if not found_premasked:
     cfg = masking.mask_config_from_vocab(
         vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
-        whole_word_masking=whole_word_masking)
+        whole_word_masking=whole_word_masking, scheme=masking_scheme)
   s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
               premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
               shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
@@ -346,6 +350,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   # Host batch = its shards' rows in shard order; hosts hold consecutive shards, so the global
   # batch (hosts in process order) is the same for every host count.
   ds = tf.data.Dataset.zip(tuple(per_shard)).map(_concat_rows)
+  if span_boundaries:
+    ds = ds.map(_add_span_boundaries)
   ds = ds.prefetch(tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.deterministic = True
@@ -353,6 +359,12 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   _DATASET_INFO[ds] = dict(files=files, seq_length=seq_length, premasked=found_premasked,
                            max_predictions_per_seq=max_predictions_per_seq)
   return ds
+
+
+@tf.autograph.experimental.do_not_convert
+def _add_span_boundaries(batch):
+  left, right = masking.span_boundaries(batch["masked_lm_positions"], batch["masked_lm_weights"])
+  return dict(batch, masked_lm_span_left=left, masked_lm_span_right=right)
 
 
 @tf.autograph.experimental.do_not_convert

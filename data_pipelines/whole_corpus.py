@@ -71,11 +71,15 @@ def packing_group(g, dupe, cfg, num_documents):
 
 
 def nsp_pairs(document, g, num_documents, cfg, params):
-  """The pairs of document g for all dupes (IsNext complete, NotNext waiting for B)."""
+  """The pairs of document g for all dupes (IsNext complete, NotNext waiting for B; SOP pairs
+  (--sop) are all complete: both segments come from document g)."""
   for dupe in range(cfg.dupe_factor):
     rng = random.Random(cpd._seed(cfg.random_seed, "document", g, dupe))
-    yield from instances_lib.plan_nsp_pairs(document, g, num_documents, rng, params,
-                                            key=(g, dupe))
+    if cfg.sop:
+      yield from instances_lib.plan_sop_pairs(document, rng, params, key=(g, dupe))
+    else:
+      yield from instances_lib.plan_nsp_pairs(document, g, num_documents, rng, params,
+                                              key=(g, dupe))
 
 
 def finish_pair(pair, tokens_b, cfg, params):

@@ -134,3 +134,14 @@ def test_beam_jsonl_and_tfds_inputs_match_the_local_path(corpus, tmp_path):
     beam_pipeline.run(_config(corpus, tmp_path / f"{name}-beam", **kw), ["--runner=DirectRunner"])
     assert _files(tmp_path / f"{name}-beam") == _files(tmp_path / f"{name}-local"), name
     assert local["documents"] == len(texts) - 1 and local["dropped"] == 1, name
+
+
+def test_beam_sop_records_match_the_local_path(corpus, tmp_path):
+  local = cpd.run(_config(corpus, tmp_path / "local", nsp_sampling="corpus", sop=True),
+                  show_progress=False)
+  summary = beam_pipeline.run(_config(corpus, tmp_path / "beam", sop=True),
+                              ["--runner=DirectRunner"])
+  assert _files(tmp_path / "beam") == _files(tmp_path / "local")
+  assert _files(tmp_path / "local")[cpd.INFO_FILE]["sentence_objective"] == "sop"
+  assert summary["not_next_fraction"] == local["not_next_fraction"]
+  assert 0.35 < local["not_next_fraction"] < 0.65

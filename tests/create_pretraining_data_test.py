@@ -357,3 +357,28 @@ def test_filters_are_off_by_default_and_counted(corpus, tmp_path):
                                  keep_scripts="Latin", min_script_fraction=0.5)
   assert filtered["documents"] == 2 and filtered["sentences"] == 4
   assert "unknown script 'Klingon'" in _error(corpus, tmp_path, keep_scripts="Latin,Klingon")
+
+
+def test_sop_records_name_their_objective(corpus, tmp_path):
+  summary = _run(corpus, tmp_path, sop=True)
+  info, shards = _read(tmp_path)
+  assert info["sentence_objective"] == "sop" and not info["nsp"]
+  vocab = vocab_lib.wordpiece_info(corpus["vocab"])
+  labels = []
+  for ex in (e for v in shards.values() for e in v):
+    n = int(ex["input_mask"].sum())
+    seps = np.flatnonzero(ex["input_ids"][:n] == vocab.sep_id)
+    assert ex["input_ids"][0] == vocab.cls_id and len(seps) == 2 and seps[1] == n - 1
+    labels.append(int(ex["next_sentence_labels"][0]))
+  # Swapped half the time (no random-next documents: short documents do not push it up).
+  assert summary["not_next_fraction"] == pytest.approx(np.mean(labels))
+  assert abs(np.mean(labels) - 0.5) < 4 * np.sqrt(0.25 / len(labels))
+  assert "SOP swapped fraction" in cpd.format_summary(summary, str(tmp_path))
+  with pytest.raises(cpd.PretrainingDataError, match="--sop and --no_nsp: pick one"):
+    _run(corpus, tmp_path / "both", sop=True, no_nsp=True)
+  # Block and whole-corpus sampling and the worker count: same kind of records, the corpus
+  # mode independent of the worker count.
+  _run(corpus, tmp_path / "c1", sop=True, nsp_sampling="corpus")
+  _run(corpus, tmp_path / "c2", sop=True, nsp_sampling="corpus", num_workers=2)
+  assert _bytes(tmp_path / "c1") == _bytes(tmp_path / "c2")
+  assert _read(tmp_path / "c1")[0]["sentence_objective"] == "sop"

@@ -148,3 +148,32 @@ def test_pipeline_counts_come_from_the_contract(data, monkeypatch):
     f.write(b"")
   os.truncate(data["files"][0], os.path.getsize(data["files"][0]) - 1)
   assert dataset_info.known_count(data["files"]) is None
+
+
+def test_sentence_objective_of_records_against_the_model(data):
+  # Records written before the field: nsp=True means NSP pairs.
+  _check(data["files"], data["vocab"], sentence_objective="nsp")
+  with pytest.raises(dataset_info.DataContractError,
+                     match=r"made for sentence objective 'nsp' .* but the model trains 'sop' "
+                     r"\(config.model.objectives\); remake the records with "
+                     r"create_pretraining_data --sop") as e:
+    _check(data["files"], data["vocab"], sentence_objective="sop")
+  assert "\n" not in str(e.value)
+  with pytest.raises(dataset_info.DataContractError, match="'nsp' .* trains 'none'"):
+    _check(data["files"], data["vocab"], sentence_objective="none")   # SpanBERT on NSP pairs
+  info_path = data["dir"] / dataset_info.INFO_FILE
+  info = json.loads(info_path.read_text())
+  info.update(nsp=False, sentence_objective="sop")
+  info_path.write_text(json.dumps(info))
+  _check(data["files"], data["vocab"], sentence_objective="sop")
+  with pytest.raises(dataset_info.DataContractError, match="'sop' .* trains 'nsp'"):
+    _check(data["files"], data["vocab"], sentence_objective="nsp")
+  # Full-sentence records under an NSP head: what training BERT on them always did, with a note.
+  info.update(sentence_objective="none")
+  info_path.write_text(json.dumps(info))
+  notes = []
+  _check(data["files"], data["vocab"], sentence_objective="nsp", log=notes.append)
+  assert len(notes) == 1 and "NSP head sees label 0 only" in notes[0]
+  _check(data["files"], data["vocab"], sentence_objective="none")
+  with pytest.raises(dataset_info.DataContractError, match="'none' .* trains 'sop'"):
+    _check(data["files"], data["vocab"], sentence_objective="sop")

@@ -241,3 +241,62 @@ def test_random_next_tokens_starts_uniformly_and_stops_at_the_target():
     assert b[0] % 10 == 0 and len(b) == min(30, 80 - b[0])  # whole sentences, >= 25 if it can
     starts.append(b[0] // 10)
   assert np.bincount(starts).tolist() == [10] * 8
+
+
+# ----------------------------------------------------------------------------------------------
+# SOP (ALBERT): consecutive segments of one document, in order (label 0) or swapped (label 1).
+# ----------------------------------------------------------------------------------------------
+def _sop_all(docs, params, seed=3):
+  rng = random.Random(seed)
+  return [inst for d in docs for inst in il.create_sop_instances(d, rng, params)]
+
+
+def test_sop_pairs_are_consecutive_segments_in_or_out_of_order():
+  docs = _documents(4000, seed=4)
+  params = il.InstanceParams(max_seq_length=64, short_seq_prob=0.1, cls_id=CLS, sep_id=SEP)
+  out = _sop_all(docs, params)
+  assert len(out) >= 10_000
+  swapped = exact = 0
+  for inst in out:
+    a, b = _split(inst)
+    first, second = (b, a) if inst.is_random_next else (a, b)
+    assert len({t // 100_000 for t in first + second}) == 1, "both from one document"
+    for seg in (first, second):   # truncation trims the ends only: each stays contiguous
+      assert seg == list(range(seg[0], seg[0] + len(seg)))
+    assert first[-1] < second[0], "label 0 = A before B in the document, 1 = swapped"
+    exact += first[-1] + 1 == second[0]   # no token trimmed between them
+    swapped += inst.is_random_next
+  assert exact > len(out) // 2
+  # Label 1 (swapped) with probability 1/2: within 4 standard deviations over >= 10k instances.
+  assert abs(swapped / len(out) - 0.5) < 4 * np.sqrt(0.25 / len(out))
+
+
+def test_sop_single_sentence_chunks_are_split_and_tokens_are_not_lost():
+  # One sentence per document: ALBERT would draw B from another document; here it is split.
+  docs = [[array.array("i", range(100_000 * (d + 1), 100_000 * (d + 1) + 10))] for d in range(50)]
+  docs.append([array.array("i", [7])])        # one token: no pair can be made, skipped
+  out = _sop_all(docs, PARAMS)
+  assert len(out) == 50
+  for inst in out:
+    a, b = _split(inst)
+    assert sorted(a + b) == list(range(min(a + b), min(a + b) + 10))
+
+
+def test_sop_truncates_to_max_seq_length_and_the_whole_corpus_plan_makes_sop_pairs():
+  docs = _documents(300, seed=5, max_len=60)
+  params = il.InstanceParams(max_seq_length=32, short_seq_prob=0.1, cls_id=CLS, sep_id=SEP)
+  assert max(len(i.tokens) for i in _sop_all(docs, params)) <= 32
+  # plan_sop_pairs + finish_pair (the whole-corpus / Beam path): complete pairs (no random
+  # document), swapped ones laid out B A with label 1, truncated with the pair's own stream.
+  rng = random.Random(3)
+  labels = []
+  for g, d in enumerate(docs):
+    for pair in il.plan_sop_pairs(d, rng, params, key=(g, 0)):
+      assert pair.random_document == -1 and pair.key[:2] == (g, 0)
+      inst = il.finish_pair(pair, pair.tokens_b, random.Random(str(pair.key)), params)
+      a, b = _split(inst)
+      first, second = (b, a) if inst.is_random_next else (a, b)
+      assert first[-1] < second[0] and len(inst.tokens) <= 32
+      assert inst.is_random_next == pair.swapped
+      labels.append(pair.swapped)
+  assert 0.4 < np.mean(labels) < 0.6

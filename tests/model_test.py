@@ -441,8 +441,12 @@ def test_spanbert_sbo_head_reads_the_span_boundaries():
   moved = dict(batch, masked_lm_span_right=np.minimum(pos + 2, 6))
   assert not np.allclose(apply(moved)["sbo"], out["sbo"])
   np.testing.assert_array_equal(apply(moved)["mlm"], out["mlm"])   # MLM does not read them
-  mlm, sentence = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  mlm, sentence = model_lib.BertForPreTraining(c).apply(
+      {"params": params}, ids, mask, seg, pos, span_left=batch["masked_lm_span_left"],
+      span_right=batch["masked_lm_span_right"])
   assert sentence is None and mlm.shape == (2, 3, 99)
+  with pytest.raises(ValueError, match="no masked_lm_span_left/right"):   # never made-up spans
+    model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
 
 
 def test_family_fields_keep_bert_configs_unchanged_and_validate():

@@ -7,7 +7,10 @@ r"""BERT pre-training presets (the paper's recipe: Devlin et al. 2018, section A
       --config.vocab_file=gs://BUCKET/vocab.txt
 
 The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
-  PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256.
+  PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256;
+            ALBERT: albert-{tiny,mini,base,large,xlarge,xxlarge} (records from
+            create_pretraining_data --sop; n-gram masking); SpanBERT: spanbert, spanbert-large,
+            spanbert-{tiny,mini} (records from --no_nsp; span masking). docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
@@ -32,16 +35,23 @@ def get_config(arg="base"):
     raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
                      "PRESET[,phase2][,fast][,runlocal].")
 
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  family = model_lib.PRESETS.get(preset, {})   # an unknown preset is train's one-line error
   c = ml_collections.ConfigDict()
   c.model_name = preset            # see model.get_bert_config: tiny..large or L-{L}_H-{H}
   # Overrides of BertConfig fields (vocab_size is taken from the vocab file when left None).
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=ml_collections.FieldReference(None, field_type=int),
       dtype="float32",             # "bfloat16" on TPU/GPU: bf16 compute, f32 params and Adam state
-      hidden_dropout_prob=0.1,
-      attention_dropout_prob=0.1,
-      hidden_act="gelu",           # exact erf GELU, as HF "gelu"; "gelu_tanh" is the tanh
-                                   # approximation google-research/bert's modeling.py uses
+      # The preset's (BERT: 0.1, 0.1, gelu; ALBERT v2: 0, 0, gelu_tanh).
+      hidden_dropout_prob=family.get("hidden_dropout_prob", 0.1),
+      attention_dropout_prob=family.get("attention_dropout_prob", 0.1),
+      hidden_act=family.get("hidden_act", "gelu"),  # exact erf GELU, as HF "gelu"; "gelu_tanh"
+                                   # is the tanh approximation google-research/bert uses
+      # The family (docs/models.md); None = the preset's: mlm,nsp (BERT) | mlm,sop (ALBERT) |
+      # mlm,sbo (SpanBERT); "mlm" alone is RoBERTa's recipe on --no_nsp records.
+      objectives=config_dict.placeholder(str),
+      share_layers=config_dict.placeholder(str),   # ALBERT: all (preset) | attention | ffn
       remat=False,                 # recompute each layer in the backward pass (seq 512 / large)
       # Attention kernel (bert_jax/attention.py): auto = the fastest that supports the rows on this
       # chip (TPU splash; GPU cuDNN / Pallas; CPU xla). Attention dropout > 0 in training needs
@@ -50,6 +60,8 @@ def get_config(arg="base"):
   ))
 
   _input_fields(c)
+  c.masking = {"albert": "ngram", "spanbert": "span"}.get(family.get("family"), "token")
+  c.whole_word_masking = family.get("family") in ("albert", "spanbert")  # n-grams / spans of words
   _optimizer_and_loop_fields(c)
   _apply_variants(c, preset, variants)
   return c
@@ -70,6 +82,9 @@ def _input_fields(c):
   # Whole words ("##" pieces; Chinese words too when the records carry jieba boundaries, which
   # then require it: docs/non_english.md).
   c.whole_word_masking = False
+  # token (BERT) | ngram (ALBERT: n <= 3, p(n) ~ 1/n) | span (SpanBERT: geometric(0.2) spans of
+  # up to 10 words, 80/10/10 per span; needed by the sbo objective). data_pipelines/masking.py.
+  c.masking = "token"
   c.shuffle_buffer = 10_000        # records per logical shard's shuffle buffer
   # Packing (docs/packing.md): several instances per row, attention only within an instance, so
   # the step spends ~no compute on padding (quick start's records: 0.44 -> 0.99 real tokens per
