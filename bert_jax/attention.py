@@ -60,8 +60,14 @@ class Choice(NamedTuple):
 
 
 def platform():
-  """"cpu", "gpu" or "tpu" (jax.default_backend() says "cuda"/"rocm" on some installs)."""
-  p = jax.default_backend()
+  """"cpu", "gpu" or "tpu": the chips of the mesh being traced under (`jax.set_mesh`), else the
+  default backend's. From the mesh because a step may be compiled ahead of time for chips this
+  host does not have (bert_jax/plan.py compiles for a TPU slice on a CPU host), and "auto" must
+  then pick the kernel the slice will run. jax.default_backend() says "cuda"/"rocm" on some
+  installs."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  p = device.platform if device is not None else jax.default_backend()
   return "gpu" if p in ("gpu", "cuda", "rocm") else p
 
 
@@ -133,12 +139,14 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   return Choice("xla", "auto fell back: " + "; ".join(refusals))
 
 
-def startup_line(model_config, *, packed, seq_len):
+def startup_line(model_config, *, packed, seq_len, platform_name=None):
   """"attention: <kernel> in training (<why>)[, <kernel> in evaluation (<why>)]" for the log.
 
   Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
+  platform_name: the chips the step runs on (default: this host's, see `platform`).
   """
-  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len)
+  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
+            platform_name=platform_name)
   train = select_backend(model_config.attention, dropout=model_config.attention_dropout_prob, **kw)
   evaluation = select_backend(model_config.attention, dropout=0.0, **kw)
   line = f"attention: {train.backend} in training ({train.reason})"
@@ -271,6 +279,17 @@ def _per_shard(kernel, q, k, v, ids):
   if not rules:
     from bert_jax.sharding import LOGICAL_AXIS_RULES as rules
   spec = nn.logical_to_mesh_axes(BTND, rules)    # e.g. P(("data", "fsdp"), None, "tensor", None)
+  # An axis that does not split evenly stays whole on every device: model.init's dummy batch of
+  # one row (traced under the mesh when the state is built, on a TPU slice as in bert_jax/plan.py),
+  # or fewer heads than the tensor axis. Training batches always split (sharding.check_batch_size).
+  spec = P(*(None if axes is not None and dim % _mesh_size(mesh, axes) else axes
+             for dim, axes in zip(q.shape, spec)))
   ids_spec = P(spec[0], spec[1])
   return jax.shard_map(kernel, mesh=mesh, in_specs=(spec, spec, spec, ids_spec), out_specs=spec,
                        check_vma=False)(q, k, v, ids)
+
+
+def _mesh_size(mesh, axes):
+  """Devices along mesh axis name(s) `axes` ("tensor" or ("data", "fsdp"))."""
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(mesh.shape[a] for a in axes)

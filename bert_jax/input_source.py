@@ -102,3 +102,34 @@ def peek(batches, n=4):
   real = sum(int(np.sum(b["input_mask"])) for b in first)
   slots = sum(int(np.size(b["input_mask"])) for b in first)
   return itertools.chain(first, batches), real / max(slots, 1)
+
+
+def packed_widths(config, layout):
+  """(K instances, Q prediction slots) of a packed row of dynamically masked records."""
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  k = int(layout.get("max_instances_per_pack") or packing.default_max_instances(config.seq_length))
+  return k, packing.max_predictions_per_pack(config.seq_length, k, config.masked_lm_prob)
+
+
+def batch_spec(config, layout):
+  """{key: (shape, dtype name)} of one GLOBAL training batch as the train step receives it.
+
+  The contract of pretrain_input.make_pretrain_dataset: unpacked rows (BATCH_KEYS, P =
+  max_predictions_per_seq), or packed rows (packing.PACKED_KEYS: K instances and Q prediction
+  slots per row) when layout["pack"]. For compiling the step without data (bert_jax/plan.py).
+  Google's pre-masked records packed carry P * K slots instead of Q (not planned for here).
+  """
+  b, t = config.batch_size, config.seq_length
+  spec = dict(input_ids=((b, t), "int32"), input_mask=((b, t), "int32"),
+              segment_ids=((b, t), "int32"))
+  if layout and layout.get("pack"):
+    k, q = packed_widths(config, layout)
+    spec.update(instance_ids=((b, t), "int32"), position_ids=((b, t), "int32"),
+                masked_lm_positions=((b, q), "int32"), masked_lm_ids=((b, q), "int32"),
+                masked_lm_weights=((b, q), "float32"), nsp_positions=((b, k), "int32"),
+                next_sentence_labels=((b, k), "int32"), nsp_weights=((b, k), "float32"))
+  else:
+    p = config.max_predictions_per_seq
+    spec.update(masked_lm_positions=((b, p), "int32"), masked_lm_ids=((b, p), "int32"),
+                masked_lm_weights=((b, p), "float32"), next_sentence_labels=((b,), "int32"))
+  return spec

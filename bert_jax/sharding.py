@@ -150,9 +150,16 @@ def check_batch_size(global_batch, mesh, micro_steps=1):
     raise ShardingError(f"config.batch_size={global_batch} (micro-batch {per_step}) is not "
                         f"divisible by the data-parallel size {dp} (mesh {dict(mesh.shape)}); "
                         f"use a multiple of {dp}.")
-  if per_step % jax.process_count():
+  hosts = num_hosts(mesh)
+  if per_step % hosts:
     raise ShardingError(f"config.batch_size={global_batch}: micro-batch {per_step} is not "
-                        f"divisible by the {jax.process_count()} hosts.")
+                        f"divisible by the {hosts} hosts.")
+
+
+def num_hosts(mesh):
+  """Hosts (processes) holding the mesh's devices: jax.process_count() for a mesh over every
+  device, and the slice's host count for a compile-only topology (bert_jax/plan.py)."""
+  return len({d.process_index for d in mesh.devices.flat})
 
 
 def logical_to_sharding(logical_tree, mesh, rules=LOGICAL_AXIS_RULES):

@@ -127,9 +127,7 @@ def step_flops(config, model_config, layout):
   slots and K NSP slots (pretrain_input's widths), an unpacked one max_predictions_per_seq and 1."""
   preds, nsp = config.max_predictions_per_seq, 1
   if layout and layout.get("pack"):
-    from data_pipelines import packing  # pylint: disable=g-import-not-at-top
-    nsp = layout["max_instances_per_pack"]
-    preds = packing.max_predictions_per_pack(config.seq_length, nsp, config.masked_lm_prob)
+    nsp, preds = input_source.packed_widths(config, layout)
   return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
 
 

@@ -145,11 +145,14 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                 rng=dropout_rng)
 
+  # Shapes only: an abstract key, so nothing runs on (or needs) a live device. The mesh may be a
+  # compile-only TPU topology on a CPU host (bert_jax/plan.py).
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32)   # the shape and dtype of jax.random.PRNGKey(0)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract_vars = jax.eval_shape(init_variables, jax.random.PRNGKey(0))
+    abstract_vars = jax.eval_shape(init_variables, key)
     param_shardings = sharding_lib.logical_to_sharding(
         nn.get_partition_spec(abstract_vars)["params"], mesh, rules)
-    abstract_state = jax.eval_shape(init_state, jax.random.PRNGKey(0))
+    abstract_state = jax.eval_shape(init_state, key)
   state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
                                                        param_shardings, mesh)
   abstract_state = jax.tree.map(
@@ -177,9 +180,12 @@ def mesh_rules(mesh, rules=sharding_lib.LOGICAL_AXIS_RULES):
     yield
 
 
-def create_mesh(mesh_shape, *batch_sizes, grad_accum_steps=1):
-  """The device mesh, after checking that every global batch size splits over it and the hosts."""
-  mesh = sharding_lib.create_mesh(mesh_shape)
+def create_mesh(mesh_shape, *batch_sizes, grad_accum_steps=1, devices=None):
+  """The device mesh, after checking that every global batch size splits over it and the hosts.
+
+  devices: default jax.devices(); a compile-only TPU topology's devices for bert_jax/plan.py.
+  """
+  mesh = sharding_lib.create_mesh(mesh_shape, devices)
   for b in batch_sizes:
     sharding_lib.check_batch_size(b, mesh, grad_accum_steps)
   return mesh

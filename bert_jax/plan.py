@@ -1,0 +1,477 @@
+r"""Plan before you pay: compile the real pre-training step for a TPU slice on this host.
+
+  python -m bert_jax.plan --config=bert_jax/configs/pretrain.py:base --topology=v5litepod-16 \
+      --config.model.dtype=bfloat16 [--search] [--price_per_chip_hour=1.20] [--json=plan.json]
+
+Takes the config and every --config.* flag of `bert_jax.train`, plus the slice. Builds the step
+with train.build_training (the very function `train` runs), lowers it for the slice's devices
+(jax.experimental.topologies: compile-only TPU devices, no TPU needed; libtpu must be installed:
+`pip install "jax[tpu]==0.10.2"`, which requirements-test.txt pins) and compiles it with the TPU
+compiler, as MaxText's train_compile.py does. Then it prints, per chip: parameters, optimizer
+state, batch, activations/temporaries and code against the HBM the compiler says a program may
+use, FITS or DOES NOT FIT with the margin; compiled FLOPs against the analytic count; the
+collectives; a step-time ESTIMATE (from the compiler's cost model, and a roofline bound); tokens/s,
+MFU, time, chip-hours and cost to config.num_train_steps. An out-of-memory config fails here with
+the compiler error the slice would give.
+
+--search looks for the cheapest settings that fit the configured global batch (data parallel,
+then FSDP, then remat, then gradient accumulation) and prints the flags to paste into `train`.
+
+Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error.
+"""
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform as platform_lib
+import re
+import time
+
+from absl import flags
+from ml_collections import config_flags
+
+from bert_jax import errors
+from bert_jax import tpu_specs
+
+GiB = 1024 ** 3
+
+
+class PlanError(errors.UserError):
+  """A plan that cannot be made: libtpu missing, a bad --topology or config."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The slice's compile-only devices.
+# ----------------------------------------------------------------------------------------------
+def require_libtpu():
+  """libtpu's version; a one-line error naming the install command when it is missing."""
+  if importlib.util.find_spec("libtpu") is None:
+    raise PlanError("bert_jax.plan compiles with the TPU compiler, which is not installed: "
+                    "pip install \"jax[tpu]==0.10.2\" (or pip install -r requirements-test.txt); "
+                    "training on CPU/GPU does not need it.")
+  return importlib.metadata.version("libtpu")
+
+
+def topology_devices(spec: tpu_specs.SliceSpec):
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  return topologies.get_topology_desc(platform="tpu", **spec.topology_kwargs()).devices
+
+
+_HBM_RE = re.compile(r"exceeds available HBM \(([\d.]+)([GM])\)")
+
+
+def available_hbm(device):
+  """Bytes of HBM the TPU compiler lets one program use on `device`'s chip (its own figure).
+
+  Read from the compiler's out-of-memory message for a program that cannot fit (128 GiB of
+  temporaries): e.g. 15.75G on v5e, 30.75G on v4, 95.74G on v5p, 31.25G on v6e (libtpu 0.0.42.1).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  one = NamedSharding(Mesh(np.array([device]), ("x",)), P())
+  try:
+    jax.jit(lambda: jnp.zeros((2 ** 37,), jnp.int8), out_shardings=one).lower().compile()
+  except jax.errors.JaxRuntimeError as e:
+    m = _HBM_RE.search(str(e))
+    if m:
+      return float(m.group(1)) * (GiB if m.group(2) == "G" else 1024 ** 2)
+  return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Compiling one configuration.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Compiled:
+  """What one compile of the train step tells, per chip (bytes, FLOPs, seconds)."""
+  fits: bool
+  compile_seconds: float
+  error: str = ""              # the compiler's out-of-memory message when it refused
+  params: int = 0
+  optimizer: int = 0
+  batch: int = 0
+  temporaries: int = 0
+  code: int = 0
+  total: int = 0
+  flops: float = 0.0           # compiled, per chip
+  bytes_accessed: float = 0.0  # compiled, per chip
+  compiler_seconds: float = 0.0  # libtpu's cost-model step time, corrected (see `estimate`)
+  collectives: dict = dataclasses.field(default_factory=dict)   # op -> [count, bytes]
+  attention: str = ""
+  num_params: int = 0          # the model's, whole
+
+
+def _per_device_bytes(tree):
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (its largest shard)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape)
+    total += math.prod(shape) * leaf.dtype.itemsize
+  return total
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_COLLECTIVE_RE = re.compile(
+    r"=\s*(\(?[^=]*?\)?)\s+(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+    r"(-start)?\(")
+
+
+def collectives(hlo_text):
+  """{op: [count, bytes]} of the cross-chip collectives in a compiled module's HLO text (the
+  result shapes' bytes; an async op counted once, at its -start)."""
+  found = {}
+  for line in hlo_text.splitlines():
+    m = _COLLECTIVE_RE.search(line)
+    if not m:
+      continue
+    size = sum(_DTYPE_BYTES.get(dt, 4) * math.prod(int(d) for d in dims.split(",") if d)
+               for dt, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", m.group(1)))
+    entry = found.setdefault(m.group(2), [0, 0])
+    entry[0] += 1
+    entry[1] += size
+  return found
+
+
+def compile_step(config, model_config, devices):
+  """Lowers and compiles train.build_training's step for `devices`; a Compiled."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+
+  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
+                                 grad_accum_steps=int(config.grad_accum_steps), devices=devices)
+  attention = attention_lib.startup_line(model_config, packed=bool(config.pack),
+                                         seq_len=config.seq_length,
+                                         platform_name=devices[0].platform)
+  t = train.build_training(config, model_config, mesh)
+  shard = sharding_lib.batch_sharding(mesh)
+  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shard)
+           for k, (shape, dtype) in input_source.batch_spec(config, layout_of(config)).items()}
+  start = time.perf_counter()
+  with trainer_lib.mesh_rules(mesh):
+    lowered = t.train_step.lower(t.abstract_state, batch)
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return Compiled(False, time.perf_counter() - start, error=" ".join(str(e).split()),
+                    attention=attention)
+  seconds = time.perf_counter() - start
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  hlo = compiled.as_text()
+  state = t.abstract_state
+  total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+           + mem.temp_size_in_bytes + mem.generated_code_size_in_bytes)
+  # libtpu 0.0.42.1's cost model counts each ConcatBitcast custom call as -1 s (tiny: -1.9988 s
+  # with 2 of them; BERT-base: -491.9 s); adding them back gives its real estimate.
+  concat_bitcasts = hlo.count('custom_call_target="ConcatBitcast"')
+  return Compiled(
+      True, seconds, num_params=sum(math.prod(p.shape) for p in jax.tree.leaves(state["params"])),
+      params=_per_device_bytes(state["params"]),
+      optimizer=_per_device_bytes(state["opt_state"]), batch=_per_device_bytes(batch),
+      temporaries=mem.temp_size_in_bytes, code=mem.generated_code_size_in_bytes, total=total,
+      flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+      compiler_seconds=float(cost.get("optimal_seconds", 0.0)) + concat_bitcasts,
+      collectives=collectives(hlo), attention=attention)
+
+
+def layout_of(config):
+  """The stream layout train would store, as far as the step's shapes depend on it."""
+  return dict(pack=bool(config.pack), max_instances_per_pack=int(config.max_instances_per_pack))
+
+
+# ----------------------------------------------------------------------------------------------
+# From a compile to a prediction.
+# ----------------------------------------------------------------------------------------------
+def estimate(c: Compiled, gen: tpu_specs.Generation):
+  """(step seconds, how it was derived): libtpu's cost model where it gives a positive time, else
+  the roofline bound max(FLOPs / peak, bytes / HBM bandwidth). An estimate, not a measurement."""
+  roofline = max(c.flops / (gen.peak_bf16_tflops * 1e12), c.bytes_accessed / (gen.hbm_gb_per_s
+                                                                                * 1e9))
+  if c.compiler_seconds > 0:
+    return c.compiler_seconds, (f"libtpu's cost model (cost_analysis optimal_seconds, +1 s per "
+                                f"ConcatBitcast call); roofline lower bound {roofline:.4f} s")
+  return roofline, ("roofline lower bound: max(compiled FLOPs / bf16 peak, bytes accessed / "
+                    "HBM bandwidth); the compiler gave no step time")
+
+
+def predict(config, model_config, spec, c: Compiled, price):
+  """The numbers a user pays by: tokens/s, MFU, hours, chip-hours and cost."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  gen = spec.generation
+  step_s, how = estimate(c, gen)
+  analytic = train.step_flops(config, model_config, layout_of(config)) / spec.chips
+  steps = int(config.num_train_steps)
+  hours = steps * step_s / 3600
+  return dict(step_seconds=step_s, step_time_source=how, analytic_flops_per_chip=analytic,
+              flops_ratio=c.flops / analytic if analytic else None,
+              tokens_per_second=config.batch_size * config.seq_length / step_s,
+              mfu=analytic / (step_s * gen.peak_bf16_tflops * 1e12), train_steps=steps,
+              hours=hours, chip_hours=hours * spec.chips, price_per_chip_hour=price,
+              cost_usd=hours * spec.chips * price)
+
+
+def _gib(n):
+  return f"{n / GiB:.2f} GiB"
+
+
+def report_lines(config, model_config, spec, c: Compiled, hbm, pred):
+  """The plan, as the lines `main` prints (the verdict last)."""
+  gen = spec.generation
+  lines = [f"memory per chip: params {_gib(c.params)} | optimizer {_gib(c.optimizer)} | batch "
+           f"{_gib(c.batch)} | activations/temporaries {_gib(c.temporaries)} | code "
+           f"{_gib(c.code)} | total {_gib(c.total)} of {_gib(hbm)} the compiler allows "
+           f"({gen.hbm_gib} GiB HBM)",
+           f"FLOPs per chip per step: compiled {c.flops:.3e}, analytic "
+           f"{pred['analytic_flops_per_chip']:.3e} ({pred['flops_ratio']:.3f}x"
+           + (", remat recomputes the forward" if model_config.remat else "") + ")",
+           "collectives per step: " + (", ".join(
+               f"{op} x{n} ({b / 1e9:.3g} GB)" for op, (n, b) in sorted(c.collectives.items()))
+               or "none"),
+           f"step time {pred['step_seconds']:.4f} s: an ESTIMATE, not a measurement, from "
+           f"{pred['step_time_source']}",
+           f"predicted: {pred['tokens_per_second']:,.0f} tokens/s (row slots), MFU "
+           f"{pred['mfu']:.1%} of {gen.peak_bf16_tflops:g} TFLOP/s bf16 per chip; "
+           f"{pred['train_steps']:,} steps in {pred['hours']:,.1f} h = "
+           f"{pred['chip_hours']:,.0f} chip-hours = ${pred['cost_usd']:,.0f} at "
+           f"${pred['price_per_chip_hour']:.2f}/chip-hour"]
+  margin = hbm - c.total
+  lines.append(f"verdict: FITS on {spec.cloud_name} with {_gib(margin)} ({margin / hbm:.0%}) of "
+               "HBM to spare per chip")
+  return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# Search: the cheapest settings that fit the configured global batch.
+# ----------------------------------------------------------------------------------------------
+# Cheapest first: plain data parallelism; FSDP shards parameters and Adam state (ZeRO-3: an
+# all-gather per layer, cheap next to BERT's matmuls); remat recomputes each layer's forward in
+# the backward pass (~ +33% FLOPs); gradient accumulation last (same FLOPs, smaller matmuls).
+SETTINGS = (("data parallel", (-1, 1, 1), False), ("fsdp", (1, -1, 1), False),
+            ("data parallel + remat", (-1, 1, 1), True), ("fsdp + remat", (1, -1, 1), True))
+
+
+def _with(config, *, mesh_shape, remat, per_chip, chips, accum=1):
+  c = config.copy_and_resolve_references()   # the same (locked) fields, new values
+  c.mesh_shape, c.grad_accum_steps = tuple(mesh_shape), int(accum)
+  c.batch_size = int(per_chip * chips * accum)
+  c.model.remat = bool(remat)
+  return c
+
+
+def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, log):
+  """Largest power-of-two per-chip micro-batch that compiles within `hbm`, or 0.
+
+  Memory grows linearly with the batch (activations) over a fixed part (parameters, optimizer
+  state, code): two small compiles give the line, one more confirms its prediction (halving
+  while the compiler refuses).
+  """
+  chips = len(devices)
+
+  def fits(b):
+    c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
+    r = compile_step(c, model_config_for(c), devices)
+    log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else "out of memory")
+        + f" ({r.compile_seconds:.0f} s to compile)")
+    return r
+
+  a, b = fits(1), fits(2)
+  if not (a.fits and a.total <= hbm):
+    return 0
+  if not (b.fits and b.total <= hbm):
+    return 1
+  slope = max(b.total - a.total, 1)
+  guess = 2 ** int(math.log2(max(2, 2 + (hbm - b.total) // slope)))
+  guess = min(guess, 4096)
+  while guess > 2:
+    r = fits(guess)
+    if r.fits and r.total <= hbm:
+      return guess
+    guess //= 2
+  return 2
+
+
+def search(config, model_config_for, devices, hbm, log=print):
+  """(settings dict, per-setting largest micro-batches): the first of SETTINGS whose largest
+  per-chip batch holds the configured one; otherwise the setting with the largest micro-batch and
+  the fewest accumulation steps that reach the configured batch."""
+  chips = len(devices)
+  need = config.batch_size // chips
+  largest = {}
+  for label, mesh_shape, remat in SETTINGS:
+    log(f"search: {label}")
+    largest[label] = largest_batch(config, model_config_for, devices, hbm,
+                                   mesh_shape=mesh_shape, remat=remat, log=log)
+    if largest[label] >= need:
+      return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=1,
+                  per_chip=need), largest
+  label, mesh_shape, remat = max(SETTINGS, key=lambda s: largest[s[0]])
+  top = largest[label]
+  if top == 0:
+    return None, largest
+  accum = next(k for k in range(1, need + 1) if need % k == 0 and need // k <= top)
+  return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=accum,
+              per_chip=need // accum), largest
+
+
+def train_flags(config, found):
+  mesh = "(" + ",".join(str(s) for s in found["mesh_shape"]) + ")"
+  return (f"--config.batch_size={config.batch_size} --config.mesh_shape='{mesh}' "
+          f"--config.model.remat={str(found['remat']).lower()} "
+          f"--config.grad_accum_steps={found['accum']}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The program.
+# ----------------------------------------------------------------------------------------------
+def model_config_factory(config):
+  """config -> BertConfig, as train makes it (the vocab file's size; BERT's 30,522 without one)."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  if config.vocab_file or config.spm_model_file:
+    vocab = train.load_vocab(config)
+  else:
+    vocab = train.input_source_vocab(config.model.vocab_size or 30522)
+
+  def make(c):
+    return train.create_model_config(c, vocab)
+  return make, vocab
+
+
+def plan(config, topology, *, search_settings=False, price=None, log=print):
+  """The whole plan as a dict (what --json writes); `log` gets the report's lines."""
+  from bert_jax import preflight  # pylint: disable=g-import-not-at-top
+  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  libtpu = require_libtpu()
+  spec = tpu_specs.parse_topology(topology)
+  preflight.check_config_values(config)
+  make_model_config, vocab = model_config_factory(config)
+  model_config = make_model_config(config)
+  trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
+  gen = spec.generation
+  price = gen.price_per_chip_hour if price is None else float(price)
+  # libtpu reads these when it loads; without them it looks for a Cloud TPU VM's metadata and
+  # prints errors about the worker hostnames (this host is not one; a TPU VM has its own values).
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", spec.cloud_name)
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  devices = topology_devices(spec)
+  hbm = available_hbm(devices[0]) or gen.hbm_gib * GiB
+  log(f"plan: {config.model_name} ({model_config.num_layers} layers, hidden "
+      f"{model_config.hidden_size}, vocab {vocab.size}), seq {config.seq_length}, global batch "
+      f"{config.batch_size} ({config.batch_size // spec.chips} per chip"
+      + (f", {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
+      + f"), {model_config.dtype}, remat {model_config.remat}, packed {bool(config.pack)}, mesh "
+      f"{tuple(config.mesh_shape)}")
+  log(f"slice: {spec.cloud_name} = {spec.chips} x {gen.device_kind} chips on {spec.hosts} "
+      f"host(s) (JAX topology {spec.jax_topology}); compiling with libtpu {libtpu} on this "
+      f"{platform_lib.machine()} host ({os.cpu_count()} CPUs)")
+  if model_config.dtype == "float32":
+    log("note: config.model.dtype=float32 computes in f32; TPUs run BERT in bf16: "
+        "--config.model.dtype=bfloat16")
+  result = dict(topology=spec.cloud_name, jax_topology=spec.jax_topology, chips=spec.chips,
+                hosts=spec.hosts, device_kind=gen.device_kind, libtpu=libtpu,
+                hbm_available_bytes=hbm, hbm_nominal_gib=gen.hbm_gib,
+                config=dict(model_name=config.model_name, seq_length=config.seq_length,
+                            batch_size=config.batch_size, grad_accum_steps=config.grad_accum_steps,
+                            mesh_shape=list(config.mesh_shape), remat=bool(model_config.remat),
+                            dtype=model_config.dtype, pack=bool(config.pack)))
+  if search_settings:
+    found, largest = search(config, make_model_config, devices, hbm, log=log)
+    result["search"] = dict(largest_per_chip_batch=largest, found=found)
+    if found is None:
+      result.update(fits=False, verdict=f"DOES NOT FIT: not even 1 sequence per chip fits "
+                    f"{spec.cloud_name} with remat and FSDP; pick a slice with more chips or HBM")
+      log("verdict: " + result["verdict"])
+      return result
+    config = _with(config, mesh_shape=found["mesh_shape"], remat=found["remat"],
+                   per_chip=found["per_chip"], chips=spec.chips, accum=found["accum"])
+    model_config = make_model_config(config)
+    result["search"]["train_flags"] = train_flags(config, found)
+    log(f"search: {found['label']}, per-chip micro-batch {found['per_chip']} x "
+        f"{found['accum']} accumulation step(s) fits; largest per-chip batches: {largest}")
+    log(f"flags for bert_jax.train: {result['search']['train_flags']}")
+  c = compile_step(config, model_config, devices)
+  result["compiled"] = dataclasses.asdict(c)
+  log(f"{c.attention}; {c.num_params / 1e6:.1f}M parameters; compiled in "
+      f"{c.compile_seconds:.0f} s")
+  if not c.fits or c.total > hbm:
+    why = c.error or f"needs {_gib(c.total)} per chip, the compiler allows {_gib(hbm)}"
+    result.update(fits=False, verdict=f"DOES NOT FIT on {spec.cloud_name}: {why}; try --search "
+                  "(FSDP, remat, gradient accumulation) or a larger slice")
+    log("verdict: " + result["verdict"])
+    return result
+  pred = predict(config, model_config, spec, c, price)
+  result.update(fits=True, prediction=pred, price_note=tpu_specs.PRICE_NOTE if price ==
+                gen.price_per_chip_hour else "price given by --price_per_chip_hour")
+  lines = report_lines(config, model_config, spec, c, hbm, pred)
+  result["verdict"] = lines[-1][len("verdict: "):]
+  for line in lines:
+    log(line)
+  if price == gen.price_per_chip_hour:
+    log(f"price: {tpu_specs.PRICE_NOTE}")
+  return result
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file("config", None, "The pre-training config, as bert_jax.train's "
+                                  "(e.g. bert_jax/configs/pretrain.py:base).", lock_config=True)
+  flags.DEFINE_string("topology", None, "The TPU slice: v5p-128, v5litepod-16, v4-32, v6e-64 or "
+                      "JAX's form v5e:4x4.")
+  flags.DEFINE_bool("search", False, "Find the cheapest mesh/remat/accumulation settings that fit "
+                    "the configured global batch, and print the flags for bert_jax.train.")
+  flags.DEFINE_float("price_per_chip_hour", None, "USD per chip-hour for the cost line (default: "
+                     "the dated on-demand list price in bert_jax/tpu_specs.py).")
+  flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise PlanError(f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
+  if FLAGS.config is None or not FLAGS.topology:
+    raise PlanError("--config and --topology are required, e.g. --config=bert_jax/configs/"
+                    "pretrain.py:base --topology=v5litepod-16")
+  if FLAGS.price_per_chip_hour is not None and FLAGS.price_per_chip_hour < 0:
+    raise PlanError(f"--price_per_chip_hour={FLAGS.price_per_chip_hour}: expected >= 0 (USD).")
+  if FLAGS.json:
+    parent = os.path.dirname(os.path.abspath(FLAGS.json))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+      raise PlanError(f"--json={FLAGS.json}: directory {parent} does not exist or is not "
+                      "writable; choose another path.")
+  result = plan(FLAGS.config, FLAGS.topology, search_settings=FLAGS.search,
+                price=FLAGS.price_per_chip_hour, log=lambda line: print(line, flush=True))
+  if FLAGS.json:
+    with open(FLAGS.json, "w") as f:
+      json.dump(result, f, indent=2, default=str)
+    print(f"wrote {FLAGS.json}", flush=True)
+  if result["fits"]:
+    print(f"next: create the slice (launch/create.sh with ACCELERATOR_TYPE={result['topology']}), "
+          "then launch/run.sh with the same --config flags; docs/planning.md", flush=True)
+  return 0 if result["fits"] else 1
+
+
+def _prepare_environment():
+  """Before JAX starts a backend: the plan only compiles, so this process runs on the CPU even
+  where libtpu is installed (whose TPU start-up would otherwise look for chips and print errors
+  on a host that has none)."""
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+if __name__ == "__main__":
+  _prepare_environment()
+  define_flags()
+  errors.run(main)   # absl exits with main's return value
