@@ -106,6 +106,11 @@ class Compiled:
   num_params: int = 0          # the model's, whole
 
 
+def _num_params(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return sum(math.prod(p.shape) for p in jax.tree.leaves(tree))
+
+
 def _per_device_bytes(tree):
   """Bytes one device holds of a tree of sharded ShapeDtypeStructs (its largest shard)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -128,7 +133,7 @@ def collectives(hlo_text):
   result shapes' bytes; an async op counted once, at its -start)."""
   found = {}
   for line in hlo_text.splitlines():
-    m = _COLLECTIVE_RE.search(line)
+    m = _COLLECTIVE_RE.search(re.sub(r"/\*.*?\*/", "", line))   # tuples carry /*index=5*/
     if not m:
       continue
     size = sum(_DTYPE_BYTES.get(dt, 4) * math.prod(int(d) for d in dims.split(",") if d)
@@ -165,8 +170,9 @@ def compile_step(config, model_config, devices):
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
-    return Compiled(False, time.perf_counter() - start, error=" ".join(str(e).split()),
-                    attention=attention)
+    return Compiled(False, time.perf_counter() - start,
+                    error=" ".join(str(e).split()).rstrip("."), attention=attention,
+                    num_params=_num_params(t.abstract_state["params"]))
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -179,7 +185,7 @@ def compile_step(config, model_config, devices):
   # with 2 of them; BERT-base: -491.9 s); adding them back gives its real estimate.
   concat_bitcasts = hlo.count('custom_call_target="ConcatBitcast"')
   return Compiled(
-      True, seconds, num_params=sum(math.prod(p.shape) for p in jax.tree.leaves(state["params"])),
+      True, seconds, num_params=_num_params(state["params"]),
       params=_per_device_bytes(state["params"]),
       optimizer=_per_device_bytes(state["opt_state"]), batch=_per_device_bytes(batch),
       temporaries=mem.temp_size_in_bytes, code=mem.generated_code_size_in_bytes, total=total,
@@ -197,15 +203,20 @@ def layout_of(config):
 # From a compile to a prediction.
 # ----------------------------------------------------------------------------------------------
 def estimate(c: Compiled, gen: tpu_specs.Generation):
-  """(step seconds, how it was derived): libtpu's cost model where it gives a positive time, else
-  the roofline bound max(FLOPs / peak, bytes / HBM bandwidth). An estimate, not a measurement."""
-  roofline = max(c.flops / (gen.peak_bf16_tflops * 1e12), c.bytes_accessed / (gen.hbm_gb_per_s
-                                                                                * 1e9))
+  """(step seconds, how it was derived): an ESTIMATE, not a measurement.
+
+  libtpu's cost model where it gives a time (never below the compute floor, the step at 100% of
+  the chip's bf16 peak); else a roofline from the compiled FLOPs and bytes accessed (which counts
+  every operand read, so it leans slow).
+  """
+  floor = c.flops / (gen.peak_bf16_tflops * 1e12)
   if c.compiler_seconds > 0:
-    return c.compiler_seconds, (f"libtpu's cost model (cost_analysis optimal_seconds, +1 s per "
-                                f"ConcatBitcast call); roofline lower bound {roofline:.4f} s")
-  return roofline, ("roofline lower bound: max(compiled FLOPs / bf16 peak, bytes accessed / "
-                    "HBM bandwidth); the compiler gave no step time")
+    return max(c.compiler_seconds, floor), (
+        f"libtpu's cost model (cost_analysis optimal_seconds, +1 s per ConcatBitcast call); "
+        f"compute floor at peak {floor:.4f} s")
+  roofline = max(floor, c.bytes_accessed / (gen.hbm_gb_per_s * 1e9))
+  return roofline, ("a roofline: max(compiled FLOPs / bf16 peak, bytes accessed / HBM "
+                    "bandwidth); the compiler gave no step time")
 
 
 def predict(config, model_config, spec, c: Compiled, price):
@@ -228,12 +239,12 @@ def _gib(n):
   return f"{n / GiB:.2f} GiB"
 
 
-def report_lines(config, model_config, spec, c: Compiled, hbm, pred):
+def report_lines(config, model_config, spec, c: Compiled, hbm, pred, hbm_source):
   """The plan, as the lines `main` prints (the verdict last)."""
   gen = spec.generation
   lines = [f"memory per chip: params {_gib(c.params)} | optimizer {_gib(c.optimizer)} | batch "
            f"{_gib(c.batch)} | activations/temporaries {_gib(c.temporaries)} | code "
-           f"{_gib(c.code)} | total {_gib(c.total)} of {_gib(hbm)} the compiler allows "
+           f"{_gib(c.code)} | total {_gib(c.total)} of {_gib(hbm)} {hbm_source} "
            f"({gen.hbm_gib} GiB HBM)",
            f"FLOPs per chip per step: compiled {c.flops:.3e}, analytic "
            f"{pred['analytic_flops_per_chip']:.3e} ({pred['flops_ratio']:.3f}x"
@@ -280,10 +291,13 @@ def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, 
   while the compiler refuses).
   """
   chips = len(devices)
+  memo = {}
 
   def fits(b):
+    if b in memo:
+      return memo[b]
     c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
-    r = compile_step(c, model_config_for(c), devices)
+    r = memo[b] = compile_step(c, model_config_for(c), devices)
     log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else "out of memory")
         + f" ({r.compile_seconds:.0f} s to compile)")
     return r
@@ -311,14 +325,15 @@ def search(config, model_config_for, devices, hbm, log=print):
   chips = len(devices)
   need = config.batch_size // chips
   largest = {}
-  for label, mesh_shape, remat in SETTINGS:
+  settings = [s for s in SETTINGS if chips > 1 or s[1] == (-1, 1, 1)]  # 1 chip: fsdp = data
+  for label, mesh_shape, remat in settings:
     log(f"search: {label}")
     largest[label] = largest_batch(config, model_config_for, devices, hbm,
                                    mesh_shape=mesh_shape, remat=remat, log=log)
     if largest[label] >= need:
       return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=1,
                   per_chip=need), largest
-  label, mesh_shape, remat = max(SETTINGS, key=lambda s: largest[s[0]])
+  label, mesh_shape, remat = max(settings, key=lambda s: largest[s[0]])
   top = largest[label]
   if top == 0:
     return None, largest
@@ -350,7 +365,7 @@ def model_config_factory(config):
   return make, vocab
 
 
-def plan(config, topology, *, search_settings=False, price=None, log=print):
+def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, log=print):
   """The whole plan as a dict (what --json writes); `log` gets the report's lines."""
   from bert_jax import preflight  # pylint: disable=g-import-not-at-top
   from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
@@ -367,7 +382,11 @@ def plan(config, topology, *, search_settings=False, price=None, log=print):
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", spec.cloud_name)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   devices = topology_devices(spec)
-  hbm = available_hbm(devices[0]) or gen.hbm_gib * GiB
+  hbm, hbm_source = available_hbm(devices[0]), "the compiler allows"
+  if hbm is None:
+    hbm, hbm_source = gen.hbm_gib * GiB, "(nominal; the compiler gave no figure)"
+  if hbm_gib is not None:
+    hbm, hbm_source = min(hbm, hbm_gib * GiB), "allowed by --hbm_gib"
   log(f"plan: {config.model_name} ({model_config.num_layers} layers, hidden "
       f"{model_config.hidden_size}, vocab {vocab.size}), seq {config.seq_length}, global batch "
       f"{config.batch_size} ({config.batch_size // spec.chips} per chip"
@@ -407,7 +426,7 @@ def plan(config, topology, *, search_settings=False, price=None, log=print):
   log(f"{c.attention}; {c.num_params / 1e6:.1f}M parameters; compiled in "
       f"{c.compile_seconds:.0f} s")
   if not c.fits or c.total > hbm:
-    why = c.error or f"needs {_gib(c.total)} per chip, the compiler allows {_gib(hbm)}"
+    why = c.error or f"needs {_gib(c.total)} per chip, {_gib(hbm)} {hbm_source}"
     result.update(fits=False, verdict=f"DOES NOT FIT on {spec.cloud_name}: {why}; try --search "
                   "(FSDP, remat, gradient accumulation) or a larger slice")
     log("verdict: " + result["verdict"])
@@ -415,7 +434,7 @@ def plan(config, topology, *, search_settings=False, price=None, log=print):
   pred = predict(config, model_config, spec, c, price)
   result.update(fits=True, prediction=pred, price_note=tpu_specs.PRICE_NOTE if price ==
                 gen.price_per_chip_hour else "price given by --price_per_chip_hour")
-  lines = report_lines(config, model_config, spec, c, hbm, pred)
+  lines = report_lines(config, model_config, spec, c, hbm, pred, hbm_source)
   result["verdict"] = lines[-1][len("verdict: "):]
   for line in lines:
     log(line)
@@ -437,6 +456,8 @@ def define_flags():
   flags.DEFINE_float("price_per_chip_hour", None, "USD per chip-hour for the cost line (default: "
                      "the dated on-demand list price in bert_jax/tpu_specs.py).")
   flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.")
+  flags.DEFINE_float("hbm_gib", None, "Plan for at most this much HBM per chip (GiB), e.g. to keep "
+                     "headroom; default: what the TPU compiler allows a program.")
 
 
 def main(argv):
@@ -452,8 +473,11 @@ def main(argv):
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
       raise PlanError(f"--json={FLAGS.json}: directory {parent} does not exist or is not "
                       "writable; choose another path.")
+  if FLAGS.hbm_gib is not None and FLAGS.hbm_gib <= 0:
+    raise PlanError(f"--hbm_gib={FLAGS.hbm_gib}: expected a positive size in GiB.")
   result = plan(FLAGS.config, FLAGS.topology, search_settings=FLAGS.search,
-                price=FLAGS.price_per_chip_hour, log=lambda line: print(line, flush=True))
+                price=FLAGS.price_per_chip_hour, hbm_gib=FLAGS.hbm_gib,
+                log=lambda line: print(line, flush=True))
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:
       json.dump(result, f, indent=2, default=str)

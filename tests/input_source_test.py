@@ -1,0 +1,43 @@
+"""input_source.batch_spec: the global batch contract the step is compiled for, checked against the
+batches the pipelines really make (synthetic, unpacked records, packed records)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bert_jax import input_source
+from bert_jax.configs import pretrain
+from data_pipelines import pretrain_input as pi
+from tests.pretrain_input_test import PREDS, SEQ, make_instances, write_records, write_vocab
+
+
+def _config(batch, pack):
+  c = pretrain.get_config("tiny")
+  c.batch_size, c.seq_length, c.max_predictions_per_seq, c.pack = batch, SEQ, PREDS, pack
+  return c
+
+
+def _as_spec(batch):
+  return {k: (v.shape, v.dtype.name) for k, v in batch.items()}
+
+
+def test_synthetic_batches_match_the_spec():
+  c = _config(8, False)
+  batch = next(input_source.synthetic_batches(batch_size=8, seq_length=SEQ,
+                                              max_predictions_per_seq=PREDS, vocab_size=100,
+                                              seed=0))
+  assert _as_spec(batch) == input_source.batch_spec(c, None)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_record_batches_match_the_spec(tmp_path, pack):
+  vocab = write_vocab(tmp_path / "vocab.txt")
+  write_records(tmp_path / "part-0.tfrecord", make_instances(vocab, 64, np.random.default_rng(0)))
+  c = _config(8, pack)
+  layout = dict(pack=pack, max_instances_per_pack=0)
+  ds = pi.make_pretrain_dataset(str(tmp_path / "part-*"), batch_size=8, seq_length=SEQ,
+                                max_predictions_per_seq=PREDS, vocab=vocab, pack=pack,
+                                masked_lm_prob=c.masked_lm_prob)
+  (batch,) = itertools.islice(pi.as_numpy_batches(ds), 1)
+  assert _as_spec(batch) == input_source.batch_spec(c, layout)
