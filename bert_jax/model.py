@@ -565,7 +565,9 @@ class BertForPreTraining(nn.Module):
     if sentence:
       logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
                                 dtype=jnp.float32)(out["pooled_output"])  # [B, (K,) 2] float32
-    if "sbo" in c.objective_list:
+    # SBO logits are computed where they are returned (the loss's dict) or created (init); the
+    # tuple form (predict's fill-mask) has no use for them and needs no span boundaries.
+    if "sbo" in c.objective_list and (return_dict or self.is_initializing()):
       if span_left is None:
         if not self.is_initializing():   # never a silent SBO on made-up boundaries
           raise ValueError("BertForPreTraining: objectives include sbo but the batch has no "

@@ -70,11 +70,17 @@ def encode(predictor, text_a, text_b=None):
 def _probabilities(params, config, ids, mask, segments, positions):
   mlm, nsp = model_lib.BertForPreTraining(config).apply(
       {"params": params}, ids, mask, segments, positions)
-  return jax.nn.softmax(mlm, axis=-1), jax.nn.softmax(nsp, axis=-1)  # [1, P, V], [1, 2]
+  # [1, P, V], [1, 2]; a model without a sentence head (SpanBERT) has no second output. ALBERT's
+  # is sentence order: label 0 = B follows A, as NSP's IsNext.
+  return jax.nn.softmax(mlm, axis=-1), None if nsp is None else jax.nn.softmax(nsp, axis=-1)
 
 
 def predict(predictor, text_a, text_b=None, top_k=5):
   """{"masks": [[(token, id, prob) x top_k] per [MASK]], "is_next": P(IsNext) or None}."""
+  if text_b is not None and predictor.config.sentence_objective is None:
+    raise PredictError(f"--text_b: this model ({predictor.config.family}, objectives "
+                       f"{predictor.config.objectives}) has no sentence-pair head; give one text "
+                       "with [MASK].")
   ids, mask, segments = encode(predictor, text_a, text_b)
   positions = np.nonzero(ids[0] == predictor.tokenizer.vocab.mask_id)[0]
   if text_b is None and not len(positions):
@@ -91,7 +97,8 @@ def predict(predictor, text_a, text_b=None, top_k=5):
     tokens = predictor.tokenizer.id_to_token(top)
     masks.append([(t, int(i), float(probs[p, i])) for t, i in zip(tokens, top)])
   # NSP label 0 = IsNext (google-research/bert and the batch contract).
-  return {"masks": masks, "is_next": float(nsp[0, 0]) if text_b is not None else None}
+  return {"masks": masks,
+          "is_next": float(nsp[0, 0]) if text_b is not None and nsp is not None else None}
 
 
 def format_prediction(result):
@@ -128,6 +135,7 @@ def main(argv):
   if FLAGS.top_k < 1:
     raise app.UsageError(f"--top_k={FLAGS.top_k}: give at least 1.")
   logging.set_verbosity(logging.WARNING)
+  inference.enable_compilation_cache()
   predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
                    FLAGS.spm_model_file)
   print(f"loaded {predictor.description}")

@@ -446,7 +446,11 @@ def test_spanbert_sbo_head_reads_the_span_boundaries():
       span_right=batch["masked_lm_span_right"])
   assert sentence is None and mlm.shape == (2, 3, 99)
   with pytest.raises(ValueError, match="no masked_lm_span_left/right"):   # never made-up spans
-    model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+    model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos,
+                                          return_dict=True)
+  # The tuple form (fill-mask) needs no boundaries: MLM logits alone, the same.
+  mlm_only, _ = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  np.testing.assert_array_equal(mlm_only, mlm)
 
 
 def test_family_fields_keep_bert_configs_unchanged_and_validate():
