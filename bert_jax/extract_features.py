@@ -232,6 +232,7 @@ def main(argv):
     raise ExtractError(f"--batch_size={FLAGS.batch_size}: must be at least 1.")
   inputs = read_inputs(FLAGS.input_file)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO
+  inference.enable_compilation_cache()
   m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
                                    spm_model_file=FLAGS.spm_model_file,
                                    do_lower_case=FLAGS.do_lower_case)

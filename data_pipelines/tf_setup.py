@@ -16,11 +16,16 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # silence TF's C++ start-up banner
+# TF's oneDNN kernels (matmul/conv-style float ops) are of no use to an input pipeline of string,
+# integer and random ops, and on CPUs without AVX-512 they print `E0000 ... oneDNN supports
+# DT_INT64 only on platforms with AVX-512` at run time (where no filter can reach). Off, TF's
+# default Eigen kernels run on every machine alike. Set TF_ENABLE_ONEDNN_OPTS=1 to override.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 # Substrings of TF start-up lines that carry nothing a user can act on (see the docstring).
 NOISE = (
     "All log messages before absl::InitializeLog() is called are written to STDERR",
-    "port.cc:153] oneDNN custom operations are on",
+    "port.cc:153] oneDNN custom operations are on",  # (when TF_ENABLE_ONEDNN_OPTS=1)
     "cudart_stub.cc:31] Could not find cuda drivers on your machine",
     "cuda_platform.cc:52] failed call to cuInit",
     "Unable to register cuDNN factory", "Unable to register cuFFT factory",

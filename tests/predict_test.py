@@ -75,14 +75,17 @@ def test_errors(converted):
     predict.load(orbax_dir, do_lower_case=False)
 
 
-def test_cli(converted):
+def test_cli(converted, tmp_path):
   _, orbax_dir = converted
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   r = subprocess.run(
       [sys.executable, "-m", "bert_jax.predict", f"--init_checkpoint={orbax_dir}", "fill-mask",
        "The man went to the [MASK] .", "--text_b=He bought milk .", "--top_k=3"],
-      env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT), cwd=ROOT,
+      env=dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, BERT_JAX_CACHE=str(tmp_path)), cwd=ROOT,
       capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
+  # The compiled programs went to the persistent cache (a second run reads them).
+  assert any(f.startswith("jit__probabilities") for f in os.listdir(tmp_path / "jax"))
   lines = r.stdout.strip().splitlines()
   assert lines[0] == f"loaded {orbax_dir} (converted from hf {converted[0]})", lines[0]
   assert lines[1] == "[MASK] #1:" and len(lines) == 6 and lines[-1].startswith(
