@@ -40,9 +40,11 @@ def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
                                            do_lower_case=do_lower_case)
-  if "mlm_head" not in predictor.params or "nsp_head" not in predictor.params:
-    raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads (mlm_head, "
-                       "nsp_head); fill-mask needs a BertForPreTraining checkpoint.")
+  sentence = predictor.config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT)
+  heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
+  if any(h not in predictor.params for h in heads):
+    raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads "
+                       f"({', '.join(heads)}); fill-mask needs a BertForPreTraining checkpoint.")
   predictor.params = jax.tree.map(jnp.asarray, predictor.params)
   return predictor
 
