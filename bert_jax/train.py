@@ -26,6 +26,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import errors
 from bert_jax import guard
+from bert_jax import inference
 from bert_jax import input_source
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
@@ -215,8 +216,9 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
 
 def init_from_checkpoint(state, t, path, model_config):
   """Phase 2 / a converted BERT: parameters from `path` (heads it lacks stay fresh), a fresh
-  optimizer state and step 0."""
-  pre = trainer_lib.read_pretrained(path)
+  optimizer state and step 0. A Hugging Face folder is converted once (inference.from_hf_folder)."""
+  pre = trainer_lib.read_pretrained(inference.from_hf_folder(path) if inference.is_hf_folder(path)
+                                    else path)
   sizes = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
            "max_position_embeddings", "type_vocab_size")
   diff = {k: (getattr(pre.model_config, k), getattr(model_config, k)) for k in sizes
@@ -227,7 +229,10 @@ def init_from_checkpoint(state, t, path, model_config):
   state = trainer_lib.load_pretrained(state, t, pre, keys=tuple(t.abstract_state["params"]),
                                       required=("bert",))
   if jax.process_index() == 0:
-    print(f"initialised parameters from {path} ({pre.model_config.num_layers} layers, hidden "
+    item = str(pre.item_dir).rstrip("/")
+    what = inference.describe("train" if pre.prefix else "params", item.rsplit("/", 1)[0],
+                              pre.meta)
+    print(f"initialised parameters from {what} ({pre.model_config.num_layers} layers, hidden "
           f"{pre.model_config.hidden_size}); optimizer state is fresh", flush=True)
   return state
 

@@ -219,13 +219,16 @@ def test_resume_with_other_model_size_is_refused(tmp_path):
   manager.close()
 
 
-def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path):
+def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path, capsys):
   train.train_and_evaluate(tiny_config(num_train_steps=3), str(tmp_path / "p1"))
   params, mc, meta = ckpt_lib.load_params(str(tmp_path / "p1"))
   assert mc.num_layers == 2 and "bert" in params
   c2 = tiny_config(num_train_steps=2, init_checkpoint=str(tmp_path / "p1"))
+  capsys.readouterr()
   out = train.train_and_evaluate(c2, str(tmp_path / "p2"))
   assert out["final_step"] == 2
+  p1 = tmp_path / "p1"  # the line names the step it loaded and where
+  assert f"initialised parameters from step 3 of {p1} ({p1}/checkpoints/3)" in capsys.readouterr().out
   # A checkpoint of another size is refused with the parameter named.
   c3 = tiny_config(num_train_steps=2, init_checkpoint=str(tmp_path / "p1"), model_name="mini")
   with pytest.raises(train.ConfigError, match=r"another model size .*num_layers.: \(2, 4\)"):
@@ -292,3 +295,20 @@ def test_packed_step_flops_count_the_packed_prediction_and_nsp_slots():
   assert packed == 2 * train.model_flops_per_sequence(cfg, 128, 27, num_nsp=8)
   h, v = cfg.hidden_size, cfg.vocab_size
   assert packed - unpacked == 2 * 6 * (7 * (h * h + h * v) + 7 * (h * h + 2 * h))
+
+
+def test_init_checkpoint_from_a_hugging_face_folder(tmp_path, monkeypatch, capsys):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from tests import hf_testlib
+  hf = hf_testlib.random_hf_model(hf_testlib.hf_config(
+      vocab_size=512, hidden_size=128, num_attention_heads=2, intermediate_size=512,
+      max_position_embeddings=512))
+  hf_dir = hf_testlib.save_hf(hf, str(tmp_path / "hf"), do_lower_case=True)
+  monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
+  out = train.train_and_evaluate(tiny_config(num_train_steps=2, init_checkpoint=hf_dir),
+                                 str(tmp_path / "run"))
+  printed = capsys.readouterr().out
+  assert out["final_step"] == 2
+  assert f"{hf_dir}: a Hugging Face folder; converted to Orbax in {tmp_path}/cache/hf/" in printed
+  assert f"(converted from hf {hf_dir}) (2 layers, hidden 128)" in printed
