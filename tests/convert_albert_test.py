@@ -209,3 +209,43 @@ def test_bare_albert_model_and_bad_layouts(hf_model, tmp_path):
     convert.import_checkpoint(d)
   with pytest.raises(convert.ConversionError, match="share_layers='ffn'"):
     albert.hf_config_json(model_lib.get_bert_config("albert-tiny", share_layers="ffn"))
+
+
+def test_albert_with_a_sentencepiece_model_imports_predicts_and_exports(tmp_path):
+  """The ALBERT way: spiece.model and no vocab.txt (the released models ship one)."""
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from data_pipelines import build_vocab  # pylint: disable=g-import-not-at-top
+  from data_pipelines import stdlib_corpus  # pylint: disable=g-import-not-at-top
+  stdlib_corpus.write_corpus(str(tmp_path / "text"), num_files=1, max_modules=20)
+  spm_path = str(tmp_path / "spm.model")
+  build_vocab.build(str(tmp_path / "text" / "*.txt"), 400, spm_path, model_type="unigram",
+                    lower_case=True, character_coverage=1.0)
+  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+  size = tokenization.get_tokenizer(spm_model_file=spm_path).vocab.size
+  cfg = _hf_config()
+  cfg.vocab_size = size
+  hf = _randomise(transformers.AlbertForPreTraining(cfg), seed=6)
+  hf_dir = str(tmp_path / "hf")
+  hf_testlib.save_hf(hf, hf_dir, vocab=False, do_lower_case=True)
+  with open(spm_path, "rb") as src, open(os.path.join(hf_dir, "spiece.model"), "wb") as dst:
+    dst.write(src.read())
+  meta = convert.convert_to_orbax(hf_dir, str(tmp_path / "orbax"))
+  assert meta["spm_model_file"] == "spiece.model" and meta["vocab_size"] == size
+  assert meta["do_lower_case"] is True
+  m = inference.load_for_inference(str(tmp_path / "orbax"))
+  assert m.spm_model_file.endswith("spiece.model") and m.config.family == "albert"
+  result = predict.predict(predict.load(str(tmp_path / "orbax")), "the [MASK] of the module")
+  assert len(result["masks"]) == 1
+  out = convert.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "back"))
+  model = transformers.AlbertForPreTraining.from_pretrained(out).eval()
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  text = "return the value of the module"
+  ids = [m.tokenizer.vocab.cls_id] + m.tokenizer.encode([text])[0] + [m.tokenizer.vocab.sep_id]
+  assert tok(text)["input_ids"] == ids
+  x = np.asarray([ids])
+  ours, _ = _our_outputs(m.params, m.config, x, np.ones_like(x), np.zeros_like(x),
+                         np.arange(len(ids))[None])
+  with torch.no_grad():
+    theirs = model(torch.tensor(x)).prediction_logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
