@@ -369,8 +369,8 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   """The whole plan as a dict (what --json writes); `log` gets the report's lines."""
   from bert_jax import preflight  # pylint: disable=g-import-not-at-top
   from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  spec = tpu_specs.parse_topology(topology)     # the cheap checks first
   libtpu = require_libtpu()
-  spec = tpu_specs.parse_topology(topology)
   preflight.check_config_values(config)
   make_model_config, vocab = model_config_factory(config)
   model_config = make_model_config(config)
@@ -381,6 +381,9 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   # prints errors about the worker hostnames (this host is not one; a TPU VM has its own values).
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", spec.cloud_name)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # libtpu takes /tmp/libtpu_lockfile so that one process owns the chips; compiling uses none, and
+  # two plans (or a plan beside a test, or a run on a TPU VM) must not lock each other out.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   devices = topology_devices(spec)
   hbm, hbm_source = available_hbm(devices[0]), "the compiler allows"
   if hbm is None:

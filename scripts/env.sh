@@ -18,4 +18,10 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
+# requirements-test.txt brings libtpu (bert_jax.plan's TPU compiler). On a host without TPU or GPU
+# chips JAX would still try to start a TPU backend with it and print libtpu's errors: use the CPU.
+if [ -z "${JAX_PLATFORMS:-}" ] && ! ls /dev/accel* /dev/vfio/[0-9]* /dev/nvidia[0-9]* >/dev/null 2>&1 \
+   && "$ROOT/.venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('libtpu') is None)" 2>/dev/null; then
+  export JAX_PLATFORMS=cpu
+fi
 cd "$ROOT"
