@@ -79,6 +79,8 @@ def _cases(tmp):
                         r"^error: flag --num_files=many"),
       "local_pod": (["launch.local_pod", "--num_processes=2"],
                     r"^error: no module to run: pass it after `--`"),
+      "plan": (["bert_jax.plan", "--config=bert_jax/configs/pretrain.py:tiny", "--topology=v3-8"],
+               r"^error: --topology='v3-8': not a TPU slice name of v4, v5e, v5p, v6e"),
       "pod_check": (["launch.pod_check", "--global_batch=3"],
                     r"^error: --global_batch=3: must divide by 1 processes and 8 devices"),
   }
@@ -139,7 +141,7 @@ def test_every_cli_is_covered(results):
     "predict", "predict_unknown_flag", "extract_features", "extract_features_layers", "convert",
     "checkpoint_verify",
     "build_vocab", "create_pretraining_data", "tokenize", "stdlib_corpus", "local_pod",
-    "pod_check", "beam_pipeline", "train", "finetune"])
+    "pod_check", "plan", "beam_pipeline", "train", "finetune"])
 def test_one_line_error_and_exit_code_2(results, name):
   if name not in results:
     pytest.skip(f"{name}: not wired in this checkout")
