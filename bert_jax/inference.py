@@ -4,7 +4,7 @@
   m = inference.load_for_inference("gs://bucket/runs/base")   # or an export, a step directory
   m.params, m.config, m.tokenizer, m.do_lower_case
 
-`path` is any of (local or gs://, read through tf.io.gfile / etils.epath, never os.path):
+`path` is any of (local, or gs:// read through tf.io.gfile / etils.epath):
   - an Orbax params export: `python -m bert_jax.convert` output or a fine-tuning `best_epoch{N}/`
     (bert_config.json + params/, usually with vocab.txt beside them);
   - a pre-training or fine-tuning workdir: its latest committed step (checkpoints/<step>/), or for
@@ -30,6 +30,7 @@ pieces that lower-casing would change), checked against the checkpoint's recorde
 """
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -62,6 +63,24 @@ class InferenceModel:
 def _gfile():
   from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
   return tf.io.gfile
+
+
+# Local paths are read with the standard library, remote ones (gs://) through tf.io.gfile: a
+# local `predict` then never imports TensorFlow (seconds of start-up, benchmarks/startup.py).
+def _local(path):
+  return "://" not in str(path)
+
+
+def _exists(path):
+  return os.path.exists(path) if _local(path) else _gfile().exists(path)
+
+
+def _glob(pattern):
+  return sorted(glob.glob(pattern)) if _local(pattern) else _gfile().glob(pattern)
+
+
+def _open(path, mode="r"):
+  return open(path, mode) if _local(path) else _gfile().GFile(path, mode)
 
 
 def _join(*parts):
@@ -150,21 +169,20 @@ def describe(kind, directory, meta):
 
 def resolve(path):
   """(kind, directory): ("params", export dir) or ("train", step dir) for any accepted layout."""
-  gfile = _gfile()
-  if not gfile.exists(path):
+  if not _exists(path):
     raise InferenceLoadError(f"--init_checkpoint={path}: no such file or directory.")
   try:
     kind, p = ckpt_lib.resolve_checkpoint(path)
     return kind, str(p)
   except ckpt_lib.CheckpointError:
     # A finished fine-tuning workdir keeps only its best_epoch{N}/ export (resume state removed).
-    exports = sorted(d for d in gfile.glob(_join(path, "best_epoch*"))
-                     if gfile.exists(_join(d, ckpt_lib.CONFIG_NAME)))
+    exports = sorted(d for d in _glob(_join(path, "best_epoch*"))
+                     if _exists(_join(d, ckpt_lib.CONFIG_NAME)))
     if len(exports) == 1:
       return "params", exports[0]
     results = _join(path, "eval_results.json")
-    if len(exports) > 1 and gfile.exists(results):
-      with gfile.GFile(results) as f:
+    if len(exports) > 1 and _exists(results):
+      with _open(results) as f:
         best = json.load(f).get("best_epoch")
       named = [d for d in exports if d.rstrip("/").endswith(f"best_epoch{best}")]
       if named:
@@ -181,27 +199,26 @@ def _recorded(meta, key):
 
 def _candidates(kind, directory, meta):
   """Tokenizer files to try, most specific first: [(vocab_file, spm_model_file, how)]."""
-  gfile = _gfile()
   dirs = [directory]
   if kind == "train":  # workdir/checkpoints/<step>: also the workdir itself
     dirs.append(_parent(_parent(directory)))
   out = []
   for d in dirs:
-    if gfile.exists(_join(d, VOCAB_NAME)):
+    if _exists(_join(d, VOCAB_NAME)):
       out.append((_join(d, VOCAB_NAME), None, f"bundled in {d}"))
-    for spm in sorted(gfile.glob(_join(d, "*.model"))):
+    for spm in sorted(_glob(_join(d, "*.model"))):
       out.append((None, spm, f"bundled in {d}"))
   vocab, spm = _recorded(meta, "vocab_file"), _recorded(meta, "spm_model_file")
-  if vocab and vocab != VOCAB_NAME and gfile.exists(vocab):
+  if vocab and vocab != VOCAB_NAME and _exists(vocab):
     out.append((vocab, None, "recorded in the checkpoint's config"))
-  if spm and gfile.exists(spm):
+  if spm and _exists(spm):
     out.append((None, spm, "recorded in the checkpoint's config"))
   return out
 
 
 def _sha256(path):
   h = hashlib.sha256()
-  with _gfile().GFile(path, "rb") as f:
+  with _open(path, "rb") as f:
     while chunk := f.read(1 << 20):
       h.update(chunk)
   return h.hexdigest()
@@ -233,25 +250,35 @@ def check_vocab_hash(meta, path, directory):
         f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
 
 
-def resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file=None):
-  """(do_lower_case, how): the vocab's own settings (its .meta.json, the SentencePiece model's
-  normalizer, or inferred for google/HF vocabs) checked against the checkpoint's recorded casing
-  and the argument; any contradiction is a one-line error naming both sides."""
+def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=None):
+  """The tokenizer settings (vocab.resolve_settings: do_lower_case, casing_source,
+  pretokenizer): the vocab's own (its .meta.json, the SentencePiece model's normalizer, or
+  inferred for google/HF vocabs) checked against the checkpoint's recorded casing and the
+  argument; any contradiction is a one-line error naming both sides."""
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   recorded = {"do_lower_case": _recorded(meta, "do_lower_case"),
               "pretokenizer": _recorded(meta, "pretokenizer")}
   try:
-    settings = vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case,
-                                          recorded=(recorded, f"the checkpoint {directory}"))
+    return vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case,
+                                      recorded=(recorded, f"the checkpoint {directory}"))
   except vocab_lib.CasingMismatchError as e:
     raise InferenceLoadError(str(e)) from None
+
+
+def resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file=None):
+  """(do_lower_case, how): see resolve_settings."""
+  settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
   return settings["do_lower_case"], settings["casing_source"]
 
 
 def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_case=None,
-                       with_params=True):
-  """An InferenceModel for `path` (see the module docstring); with_params=False skips arrays."""
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+                       with_params=True, python_tokenizer=False):
+  """An InferenceModel for `path` (see the module docstring); with_params=False skips arrays.
+
+  python_tokenizer: a WordPiece vocab without a pre-tokenizer gets the plain-Python WordPiece
+  (data_pipelines/wordpiece_py.py: the same ids, no TensorFlow import) instead of the in-graph
+  one; for a few sentences in a command-line program.
+  """
   if not path:
     raise InferenceLoadError("--init_checkpoint is empty: pass an export, a workdir or a step "
                              "directory.")
@@ -265,9 +292,16 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)
   check_vocab_hash(meta, vocab_file or spm_model_file, directory)
-  lower, casing = resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file)
-  tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                         do_lower_case=lower)
+  settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
+  lower, casing = settings["do_lower_case"], settings["casing_source"]
+  if python_tokenizer and vocab_file and settings.get("pretokenizer") in (None, "", "none"):
+    from data_pipelines import wordpiece_py  # pylint: disable=g-import-not-at-top
+    tokenizer = wordpiece_py.PythonWordPieceTokenizer(vocab_file, lower)
+    tokenizer.settings = settings
+  else:
+    from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
+    tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
+                                           do_lower_case=lower)
   if tokenizer.vocab.size != config.vocab_size:
     raise InferenceLoadError(
         f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
@@ -278,11 +312,10 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
 
 def _read_config(kind, directory):
   """(BertConfig, meta) without reading any array."""
-  gfile = _gfile()
   if kind == "params":
-    with gfile.GFile(_join(directory, ckpt_lib.CONFIG_NAME)) as f:
+    with _open(_join(directory, ckpt_lib.CONFIG_NAME)) as f:
       info = json.load(f)
     return model_lib.BertConfig.from_dict(info.pop("bert_config")), info
-  with gfile.GFile(_join(directory, "meta", "metadata")) as f:
+  with _open(_join(directory, "meta", "metadata")) as f:
     meta = json.load(f)
   return model_lib.BertConfig.from_dict(meta["model_config"]), meta

@@ -37,9 +37,11 @@ Predictor = inference.InferenceModel
 
 def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
   """A Predictor (InferenceModel with device arrays) for a BertForPreTraining checkpoint."""
+  # A WordPiece vocab is tokenized in plain Python (same ids as the in-graph tokenizer,
+  # tests/wordpiece_py_test.py): one sentence does not need TensorFlow's seconds of import.
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
-                                           do_lower_case=do_lower_case)
+                                           do_lower_case=do_lower_case, python_tokenizer=True)
   sentence = predictor.config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT)
   heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
   if any(h not in predictor.params for h in heads):

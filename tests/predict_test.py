@@ -117,3 +117,15 @@ def test_hf_export_files_are_readable_by_others(converted, tmp_path):
   modes = {f: os.stat(os.path.join(out, f)).st_mode & 0o777 for f in os.listdir(out)}
   assert modes["model.safetensors"] == 0o644, modes
   assert set(modes.values()) == {0o644}, modes
+
+
+def test_predict_does_not_import_tensorflow(converted):
+  _, orbax_dir = converted
+  code = ("import sys; from bert_jax import predict; p = predict.load(sys.argv[1]); "
+          "r = predict.predict(p, 'The man went to the [MASK] .'); "
+          "print(type(p.tokenizer).__name__, 'tensorflow' in sys.modules, len(r['masks']))")
+  r = subprocess.run([sys.executable, "-c", code, orbax_dir], cwd=ROOT, capture_output=True,
+                     text=True, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT),
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.split() == ["PythonWordPieceTokenizer", "False", "1"]
