@@ -472,3 +472,21 @@ def test_family_fields_keep_bert_configs_unchanged_and_validate():
   assert "bert/encoder/layer_1/attention/query/kernel" in paths
   assert "bert/encoder/layer_0/output_layer_norm/scale" in paths
   assert "nsp_head/kernel" in paths and not any("projection" in p for p in paths)
+
+
+@pytest.mark.parametrize("share", ["all", "attention", "ffn"])
+def test_albert_sharing_with_remat_gives_the_same_outputs_and_gradients(share):
+  c = dataclasses.replace(ALBERT_TINY, share_layers=share, hidden_dropout_prob=0.0,
+                          attention_dropout_prob=0.0)
+  params = nn.meta.unbox(_init(c))
+  ids, mask, seg, pos = _batch()
+
+  def loss(p, config):
+    mlm, sop = model_lib.BertForPreTraining(config).apply({"params": p}, ids, mask, seg, pos)
+    return jnp.sum(mlm[..., 7]) + jnp.sum(sop)
+
+  a, ga = jax.value_and_grad(loss)(params, c)
+  b, gb = jax.value_and_grad(loss)(params, dataclasses.replace(c, remat=True))
+  np.testing.assert_allclose(a, b, rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
