@@ -283,58 +283,59 @@ def _with(config, *, mesh_shape, remat, per_chip, chips, accum=1):
   return c
 
 
-def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, log):
-  """Largest power-of-two per-chip micro-batch that compiles within `hbm`, or 0.
+def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, need, log):
+  """(largest power-of-two per-chip micro-batch up to `need` that compiles within `hbm` or 0,
+  the per-chip batch at which memory would reach `hbm`).
 
   Memory grows linearly with the batch (activations) over a fixed part (parameters, optimizer
-  state, code): two small compiles give the line, one more confirms its prediction (halving
-  while the compiler refuses).
+  state, code): two small compiles give the line; the batch it predicts (at most `need`: larger
+  ones take longer to compile and are not asked for) is then compiled to confirm it, halving
+  while the compiler refuses.
   """
   chips = len(devices)
-  memo = {}
 
   def fits(b):
-    if b in memo:
-      return memo[b]
     c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
-    r = memo[b] = compile_step(c, model_config_for(c), devices)
+    r = compile_step(c, model_config_for(c), devices)
     log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else "out of memory")
         + f" ({r.compile_seconds:.0f} s to compile)")
-    return r
+    return r.fits and r.total <= hbm, r
 
-  a, b = fits(1), fits(2)
-  if not (a.fits and a.total <= hbm):
-    return 0
-  if not (b.fits and b.total <= hbm):
-    return 1
-  slope = max(b.total - a.total, 1)
-  guess = 2 ** int(math.log2(max(2, 2 + (hbm - b.total) // slope)))
-  guess = min(guess, 4096)
-  while guess > 2:
-    r = fits(guess)
-    if r.fits and r.total <= hbm:
-      return guess
-    guess //= 2
-  return 2
+  ok1, one = fits(1)
+  if not ok1:
+    return 0, 0
+  if need == 1:
+    return 1, 1
+  ok2, two = fits(2)
+  if not ok2:
+    return 1, 1
+  slope = max(two.total - one.total, 1)
+  predicted = int(2 + (hbm - two.total) // slope)
+  b = 2 ** int(math.log2(max(2, min(predicted, need))))
+  while b > 2:
+    if fits(b)[0]:
+      return b, predicted
+    b //= 2
+  return 2, predicted
 
 
 def search(config, model_config_for, devices, hbm, log=print):
-  """(settings dict, per-setting largest micro-batches): the first of SETTINGS whose largest
-  per-chip batch holds the configured one; otherwise the setting with the largest micro-batch and
-  the fewest accumulation steps that reach the configured batch."""
+  """(settings dict or None, {setting: (largest verified per-chip batch, predicted largest)}):
+  the first of SETTINGS that holds the configured per-chip batch; otherwise the setting with the
+  largest micro-batch and the fewest accumulation steps that reach the configured batch."""
   chips = len(devices)
   need = config.batch_size // chips
   largest = {}
   settings = [s for s in SETTINGS if chips > 1 or s[1] == (-1, 1, 1)]  # 1 chip: fsdp = data
   for label, mesh_shape, remat in settings:
     log(f"search: {label}")
-    largest[label] = largest_batch(config, model_config_for, devices, hbm,
-                                   mesh_shape=mesh_shape, remat=remat, log=log)
-    if largest[label] >= need:
+    largest[label] = largest_batch(config, model_config_for, devices, hbm, mesh_shape=mesh_shape,
+                                   remat=remat, need=need, log=log)
+    if largest[label][0] >= need:
       return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=1,
                   per_chip=need), largest
-  label, mesh_shape, remat = max(settings, key=lambda s: largest[s[0]])
-  top = largest[label]
+  label, mesh_shape, remat = max(settings, key=lambda s: largest[s[0]][0])
+  top = largest[label][0]
   if top == 0:
     return None, largest
   accum = next(k for k in range(1, need + 1) if need % k == 0 and need // k <= top)
@@ -421,8 +422,9 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
                    per_chip=found["per_chip"], chips=spec.chips, accum=found["accum"])
     model_config = make_model_config(config)
     result["search"]["train_flags"] = train_flags(config, found)
+    sizes = "; ".join(f"{k} {v[0]} (memory full at ~{v[1]})" for k, v in largest.items())
     log(f"search: {found['label']}, per-chip micro-batch {found['per_chip']} x "
-        f"{found['accum']} accumulation step(s) fits; largest per-chip batches: {largest}")
+        f"{found['accum']} accumulation step(s); largest per-chip batches that compiled: {sizes}")
     log(f"flags for bert_jax.train: {result['search']['train_flags']}")
   c = compile_step(config, model_config, devices)
   result["compiled"] = dataclasses.asdict(c)
