@@ -104,3 +104,75 @@ def test_from_config_uses_the_config_fields():
   c.optimizer = "sgd"
   with pytest.raises(opt_lib.OptimizerError, match="config.optimizer='sgd'"):
     opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)
+
+
+def _google_reference(params, grads_per_step, *, lr, warmup, total, wd, b1=0.9, b2=0.999,
+                      eps=1e-6, clip=1.0):
+  """google-research/bert optimization.py (TF1), written out in numpy: create_optimizer's
+  schedule, tf.clip_by_global_norm and AdamWeightDecayOptimizer.apply_gradients, with its
+  exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]."""
+  flat = {"/".join(k): np.asarray(v, np.float64) for k, v in _flatten(params)}
+  m = {k: np.zeros_like(v) for k, v in flat.items()}
+  v2 = {k: np.zeros_like(v) for k, v in flat.items()}
+  for step, grads in enumerate(grads_per_step):   # global_step before its increment
+    g = {"/".join(k): np.asarray(x, np.float64) for k, x in _flatten(grads)}
+    norm = np.sqrt(sum((x ** 2).sum() for x in g.values()))
+    g = {k: x * clip / max(norm, clip) for k, x in g.items()}
+    rate = lr * (1 - min(step, total) / total)                 # polynomial_decay, power 1
+    if warmup and step < warmup:
+      rate = lr * step / warmup
+    for k in flat:
+      m[k] = b1 * m[k] + (1 - b1) * g[k]
+      v2[k] = b2 * v2[k] + (1 - b2) * g[k] ** 2
+      update = m[k] / (np.sqrt(v2[k]) + eps)
+      if not any(x in k for x in ("LayerNorm", "layer_norm", "bias")):
+        update = update + wd * flat[k]
+      flat[k] = flat[k] - rate * update
+  return flat
+
+
+def _flatten(tree, prefix=()):
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _flatten(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
+
+
+def test_adamw_google_equals_google_research_bert_step_for_step():
+  params, _ = _toy()
+  rng = np.random.default_rng(0)
+  steps = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 3, jnp.float32), params)
+           for _ in range(30)]
+  lr, warmup, total, wd = 1e-2, 10, 30, 0.01
+  tx, schedule = opt_lib.create_optimizer(learning_rate=lr, warmup_steps=warmup,
+                                          num_train_steps=total, weight_decay=wd,
+                                          optimizer="adamw_google")
+  state, p = tx.init(params), params
+  for g in steps:
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+  want = _google_reference(params, steps, lr=lr, warmup=warmup, total=total, wd=wd)
+  for k, v in _flatten(p):
+    np.testing.assert_allclose(v, want["/".join(k)], rtol=2e-5, atol=1e-7, err_msg=str(k))
+  # The default (bias-corrected, continuous schedule) does not: this test can fail.
+  tx2, _ = opt_lib.create_optimizer(learning_rate=lr, warmup_steps=warmup, num_train_steps=total,
+                                    weight_decay=wd)
+  state, p2 = tx2.init(params), params
+  for g in steps:
+    updates, state = tx2.update(g, state, p2)
+    p2 = optax.apply_updates(p2, updates)
+  assert not np.allclose(p2["dense"]["kernel"], want["dense/kernel"], rtol=1e-3)
+
+
+def test_google_schedule_values():
+  s = opt_lib.create_google_schedule(1e-4, 10_000, 1_000_000)
+  for step, want in [(0, 0.0), (5_000, 5e-5), (9_999, 1e-4 * 9_999 / 10_000),
+                     (10_000, 9.9e-5), (505_000, 4.95e-5), (1_000_000, 0.0), (2_000_000, 0.0)]:
+    np.testing.assert_allclose(float(s(step)), want, rtol=1e-5, atol=1e-12, err_msg=str(step))
+
+
+def test_unknown_optimizer_names_the_choices():
+  with pytest.raises(opt_lib.OptimizerError, match="'adamw_google'"):
+    opt_lib.create_optimizer(learning_rate=1e-4, warmup_steps=0, num_train_steps=10,
+                             optimizer="adam")
