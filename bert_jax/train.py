@@ -34,6 +34,7 @@ from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import preflight
 from bert_jax import sharding as sharding_lib
+from bert_jax import tpu_specs
 from bert_jax import trainer_lib
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
@@ -102,9 +103,9 @@ def build_training(config, model_config, mesh,
 # FLOPs (for TFLOP/s and MFU).
 # ----------------------------------------------------------------------------------------------
 # Dense bf16 peak per chip, TFLOP/s (vendor figures). MFU is printed only where this is known.
-PEAK_TFLOPS = {"TPU v4": 275, "TPU v5 lite": 197, "TPU v5e": 197, "TPU v5p": 459, "TPU v5": 459,
-               "TPU v6 lite": 918, "TPU v6e": 918, "NVIDIA H100": 989, "NVIDIA H200": 989,
-               "NVIDIA A100": 312}
+PEAK_TFLOPS = {**{g.device_kind: g.peak_bf16_tflops for g in tpu_specs.GENERATIONS.values()},
+               "TPU v5e": 197, "TPU v5p": 459, "TPU v6e": 918,     # other spellings of the kinds
+               "NVIDIA H100": 989, "NVIDIA H200": 989, "NVIDIA A100": 312}
 
 
 def model_flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1):
@@ -132,11 +133,13 @@ def step_flops(config, model_config, layout):
   return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
 
 
-def device_peak_tflops():
-  kind = jax.devices()[0].device_kind
-  for name, peak in PEAK_TFLOPS.items():
+def device_peak_tflops(devices=None):
+  """Dense bf16 peak of `devices` (default: all of this run's), TFLOP/s; None if unknown."""
+  devices = jax.devices() if devices is None else list(devices)
+  kind = devices[0].device_kind
+  for name in sorted(PEAK_TFLOPS, key=len, reverse=True):   # "TPU v5 lite" before "TPU v5"
     if kind.startswith(name):
-      return peak * jax.device_count()
+      return PEAK_TFLOPS[name] * len(devices)
   return None
 
 
