@@ -129,10 +129,25 @@ def _first_records(files):
       try:
         raws.append(first(f).numpy())
       except tf.errors.OpError as e:
-        raise InputPipelineError(f"{f}: cannot be read as TFRecords ({e.message.splitlines()[0]}); "
-                                 "regenerate it or remove it from the pattern.") from None
+        raise _unreadable(f, e) from None
   # "!" + record marks a present record; a bare "?" an empty file.
   return [(f, r[1:] if r[:1] == b"!" else None) for f, r in zip(files, raws)]
+
+
+def _unreadable(path, error):
+  """The one-line error for a file TFRecordDataset cannot read; names gzip, the usual cause."""
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      gzipped = f.read(2) == b"\x1f\x8b"
+  except tf.errors.OpError:
+    gzipped = False
+  if gzipped:
+    return InputPipelineError(f"{path}: is gzip-compressed (it starts with gzip's 1f 8b); the "
+                              "pipeline reads uncompressed TFRecords: gunzip it (or regenerate it "
+                              "without compression).")
+  return InputPipelineError(f"{path}: cannot be read as TFRecords "
+                            f"({error.message.splitlines()[0]}); regenerate it or remove it from "
+                            "the pattern.")
 
 
 def inspect_files(files, seq_length, max_predictions_per_seq):
@@ -505,8 +520,7 @@ def find_bad_record(files, seq_length, max_predictions_per_seq, premasked):
           raise InputPipelineError(f"{f}: record {i} is {'' if premasked else 'pre-'}masked unlike "
                                    "the first record; do not mix the two formats in one pattern.")
     except tf.errors.OpError as e:
-      raise InputPipelineError(f"{f}: cannot be read as TFRecords ({e.message.splitlines()[0]}); "
-                               "regenerate it or remove it from the pattern.") from None
+      raise _unreadable(f, e) from None
 
 
 def as_numpy_batches(ds) -> Iterator[dict]:

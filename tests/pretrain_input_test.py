@@ -253,6 +253,17 @@ def test_missing_feature_and_corrupt_file(tmp_path, vocab):
     dataset(str(tmp_path / "empty.tfrecord"), vocab)
 
 
+def test_gzip_compressed_records_are_named(tmp_path, vocab):
+  inst = make_instances(vocab, 2, np.random.default_rng(3))
+  with tf.io.TFRecordWriter(str(tmp_path / "part.tfrecord.gz"), options="GZIP") as w:
+    for i in inst:
+      w.write(tf.train.Example(features=tf.train.Features(feature={
+          k: int_feature(v) for k, v in i.items()})).SerializeToString())
+  with pytest.raises(pi.InputPipelineError, match=r"part.tfrecord.gz: is gzip-compressed .* "
+                     r"gunzip it"):
+    dataset(str(tmp_path / "part.tfrecord.gz"), vocab)
+
+
 def test_bad_arguments(data, vocab):
   with pytest.raises(pi.InputPipelineError, match="max_predictions_per_seq=40 > seq_length=32"):
     dataset(data[0] + "/*", vocab, max_predictions_per_seq=40)
