@@ -232,9 +232,11 @@ def _cli(env, module, *args):
 def test_predict_and_extract_features_clis_on_a_gs_workdir_equal_local(gcs, copied, tmp_path):
   local, remote = copied
   fill = ["fill-mask", "the cat sat on the [MASK] .", "--text_b=a dog ran .", "--top_k=3"]
-  out = {w: _cli(gcs, "bert_jax.predict", f"--init_checkpoint={w}", *fill)
-         for w in (local, remote)}
-  assert out[remote] == out[local] and out[local].startswith("[MASK] #1:")
+  out = {w: _cli(gcs, "bert_jax.predict", f"--init_checkpoint={w}", *fill).split("\n", 1)
+         for w in (local, remote)}  # (first line: what was loaded, from where)
+  assert out[remote][1] == out[local][1] and out[local][1].startswith("[MASK] #1:")
+  assert out[local][0].startswith("loaded step ") and out[remote][0].startswith("loaded step ")
+  assert "gs://" in out[remote][0] and "gs://" not in out[local][0]
   lines = tmp_path / "lines.txt"
   lines.write_text("the cat sat on the mat .\na dog ran ||| in the park .\n")
   feats = {}
