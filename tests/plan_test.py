@@ -1,7 +1,9 @@
 """bert_jax.plan: the real train step compiled for TPU slices on this CPU host (libtpu's compiler).
 
 libtpu comes with requirements-test.txt; without it these tests skip locally and FAIL in CI, so a
-CI run can never pass them without compiling. Tiny/mini only here (seconds to tens of seconds per
+CI run can never pass them without compiling. The tests that run the CLI in a subprocess come
+first, before this process loads libtpu itself: two processes compiling with libtpu at the same
+time crashed one of them once (a segfault in the compiler on this host). Tiny/mini only here (seconds to tens of seconds per
 compile on 2 CPU cores); BERT-base/large compiles are in docs/planning.md's commands.
 """
 
@@ -72,6 +74,20 @@ def test_auto_attention_is_chosen_for_the_slice_not_this_host(tiny_v5e):
           in tiny_v5e[0].stdout), tiny_v5e[0].stdout
 
 
+def test_out_of_memory_is_does_not_fit_with_exit_1(tmp_path):
+  # 4,096 sequences of 512 per chip: 32 GiB of attention temporaries, v5e allows 15.75.
+  out = tmp_path / "plan.json"
+  p = _cli("--config=bert_jax/configs/pretrain.py:tiny,phase2", "--topology=v5e:2x2",
+           "--config.model.dtype=bfloat16", "--config.batch_size=16384", f"--json={out}")
+  assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+  verdicts = [l for l in p.stdout.splitlines() if l.startswith("verdict:")]
+  assert len(verdicts) == 1 and verdicts[0].startswith(
+      "verdict: DOES NOT FIT on v5litepod-4: RESOURCE_EXHAUSTED: Ran out of memory"), p.stdout
+  assert "exceeds available HBM (15.75G)" in verdicts[0]
+  assert "Traceback" not in p.stderr
+  assert json.loads(out.read_text())["fits"] is False
+
+
 def _check_compiled(result, topology, ratio_bound):
   c = result["compiled"]
   # Data parallel: every chip holds all parameters (f32) and Adam's two moments of each.
@@ -137,20 +153,6 @@ def test_without_libtpu_is_a_one_line_error(monkeypatch):
                       lambda name, *a: None if name == "libtpu" else real(name, *a))
   with pytest.raises(plan_lib.PlanError, match=r'pip install "jax\[tpu\]==0.10.2"'):
     plan_lib.plan(config(), "v5e:2x2", log=lambda _: None)
-
-
-def test_out_of_memory_is_does_not_fit_with_exit_1(tmp_path):
-  # 4,096 sequences of 512 per chip: 32 GiB of attention temporaries, v5e allows 15.75.
-  out = tmp_path / "plan.json"
-  p = _cli("--config=bert_jax/configs/pretrain.py:tiny,phase2", "--topology=v5e:2x2",
-           "--config.model.dtype=bfloat16", "--config.batch_size=16384", f"--json={out}")
-  assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
-  verdicts = [l for l in p.stdout.splitlines() if l.startswith("verdict:")]
-  assert len(verdicts) == 1 and verdicts[0].startswith(
-      "verdict: DOES NOT FIT on v5litepod-4: RESOURCE_EXHAUSTED: Ran out of memory"), p.stdout
-  assert "exceeds available HBM (15.75G)" in verdicts[0]
-  assert "Traceback" not in p.stderr
-  assert json.loads(out.read_text())["fits"] is False
 
 
 @pytest.mark.slow
