@@ -34,18 +34,19 @@ flags.DEFINE_string("out_dir", "runs/plans", "Where each plan's JSON and log go.
 flags.DEFINE_list("rows", list(ROWS), f"Rows among {list(ROWS)}.")
 flags.DEFINE_list("slices", [], "Only these slices (default: every slice of each row).")
 flags.DEFINE_bool("search", False, "Add --search for cells that do not fit as configured.")
+flags.DEFINE_bool("run", True, "Run the plans whose JSON is missing (--norun: only print).")
 
 
-def run_cell(row, slice_name, out_dir, search=False):
+def run_cell(row, slice_name, out_dir, search=False, run=True):
   _, config, extra, _ = ROWS[row]
   path = os.path.join(out_dir, f"{row}_{slice_name}.json")
-  if not os.path.exists(path):
+  if run and not os.path.exists(path):
     cmd = [sys.executable, "-m", "bert_jax.plan", f"--config=bert_jax/configs/pretrain.py:{config}",
            f"--topology={slice_name}", "--config.model.dtype=bfloat16", f"--json={path}", *extra]
     with open(path[:-len(".json")] + ".log", "w") as log:
       subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
   result = json.load(open(path)) if os.path.exists(path) else None
-  if search and result and not result["fits"]:
+  if run and search and result and not result["fits"]:
     spath = path[:-len(".json")] + "_search.json"
     if not os.path.exists(spath):
       cmd = [sys.executable, "-m", "bert_jax.plan", f"--config=bert_jax/configs/pretrain.py:{config}",
@@ -61,7 +62,8 @@ def run_cell(row, slice_name, out_dir, search=False):
 def cell_line(row, slice_name, r):
   what = ROWS[row][0]
   if r is None:
-    return f"| {what} | {slice_name} | (no result: see its .log) |||||||"
+    return (f"| {what} | {slice_name} | not compiled in this session: `python -m "
+            f"benchmarks.plan_table --rows={row} --slices={slice_name}` | | | | | | |")
   gib = 1024 ** 3
   head = f"| {what} | {slice_name} ({r['chips']} x {r['device_kind']}) |"
   if not r["fits"]:
@@ -85,7 +87,7 @@ def main(argv):
     for slice_name in ROWS[row][3]:
       if FLAGS.slices and slice_name not in FLAGS.slices:
         continue
-      r = run_cell(row, slice_name, FLAGS.out_dir, FLAGS.search)
+      r = run_cell(row, slice_name, FLAGS.out_dir, FLAGS.search, FLAGS.run)
       print(cell_line(row, slice_name, r), flush=True)
 
 
