@@ -25,7 +25,8 @@ class ReportError(errors.UserError):
 # Panel title -> which tags it draws (a tag goes to the first panel that claims it).
 PANELS = (
     ("loss", lambda t: t.endswith("loss")),
-    ("accuracy and eval scores", lambda t: t.startswith("eval/") or t.endswith("accuracy")),
+    ("accuracy and eval scores", lambda t: (t.startswith("eval/") or t.endswith("accuracy"))
+     and not t.endswith("real_token_fraction")),  # (a property of the data, not a score)
     ("learning rate", lambda t: t == "train/learning_rate"),
     ("throughput (sequences/s)", lambda t: t == "train/sequences_per_sec"),
 )

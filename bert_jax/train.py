@@ -414,7 +414,8 @@ def next_commands(config, workdir, step, stopped):
   if stopped:
     return ["re-run the same command to resume from checkpoint " f"{step}"]
   more = max(2 * step, step + 1)
-  name = os.path.basename(os.path.normpath(workdir)) or "model"
+  parts = os.path.normpath(workdir).split(os.sep)  # runs/quickstart/workdir -> "quickstart"
+  name = (parts[-2] if parts[-1] == "workdir" and len(parts) > 1 else parts[-1]) or "model"
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
