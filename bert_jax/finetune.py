@@ -379,7 +379,8 @@ def write_summary(run, clock, status, start_step, step, num_train_steps, history
 def nothing_to_do(workdir, results):
   """A workdir whose run finished (eval_results.json says so): report it, change nothing."""
   if jax.process_index() == 0:
-    print(f"nothing to do: {workdir} holds a finished fine-tuning run (best "
+    print(f"nothing to do: {workdir} holds a finished {results.get('task', '')} fine-tuning run "
+          "(best "
           f"{results.get('best_metric')} {results.get('best_score')} at epoch "
           f"{results.get('best_epoch')}: {results.get('best_checkpoint')}); pass a new "
           "--workdir to train again", flush=True)

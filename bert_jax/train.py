@@ -201,12 +201,7 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
   """(state, step) from checkpoint `latest` (verified; None: none) in workdir, else a fresh (or
   pre-trained) start."""
   if latest is not None:
-    stored = ckpt_lib.read_meta(manager, latest)["model_config"]
-    if stored != model_config.to_dict():
-      diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
-              if stored.get(k) != v}
-      raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
-                        f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
+    check_same_model(manager, latest, model_config, workdir)
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
     print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
           f"{meta['input_position']})", flush=True)
@@ -215,6 +210,17 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
   if config.init_checkpoint:
     state = init_from_checkpoint(state, t, config.init_checkpoint, model_config)
   return state, 0
+
+
+def check_same_model(manager, latest, model_config, workdir):
+  """A workdir's checkpoint `latest` must be of the configured model (resuming, or reporting a
+  finished run): else a one-line error."""
+  stored = ckpt_lib.read_meta(manager, latest)["model_config"]
+  if stored != model_config.to_dict():
+    diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
+            if stored.get(k) != v}
+    raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
+                      f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
 
 
 def init_from_checkpoint(state, t, path, model_config):
@@ -310,7 +316,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
   manager, latest, layout = resume_point(config, workdir, train_files)
   if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
-    manager.close()
+    try:
+      check_same_model(manager, latest, model_config, workdir)
+    finally:
+      manager.close()
     return nothing_to_do(config, workdir, latest, is_main)
 
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is

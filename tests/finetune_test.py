@@ -241,7 +241,7 @@ def test_one_step_classification(tmp_path, pretrained, capsys):
                                     do_predict=False, log_every=1), workdir)
   printed = capsys.readouterr().out
   assert again["nothing_to_do"] and again["best_checkpoint"] == summary["best_checkpoint"]
-  assert f"nothing to do: {workdir} holds a finished fine-tuning run (best accuracy" in printed
+  assert f"nothing to do: {workdir} holds a finished sst2 fine-tuning run (best accuracy" in printed
   assert "pass a new --workdir to train again" in printed and "step 1/1" not in printed
   assert sorted(os.listdir(os.path.join(workdir, "tensorboard"))) == events
   assert json.load(open(os.path.join(workdir, "summary.json"))) == run
