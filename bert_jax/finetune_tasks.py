@@ -185,17 +185,28 @@ def primary_metric(task):
   return {"span": "f1", "tagging": "f1"}.get(task.family, task.metrics[0])
 
 
+ONE_CLASS_SHARE = 0.95   # predictions this concentrated on one class ...
+ONE_CLASS_LABELS = 0.8   # ... while it is at most this share of the true labels: warn
+
+
 def single_class_warning(task, split, outputs):
-  """For a classifier: a sentence when it predicts one class for every example of a labelled
-  split whose labels hold several (a model that learned nothing but the majority), else None."""
+  """For a classifier: a sentence when it predicts (nearly) one class for a labelled split whose
+  labels are not (a model that learned nothing but a prior), else None. Measured on the quick
+  start model at lr 2e-5 for 18 steps: 'neg' for 79 of 80 dev examples, F1 0.05."""
   if task.family != "classification" or "label_ids" not in split.features:
     return None
-  preds, labels = np.argmax(outputs["logits"], -1), split.features["label_ids"]
-  if len(preds) < 2 or len(np.unique(preds)) > 1 or len(np.unique(labels)) < 2:
+  preds, labels = np.argmax(outputs["logits"], -1), np.asarray(split.features["label_ids"])
+  if len(preds) < 2:
+    return None
+  values, counts = np.unique(preds, return_counts=True)
+  top = int(values[np.argmax(counts)])
+  n_top = int(counts.max())
+  if n_top < ONE_CLASS_SHARE * len(preds) or np.mean(labels == top) > ONE_CLASS_LABELS:
     return None
   names = list(getattr(task, "labels", ()) or ())
-  label = names[int(preds[0])] if int(preds[0]) < len(names) else str(int(preds[0]))
-  return (f"the classifier predicts one class ({label!r}) for all {len(preds)} "
+  label = names[top] if top < len(names) else str(top)
+  count = "all" if n_top == len(preds) else f"{n_top} of"
+  return (f"the classifier predicts one class ({label!r}) for {count} {len(preds)} "
           f"{split.name} examples")
 
 

@@ -70,3 +70,20 @@ def test_presets_follow_the_paper():
   with pytest.raises(ValueError, match="unknown variant"):
     finetune_config.get_config("swag,fast")
   assert isinstance(finetune_config.get_config("conll03,runlocal"), ml_collections.ConfigDict)
+
+
+def test_single_class_warning():
+  import numpy as np
+  from types import SimpleNamespace
+  task = SimpleNamespace(family="classification", labels=("neg", "pos"))
+  split = SimpleNamespace(name="dev", features={"label_ids": np.array([0, 1] * 40)})
+  logits = lambda preds: {"logits": np.eye(2)[np.asarray(preds)]}  # noqa: E731
+  assert ft.single_class_warning(task, split, logits([0] * 80)) == (
+      "the classifier predicts one class ('neg') for all 80 dev examples")
+  assert ft.single_class_warning(task, split, logits([0] * 79 + [1])) == (
+      "the classifier predicts one class ('neg') for 79 of 80 dev examples")
+  assert ft.single_class_warning(task, split, logits([0] * 70 + [1] * 10)) is None
+  skewed = SimpleNamespace(name="dev", features={"label_ids": np.array([0] * 76 + [1] * 4)})
+  assert ft.single_class_warning(task, skewed, logits([0] * 80)) is None  # the labels are too
+  regression = SimpleNamespace(family="regression")
+  assert ft.single_class_warning(regression, split, logits([0] * 80)) is None
