@@ -1,5 +1,9 @@
 """BERT (Devlin et al., 2018) in Flax linen: config, embeddings, encoder, pooler, MLM/NSP heads.
 
+The same modules are ALBERT (embedding_size E > 0: tables of width E projected to H;
+share_layers: one layer applied L times, or its attention / FFN half shared) and SpanBERT (the
+SBO head), chosen by BertConfig's family fields; docs/models.md.
+
 Reads top to bottom: BertConfig and the presets, then the modules from the bottom of the network
 (embeddings) to the top (MLM/NSP heads). Numerics follow google-research/bert `modeling.py`:
 post-LayerNorm layers, LayerNorm epsilon 1e-12, truncated-normal(0.02) init. GELU defaults to the
@@ -17,6 +21,9 @@ Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only):
   bert/pooler/{kernel,bias}
   mlm_head/{transform/{kernel,bias}, transform_layer_norm, output_bias}    (decoder tied to words)
   nsp_head/{kernel,bias}
+ALBERT adds bert/embeddings/projection and names its shared layer bert/encoder/layer_shared (or
+shared_attention / shared_ffn beside layer_{i}); sop_head replaces nsp_head; SpanBERT has
+sbo_head/{position_embeddings, dense_1, layer_norm_1, dense_2, layer_norm_2, output_bias}.
 
 Every parameter carries logical axis names and activations carry logical constraints; the rules
 table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside a mesh).
@@ -30,7 +37,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-import optax
 
 from bert_jax import attention as attention_lib
 
