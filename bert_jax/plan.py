@@ -290,10 +290,10 @@ def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, 
   """(largest power-of-two per-chip micro-batch up to `need` that compiles within `hbm` or 0,
   the per-chip batch at which memory would reach `hbm`).
 
-  Memory grows linearly with the batch (activations) over a fixed part (parameters, optimizer
-  state, code): two small compiles give the line; the batch it predicts (at most `need`: larger
-  ones take longer to compile and are not asked for) is then compiled to confirm it, halving
-  while the compiler refuses.
+  Memory grows about linearly with the batch (activations) over a fixed part (parameters,
+  optimizer state, code): two small compiles give the line; the batch it predicts (at most
+  `need`: larger ones take longer to compile and are not asked for) is then compiled to confirm
+  it, halving while it does not fit, doubling while twice it still does.
   """
   chips = len(devices)
 
@@ -315,11 +315,11 @@ def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, 
   slope = max(two.total - one.total, 1)
   predicted = int(2 + (hbm - two.total) // slope)
   b = 2 ** int(math.log2(max(2, min(predicted, need))))
-  while b > 2:
-    if fits(b)[0]:
-      return b, predicted
+  while b > 2 and not fits(b)[0]:          # the line overshot: halve until it compiles
     b //= 2
-  return 2, predicted
+  while b < need and fits(2 * b)[0]:       # it undershot (memory is not quite linear): double
+    b *= 2
+  return b, predicted
 
 
 def search(config, model_config_for, devices, hbm, log=print):
