@@ -28,6 +28,10 @@ def check_config_values(config):
   for name in POSITIVE:
     if name in config and (not isinstance(config[name], int) or config[name] < 1):
       raise PreflightError(f"config.{name}={config[name]!r}: expected a positive integer.")
+  prob = config.get("masked_lm_prob", 0.15)
+  if not 0 < prob < 1:
+    raise PreflightError(f"config.masked_lm_prob={prob!r}: expected a fraction of the tokens "
+                         "between 0 and 1 (the paper's 0.15).")
   if config.max_predictions_per_seq > config.seq_length:
     raise PreflightError(f"config.max_predictions_per_seq={config.max_predictions_per_seq} > "
                          f"config.seq_length={config.seq_length}: at most one prediction per "

@@ -347,6 +347,15 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     raise InputPipelineError(
         f"{files[0]}: records are {'pre-masked' if found_premasked else 'unmasked'} but "
         f"premasked={premasked}; pass premasked=None to detect the format.")
+  ignored = [f for f, on in (("masked_lm_prob", masked_lm_prob != 0.15),
+                               ("whole_word_masking", whole_word_masking),
+                               ("masking", masking_scheme != "token")) if on]
+  if found_premasked and ignored:
+    # google-research/bert's records carry their masks: a masking flag would change nothing.
+    raise InputPipelineError(
+        f"{files[0]}: records are pre-masked (google-research/bert's create_pretraining_data "
+        f"fixed their masks), so --config.{', --config.'.join(ignored)} would be ignored; drop "
+        "it, or make unmasked records with python -m data_pipelines.create_pretraining_data.")
   cfg = None
   if not found_premasked:
     cfg = masking.mask_config_from_vocab(

@@ -239,6 +239,15 @@ def test_non_positive_sizes_are_refused_first(tmp_path, no_model, field, value):
     no_model.train_and_evaluate(_tiny(**{field: value}), str(tmp_path / "wd"))
 
 
+@pytest.mark.parametrize("prob", [0.0, 1.5, -0.1])
+def test_masked_lm_prob_outside_0_1_is_refused_first(tmp_path, no_model, prob):
+  # Was: a ValueError traceback from masking.py (our records) or silently ignored (google's).
+  from bert_jax import errors
+  with pytest.raises(errors.UserError, match=rf"config.masked_lm_prob={prob}: expected a "
+                     "fraction of the tokens between 0 and 1"):
+    no_model.train_and_evaluate(_tiny(masked_lm_prob=prob), str(tmp_path / "wd"))
+
+
 def test_warmup_longer_than_training_is_refused_before_any_input(tmp_path, no_model,
                                                                  monkeypatch):
   from bert_jax import errors, input_source

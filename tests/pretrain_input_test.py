@@ -206,6 +206,10 @@ def test_google_bert_premasked_records(tmp_path, vocab):
     dataset(str(path), vocab, premasked=False)
   with pytest.raises(pi.InputPipelineError, match=r"masked_lm_positions of length 5, expected 20"):
     dataset(str(path), vocab, max_predictions_per_seq=20)
+  # Masking flags cannot change pre-masked records: refused, not silently ignored (issue 23, 4).
+  with pytest.raises(pi.InputPipelineError, match=r"records are pre-masked .* so "
+                     r"--config.masked_lm_prob, --config.whole_word_masking would be ignored"):
+    dataset(str(path), vocab, masked_lm_prob=0.2, whole_word_masking=True)
 
 
 def test_no_files(tmp_path, vocab):
