@@ -197,6 +197,54 @@ def compile_step(config, model_config, devices):
       collectives=collectives(hlo), attention=attention)
 
 
+def _compile_worker(conn, topology):
+  """A child process that compiles configs it receives (dicts) for `topology` until told to stop
+  (None), answering each with Compiled as a dict. See IsolatedCompiler."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  devices = topology_devices(tpu_specs.parse_topology(topology))
+  while (config_dict := conn.recv()) is not None:
+    config = ml_collections.ConfigDict(config_dict)
+    make_model_config, _ = model_config_factory(config)
+    conn.send(dataclasses.asdict(compile_step(config, make_model_config(config), devices)))
+
+
+class IsolatedCompiler:
+  """compile_step in a child process, for the search's many candidates.
+
+  libtpu 0.0.42.1's compiler has crashed (segfault) on some candidates (seen: BERT-tiny with FSDP
+  + remat on v5e:2x2, twice), and one candidate must not take the whole search down: a crash
+  comes back as a Compiled that does not fit, and the next compile starts a new child. One child
+  serves many compiles (JAX and the model code are imported once).
+  """
+
+  def __init__(self, topology):
+    import multiprocessing  # pylint: disable=g-import-not-at-top
+    self._ctx, self._topology, self._child = multiprocessing.get_context("spawn"), topology, None
+
+  def __call__(self, config):
+    start = time.perf_counter()
+    if self._child is None:
+      self._conn, child_end = self._ctx.Pipe()
+      self._child = self._ctx.Process(target=_compile_worker, args=(child_end, self._topology),
+                                      daemon=True)
+      self._child.start()
+      child_end.close()
+    try:
+      self._conn.send(config.to_dict())
+      return Compiled(**self._conn.recv())
+    except (EOFError, BrokenPipeError):   # the child died: the compiler crashed
+      self._child.join()
+      code, self._child = self._child.exitcode, None
+      return Compiled(False, time.perf_counter() - start,
+                      error=f"the TPU compiler crashed on this candidate (exit code {code})")
+
+  def close(self):
+    if self._child is not None:
+      self._conn.send(None)
+      self._child.join()
+      self._child = None
+
+
 def layout_of(config):
   """The stream layout train would store, as far as the step's shapes depend on it."""
   return dict(pack=bool(config.pack), max_instances_per_pack=int(config.max_instances_per_pack))
@@ -286,7 +334,7 @@ def _with(config, *, mesh_shape, remat, per_chip, chips, accum=1):
   return c
 
 
-def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, need, log):
+def largest_batch(config, compile_fn, chips, hbm, *, mesh_shape, remat, need, log):
   """(largest power-of-two per-chip micro-batch up to `need` that compiles within `hbm` or 0,
   the per-chip batch at which memory would reach `hbm`).
 
@@ -295,13 +343,11 @@ def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, 
   `need`: larger ones take longer to compile and are not asked for) is then compiled to confirm
   it, halving while it does not fit, doubling while twice it still does.
   """
-  chips = len(devices)
-
   def fits(b):
     c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
-    r = compile_step(c, model_config_for(c), devices)
-    log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else "out of memory")
-        + f" ({r.compile_seconds:.0f} s to compile)")
+    r = compile_fn(c)
+    log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else r.error[:120] or "out of "
+                                     "memory") + f" ({r.compile_seconds:.0f} s to compile)")
     return r.fits and r.total <= hbm, r
 
   ok1, one = fits(1)
@@ -322,21 +368,25 @@ def largest_batch(config, model_config_for, devices, hbm, *, mesh_shape, remat, 
   return b, predicted
 
 
-def search(config, model_config_for, devices, hbm, log=print):
+def search(config, topology, hbm, log=print):
   """(settings dict or None, {setting: (largest verified per-chip batch, predicted largest)}):
   the first of SETTINGS that holds the configured per-chip batch; otherwise the setting with the
   largest micro-batch and the fewest accumulation steps that reach the configured batch."""
-  chips = len(devices)
+  chips = tpu_specs.parse_topology(topology).chips
   need = config.batch_size // chips
   largest = {}
   settings = [s for s in SETTINGS if chips > 1 or s[1] == (-1, 1, 1)]  # 1 chip: fsdp = data
-  for label, mesh_shape, remat in settings:
-    log(f"search: {label}")
-    largest[label] = largest_batch(config, model_config_for, devices, hbm, mesh_shape=mesh_shape,
-                                   remat=remat, need=need, log=log)
-    if largest[label][0] >= need:
-      return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=1,
-                  per_chip=need), largest
+  compile_fn = IsolatedCompiler(topology)
+  try:
+    for label, mesh_shape, remat in settings:
+      log(f"search: {label}")
+      largest[label] = largest_batch(config, compile_fn, chips, hbm, mesh_shape=mesh_shape,
+                                     remat=remat, need=need, log=log)
+      if largest[label][0] >= need:
+        return dict(label=label, mesh_shape=mesh_shape, remat=remat, accum=1,
+                    per_chip=need), largest
+  finally:
+    compile_fn.close()
   label, mesh_shape, remat = max(settings, key=lambda s: largest[s[0]][0])
   top = largest[label][0]
   if top == 0:
@@ -414,7 +464,7 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
                             mesh_shape=list(config.mesh_shape), remat=bool(model_config.remat),
                             dtype=model_config.dtype, pack=bool(config.pack)))
   if search_settings:
-    found, largest = search(config, make_model_config, devices, hbm, log=log)
+    found, largest = search(config, topology, hbm, log=log)
     result["search"] = dict(largest_per_chip_batch=largest, found=found)
     if found is None:
       result.update(fits=False, verdict=f"DOES NOT FIT: not even 1 sequence per chip fits "

@@ -47,7 +47,7 @@ def _cli(*args):
       p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
   env.pop("XLA_FLAGS", None)
   return subprocess.run([sys.executable, "-m", "bert_jax.plan", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
+                        capture_output=True, text=True, timeout=1200)
 
 
 @pytest.fixture(scope="module")
@@ -157,21 +157,21 @@ def test_without_libtpu_is_a_one_line_error(monkeypatch):
 
 @pytest.mark.slow
 def test_search_finds_settings_that_fit(tmp_path):
-  # Budget: what a per-chip batch of 8 needs; ask for 64 per chip. Plain data parallelism cannot
+  # Budget: what a per-chip batch of 4 needs; ask for 16 per chip. Plain data parallelism cannot
   # hold it, so the search must reach for FSDP / remat / accumulation, and its pick must fit.
   # Through the CLI, as users run it (each plan in its own process).
   common = ("--config=bert_jax/configs/pretrain.py:tiny", "--topology=v5e:2x2",
             "--config.model.dtype=bfloat16")
-  p = _cli(*common, "--config.batch_size=32", f"--json={tmp_path}/small.json")
+  p = _cli(*common, "--config.batch_size=16", f"--json={tmp_path}/small.json")
   assert p.returncode == 0, p.stderr[-2000:]
   budget = json.loads((tmp_path / "small.json").read_text())["compiled"]["total"] * 1.02
-  p = _cli(*common, "--config.batch_size=256", "--search", f"--hbm_gib={budget / plan_lib.GiB}",
+  p = _cli(*common, "--config.batch_size=64", "--search", f"--hbm_gib={budget / plan_lib.GiB}",
            f"--json={tmp_path}/search.json")
   assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-2000:])
   result = json.loads((tmp_path / "search.json").read_text())
   found = result["search"]["found"]
   assert result["fits"] and result["compiled"]["total"] <= budget, p.stdout
-  assert found["per_chip"] * found["accum"] == 64
-  assert result["search"]["largest_per_chip_batch"]["data parallel"][0] < 64
+  assert found["per_chip"] * found["accum"] == 16
+  assert result["search"]["largest_per_chip_batch"]["data parallel"][0] < 16
   assert "--config.grad_accum_steps=" in result["search"]["train_flags"]
-  assert "flags for bert_jax.train: --config.batch_size=256" in p.stdout
+  assert "flags for bert_jax.train: --config.batch_size=64" in p.stdout
