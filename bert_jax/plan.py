@@ -17,7 +17,8 @@ the compiler error the slice would give.
 --search looks for the cheapest settings that fit the configured global batch (data parallel,
 then FSDP, then remat, then gradient accumulation) and prints the flags to paste into `train`.
 
-Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error.
+Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error, 3 no verdict (the
+TPU compiler itself crashed; libtpu 0.0.42.1 segfaulted on some remat programs here).
 """
 
 import dataclasses
@@ -106,6 +107,7 @@ class Compiled:
   collectives: dict = dataclasses.field(default_factory=dict)   # op -> [count, bytes]
   attention: str = ""
   num_params: int = 0          # the model's, whole
+  crashed: bool = False        # the compiler process died (no verdict on memory)
 
 
 def _num_params(tree):
@@ -235,8 +237,8 @@ class IsolatedCompiler:
     except (EOFError, BrokenPipeError):   # the child died: the compiler crashed
       self._child.join()
       code, self._child = self._child.exitcode, None
-      return Compiled(False, time.perf_counter() - start,
-                      error=f"the TPU compiler crashed on this candidate (exit code {code})")
+      return Compiled(False, time.perf_counter() - start, crashed=True,
+                      error=f"the TPU compiler crashed (exit code {code})")
 
   def close(self):
     if self._child is not None:
@@ -419,7 +421,8 @@ def model_config_factory(config):
   return make, vocab
 
 
-def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, log=print):
+def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, log=print,
+         isolate=True):
   """The whole plan as a dict (what --json writes); `log` gets the report's lines."""
   from bert_jax import preflight  # pylint: disable=g-import-not-at-top
   from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
@@ -479,8 +482,21 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
     log(f"search: {found['label']}, per-chip micro-batch {found['per_chip']} x "
         f"{found['accum']} accumulation step(s); largest per-chip batches that compiled: {sizes}")
     log(f"flags for bert_jax.train: {result['search']['train_flags']}")
-  c = compile_step(config, model_config, devices)
+  if isolate:   # in a child process: a compiler crash becomes a verdict, not a dead process
+    compiler = IsolatedCompiler(spec.name)
+    try:
+      c = compiler(config)
+    finally:
+      compiler.close()
+  else:
+    c = compile_step(config, model_config, devices)
   result["compiled"] = dataclasses.asdict(c)
+  if c.crashed:
+    result.update(fits=None, verdict=f"NO VERDICT for {spec.cloud_name}: {c.error}; the compiler "
+                  f"(libtpu {libtpu}) failed, not the config: try another libtpu, mesh_shape or "
+                  "remat setting")
+    log("verdict: " + result["verdict"])
+    return result
   log(f"{c.attention}; {c.num_params / 1e6:.1f}M parameters; compiled in "
       f"{c.compile_seconds:.0f} s")
   if not c.fits or c.total > hbm:
@@ -543,7 +559,7 @@ def main(argv):
   if result["fits"]:
     print(f"next: create the slice (launch/create.sh with ACCELERATOR_TYPE={result['topology']}), "
           "then launch/run.sh with the same --config flags; docs/planning.md", flush=True)
-  return 0 if result["fits"] else 1
+  return {True: 0, False: 1, None: 3}[result["fits"]]
 
 
 def _prepare_environment():

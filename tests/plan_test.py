@@ -115,7 +115,7 @@ def test_tiny_on_v5e(tiny_v5e):
 
 def test_mini_on_v4():
   lines = []
-  result = plan_lib.plan(config("mini"), "v4:2x2x1", log=lines.append)
+  result = plan_lib.plan(config("mini"), "v4:2x2x1", log=lines.append, isolate=False)
   assert result["fits"] and result["device_kind"] == "TPU v4" and result["chips"] == 4
   _check_compiled(result, "v4:2x2x1", 1.1)
   assert lines[-2].startswith("verdict: FITS on v4-8 with ")
@@ -124,7 +124,8 @@ def test_mini_on_v4():
 
 def test_fsdp_shards_parameters_and_optimizer_state(tiny_v5e):
   dp = tiny_v5e[1]["compiled"]
-  fsdp = plan_lib.plan(config(mesh_shape=(1, -1, 1)), "v5e:2x2", log=lambda _: None)["compiled"]
+  fsdp = plan_lib.plan(config(mesh_shape=(1, -1, 1)), "v5e:2x2", log=lambda _: None,
+                       isolate=False)["compiled"]
   # "embed" axes split over 4 chips; layer-norm scales and biases stay whole.
   assert fsdp["params"] < 0.3 * dp["params"] and fsdp["optimizer"] < 0.3 * dp["optimizer"]
   assert "all-gather" in fsdp["collectives"]
@@ -143,7 +144,7 @@ def test_train_and_plan_share_the_step_builder(monkeypatch):
 
   monkeypatch.setattr(train, "build_training", spy)
   with pytest.raises(Built):
-    plan_lib.plan(config(), "v5e:2x2", log=lambda _: None)
+    plan_lib.plan(config(), "v5e:2x2", log=lambda _: None, isolate=False)
   assert [d.platform for d in seen["devices"]] == ["tpu"] * 4
 
 
@@ -152,7 +153,7 @@ def test_without_libtpu_is_a_one_line_error(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "libtpu" else real(name, *a))
   with pytest.raises(plan_lib.PlanError, match=r'pip install "jax\[tpu\]==0.10.2"'):
-    plan_lib.plan(config(), "v5e:2x2", log=lambda _: None)
+    plan_lib.plan(config(), "v5e:2x2", log=lambda _: None, isolate=False)
 
 
 @pytest.mark.slow
