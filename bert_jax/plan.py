@@ -213,8 +213,9 @@ def _compile_worker(conn, topology):
 class IsolatedCompiler:
   """compile_step in a child process, for the search's many candidates.
 
-  libtpu 0.0.42.1's compiler has crashed (segfault) on some candidates (seen: BERT-tiny with FSDP
-  + remat on v5e:2x2, twice), and one candidate must not take the whole search down: a crash
+  libtpu 0.0.42.1's compiler has crashed (segfault) on some programs (seen: BERT-tiny with FSDP +
+  remat on v5e:2x2, twice; BERT-large phase 2 with remat on v6e-16), and one candidate must not
+  take a search (or a plan) down: a crash
   comes back as a Compiled that does not fit, and the next compile starts a new child. One child
   serves many compiles (JAX and the model code are imported once).
   """
