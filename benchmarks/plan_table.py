@@ -59,9 +59,14 @@ def run_cell(row, slice_name, out_dir, search=False, run=True):
   return result
 
 
-def cell_line(row, slice_name, r):
+def cell_line(row, slice_name, r, log_text=""):
   what = ROWS[row][0]
-  if r is None:
+  if r is None and "Segmentation fault" in log_text:
+    return (f"| {what} | {slice_name} | **NO VERDICT**: libtpu 0.0.42.1 crashed (segfault) "
+            "compiling it on this host | | | | | | |")
+  if r is None or r.get("fits") is None:
+    if r is not None:
+      return f"| {what} | {slice_name} | **NO VERDICT**: {r['verdict']} | | | | | | |"
     return (f"| {what} | {slice_name} | not compiled in this session: `python -m "
             f"benchmarks.plan_table --rows={row} --slices={slice_name}` | | | | | | |")
   gib = 1024 ** 3
@@ -88,7 +93,9 @@ def main(argv):
       if FLAGS.slices and slice_name not in FLAGS.slices:
         continue
       r = run_cell(row, slice_name, FLAGS.out_dir, FLAGS.search, FLAGS.run)
-      print(cell_line(row, slice_name, r), flush=True)
+      log = os.path.join(FLAGS.out_dir, f"{row}_{slice_name}.log")
+      print(cell_line(row, slice_name, r, open(log).read() if os.path.exists(log) else ""),
+            flush=True)
 
 
 if __name__ == "__main__":
