@@ -56,9 +56,24 @@ def require_libtpu():
   return importlib.metadata.version("libtpu")
 
 
+# What libtpu reads when it loads, only while it loads (os.environ is restored after: a leaked
+# TPU_WORKER_HOSTNAMES makes bert_jax.distributed, and so every later run in this process tree,
+# take the host for a Cloud TPU pod). Without the first two libtpu looks for a Cloud TPU VM's
+# metadata and prints errors about worker hostnames on this host; ALLOW_MULTIPLE_LIBTPU_LOAD:
+# libtpu takes /tmp/libtpu_lockfile so that one process owns the chips, and compiling uses none,
+# so two plans (or a plan beside a test or a TPU run) must not lock each other out.
 def topology_devices(spec: tpu_specs.SliceSpec):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  return topologies.get_topology_desc(platform="tpu", **spec.topology_kwargs()).devices
+  env = dict(TPU_ACCELERATOR_TYPE=spec.cloud_name, TPU_WORKER_HOSTNAMES="localhost",
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update({k: v for k, v in env.items() if saved[k] is None})
+  try:
+    return topologies.get_topology_desc(platform="tpu", **spec.topology_kwargs()).devices
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
 
 
 _HBM_RE = re.compile(r"exceeds available HBM \(([\d.]+)([GM])\)")
@@ -435,13 +450,6 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   gen = spec.generation
   price = gen.price_per_chip_hour if price is None else float(price)
-  # libtpu reads these when it loads; without them it looks for a Cloud TPU VM's metadata and
-  # prints errors about the worker hostnames (this host is not one; a TPU VM has its own values).
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", spec.cloud_name)
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  # libtpu takes /tmp/libtpu_lockfile so that one process owns the chips; compiling uses none, and
-  # two plans (or a plan beside a test, or a run on a TPU VM) must not lock each other out.
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   devices = topology_devices(spec)
   hbm, hbm_source = available_hbm(devices[0]), "the compiler allows"
   if hbm is None:

@@ -118,6 +118,9 @@ def test_mini_on_v4():
   result = plan_lib.plan(config("mini"), "v4:2x2x1", log=lines.append, isolate=False)
   assert result["fits"] and result["device_kind"] == "TPU v4" and result["chips"] == 4
   _check_compiled(result, "v4:2x2x1", 1.1)
+  # libtpu's settings do not outlive its loading: a leaked TPU_WORKER_HOSTNAMES made every later
+  # `bert_jax.train` in this process tree take the host for a TPU pod.
+  assert "TPU_WORKER_HOSTNAMES" not in os.environ and "TPU_ACCELERATOR_TYPE" not in os.environ
   assert lines[-2].startswith("verdict: FITS on v4-8 with ")
   assert any(l.startswith("memory per chip: params") for l in lines)
 
