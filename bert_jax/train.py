@@ -109,19 +109,28 @@ PEAK_TFLOPS = {**{g.device_kind: g.peak_bf16_tflops for g in tpu_specs.GENERATIO
 
 
 def model_flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1):
-  """Analytic training FLOPs per sequence (forward + backward = 3x forward).
+  """Analytic training FLOPs per sequence: the matmuls, forward + backward = 3 x forward
+  (2 FLOPs a multiply-add); element-wise work (LayerNorm, softmax, GeLU) is not counted.
 
-  6 x non-embedding params per token, + attention scores/context 12 x L x T x H per token,
-  + the MLM head on the masked positions only (transform H*H + decoder H*V), + NSP/pooler on
-  each of `num_nsp` [CLS] slots (a packed row has K).
+  Per token: 6 x the L layers' matmul parameters (a shared ALBERT layer is applied L times and
+  costs L times), + attention scores/context 12 x L x T x H, + ALBERT's E -> H embedding
+  projection 6 x E x H. On the masked positions only: the MLM head (transform H -> E, tied
+  decoder E -> V; E = H for BERT) and SpanBERT's SBO head (3H -> H, H -> E, tied decoder). The
+  pooler and the NSP/SOP dense on each of `num_nsp` [CLS] slots (a packed row has K), only when
+  the model has a sentence objective (without one the pooler feeds no loss: XLA drops it).
+  tests/families_train_test.py checks it against the dot products of the traced training step.
   """
   h, l, t, i = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size
+  e, v = cfg.embed_dim, cfg.vocab_size
   per_layer = 4 * h * h + 2 * h * i                         # q,k,v,o + two FFN matrices
   dense = 6 * l * per_layer * t
   attention = 12 * l * t * t * h
-  mlm_head = 6 * num_predictions * (h * h + h * cfg.vocab_size)
-  pooler_nsp = 6 * num_nsp * (h * h + 2 * h)
-  return dense + attention + mlm_head + pooler_nsp
+  projection = 6 * t * e * h if cfg.factorised else 0   # ALBERT: [E, H]
+  mlm_head = 6 * num_predictions * (h * e + e * v)
+  objectives = cfg.objective_list
+  sbo_head = 6 * num_predictions * (3 * h * h + h * e + e * v) if "sbo" in objectives else 0
+  pooler_nsp = 6 * num_nsp * (h * h + 2 * h) if cfg.sentence_objective else 0
+  return dense + attention + projection + mlm_head + sbo_head + pooler_nsp
 
 
 def step_flops(config, model_config, layout):
