@@ -10,8 +10,9 @@ vocab, records, finished pre-trainings and fine-tunes), so an interrupted run co
                   held out, a 5,000-piece uncased WordPiece vocab)
   records         one set per sentence objective, dupe factor --dupe_factor: NSP pairs (BERT),
                   --sop pairs (ALBERT), --no_nsp full sentences (SpanBERT)
-  pre-training    the runlocal recipe (batch 32 x 128, packed, lr 1e-3) for --steps optimizer
-                  steps, warmup 10%, each preset's own masking (token / n-gram / span)
+  pre-training    the runlocal recipe (seq 128, packed, lr 1e-3) at --batch_size rows for
+                  --steps optimizer steps, warmup 10%, each preset's own masking (token /
+                  n-gram / span), held-out evaluation on 30 batches at the end
   fine-tuning     the custom CSV task, seq 64, the size-scaled default lr and epochs, one run
                   per seed in --seeds; dev accuracy of the best epoch
 Step time is the median of the logged windows after the first (compilation excluded), wall
@@ -74,7 +75,7 @@ def data(out, dupe_factor):
   return vocab, task
 
 
-def pretrain(out, preset, vocab, steps):
+def pretrain(out, preset, vocab, steps, batch_size):
   """{params, params_with_heads, eval..., sec_per_step} of one pre-training run."""
   kind = PRESETS[preset][0]
   workdir = os.path.join(out, f"work_{preset}")
@@ -87,14 +88,15 @@ def pretrain(out, preset, vocab, steps):
         f"--workdir={workdir}", f"--config.train_input_files={out}/{kind}/train/*.tfrecord",
         f"--config.eval_input_files={out}/{kind}/eval/*.tfrecord",
         f"--config.vocab_file={vocab}", f"--config.num_train_steps={steps}",
+        f"--config.batch_size={batch_size}",
         f"--config.warmup_steps={steps // 10}", f"--config.log_every={max(steps // 10, 1)}",
         f"--config.eval_every={steps}", f"--config.checkpoint_every={steps}",
         "--config.eval_steps=30"], log=log)
   summary = json.load(open(summary_path))
   text = open(log, encoding="utf-8").read()
-  # "step 120/600 | ... | 40.1 rows/s ..." -> seconds per step = batch 32 / rows per second
+  # "step 120/600 | ... | 40.1 rows/s ..." -> seconds per step = batch / rows per second
   rates = [float(x) for x in re.findall(r"\| ([\d.]+) rows/s", text)]
-  sec = statistics.median([32 / r for r in rates[1:] or rates]) if rates else None
+  sec = statistics.median([batch_size / r for r in rates[1:] or rates]) if rates else None
   return dict(final_eval=summary["final_eval"], sec_per_step=sec,
               wall_time_sec=summary["wall_time_sec"], workdir=workdir,
               **count_params(preset))
@@ -135,6 +137,7 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--out_dir", default=os.path.join(ROOT, "runs", "families"))
   p.add_argument("--steps", type=int, default=600)
+  p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--dupe_factor", type=int, default=3)
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--presets", default=",".join(PRESETS))
@@ -144,7 +147,7 @@ def main():
   vocab, task = data(out, args.dupe_factor)
   rows = {}
   for preset in args.presets.split(","):
-    r = pretrain(out, preset, vocab, args.steps)
+    r = pretrain(out, preset, vocab, args.steps, args.batch_size)
     r["dev"] = [finetune(out, preset, r["workdir"], vocab, task, int(s))
                 for s in args.seeds.split(",")]
     rows[preset] = r
@@ -154,7 +157,8 @@ def main():
 
 
 def table(rows, args):
-  lines = [f"{args.steps} pre-training steps each; fine-tuning seeds {args.seeds}", "",
+  lines = [f"{args.steps} pre-training steps of {args.batch_size} x 128 each; fine-tuning seeds "
+           f"{args.seeds}", "",
            "| model | encoder params | with heads | held-out MLM acc | held-out MLM loss | "
            "sentence / SBO acc (held out) | s/step | dev acc, last epoch (mean ± sd) | per seed | "
            "best epoch's (mean) |",
