@@ -274,5 +274,5 @@ def format_row(r):
 
 
 if __name__ == "__main__":
-  from bert_jax import errors
+  from bert_jax_core import errors
   errors.run_main(main, None)   # a backend that cannot run here: one line on stderr, exit 2

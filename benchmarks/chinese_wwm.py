@@ -39,7 +39,7 @@ def write_corpus(path, copies=1):
 
 
 def _rows(output_dir, n):
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
   rows = []
   for f in sorted(tf.io.gfile.glob(os.path.join(output_dir, "*.tfrecord"))):
     for raw in tf.data.TFRecordDataset(f).as_numpy_iterator():
@@ -68,7 +68,7 @@ def whole_vs_partial(rows, cfg, word_continues, seed=0):
   """(multi-character jieba words masked whole, masked in part) over `rows` (dicts of the
   records' numpy features), masked with (word_continues=True) or without (None) the boundaries."""
   from data_pipelines import masking
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
   ids = tf.constant(np.stack([r["input_ids"] for r in rows]), tf.int32)
   mask = tf.constant(np.stack([r["input_mask"] for r in rows]), tf.int32)
   cont = np.stack([r["word_continues"] for r in rows])

@@ -41,7 +41,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
-from data_pipelines.tf_setup import tf  # noqa: E402
+from bert_jax_core.tf_setup import tf  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -20,7 +20,7 @@ from absl import app, flags
 import tokenizers
 
 from data_pipelines import build_vocab, stdlib_corpus, tokenization
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Glob of text files; default: a fresh stdlib corpus.")

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 BACKENDS = ("auto", "xla", "cudnn", "pallas_gpu", "splash")
 FUSED = ("cudnn", "pallas_gpu", "splash")

@@ -36,7 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
 

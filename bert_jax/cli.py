@@ -5,7 +5,11 @@
   bert-jax-predict --init_checkpoint=runs/tiny fill-mask "The man went to the [MASK] ."
 
 A `--config=bert_jax/configs/<file>.py[:arg]` that does not exist under the current directory
-(outside a clone of the repository) is read from the installed package (errors.parse_flags).
+(outside a clone of the repository) is read from the installed package.
+
+`run` is how every bert_jax program ends (`python -m` and console script alike):
+bert_jax_core.errors.run plus what only bert_jax has: multi-host start-up, --help generated
+from the config file, and configs read from the installed package.
 """
 
 import importlib
@@ -31,8 +35,35 @@ PROGRAMS = {
 }
 
 
+def run(main, *, init_distributed=False, help_config=None, program=None, flags_parser=None):
+  """bert_jax_core.errors.run(main) for a bert_jax program.
+
+  init_distributed: join the JAX distributed system first (distributed.py), inside the one-line
+    error handler, so a malformed BERT_JAX_* environment is a one-line error too.
+  help_config: the program's config file; its --help is generated from it (print_config_help).
+  program: the command name shown in that help (default: argv[0]'s file name).
+  """
+  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
+  setup = None
+  if init_distributed:
+    def setup():
+      from bert_jax import distributed  # pylint: disable=g-import-not-at-top  (imports jax)
+      distributed.maybe_initialize_distributed()
+  print_help = None
+  if help_config:
+    def print_help(argv, flag_values):
+      others = [(n, flag_values[n].help) for n in ("workdir",) if n in flag_values]
+      print_config_help(argv, help_config, program or os.path.basename(argv[0]), others)
+  errors.run(main, setup=setup, flags_parser=flags_parser, print_help=print_help,
+             packaged_configs={PACKAGED_CONFIGS: _CONFIGS_DIR})
+
+
+# `--config=bert_jax/configs/X.py` outside a clone of the repository: the installed package's copy.
+PACKAGED_CONFIGS = "bert_jax/configs/"
+_CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
 def run_program(name):
-  from bert_jax import errors  # pylint: disable=g-import-not-at-top
   module_name, init_distributed = PROGRAMS[name]
   from absl import flags  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(module_name)
@@ -42,8 +73,8 @@ def run_program(name):
   # its docstring: make them the program's, as under `python -m`.
   flags.adopt_module_key_flags(module)
   sys.modules["__main__"].__doc__ = module.__doc__
-  errors.run(module.main, init_distributed=init_distributed,
-             help_config=CONFIG_HELP.get(module_name), program=name)
+  run(module.main, init_distributed=init_distributed, help_config=CONFIG_HELP.get(module_name),
+      program=name)
 
 
 def _entry(name):
@@ -66,7 +97,8 @@ stdlib_corpus = _entry("bert-jax-stdlib-corpus")
 
 def verify():
   """bert-jax-verify DIR: `python -m bert_jax.checkpoint verify DIR`."""
-  from bert_jax import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
   errors.run_main(checkpoint.verify_main, [sys.argv[0], "verify", *sys.argv[1:]])
 
 
@@ -174,10 +206,6 @@ def config_help(config_file, arg=None):
   for flag, note in fields:
     out.append(f"  {flag:<{width}}  {note}" if note else f"  {flag}")
   return "\n".join(out)
-
-
-def wants_help(argv):
-  return any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:])
 
 
 def print_config_help(argv, config_file, program, other_flags):

@@ -35,7 +35,7 @@ import signal
 import jax
 import numpy as np
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 ENV_COORDINATOR = "BERT_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "BERT_JAX_NUM_PROCESSES"

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import inference
 from bert_jax import model as model_lib
 

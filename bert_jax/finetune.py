@@ -35,7 +35,8 @@ import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
-from bert_jax import errors
+from bert_jax import cli
+from bert_jax_core import errors
 from bert_jax import finetune_tasks as ft
 from bert_jax import guard
 from bert_jax import heads
@@ -636,5 +637,5 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main, init_distributed=True,  # multi-host start-up inside the one-line errors
-             help_config="bert_jax/configs/finetune.py", program="python -m bert_jax.finetune")
+  cli.run(main, init_distributed=True,  # multi-host start-up inside the one-line errors
+          help_config="bert_jax/configs/finetune.py", program="python -m bert_jax.finetune")

@@ -78,7 +78,7 @@ def available_splits(task, config):
 
 def _exists(path):
   if "://" in path:
-    from data_pipelines.tf_setup import tf
+    from bert_jax_core.tf_setup import tf
     return tf.io.gfile.exists(path)
   return os.path.isfile(path)
 

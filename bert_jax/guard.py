@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class NonFiniteError(errors.UserError):

@@ -36,7 +36,7 @@ import json
 import os
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
@@ -61,7 +61,7 @@ class InferenceModel:
 
 
 def _gfile():
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   return tf.io.gfile
 
 

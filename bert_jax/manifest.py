@@ -22,7 +22,7 @@ import os
 
 from etils import epath
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 NAME = "manifest.sha256.json"
 # Written by Orbax at the step root after our callback ran: not part of the manifest.

@@ -26,7 +26,7 @@ class MetricsWriter:
     self.enabled = enabled
     self._writer = None
     if enabled:
-      from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+      from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
       self._tf = tf
       self._writer = tf.summary.create_file_writer(os.path.join(workdir, subdir))
 
@@ -54,7 +54,7 @@ class MetricsWriter:
 
 def read_scalars(logdir):
   """{tag: [(step, value), ...]} from the event files in `logdir` (for tests and tools)."""
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   out = {}
   for path in sorted(tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*"))):
     for event in tf.compat.v1.train.summary_iterator(path):

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class OptimizerError(errors.UserError):

@@ -34,7 +34,8 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import errors
+from bert_jax import cli
+from bert_jax_core import errors
 from bert_jax import tpu_specs
 
 GiB = 1024 ** 3
@@ -581,4 +582,4 @@ def _prepare_environment():
 if __name__ == "__main__":
   _prepare_environment()
   define_flags()
-  errors.run(main)   # absl exits with main's return value
+  cli.run(main)   # absl exits with main's return value

@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import inference
 from bert_jax import model as model_lib
 

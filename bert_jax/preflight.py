@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import optimizer as optimizer_lib
 
 # Config fields that must be positive integers (a negative batch size divides evenly by the

@@ -14,7 +14,7 @@ import os
 
 from absl import flags
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import metrics_writer
 
 

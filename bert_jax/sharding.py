@@ -20,7 +20,7 @@ from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class TopologyError(errors.UserError):

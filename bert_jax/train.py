@@ -24,7 +24,8 @@ import numpy as np
 from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
-from bert_jax import errors
+from bert_jax import cli
+from bert_jax_core import errors
 from bert_jax import guard
 from bert_jax import inference
 from bert_jax import input_source
@@ -558,5 +559,5 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main, init_distributed=True,  # multi-host start-up inside the one-line errors
-             help_config="bert_jax/configs/pretrain.py", program="python -m bert_jax.train")
+  cli.run(main, init_distributed=True,  # multi-host start-up inside the one-line errors
+          help_config="bert_jax/configs/pretrain.py", program="python -m bert_jax.train")

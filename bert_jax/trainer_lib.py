@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import guard
 from bert_jax import model as model_lib
 from bert_jax import sharding as sharding_lib
@@ -302,7 +302,7 @@ def file_hash(path):
   """sha256 prefix of a (local or gs://) file; '' for none."""
   if not path or path == "synthetic":
     return ""
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   with tf.io.gfile.GFile(path, "rb") as f:
     return hashlib.sha256(f.read()).hexdigest()[:16]
 

@@ -60,12 +60,12 @@ finally:
   _root_logger.removeFilter(_bq_filter)
   _root_logger.handlers[:] = _root_handlers
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import instances as instances_lib
 from data_pipelines import tokenization
 from data_pipelines import whole_corpus
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 
 class BeamPipelineError(errors.UserError):

@@ -157,7 +157,7 @@ def probe():
   """Probes the reference (tokenizers) and TF over all code points; returns the table specs."""
   import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
   from tokenizers import normalizers, pre_tokenizers  # test-only dependency
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
 
   cased = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                      strip_accents=None, lowercase=False)

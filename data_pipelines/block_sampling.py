@@ -17,7 +17,7 @@ import numpy as np
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import instances as instances_lib
 from data_pipelines import text_sources
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 _COPY_CHUNK = 16 << 20  # bytes per read when merging part files into shards
 

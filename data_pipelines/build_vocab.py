@@ -45,11 +45,11 @@ import time
 
 from absl import flags
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import pretokenize
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call
 HANGUL_COVERAGE = ("auto", "ksx1001", "none")

@@ -55,7 +55,7 @@ import time
 from absl import flags
 import tqdm
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import dataset_info as dataset_info_lib
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
@@ -63,7 +63,7 @@ from data_pipelines import text_sources
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
 from data_pipelines import word_boundaries as word_boundaries_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 INFO_FILE = "dataset_info.json"
 _TMP_DIR = ".tmp-create_pretraining_data"  # per-source part files, removed at the end

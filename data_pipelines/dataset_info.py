@@ -30,7 +30,7 @@ import shlex
 import sys
 import time
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 INFO_FILE = "dataset_info.json"
 CONTRACT_VERSION = 1
@@ -41,7 +41,7 @@ class DataContractError(errors.UserError):
 
 
 def _gfile():
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
   return tf.io.gfile
 
 

@@ -20,7 +20,7 @@ import functools
 import hashlib
 import unicodedata
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class FilterError(errors.UserError):

@@ -43,7 +43,7 @@ import dataclasses
 
 import numpy as np
 
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids",
                "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",

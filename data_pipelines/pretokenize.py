@@ -17,7 +17,7 @@ apply the same one; `tokenization.get_tokenizer` applies it inside `encode`):
 import functools
 import re
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 # Letter classes (RE2/Python syntax); CJK ranges are BERT's (bert_chars.CJK) plus compatibility.
 _SCRIPTS = {

@@ -43,11 +43,11 @@ from typing import Iterator
 
 from google.protobuf.message import DecodeError
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import dataset_info
 from data_pipelines import masking
 from data_pipelines import packing
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 SEQ_FEATURES = ("input_ids", "input_mask", "segment_ids")
 MASKED_LM_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")

@@ -18,7 +18,7 @@ import warnings
 
 from absl import flags
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 # Modules whose import has side effects (opening windows, printing, starting things).
 _SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3",

@@ -31,11 +31,11 @@ import functools
 import io
 import json
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import instances as instances_lib
 from data_pipelines import pretokenize
 from data_pipelines import tokenization
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 
 class PretrainingDataError(errors.UserError):

@@ -26,7 +26,7 @@ import sys
 from data_pipelines import bert_chars
 from data_pipelines import pretokenize
 from data_pipelines import vocab as vocab_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 import tensorflow_text as tf_text
 
 MAX_CHARS_PER_WORD = 200  # google-research/bert tokenization.py WordpieceTokenizer

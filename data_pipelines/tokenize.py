@@ -12,7 +12,7 @@ import sys
 
 from absl import flags
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import tokenization
 
 FLAGS = flags.FLAGS

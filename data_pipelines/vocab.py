@@ -17,7 +17,7 @@ import re
 import unicodedata
 
 import numpy as np
-from bert_jax import errors
+from bert_jax_core import errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

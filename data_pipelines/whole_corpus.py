@@ -30,7 +30,7 @@ from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
 from data_pipelines import text_sources
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 _TOKENIZE_BATCH = 1000  # documents per tokenizer call while reading a source
 

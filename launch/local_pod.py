@@ -28,7 +28,7 @@ import time
 
 from absl import flags
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "JAX processes (simulated hosts).")
 _DEVICES = flags.DEFINE_integer("devices_per_process", 4, "Fake CPU devices in each process.")

@@ -24,7 +24,7 @@ import time
 from absl import flags
 
 from bert_jax import distributed
-from bert_jax import errors
+from bert_jax_core import errors
 
 _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 16, "Rows in the global batch.")
 _WIDTH = flags.DEFINE_integer("width", 8, "Columns per row.")

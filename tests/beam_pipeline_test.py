@@ -11,7 +11,7 @@ import pytest
 
 from data_pipelines import beam_pipeline, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 from tests import tfds_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
 
@@ -171,7 +171,8 @@ _FULL_DISK = textwrap.dedent("""
     import resource, signal, sys
     import jax.numpy as jnp
     import numpy as np
-    from bert_jax import checkpoint as ckpt_lib, errors
+    from bert_jax import checkpoint as ckpt_lib
+    from bert_jax_core import errors
     def main(argv):
       m = ckpt_lib.create_manager(argv[1], max_to_keep=5)
       ckpt_lib.save(m, 1, dict(w=jnp.ones((64,))), dict(input_position=1))

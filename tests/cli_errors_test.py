@@ -19,7 +19,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CPP_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog)")
-_CORE_DONE = os.path.join(ROOT, ".coord", "core_done")
 
 
 def _two_layer_export(tmp):
@@ -89,16 +88,13 @@ def _cases(tmp):
                                f"--output_dir={tmp}/beam", f"--vocab_file={nope}/vocab.txt"],
                               rf"^error: .*{re.escape(nope)}")
   # The trainers: a misspelt config field and a missing config file, both at flag parsing.
-  # (Wired to errors.run by the trainer-core change; before it, they are not part of this test.)
-  if os.path.exists(_CORE_DONE) or "errors.run" in open(
-      os.path.join(ROOT, "bert_jax", "train.py")).read():
-    cases["train"] = (["bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny",
-                       "--config.learning_rat=1", f"--workdir={tmp}/run"],
-                      r"^error: --config\.learning_rat: the config has no such field; "
-                      r"Did you mean learning_rate")
-    cases["finetune"] = (["bert_jax.finetune", "--config=bert_jax/configs/nope.py:glue_mrpc",
-                          f"--workdir={tmp}/ft"],
-                         r"^error: --config=bert_jax/configs/nope\.py: no such config file")
+  cases["train"] = (["bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny",
+                     "--config.learning_rat=1", f"--workdir={tmp}/run"],
+                    r"^error: --config\.learning_rat: the config has no such field; "
+                    r"Did you mean learning_rate")
+  cases["finetune"] = (["bert_jax.finetune", "--config=bert_jax/configs/nope.py:glue_mrpc",
+                        f"--workdir={tmp}/ft"],
+                       r"^error: --config=bert_jax/configs/nope\.py: no such config file")
   return cases
 
 
@@ -154,7 +150,7 @@ def test_one_line_error_and_exit_code_2(results, name):
 
 
 def test_run_main_turns_user_errors_into_one_line_and_exit_2(capsys):
-  from bert_jax import errors
+  from bert_jax_core import errors
 
   def main(argv):
     raise errors.UserError(f"--{argv[1]}=x: bad\nvalue")
@@ -172,7 +168,7 @@ def test_run_main_turns_user_errors_into_one_line_and_exit_2(capsys):
 
 
 def test_unknown_config_override_is_named_with_the_hint():
-  from bert_jax import errors
+  from bert_jax_core import errors
   inner = KeyError("'learning_rat'\nDid you mean \"learning_rate\" instead of \"learning_rat\"?")
   found = errors._unknown_override(  # pylint: disable=protected-access
       ["prog", "--config=c.py", "--config.learning_rat=1"], ["config"], AttributeError(inner))

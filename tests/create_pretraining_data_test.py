@@ -10,11 +10,11 @@ from absl import flags
 import numpy as np
 import pytest
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import block_sampling, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import vocab as vocab_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 from tests import tfds_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from data_pipelines import dataset_info
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 SEQ = 128
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(195)]

@@ -182,7 +182,7 @@ def _records(directory, *, seq=128, max_id=150, shards=2, per_shard=16, info_voc
              lower=True):
   """Unmasked records (ids < max_id), with a dataset_info.json when info_vocab is given."""
   from data_pipelines import dataset_info
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
   directory.mkdir(parents=True)
   rng = np.random.default_rng(0)
   names = []
@@ -234,7 +234,7 @@ def _real(tmp_path, files, vocab, **overrides):
                                          ("max_predictions_per_seq", 0),
                                          ("num_train_steps", -1)])
 def test_non_positive_sizes_are_refused_first(tmp_path, no_model, field, value):
-  from bert_jax import errors
+  from bert_jax_core import errors
   with pytest.raises(errors.UserError, match=f"config.{field}={value}: expected a positive"):
     no_model.train_and_evaluate(_tiny(**{field: value}), str(tmp_path / "wd"))
 
@@ -242,7 +242,7 @@ def test_non_positive_sizes_are_refused_first(tmp_path, no_model, field, value):
 @pytest.mark.parametrize("prob", [0.0, 1.5, -0.1])
 def test_masked_lm_prob_outside_0_1_is_refused_first(tmp_path, no_model, prob):
   # Was: a ValueError traceback from masking.py (our records) or silently ignored (google's).
-  from bert_jax import errors
+  from bert_jax_core import errors
   with pytest.raises(errors.UserError, match=rf"config.masked_lm_prob={prob}: expected a "
                      "fraction of the tokens between 0 and 1"):
     no_model.train_and_evaluate(_tiny(masked_lm_prob=prob), str(tmp_path / "wd"))
@@ -250,7 +250,8 @@ def test_masked_lm_prob_outside_0_1_is_refused_first(tmp_path, no_model, prob):
 
 def test_warmup_longer_than_training_is_refused_before_any_input(tmp_path, no_model,
                                                                  monkeypatch):
-  from bert_jax import errors, input_source
+  from bert_jax import input_source
+  from bert_jax_core import errors
 
   def read(*args, **kwargs):
     raise AssertionError("the input was read before the bad schedule was found")
@@ -284,7 +285,7 @@ def test_records_contract_mismatches_before_the_model(tmp_path, no_model):
 
 
 def test_records_without_contract_checked_by_their_first_batch(tmp_path, no_model):
-  from bert_jax import errors
+  from bert_jax_core import errors
   small = _vocab(tmp_path, WORDS[:100], "small.txt")      # records hold ids up to 149
   files = _records(tmp_path / "google", max_id=150)       # no dataset_info.json
   with pytest.raises(errors.UserError, match=r"1\d\d"):
@@ -296,14 +297,14 @@ def test_records_without_contract_checked_by_their_first_batch(tmp_path, no_mode
 
 
 def test_unwritable_workdir_before_the_model(tmp_path, no_model):
-  from bert_jax import errors
+  from bert_jax_core import errors
   (tmp_path / "file").write_text("x")     # a path under a file: unwritable even for root
   with pytest.raises(errors.UserError, match="workdir"):
     no_model.train_and_evaluate(_tiny(), str(tmp_path / "file" / "wd"))
 
 
 def test_bad_crc_in_a_shard_is_named_before_the_model(tmp_path, no_model):
-  from bert_jax import errors
+  from bert_jax_core import errors
   vocab = _vocab(tmp_path)
   files = _records(tmp_path / "google")                  # no dataset_info.json: no size check
   shard = files.replace("*", "00001-of-00002.tfrecord")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import finetune
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib

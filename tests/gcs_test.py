@@ -23,7 +23,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 from tests import gcs_emulator
 from tests import inference_test
 

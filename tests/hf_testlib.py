@@ -100,7 +100,7 @@ def hf_to_tf_variables(state_dict, with_adam=True):
 
 def write_tf_checkpoint(directory, variables, config_json, with_global_step=True):
   """Saves tf.Variables with exactly these names, as google's Estimator Saver did."""
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   os.makedirs(directory, exist_ok=True)
   with tf.Graph().as_default():
     vs = [tf.compat.v1.Variable(v, name=n) for n, v in variables.items()]

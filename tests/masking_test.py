@@ -4,7 +4,7 @@ import pytest
 
 from data_pipelines import masking
 from data_pipelines import vocab as vocab_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 SEQ = 128
 PREDS = 20

@@ -58,7 +58,8 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
                   "HEAD"], check=True)
   src.mkdir()
   subprocess.run(["tar", "-xf", str(tmp_path / "t.tar"), "-C", str(src)], check=True)
-  for rel in ("pyproject.toml", ".gitignore", "bert_jax/cli.py", "bert_jax/errors.py"):
+  for rel in ("pyproject.toml", ".gitignore", "bert_jax/cli.py",
+              "bert_jax_core/errors.py"):
     with open(os.path.join(ROOT, rel)) as f, open(src / rel, "w") as g:  # the working copy
       g.write(f.read())
   r = subprocess.run([os.path.join(bindir, "pip"), "install", "-q", "--no-build-isolation",

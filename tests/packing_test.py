@@ -7,7 +7,7 @@ import pytest
 
 from data_pipelines import packing
 from data_pipelines import pretrain_input as pi
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 from tests.finetune_test import pretrained  # noqa: F401 - fixture
 from tests.pretrain_input_test import (  # noqa: F401 - fixtures
     PREDS, SEQ, assert_batches_equal, data, int_feature, make_instances, take, vocab,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from data_pipelines import pretrain_input as pi
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 from tests.masking_test import write_vocab
 
 SEQ = 32

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import sharding
 
 

@@ -309,7 +309,7 @@ def test_windowed_prediction_uses_max_context_window(tokenizer):
 
 def test_tfds_path_through_mock_data(tokenizer):
   tfds = pytest.importorskip("tensorflow_datasets")
-  from data_pipelines.tf_setup import tf
+  from bert_jax_core.tf_setup import tf
   with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
     for name in ("squad_v1", "squad_v2"):  # random records: the reading path end to end
       examples, data, _ = squad.read_tfds(squad.TASKS[name], "/nonexistent", "dev", False)

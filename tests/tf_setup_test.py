@@ -1,4 +1,4 @@
-"""data_pipelines/tf_setup.py and errors.quiet_third_party_logs: start-up noise a user cannot act
+"""bert_jax_core/tf_setup.py and errors.quiet_third_party_logs: start-up noise a user cannot act
 on is dropped, everything else is kept."""
 
 import logging
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SCRIPT = """
 import os, sys
 os.write(2, b"my own warning: keep me\\n")
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 print(tf.config.get_visible_devices("GPU"))
 """
 
@@ -31,7 +31,7 @@ def test_tf_import_drops_known_noise_and_keeps_other_stderr_lines():
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "[]"  # no GPU for TF, ever
   assert "my own warning: keep me" in r.stderr
-  from data_pipelines import tf_setup
+  from bert_jax_core import tf_setup
   assert not any(n in r.stderr for n in tf_setup.NOISE), r.stderr
   assert "I0000" not in r.stderr and "E0000" not in r.stderr, r.stderr
 

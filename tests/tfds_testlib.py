@@ -1,6 +1,6 @@
 """A TFDS dataset of texts built locally (no download), for the tfds input paths of the tests."""
 
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 
 def build_text_dataset(name, texts, data_dir):

@@ -18,7 +18,7 @@ from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegac
 
 from data_pipelines import bert_chars, build_vocab, stdlib_corpus, tokenization
 from data_pipelines import vocab as vocab_lib
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import errors
+from bert_jax_core import errors
 from bert_jax import input_source
 from bert_jax import sharding as sharding_lib
 from bert_jax import train

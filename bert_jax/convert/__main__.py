@@ -8,7 +8,7 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   python -m bert_jax.convert --input=ckpt/bert_base --output=hf/exported
 
 The direction follows from --input (auto-detected; --source overrides). Every user error is one
-line on stderr and exit code 2 (bert_jax.errors).
+line on stderr and exit code 2 (bert_jax_core.errors).
 """
 
 import collections
@@ -18,7 +18,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import convert
-from bert_jax import errors
+from bert_jax_core import errors
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir, Orbax export or workdir.")

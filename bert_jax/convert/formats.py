@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class ConversionError(errors.UserError):
@@ -183,7 +183,7 @@ class Source:
 
 def find_tf_checkpoint(path):
   """A checkpoint prefix from a directory (google's `bert_model.ckpt`) or a prefix."""
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest:
@@ -199,7 +199,7 @@ def find_tf_checkpoint(path):
 
 
 def read_tf(prefix):
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   try:
     reader = tf.train.load_checkpoint(prefix)
   except tf.errors.OpError as e:  # DataLossError, NotFoundError, ... for corrupt files
@@ -307,7 +307,7 @@ def _normalise_hf(raw):
 
 def write_tokenizer_files(directory, vocab_file, do_lower_case, max_length):
   """vocab.txt + tokenizer_config.json + special_tokens_map.json for transformers' BertTokenizer."""
-  from data_pipelines.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   with tf.io.gfile.GFile(vocab_file, "rb") as src, \
       open(os.path.join(directory, "vocab.txt"), "wb") as dst:  # vocab_file may be on gs://
     dst.write(src.read())

@@ -18,7 +18,7 @@ fields needed here are read from the wire format (ModelProto: trainer_spec = 2, 
 import json
 import os
 
-from bert_jax import errors
+from bert_jax_core import errors
 
 SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
            "cls_token": "[CLS]", "mask_token": "[MASK]"}

@@ -12,7 +12,7 @@ import json
 import os
 
 import numpy as np
-from bert_jax import errors
+from bert_jax_core import errors
 
 
 class TaskDataError(errors.UserError):
@@ -44,7 +44,7 @@ class SkipCounter:
 
 def _open_bytes(path):
   if "://" in path:  # gs://... on Cloud TPU VMs
-    from data_pipelines.tf_setup import tf
+    from bert_jax_core.tf_setup import tf
     if not tf.io.gfile.exists(path):
       raise TaskDataError(f"{path}: no such file.")
     with tf.io.gfile.GFile(path, "rb") as f:
@@ -199,7 +199,7 @@ def write_atomic(path, text):
   """Writes text to path via a temporary name, so a crash never leaves a complete-looking file."""
   tmp = f"{path}.tmp-{os.getpid()}"  # its own name: two writers never share a temporary file
   if "://" in path:
-    from data_pipelines.tf_setup import tf
+    from bert_jax_core.tf_setup import tf
     with tf.io.gfile.GFile(tmp, "w") as f:
       f.write(text)
     tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -204,7 +204,7 @@ def read_examples(task, data_dir, split):
 def read_tfds_examples(task, data_dir, split):
   """Examples of one split from a prepared TFDS `glue/<task>` in data_dir (no download)."""
   import tensorflow_datasets as tfds
-  from data_pipelines.tf_setup import tf  # noqa: F401 - keeps TF off the accelerators
+  from bert_jax_core.tf_setup import tf  # noqa: F401 - keeps TF off the accelerators
   if not task.tfds_name:
     raise TaskDataError(f"{task.name}: no TFDS dataset for this task; read local files.")
   if split not in task.tfds_splits:

@@ -201,7 +201,7 @@ def tfds_to_json(records):
 def read_tfds(task, data_dir, split, is_training, skips=None):
   """(examples, data, skips) from a prepared TFDS squad/v1.1 or squad/v2.0 (no download)."""
   import tensorflow_datasets as tfds
-  from data_pipelines.tf_setup import tf  # noqa: F401 - keeps TF off the accelerators
+  from bert_jax_core.tf_setup import tf  # noqa: F401 - keeps TF off the accelerators
   tfds_split = {"train": "train", "dev": "validation"}.get(split)
   if tfds_split is None:
     raise TaskDataError(f"{task.name}: TFDS has splits train and dev, not {split!r}.")

@@ -6,14 +6,18 @@ Anything else is a bug and keeps its traceback. Subclass `UserError` (per module
 clauses that need to be specific); never catch a broad built-in exception to produce one, and
 never rewrite an error's text to rename a flag: say the right name where the error is raised.
 
-  from bert_jax import errors
+  from bert_jax_core import errors
   def main(argv): ...
   if __name__ == "__main__":
     define_flags()
     errors.run(main)         # absl app.run + one-line user errors + exit code 2
 
+This module imports no project module (it is the bottom layer): what a bert_jax program adds
+(multi-host start-up, --help generated from its config, configs read from the installed package)
+comes in as arguments, from `bert_jax.cli.run`.
+
 What `run` turns into `error: ...` + exit code 2:
-  - a `UserError` (or absl's `app.UsageError`) raised by main or by distributed start-up;
+  - a `UserError` (or absl's `app.UsageError`) raised by main or by `setup` (multi-host start-up);
   - a flag absl cannot parse (unknown flag, bad value), where absl prints two lines and exits 1;
   - ml_collections config flags: a `--config=FILE` that does not exist, a `get_config` that
     raises a ValueError/TypeError (absl folds the traceback into its message: we keep the last
@@ -50,17 +54,16 @@ def fail(e) -> None:
   sys.exit(EXIT_USER_ERROR)
 
 
-def run_main(main, argv, *, init_distributed=False):
+def run_main(main, argv, *, setup=None):
   """Calls main(argv); a UserError or UsageError becomes one line on stderr and SystemExit(2).
 
-  With init_distributed, `distributed.maybe_initialize_distributed()` runs first, inside the same
-  handler, so a malformed BERT_JAX_* environment is a one-line error too.
+  setup: a no-argument callable run first, inside the same handler (bert_jax passes multi-host
+  start-up, so a malformed BERT_JAX_* environment is a one-line error too).
   """
   from absl import app  # pylint: disable=g-import-not-at-top
   try:
-    if init_distributed:
-      from bert_jax import distributed  # pylint: disable=g-import-not-at-top
-      distributed.maybe_initialize_distributed()
+    if setup is not None:
+      setup()
     return main(argv)
   except (UserError, app.UsageError) as e:
     line = format_error(e)
@@ -86,23 +89,21 @@ def _config_flag_names(flag_values):
           if isinstance(flag_values[name].parser, config_flags.ConfigFileFlagParser)]
 
 
-PACKAGED_CONFIGS = "bert_jax/configs/"
-
-
-def _packaged_configs(argv, names):
-  """argv with `--config=bert_jax/configs/X.py[:arg]` pointed at the installed package's copy when
-  that relative path does not exist here (a pip-installed bert_jax run outside the repository)."""
+def _packaged_configs(argv, names, packaged):
+  """argv with `--config=PREFIX/X.py[:arg]` pointed at `packaged[PREFIX]/X.py` when that relative
+  path does not exist here (a pip-installed bert_jax run outside the repository: bert_jax.cli
+  passes {"bert_jax/configs/": <the installed package's configs directory>})."""
   out = []
   for arg in argv:
     for name in names:
-      prefix = f"--{name}={PACKAGED_CONFIGS}"
-      if arg.startswith(prefix):
-        rel, sep, rest = arg[len(f"--{name}="):].partition(":")
-        if not os.path.isfile(rel):
-          packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
-                                  rel[len(PACKAGED_CONFIGS):])
-          if os.path.isfile(packaged):
-            arg = f"--{name}={packaged}{sep}{rest}"
+      for prefix_dir, directory in (packaged or {}).items():
+        prefix = f"--{name}={prefix_dir}"
+        if arg.startswith(prefix):
+          rel, sep, rest = arg[len(f"--{name}="):].partition(":")
+          if not os.path.isfile(rel):
+            installed = os.path.join(directory, rel[len(prefix_dir):])
+            if os.path.isfile(installed):
+              arg = f"--{name}={installed}{sep}{rest}"
     out.append(arg)
   return out
 
@@ -141,19 +142,24 @@ def _unknown_override(argv, names, key_error):
   return None
 
 
-def parse_flags(argv, parser=None, help_config=None, program=None):
+def wants_help(argv):
+  return any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:])
+
+
+def parse_flags(argv, parser=None, *, print_help=None, packaged_configs=None):
   """absl's flag parsing (or `parser(argv)`, e.g. known_only parsing) with one-line errors and
-  exit code 2 (see the module docstring). With help_config (a config file), --help prints the
-  help generated from that config (bert_jax.cli.print_config_help) and exits 0."""
+  exit code 2 (see the module docstring).
+
+  print_help: `(argv, flag_values) -> None`; when given, --help calls it and exits 0 (bert_jax's
+    config-driven programs print the help generated from their config file).
+  packaged_configs: {relative prefix: directory} for config files read from an installed package.
+  """
   from absl import flags  # pylint: disable=g-import-not-at-top
   names = _config_flag_names(flags.FLAGS)
-  if help_config:
-    from bert_jax import cli  # pylint: disable=g-import-not-at-top
-    if cli.wants_help(argv):
-      others = [(n, flags.FLAGS[n].help) for n in ("workdir",) if n in flags.FLAGS]
-      cli.print_config_help(argv, help_config, program or os.path.basename(argv[0]), others)
-      sys.exit(0)
-  argv = _packaged_configs(argv, names)
+  if print_help is not None and wants_help(argv):
+    print_help(argv, flags.FLAGS)
+    sys.exit(0)
+  argv = _packaged_configs(argv, names, packaged_configs)
   _check_config_files(argv, names)
   try:
     return (parser or flags.FLAGS)(argv)
@@ -199,19 +205,19 @@ def quiet_third_party_logs():
     logger.addFilter(_QuietFilter())
 
 
-def run(main, *, init_distributed=False, flags_parser=None, help_config=None, program=None):
+def run(main, *, setup=None, flags_parser=None, print_help=None, packaged_configs=None):
   """absl.app.run(main) with the user-error contract above (exit code 2, one line on stderr).
 
+  setup: run before main inside the same handler (run_main).
   flags_parser: optional `argv -> args` replacing `FLAGS(argv)` (e.g. known_only parsing for a
   program that forwards unknown flags); its flag errors get the same one-line treatment.
-  help_config: the program's config file; its --help is generated from it (parse_flags).
-  program: the command name shown in that help (default: argv[0]'s file name).
+  print_help, packaged_configs: see parse_flags.
   """
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def wrapped(argv):
     quiet_third_party_logs()
-    return run_main(main, argv, init_distributed=init_distributed)
+    return run_main(main, argv, setup=setup)
 
-  app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, flags_parser, help_config,
-                                                         program))
+  app.run(wrapped, flags_parser=lambda argv: parse_flags(
+      argv, flags_parser, print_help=print_help, packaged_configs=packaged_configs))

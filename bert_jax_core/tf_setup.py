@@ -2,7 +2,7 @@
 
 TF must never take a GPU or TPU: on a TPU VM the chips belong to JAX, and on a GPU host TF would
 otherwise reserve most of the GPU memory at start-up. Every module in data_pipelines imports TF
-through here (`from data_pipelines.tf_setup import tf`).
+through here (`from bert_jax_core.tf_setup import tf`).
 
 Importing TF prints C++ log lines no user can act on, before TF_CPP_MIN_LOG_LEVEL applies (they
 are logged before absl::InitializeLog): oneDNN's numerics notice, "Could not find cuda drivers"

@@ -1,0 +1,93 @@
+"""File hashing and atomic writes, for local paths and gs:// alike (the one copy of each).
+
+  sha256_file(path)            the full hex SHA-256 (64 characters) of a file
+  same_sha256(recorded, hex)   True when a recorded hash names that file: checkpoints before
+                               2026-11-25 recorded a 16-character prefix, which still matches
+  write_atomic(path, data)     data (bytes or str) to a temporary name beside path, then renamed:
+                               a crash never leaves a complete-looking file under the final name
+  atomic_path(path)            the same as a context manager, for writers that want a file name
+                               (a TFRecordWriter, np.savez)
+
+Local paths go through os (no TensorFlow import); a path with a scheme (gs://, ...) goes through
+tf.io.gfile, imported by tf_setup so TF never takes an accelerator.
+"""
+
+import contextlib
+import hashlib
+import os
+
+CHUNK = 1 << 20  # 1 MiB reads: a 1 GB file hashes in constant memory
+# The shortest recorded hash accepted: the 16-character prefixes older checkpoints stored
+# (64 bits: a wrong vocab matching by chance is out of the question); shorter is no record.
+MIN_PREFIX = 16
+
+
+def is_remote(path) -> bool:
+  return "://" in str(path)
+
+
+def _gfile():
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def _open(path, mode):
+  return _gfile().GFile(str(path), mode) if is_remote(path) else open(path, mode)
+
+
+def sha256_file(path) -> str:
+  """The hex SHA-256 of a (local or gs://) file's bytes, read in 1 MiB chunks."""
+  h = hashlib.sha256()
+  with _open(path, "rb") as f:
+    while chunk := f.read(CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def same_sha256(recorded, actual: str) -> bool:
+  """Whether `recorded` (a full hex digest, or an older record's 16+ character prefix) names the
+  file whose full digest is `actual`."""
+  recorded = str(recorded or "").lower()
+  return len(recorded) >= MIN_PREFIX and actual.lower().startswith(recorded)
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+  """Yields a temporary name beside `path`; renamed onto `path` when the block ends without an
+  exception, removed when it raises. The name holds the process id: two writers of one path
+  never share a temporary file. The parent directory is created when missing."""
+  path = str(path)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  parent = os.path.dirname(path)
+  if is_remote(path):
+    gfile = _gfile()
+    if parent:
+      gfile.makedirs(parent)
+  elif parent:
+    os.makedirs(parent, exist_ok=True)
+  try:
+    yield tmp
+    if is_remote(path):
+      gfile.rename(tmp, path, overwrite=True)
+    else:
+      os.replace(tmp, path)
+  except BaseException:
+    # Remove the partial file, then re-raise the original error (a failed removal, e.g. on a
+    # full or read-only disk, must not replace it).
+    with contextlib.suppress(Exception):
+      if is_remote(path):
+        if gfile.exists(tmp):
+          gfile.remove(tmp)
+      elif os.path.lexists(tmp):
+        os.remove(tmp)
+    raise
+
+
+def write_atomic(path, data) -> str:
+  """Writes `data` (bytes, or str as UTF-8) to `path` atomically (atomic_path); returns path."""
+  if isinstance(data, str):
+    data = data.encode("utf-8")
+  with atomic_path(path) as tmp:
+    with _open(tmp, "wb") as f:
+      f.write(data)
+  return str(path)
