@@ -175,11 +175,11 @@ PRESETS = {
     "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
     "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
     **_miniatures(),
-    # ALBERT (Lan et al. 2019, Table 1): E=128, all layers shared, SOP. Parameters at a 30k
-    # vocab (AlbertModel, tests/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M, xxlarge
-    # 222.6M -- the paper's rounded 12M / 18M / 60M / 235M (its xxlarge figure counts a 4096
-    # XXX. gelu_tanh, no
-    # dropout: the released v2 configs.
+    # ALBERT (Lan et al. 2019, Table 1): E=128, all layers shared, SOP; gelu_tanh and no dropout
+    # as the released v2 configs. Parameters at a 30k vocab (AlbertModel = transformers' count
+    # for the same AlbertConfig, tests/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M,
+    # xxlarge 222.6M against the paper's 12M / 18M / 60M / 235M (docs/models.md: the first three
+    # round to it, xxlarge is 5.3% below).
     **{f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_heads=n,
                               intermediate_size=4 * h)
        for name, l, h, n in (("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("base", 12, 768, 12),
