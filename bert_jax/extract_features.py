@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax import inference
 from bert_jax import model as model_lib
@@ -250,4 +251,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main)
+  cli.run(main)

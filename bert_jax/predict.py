@@ -23,6 +23,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax import inference
 from bert_jax import model as model_lib
@@ -148,4 +149,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main)
+  cli.run(main)

@@ -14,6 +14,7 @@ import os
 
 from absl import flags
 
+from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax import metrics_writer
 
@@ -109,4 +110,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  errors.run(main)
+  cli.run(main)

@@ -1,8 +1,11 @@
 """bert_jax/cli.py: --help generated from the config files; console-script plumbing."""
 
+import importlib
 import os
 import subprocess
 import sys
+
+import pytest
 
 from bert_jax import cli
 
@@ -58,3 +61,36 @@ def test_section_titles_are_not_field_comments(tmp_path):
   assert "  --config.seed=0\n" in out + "\n"
   assert "--config.steps=3  A comment that explains the next field." in out
   assert "--config.sub.x=1  the x" in out
+
+
+# program -> (flag rows its --help must show, docstring text past the usage that must not show)
+FLAG_PROGRAMS = {
+    "bert_jax.predict": (["--top_k=5               Candidates per [MASK].",
+                          "--init_checkpoint=None  Converted export"],
+                         "The probabilities are a softmax"),
+    "bert_jax.extract_features": (["--layers=-1,-2,-3,-4", "--pooling=concat",
+                                   "--max_seq_length=128"], "Output (.npz, np.load"),
+    "bert_jax.convert": (["--source=auto", "<auto|tf|hf|orbax>: Format of --input.",
+                          "--seed=0"], "Every user error is one line"),
+    "bert_jax.report": (["--output=None  PNG to write (default: WORKDIR/report.png)."],
+                        "Tags follow bert_jax.metrics_writer's scheme"),
+    "bert_jax.plan": (["--topology=None", "--search=false", "--config=None",
+                       "--config.FIELD=VALUE"], "libtpu 0.0.42.1 segfaulted"),
+}
+
+
+@pytest.mark.parametrize("program", sorted(FLAG_PROGRAMS))
+def test_flag_programs_help_lists_their_flags_with_defaults_one_line_each(program):
+  rows, left_out = FLAG_PROGRAMS[program]
+  out = _help(program)
+  lines = out.splitlines()
+  assert lines[0] == f"usage: python -m {program} [--flag=VALUE ...]"
+  module = importlib.import_module(program if program != "bert_jax.convert" else
+                                   "bert_jax.convert.__main__")
+  assert lines[2] == module.__doc__.strip().splitlines()[0]       # what the program does
+  assert f"  python -m {program} " in out                          # how it is called
+  flag_lines = lines[lines.index("Flags:") + 1:]
+  for row in rows:
+    assert any(row in line for line in flag_lines), (row, out)
+  assert all(line.startswith("  --") for line in flag_lines)       # one line per flag
+  assert left_out not in out                                       # details stay in the source

@@ -18,6 +18,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import convert
+from bert_jax import cli
 from bert_jax_core import errors
 
 FLAGS = flags.FLAGS
@@ -77,4 +78,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  errors.run(main)
+  cli.run(main)
