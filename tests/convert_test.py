@@ -236,8 +236,17 @@ def test_cli_round_trip_and_error(hf_dir, tmp_path):
   r = run(f"--input={hf_dir}", f"--output={tmp_path}/o")
   assert r.returncode == 0, r.stderr
   assert "mapped 46 parameters" in r.stdout
+  assert r.stdout.startswith(f"loading the hf checkpoint {hf_dir}\n")
   r = run(f"--input={tmp_path}/o", f"--output={tmp_path}/o")
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --output=")
+  # Exporting a pre-training workdir names the step it took (the latest) and its path.
+  from tests import inference_test  # pylint: disable=g-import-not-at-top
+  params, config, _ = ckpt_lib.load_params(f"{tmp_path}/o")
+  workdir = inference_test.make_workdir(str(tmp_path / "run"), params, config,
+                                        f"{tmp_path}/o/vocab.txt", steps=(2, 7))
+  r = run(f"--input={workdir}", f"--output={tmp_path}/hf")
+  assert r.returncode == 0, r.stderr
+  assert f"loaded step 7 of {workdir} (" in r.stdout.splitlines()[0]
 
 
 def test_pretraining_workdir_exports_without_source_flag(hf_dir, tmp_path):

@@ -274,11 +274,22 @@ def hf_state_dict(params, config, where="checkpoint"):
 def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
                  spm_model_file=None):
   """Orbax params export, workdir or step directory (local or gs://) -> HF BertForPreTraining."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  if os.path.exists(output):
-    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  check_new_output(output)
   m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                    spm_model_file=spm_model_file, do_lower_case=do_lower_case)
+  return export_model_to_hf(m, output, checkpoint)
+
+
+def check_new_output(output):
+  """--output must be a new path (checked before anything is loaded)."""
+  if os.path.exists(output):
+    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+
+
+def export_model_to_hf(m, output, checkpoint):
+  """A loaded inference.InferenceModel (from `checkpoint`) -> HF folder `output`."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  check_new_output(output)
   state = hf_state_dict(m.params, m.config, checkpoint)
   pad_id = m.tokenizer.vocab.pad_id
 

@@ -65,11 +65,16 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
   source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
   if source == "orbax":
-    out = convert.export_to_hf(FLAGS.input, FLAGS.output, vocab_file=FLAGS.vocab_file,
-                               do_lower_case=FLAGS.do_lower_case,
-                               spm_model_file=FLAGS.spm_model_file)
+    from bert_jax import inference  # pylint: disable=g-import-not-at-top
+    convert.check_new_output(FLAGS.output)
+    m = inference.load_for_inference(FLAGS.input, vocab_file=FLAGS.vocab_file,
+                                     spm_model_file=FLAGS.spm_model_file,
+                                     do_lower_case=FLAGS.do_lower_case)
+    print(f"loaded {m.description}", flush=True)   # the step and path, as every loader says
+    out = convert.export_model_to_hf(m, FLAGS.output, FLAGS.input)
     print(f"wrote Hugging Face BertForPreTraining to {out}")
     return
+  print(f"loading the {source} checkpoint {FLAGS.input}", flush=True)
   meta = convert.convert_to_orbax(
       FLAGS.input, FLAGS.output, source, vocab_file=FLAGS.vocab_file,
       bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
