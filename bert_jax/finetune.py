@@ -350,7 +350,7 @@ def write_summary(run, clock, status, start_step, step, num_train_steps, history
                   predictions=()):
   """The end-of-run summary (metrics_writer.write_summary), printed and in summary.json."""
   last = history[-1] if history else {}
-  final_eval = {f"eval/{k}": v for k, v in last.items() if k not in ("epoch", "step")}
+  final_eval = {k: v for k, v in last.items() if k not in ("epoch", "step")}
   w = run.workdir
   outputs = {"eval_results": os.path.join(w, RESULTS), "tensorboard": os.path.join(w,
                                                                                 "tensorboard")}
@@ -468,7 +468,7 @@ def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
     raise ConfigError(f"--workdir={run.workdir} holds a {meta['task']} run of "
                       f"{meta['num_train_steps']} steps, not {run.task.name} with "
                       f"{num_train_steps}; use a new workdir.")
-  history.extend(meta["history"])
+  history.extend(metrics_writer.eval_tags(h) for h in meta["history"])  # older names too
   best.update(score=meta["best_score"], epoch=meta["best_epoch"], step=meta.get("best_step"),
               dir=meta["best_dir"])
   epoch, i = divmod(meta["step"], steps_per_epoch)
@@ -515,13 +515,15 @@ def evaluate(run, params, epoch, step, history, best, *, export):
             f"--config.learning_rate (now {run.config.learning_rate:.2g}) or more "
             f"--config.num_train_epochs (now {run.config.num_train_epochs:g})", flush=True)
     scores = ft.evaluate(run.task, split, outputs[split.name], run.tokenizer, run.config)
-    results.update({f"{split.name}/{k}": v for k, v in scores.items()})
-  run.writer.write_scalars(step, {f"eval/{k}": v for k, v in results.items()})
+    # metrics_writer's scheme, the same in TensorBoard, eval_results.json and summary.json
+    results.update({f"eval/{split.name}/{k}": v for k, v in scores.items()})
+  run.writer.write_scalars(step, results)
   history.append(dict(epoch=epoch, step=step, **results))
   if run.is_main:
     print(f"eval epoch {epoch} (step {step}): "
-          + ", ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
-  score = results[f"{run.evals[0].name}/{ft.primary_metric(run.task)}"]
+          + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in results.items()),
+          flush=True)
+  score = results[f"eval/{run.evals[0].name}/{ft.primary_metric(run.task)}"]
   if score > best["score"]:
     best.update(score=score, epoch=epoch, step=step, outputs=outputs)
     # Without training the parameters are init_checkpoint's own: nothing new to save.
@@ -581,6 +583,8 @@ def _finished_summary(workdir):
   if not path.exists():
     return None
   results = json.loads(path.read_text())
+  # Files written before the one naming scheme have history keys "dev/accuracy": renamed on read.
+  results["history"] = [metrics_writer.eval_tags(h) for h in results.get("history", [])]
   return results if results.get("finished") else None
 
 
