@@ -72,6 +72,13 @@ def prefixed(prefix, metrics):
   return {f"{prefix}{k}": float(v) for k, v in metrics.items()}
 
 
+def eval_tags(entry):
+  """A fine-tuning history entry in the scheme above: a key "<split>/<metric>" written before
+  the scheme (eval_results.json, resume checkpoints of older runs) becomes "eval/<split>/..."."""
+  return {k if k in ("epoch", "step") or k.startswith("eval/") else f"eval/{k}": v
+          for k, v in entry.items()}
+
+
 # ----------------------------------------------------------------------------------------------
 # The end-of-run summary: printed, and written as WORKDIR/summary.json, by both loops.
 # ----------------------------------------------------------------------------------------------

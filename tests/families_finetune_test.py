@@ -39,12 +39,33 @@ def test_classification_finetunes_from_the_checkpoint(tmp_path, pretrained):
   path, vocab_file, cfg = pretrained
   finetune_test._sst2(tmp_path, np.random.default_rng(0), 8, 8)
   summary, workdir = finetune_test._one_step(tmp_path, (path, vocab_file), "glue_sst2")
-  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
-  # The fine-tuned encoder is the checkpoint's family (shared layers, E=32 for ALBERT).
+  assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
+  _assert_same_family(summary, cfg)
+
+
+def _assert_same_family(summary, cfg):
+  """The fine-tuned encoder is the checkpoint's family (shared layers, E=32 for ALBERT)."""
   stored = json.load(open(os.path.join(summary["best_checkpoint"], ckpt_lib.CONFIG_NAME)))
   config = stored["bert_config"]
   assert config.get("family", "bert") == cfg.family
   assert config.get("share_layers", "none") == cfg.share_layers
+  assert config.get("embedding_size", 0) == cfg.embedding_size
+
+
+def test_tagging_and_multiple_choice_finetune_from_the_checkpoint(tmp_path, pretrained,
+                                                                  monkeypatch):
+  """NER (conll03) and SWAG: finetune_test's one-step runs, started from ALBERT / SpanBERT."""
+  path, vocab_file, cfg = pretrained
+  summaries = []
+  real = finetune.finetune
+  monkeypatch.setattr(finetune, "finetune", lambda *a: summaries.append(real(*a)) or summaries[-1])
+  for name, test in (("ner", finetune_test.test_one_step_tagging),
+                     ("swag", finetune_test.test_one_step_multiple_choice)):
+    (tmp_path / name).mkdir()
+    test(tmp_path / name, (path, vocab_file))
+  assert len(summaries) == 2
+  for summary in summaries:
+    _assert_same_family(summary, cfg)
 
 
 def test_span_qa_finetunes_from_the_checkpoint(tmp_path, pretrained):
@@ -59,7 +80,7 @@ def test_span_qa_finetunes_from_the_checkpoint(tmp_path, pretrained):
     (tmp_path / name).write_text(json.dumps({"version": "1.1", "data": articles}))
   summary, _ = finetune_test._one_step(tmp_path, (path, vocab_file), "squad_v1",
                                        max_seq_length=48, doc_stride=16, max_query_length=12)
-  assert "dev/f1" in summary["history"][0]
+  assert "eval/dev/f1" in summary["history"][0]
 
 
 def test_predict_and_extract_features_from_the_checkpoint(pretrained):

@@ -82,7 +82,7 @@ def test_glue_pair_classification_end_to_end(tmp_path, pretrained):
   assert np.mean(losses[-3:]) < losses[0] / 2
   assert summary["best_epoch"] in (1, 2, 3, 4) and summary["best_score"] > 0.8
   results = json.load(open(os.path.join(workdir, "eval_results.json")))
-  assert len(results["history"]) == 4 and "dev/f1" in results["history"][0]
+  assert len(results["history"]) == 4 and "eval/dev/f1" in results["history"][0]
   lines = open(os.path.join(workdir, "predictions", "MRPC.tsv")).read().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 7
   assert all(l.split("\t")[1] in ("0", "1") for l in lines[1:])
@@ -129,7 +129,7 @@ def test_squad_v2_end_to_end(tmp_path, pretrained):
   nbest = json.load(open(os.path.join(out, "nbest_predictions.json")))
   assert all(1 <= len(v) <= 20 for v in nbest.values())
   assert os.path.exists(os.path.join(out, "null_odds.json"))
-  assert "dev/best_f1_thresh" in summary["history"][-1]
+  assert "eval/dev/best_f1_thresh" in summary["history"][-1]
   # Every prediction is a substring of its context, char for char.
   dev = json.load(open(tmp_path / "dev-v2.0.json"))["data"]
   by_id = {qa["id"]: p["context"] for a in dev for p in a["paragraphs"] for qa in p["qas"]}
@@ -159,7 +159,7 @@ def test_conll03_ner_end_to_end(tmp_path, pretrained):
   summary = finetune.finetune(_config("conll03", pretrained, tmp_path), workdir)
   losses = _train_losses(workdir)
   assert np.mean(losses[-3:]) < losses[0] / 2
-  assert summary["history"][-1]["dev/f1"] > 0.5  # PER/LOC here are easy
+  assert summary["history"][-1]["eval/dev/f1"] > 0.5  # PER/LOC here are easy
   lines = open(os.path.join(workdir, "predictions", "conll03_test_predictions.txt")).read()
   assert len([l for l in lines.splitlines() if l]) == 8 * 8
   assert os.path.exists(os.path.join(workdir, "predictions", "conll03_dev_predictions.txt"))
@@ -223,14 +223,14 @@ def _sst2(directory, rng, n_train, n_dev):
 def test_one_step_classification(tmp_path, pretrained, capsys):
   _sst2(tmp_path, np.random.default_rng(0), 8, 8)
   summary, workdir = _one_step(tmp_path, pretrained, "glue_sst2")
-  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
+  assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
   printed = capsys.readouterr().out
   # What was loaded, and the end-of-run summary (printed and as JSON).
   assert f"init_checkpoint: {pretrained[0]} (params export)" in printed
   run = json.load(open(os.path.join(workdir, "summary.json")))
   assert run["program"] == "finetune" and run["status"] == "finished"
   assert (run["start_step"], run["final_step"], run["total_steps"]) == (0, 1, 1)
-  assert run["final_eval"]["eval/dev/accuracy"] == summary["history"][0]["dev/accuracy"]
+  assert run["final_eval"]["eval/dev/accuracy"] == summary["history"][0]["eval/dev/accuracy"]
   assert run["best_checkpoint"] == summary["best_checkpoint"] and run["wall_time_sec"] > 0
   assert run["learning_rate"] == 1e-3 and run["num_train_epochs"] == 1.0
   assert any("bert_jax.report" in cmd for cmd in run["next"])
@@ -299,7 +299,7 @@ def test_one_step_regression(tmp_path, pretrained):
   _write(tmp_path / "train.tsv", ["sentence1\tsentence2\tscore"] + rows[:8])
   _write(tmp_path / "dev.tsv", ["sentence1\tsentence2\tscore"] + rows[8:])
   summary, _ = _one_step(tmp_path, pretrained, "glue_stsb")
-  assert "dev/pearson" in summary["history"][0]
+  assert "eval/dev/pearson" in summary["history"][0]
 
 
 def test_one_step_span_qa(tmp_path, pretrained):
@@ -313,7 +313,7 @@ def test_one_step_span_qa(tmp_path, pretrained):
     (tmp_path / name).write_text(json.dumps({"version": "1.1", "data": articles}))
   summary, workdir = _one_step(tmp_path, pretrained, "squad_v1", max_seq_length=48,
                                doc_stride=16, max_query_length=12)
-  assert "dev/f1" in summary["history"][0]
+  assert "eval/dev/f1" in summary["history"][0]
   preds = json.load(open(os.path.join(workdir, "predictions", "predictions.json")))
   assert sorted(preds) == sorted(f"q{i}" for i in range(8))
 
@@ -325,7 +325,7 @@ def test_one_step_tagging(tmp_path, pretrained):
   _write(tmp_path / "train.txt", lines)
   _write(tmp_path / "valid.txt", lines)
   summary, workdir = _one_step(tmp_path, pretrained, "conll03")
-  assert "dev/f1" in summary["history"][0]
+  assert "eval/dev/f1" in summary["history"][0]
   assert os.path.exists(os.path.join(workdir, "predictions", "conll03_dev_predictions.txt"))
 
 
@@ -337,7 +337,7 @@ def test_one_step_multiple_choice(tmp_path, pretrained):
   _write(tmp_path / "train.csv", [header + ",label"] + rows)
   _write(tmp_path / "val.csv", [header + ",label"] + rows)
   summary, _ = _one_step(tmp_path, pretrained, "swag", batch_size=8)
-  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0
+  assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
 
 
 def test_preempted_learning_rate_sweep_resumes(tmp_path, pretrained, monkeypatch, capsys):
@@ -446,7 +446,7 @@ def test_preempted_finetuning_resumes_to_the_same_result(tmp_path, pretrained, m
   assert second["steps"] == full["steps"] == 36
   for a, b in zip(second["history"], full["history"]):
     assert a["epoch"] == b["epoch"]
-    assert a["dev/accuracy"] == pytest.approx(b["dev/accuracy"], abs=1e-6)
+    assert a["eval/dev/accuracy"] == pytest.approx(b["eval/dev/accuracy"], abs=1e-6)
   assert second["best_score"] == pytest.approx(full["best_score"], abs=1e-6)
 
 
@@ -464,3 +464,15 @@ def test_a_hugging_face_folder_is_accepted_as_init_checkpoint(tmp_path, monkeypa
   printed = capsys.readouterr().out
   assert f"{hf_dir}: a Hugging Face folder; converted to Orbax in {tmp_path}/cache/hf/" in printed
   assert f"(converted from hf {hf_dir})" in printed and summary["steps"] == 1
+
+
+def test_eval_results_use_the_one_naming_scheme_and_old_files_still_read(tmp_path):
+  """eval_results.json's history is keyed eval/<split>/<metric> (metrics_writer's scheme, as
+  TensorBoard and summary.json); a file written before (keys dev/accuracy) reads the same."""
+  old = dict(finished=True, best_epoch=1, best_metric="accuracy", best_score=0.5,
+             history=[dict(epoch=1, step=3, **{"dev/accuracy": 0.5, "dev_matched/f1": 0.25})])
+  (tmp_path / "eval_results.json").write_text(json.dumps(old))
+  read = finetune._finished_summary(str(tmp_path))
+  assert read["history"] == [{"epoch": 1, "step": 3, "eval/dev/accuracy": 0.5,
+                              "eval/dev_matched/f1": 0.25}]
+  assert read["best_score"] == 0.5

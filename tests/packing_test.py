@@ -257,7 +257,7 @@ def test_finetune_with_pack_trains_fewer_steps_and_evaluates_unpacked(tmp_path, 
   summary = finetune.finetune(config, str(tmp_path / "run"))
   # 48 sequences of <= 16 tokens, 2 per row of 32 (K = 32 // 16): 24 rows = 3 batches of 8.
   assert summary["steps"] == 3 and not summary["stopped_early"]
-  assert 0.0 <= summary["history"][0]["dev/accuracy"] <= 1.0  # on the 8 unpacked dev rows
+  assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0  # on the 8 unpacked dev rows
   with pytest.raises(finetune.ConfigError, match="packing is for sentence"):
     finetune.pack_train(type("S", (), {"features": {}})(), type("T", (), dict(
         family="span", name="squad"))(), config)
