@@ -1,5 +1,6 @@
 """pyproject.toml: `pip install .` / `pip install -e .` give importable packages and console
-scripts that run outside the repository; every script names a real program."""
+scripts that run outside the repository; every script names a real program; a subset of the
+test suite passes against the non-editable install."""
 
 import os
 import re
@@ -92,3 +93,30 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
                       str(workdir)], cwd=away, env=env, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0 and "step 2: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+  if not editable:
+    _installed_package_passes_tests(bindir, away, env)
+
+
+# A few test files that exercise the installed package through its public entry points: the
+# loss (objectives), the task heads on the model (heads_test), the configs read from the package
+# and --help of every program (cli_test).
+INSTALLED_SUBSET = ("tests/objectives_test.py", "tests/heads_test.py", "tests/cli_test.py")
+
+
+def _installed_package_passes_tests(bindir, away, env):
+  """The test suite against the NON-editable install: tests/ copied to a directory without the
+  sources, so `import bert_jax` can only find the installed copy (checked inside pytest)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(os.path.join(ROOT, "tests"), away / "tests",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  assert not (away / "bert_jax").exists() and not (away / "data_pipelines").exists()
+  (away / "tests" / "installed_check_test.py").write_text(
+      "import bert_jax, bert_jax_core, data_pipelines\n\n"
+      "def test_imports_come_from_the_installed_package():\n"
+      "  for m in (bert_jax, bert_jax_core, data_pipelines):\n"
+      f"    assert m.__file__.startswith({str(away.parent / 'venv')!r}), m.__file__\n")
+  r = subprocess.run([os.path.join(bindir, "python"), "-m", "pytest", "-q", "-p",
+                      "no:cacheprovider", "tests/installed_check_test.py", *INSTALLED_SUBSET],
+                     cwd=away, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+  assert re.search(r"\d+ passed", r.stdout) and "failed" not in r.stdout, r.stdout[-2000:]
