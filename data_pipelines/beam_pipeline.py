@@ -63,6 +63,7 @@ finally:
 from bert_jax_core import errors
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import instances as instances_lib
+from data_pipelines import records as records_lib
 from data_pipelines import tokenization
 from data_pipelines import whole_corpus
 from bert_jax_core.tf_setup import tf
@@ -89,7 +90,7 @@ class ReadSource(beam.DoFn):
                                               do_lower_case=cfg.do_lower_case).encode
 
   def process(self, source):
-    stats = cpd.Stats()
+    stats = records_lib.Stats()
     for r, (digest, doc) in enumerate(
         whole_corpus.read_source(source, self._cfg, self._encode, stats)):
       yield (source.index, r), doc
@@ -99,7 +100,7 @@ class ReadSource(beam.DoFn):
 
 
 def _sum_stats(stats_list):
-  total = cpd.Stats()
+  total = records_lib.Stats()
   for s in stats_list:
     total.add(s)
   return total
@@ -121,7 +122,7 @@ def _keep_first_copies(joined):
   if rank:
     yield (source, rank[0]), doc
   else:
-    yield beam.pvalue.TaggedOutput("stats", cpd.Stats(
+    yield beam.pvalue.TaggedOutput("stats", records_lib.Stats(
         documents=-1, filtered_duplicate=1, sentences=-len(doc),
         input_tokens=-sum(map(len, doc))))
 
@@ -192,7 +193,7 @@ def _write_shard(joined, cfg):
   """(shard, {records: [(key, record, tokens, not_next)]}) -> (file, instances, tokens, nn)."""
   shard, groups = joined
   records = list(groups["records"])
-  name = cpd.shard_name(shard, cfg.num_shards)
+  name = records_lib.shard_name(shard, cfg.num_shards)
   path = os.path.join(cfg.output_dir, name)
   with tf.io.TFRecordWriter(path + ".tmp") as writer:
     for record in whole_corpus.sorted_records([(r[0], r[1]) for r in records]):
@@ -259,13 +260,13 @@ def run(cfg, beam_args=()):
   command = shlex.join([os.path.basename(sys.executable), "-m", "data_pipelines.beam_pipeline",
                         *sys.argv[1:]])
   with cpd.output_guard(cfg) as (_, names):
-    names.extend(cpd.shard_name(s, cfg.num_shards) for s in range(cfg.num_shards))
+    names.extend(records_lib.shard_name(s, cfg.num_shards) for s in range(cfg.num_shards))
     names.append(cpd.INFO_FILE)
     with beam.Pipeline(options=options) as p:
       build(p, cfg, sources, params, vocab_meta, command)
-    with cpd.open_file(os.path.join(cfg.output_dir, cpd.INFO_FILE), "r") as f:
+    with records_lib.open_file(os.path.join(cfg.output_dir, cpd.INFO_FILE), "r") as f:
       info = json.load(f)
-    stats = cpd.Stats(
+    stats = records_lib.Stats(
         documents=info["documents"], dropped=info["dropped_documents"],
         replaced=info["replaced_characters"], sentences=info["sentences"],
         input_tokens=info["input_tokens"], instances=info["num_instances"],
@@ -275,7 +276,7 @@ def run(cfg, beam_args=()):
         filtered_script=info["filtered_script_documents"],
         word_boundary_fallbacks=info["word_boundary_fallbacks"])
     if stats.instances == 0:
-      raise cpd.no_instance_error(cfg, stats)
+      raise records_lib.no_instance_error(cfg, stats)
   return cpd.summarize(stats, len(sources), cfg.num_shards, cfg.max_seq_length,
                        time.time() - start, "corpus", cfg.sop)
 
@@ -291,7 +292,7 @@ def main(argv):
   try:
     summary = run(cpd.config_from_flags(FLAGS), argv[1:])
   except tf.errors.OpError as e:  # e.g. a gs:// bucket without access: not a bug of ours
-    raise cpd.PretrainingDataError(str(e).splitlines()[0]) from None
+    raise records_lib.PretrainingDataError(str(e).splitlines()[0]) from None
   print(cpd.format_summary(summary, FLAGS.output_dir))
 
 

@@ -14,8 +14,8 @@ import random
 
 import numpy as np
 
-from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import instances as instances_lib
+from data_pipelines import records
 from data_pipelines import text_sources
 from bert_jax_core.tf_setup import tf
 
@@ -47,9 +47,9 @@ def block_instances(documents, params, no_nsp, dupe_factor, block_rng, dupe_rngs
 
 def process_source(source, cfg, encode, params, part_dir, progress=lambda n: None):
   """Writes part-<index>.tfrecord and .sizes (int64 bytes per record); returns Stats."""
-  stats = cpd.Stats()
-  block_rng = random.Random(cpd._seed(cfg.random_seed, source.index, "block"))
-  dupe_rngs = [random.Random(cpd._seed(cfg.random_seed, source.index, d))
+  stats = records.Stats()
+  block_rng = random.Random(records.seed(cfg.random_seed, source.index, "block"))
+  dupe_rngs = [random.Random(records.seed(cfg.random_seed, source.index, d))
                for d in range(cfg.dupe_factor)]
   base = os.path.join(part_dir, f"part-{source.index:05d}")
   sizes = array.array("q")
@@ -57,13 +57,14 @@ def process_source(source, cfg, encode, params, part_dir, progress=lambda n: Non
 
   with tf.io.TFRecordWriter(base + ".tfrecord") as writer:
     def flush(raw_documents):
-      documents = cpd.tokenize_documents(raw_documents, encode, stats, cfg.filters,
+      documents = records.tokenize_documents(raw_documents, encode, stats, cfg.filters,
                                          word_boundaries=cfg.word_boundaries)
       if not documents:
         return
       for inst in block_instances(documents, params, cfg.no_nsp, cfg.dupe_factor, block_rng,
                                   dupe_rngs, sop=cfg.sop):
-        record = cpd.serialize_instance(inst, cfg.max_seq_length, cfg.word_boundaries == "jieba")
+        record = records.serialize_instance(inst, cfg.max_seq_length,
+                                            cfg.word_boundaries == "jieba")
         writer.write(record)
         sizes.append(len(record) + 16)  # TFRecord framing: u64 length, 2 x u32 masked crc32c
         stats.instances += 1
@@ -79,13 +80,13 @@ def process_source(source, cfg, encode, params, part_dir, progress=lambda n: Non
         flush(pending[:pool])
         del pending[:pool]
     flush(pending)
-  with cpd.open_file(base + ".sizes", "wb") as f:
+  with records.open_file(base + ".sizes", "wb") as f:
     f.write(sizes.tobytes())
   return stats
 
 
 def _worker_process_source(source):
-  w = cpd._WORKER
+  w = records.worker()
   pending = [0]
 
   def progress(n):  # batch updates: one queue message per ~1 MB or 1000 examples
@@ -124,14 +125,14 @@ def plan_shards(counts, num_shards):
 
 def merge_shard(path, byte_ranges):
   """Concatenates [(part file, start byte, end byte)] into path.tmp, then renames to path."""
-  with cpd.open_file(path + ".tmp", "wb") as out:
+  with records.open_file(path + ".tmp", "wb") as out:
     for part, start, end in byte_ranges:
-      with cpd.open_file(part, "rb") as f:
+      with records.open_file(part, "rb") as f:
         f.seek(start)
         while start < end:
           chunk = f.read(min(_COPY_CHUNK, end - start))
           if not chunk:
-            raise cpd.PretrainingDataError(f"{part}: ended at byte {start}, expected {end}; "
+            raise records.PretrainingDataError(f"{part}: ended at byte {start}, expected {end}; "
                                            "was it removed while running?")
           out.write(chunk)
           start += len(chunk)
@@ -147,7 +148,7 @@ def _byte_ranges(plan, part_dir):
   out = [[] for _ in plan]
   for i in sorted(wanted):
     base = os.path.join(part_dir, f"part-{i:05d}")
-    with cpd.open_file(base + ".sizes", "rb") as f:
+    with records.open_file(base + ".sizes", "rb") as f:
       offsets = np.concatenate([[0], np.cumsum(np.frombuffer(f.read(), np.int64))])
     for s, a, b in wanted[i]:
       out[s].append((base + ".tfrecord", int(offsets[a]), int(offsets[b])))
@@ -160,24 +161,24 @@ def run_blocks(cfg, tok, params, sources, part_dir, names, progress):
     results = [process_source(s, cfg, tok.encode, params, part_dir, progress.bar.update)
                for s in sources]
   else:
-    results = cpd._run_pool(progress.pool, _worker_process_source, sources, progress.queue,
-                        progress.bar)
+    results = records.run_pool(progress.pool, _worker_process_source, sources, progress.queue,
+                               progress.bar)
   progress.bar.close()
-  stats = cpd.Stats()
+  stats = records.Stats()
   for r in results:
     stats.add(r)
   if stats.instances == 0:
-    raise cpd.no_instance_error(cfg, stats)
+    raise records.no_instance_error(cfg, stats)
   # Fewer instances than shards: one shard per instance rather than empty shards.
   num_shards = min(cfg.num_shards, stats.instances)
   plan = plan_shards([r.instances for r in results], num_shards)
-  names.extend(cpd.shard_name(s, num_shards) for s in range(num_shards))
+  names.extend(records.shard_name(s, num_shards) for s in range(num_shards))
   tasks = [(os.path.join(cfg.output_dir, n), r)
            for n, r in zip(names, _byte_ranges(plan, part_dir))]
   if progress.pool is None:
     for task in tasks:
       merge_shard(*task)
   else:
-    cpd._run_pool(progress.pool, _worker_merge, tasks)
+    records.run_pool(progress.pool, _worker_merge, tasks)
   per_shard = [sum(b - a for _, a, b in ranges) for ranges in plan]
   return stats, list(zip(names, per_shard))

@@ -26,9 +26,9 @@ import random
 
 import numpy as np
 
-from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
+from data_pipelines import records
 from data_pipelines import text_sources
 from bert_jax_core.tf_setup import tf
 
@@ -46,7 +46,7 @@ def read_source(source, cfg, encode, stats, progress=lambda n: None):
   pending = []
 
   def flush():
-    docs = cpd.tokenize_documents(pending, encode, stats, cfg.filters, digests,
+    docs = records.tokenize_documents(pending, encode, stats, cfg.filters, digests,
                                   cfg.word_boundaries)
     out.extend(zip(digests if digests is not None else [None] * len(docs), docs))
     if digests is not None:
@@ -67,14 +67,14 @@ def num_groups(num_documents, cfg):
 
 
 def packing_group(g, dupe, cfg, num_documents):
-  return cpd._seed(cfg.random_seed, "group", g, dupe) % num_groups(num_documents, cfg)
+  return records.seed(cfg.random_seed, "group", g, dupe) % num_groups(num_documents, cfg)
 
 
 def nsp_pairs(document, g, num_documents, cfg, params):
   """The pairs of document g for all dupes (IsNext complete, NotNext waiting for B; SOP pairs
   (--sop) are all complete: both segments come from document g)."""
   for dupe in range(cfg.dupe_factor):
-    rng = random.Random(cpd._seed(cfg.random_seed, "document", g, dupe))
+    rng = random.Random(records.seed(cfg.random_seed, "document", g, dupe))
     if cfg.sop:
       yield from instances_lib.plan_sop_pairs(document, rng, params, key=(g, dupe))
     else:
@@ -84,21 +84,21 @@ def nsp_pairs(document, g, num_documents, cfg, params):
 
 def finish_pair(pair, tokens_b, cfg, params):
   """-> (key, serialized tf.train.Example, non-padding tokens, is NotNext)."""
-  rng = random.Random(cpd._seed(cfg.random_seed, "truncate", *pair.key))
+  rng = random.Random(records.seed(cfg.random_seed, "truncate", *pair.key))
   instance = instances_lib.finish_pair(pair, tokens_b, rng, params)
-  return _record(cpd._seed(cfg.random_seed, "instance", *pair.key), instance, cfg)
+  return _record(records.seed(cfg.random_seed, "instance", *pair.key), instance, cfg)
 
 
 def pack_group(members, dupe, group, cfg, params):
   """members: [(g, document)] of one packing group -> [(key, record, tokens, False)]."""
-  order = sorted(members, key=lambda m: (cpd._seed(cfg.random_seed, "order", m[0], dupe), m[0]))
+  order = sorted(members, key=lambda m: (records.seed(cfg.random_seed, "order", m[0], dupe), m[0]))
   packed = instances_lib.pack_full_sentences([doc for _, doc in order], params)
-  return [_record(cpd._seed(cfg.random_seed, "packed", dupe, group, j), inst, cfg)
+  return [_record(records.seed(cfg.random_seed, "packed", dupe, group, j), inst, cfg)
           for j, inst in enumerate(packed)]
 
 
 def _record(key, instance, cfg):
-  record = cpd.serialize_instance(instance, cfg.max_seq_length, cfg.word_boundaries == "jieba")
+  record = records.serialize_instance(instance, cfg.max_seq_length, cfg.word_boundaries == "jieba")
   return (key, record, len(instance.tokens), bool(instance.is_random_next))
 
 
@@ -115,8 +115,8 @@ def sorted_records(records):
 # The local runner: every document's token ids in memory.
 # ----------------------------------------------------------------------------------------------
 def _worker_read_source(source):
-  w = cpd._WORKER
-  stats = cpd.Stats()
+  w = records.worker()
+  stats = records.Stats()
   docs = read_source(source, w["cfg"], w["encode"], stats)
   w["queue"].put(source.size)
   return docs, stats
@@ -127,13 +127,13 @@ def _read_corpus(cfg, tok, sources, progress):
   if progress.pool is None:
     results = []
     for source in sources:
-      stats = cpd.Stats()
+      stats = records.Stats()
       results.append((read_source(source, cfg, tok.encode, stats, progress.bar.update), stats))
   else:
-    results = cpd._run_pool(progress.pool, _worker_read_source, sources, progress.queue,
-                            progress.bar)
+    results = records.run_pool(progress.pool, _worker_read_source, sources, progress.queue,
+                               progress.bar)
   progress.bar.close()
-  stats = cpd.Stats()
+  stats = records.Stats()
   for _, s in results:
     stats.add(s)
   if cfg.dedup_documents:
@@ -180,7 +180,7 @@ def run_local(cfg, tok, params, sources, part_dir, names, progress):
   """
   documents, stats = _read_corpus(cfg, tok, sources, progress)
   if not documents:
-    raise cpd.no_instance_error(cfg, stats)
+    raise records.no_instance_error(cfg, stats)
   num_shards = cfg.num_shards
   parts = [os.path.join(part_dir, f"shard-{s:05d}.tfrecord") for s in range(num_shards)]
   keys = [array.array("Q") for _ in range(num_shards)]
@@ -199,19 +199,19 @@ def run_local(cfg, tok, params, sources, part_dir, names, progress):
     for w in writers:
       w.close()
   if stats.instances == 0:
-    raise cpd.no_instance_error(cfg, stats)
-  names.extend(cpd.shard_name(s, num_shards) for s in range(num_shards))
+    raise records.no_instance_error(cfg, stats)
+  names.extend(records.shard_name(s, num_shards) for s in range(num_shards))
   for s, name in enumerate(names):
     _write_sorted_shard(parts[s], keys[s], sizes[s], os.path.join(cfg.output_dir, name))
   return stats, [(n, len(k)) for n, k in zip(names, keys)]
 
 
 def _write_sorted_shard(part, keys, sizes, path):
-  with cpd.open_file(part, "rb") as f:
+  with records.open_file(part, "rb") as f:
     data = f.read()
   offsets = np.concatenate([[0], np.cumsum(np.frombuffer(sizes, np.int64))]).tolist()
   framed = [data[offsets[i]:offsets[i + 1]] for i in range(len(keys))]
-  with cpd.open_file(path + ".tmp", "wb") as out:
+  with records.open_file(path + ".tmp", "wb") as out:
     # framed = u64 length, u32 crc, record, u32 crc: ties (never seen) sort by the record.
     for _, chunk in sorted(zip(keys, framed), key=lambda kf: (kf[0], kf[1][12:-4])):
       out.write(chunk)

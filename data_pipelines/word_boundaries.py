@@ -6,7 +6,7 @@ Chinese BERT-wwm (Cui et al. 2019) keeps the character ids and masks whole words
 segmenter; here the segmenter is jieba (pretokenize.jieba_words: its bundled dictionary, HMM off).
 
 A token id that continues a jieba word carries WORD_CONT from `encode` to
-create_pretraining_data.serialize_instance: instances.py cuts, truncates and joins token lists
+records.serialize_instance: instances.py cuts, truncates and joins token lists
 without looking at the ids, so the bit travels with its token through block and whole-corpus
 sampling and the Beam pipeline, and `split_flags` moves it into the records' `word_continues`
 feature. Vocab ids are < 2^30 (a 30k-250k vocab), and array('i') holds 2^30 | id.
