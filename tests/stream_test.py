@@ -1,8 +1,10 @@
 """The data stream is a function of the files, the seed and the step, whatever the host count.
 
-Fast tests check the stored layout; the slow ones train BERT-tiny on real multi-file records
-(packed, the default) as 1 process x 8 devices and as a 2 x 4 local pod (jax.distributed on
-localhost, gloo), and resume on the other host count.
+Fast tests check the stored layout; the slow one trains on real multi-file records (packed, the
+default) as 1 process x 8 devices and as a 2 x 4 local pod (jax.distributed on localhost, gloo),
+and resumes on the other host count: ALBERT-tiny (n-gram masking, SOP head) and SpanBERT-tiny
+(span masking, SBO head), the in-graph masking schemes that draw the most per batch. BERT's
+token masking on a 2-process pod is tests/multihost_train_test.py's.
 """
 
 import os
@@ -59,8 +61,8 @@ def records(tmp_path_factory):
   return root
 
 
-def _args(records, workdir, steps):
-  return ["bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
+def _args(records, workdir, steps, preset="albert-tiny"):
+  return ["bert_jax.train", f"--config=bert_jax/configs/pretrain.py:{preset},runlocal",
           f"--workdir={workdir}", f"--config.train_input_files={records}/part-*",
           f"--config.vocab_file={records}/vocab.txt", "--config.seq_length=32",
           "--config.max_predictions_per_seq=5", "--config.batch_size=16",
@@ -76,23 +78,23 @@ def _env():
   return env
 
 
-def _train(records, workdir, steps, hosts):
+def _train(records, workdir, steps, hosts, preset="albert-tiny"):
   if hosts == 1:
-    cmd = [sys.executable, "-m", *_args(records, workdir, steps)]
+    cmd = [sys.executable, "-m", *_args(records, workdir, steps, preset)]
     env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
   else:
     cmd = [*pod_testlib.pod_command(hosts, 8 // hosts), "--timeout_seconds=500", "--",
-           *_args(records, workdir, steps)]
+           *_args(records, workdir, steps, preset)]
     env = _env()
   r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560)
   assert r.returncode == 0, pod_testlib.failure(r)
   return r.stdout + r.stderr
 
 
-def _losses(workdir):
+def _losses(workdir, part="loss"):
   from bert_jax import metrics_writer
   scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
-  return dict(scalars["train/loss"])
+  return dict(scalars[f"train/{part}"])
 
 
 @pytest.mark.slow
@@ -106,15 +108,23 @@ def test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other(rec
   np.testing.assert_allclose([_losses(two)[s] for s in range(1, 7)],
                              [want[s] for s in range(1, 7)], rtol=1e-5)
 
-  # Checkpointed at step 3 on 2 hosts, resumed on 1 (and the reverse): the uninterrupted losses.
-  for first, then in ((2, 1), (1, 2)):
-    workdir = str(tmp_path / f"{first}to{then}")
-    _train(records, workdir, 3, hosts=first)
-    out = _train(records, workdir, 6, hosts=then)
+  assert set(_losses(one, "sop_loss")) == set(want)   # ALBERT's loss has its SOP part
+
+  # Checkpointed at step 3 on 2 hosts, resumed on 1: the uninterrupted losses (ALBERT).
+  # SpanBERT: 3 steps on 1 host, resumed on 2 hosts, equal to 6 uninterrupted steps on 1 host
+  # (so its 2-host stream is the 1-host one, SBO targets included).
+  span = str(tmp_path / "span_one")
+  _train(records, span, 6, hosts=1, preset="spanbert-tiny")
+  assert set(_losses(span, "sbo_loss")) == set(want)
+  for first, then, preset, baseline in ((2, 1, "albert-tiny", one),
+                                        (1, 2, "spanbert-tiny", span)):
+    workdir = str(tmp_path / f"{preset}_{first}to{then}")
+    _train(records, workdir, 3, hosts=first, preset=preset)
+    out = _train(records, workdir, 6, hosts=then, preset=preset)
     assert "resuming from step 3" in out, out[-3000:]
-    got = _losses(workdir)
-    np.testing.assert_allclose([got[s] for s in range(4, 7)], [want[s] for s in range(4, 7)],
-                               rtol=1e-5, err_msg=f"{first} -> {then} hosts")
+    got, expected = _losses(workdir), _losses(baseline)
+    np.testing.assert_allclose([got[s] for s in range(4, 7)], [expected[s] for s in range(4, 7)],
+                               rtol=1e-5, err_msg=f"{preset}: {first} -> {then} hosts")
 
   # A different logical-shard count would read another stream: refused before any compute.
   r = subprocess.run([sys.executable, "-m", *_args(records, one, 9),
