@@ -16,7 +16,9 @@ vocab, records, finished pre-trainings and fine-tunes), so an interrupted run co
   fine-tuning     the custom CSV task, seq 64, the size-scaled default lr and epochs, one run
                   per seed in --seeds; dev accuracy of the best epoch
 Step time is the median of the logged windows after the first (compilation excluded), wall
-time on this machine: compare the three within one run only. Prints a Markdown table and a
+time on this machine, twice: in each pre-training run (minutes apart, so under different load
+on a shared machine) and in --timing_steps-step runs of the three back to back; GFLOP/step is
+the analytic count (train.step_flops), the load-independent cost. Prints a Markdown table and a
 `RESULT {json}` line.
 """
 
@@ -93,13 +95,46 @@ def pretrain(out, preset, vocab, steps, batch_size):
         f"--config.eval_every={steps}", f"--config.checkpoint_every={steps}",
         "--config.eval_steps=30"], log=log)
   summary = json.load(open(summary_path))
-  text = open(log, encoding="utf-8").read()
-  # "step 120/600 | ... | 40.1 rows/s ..." -> seconds per step = batch / rows per second
-  rates = [float(x) for x in re.findall(r"\| ([\d.]+) rows/s", text)]
-  sec = statistics.median([batch_size / r for r in rates[1:] or rates]) if rates else None
+  sec = seconds_per_step(log, batch_size)
   return dict(final_eval=summary["final_eval"], sec_per_step=sec,
               wall_time_sec=summary["wall_time_sec"], workdir=workdir,
-              **count_params(preset))
+              gflop_per_step=step_flops(preset, batch_size) / 1e9, **count_params(preset))
+
+
+def seconds_per_step(log, batch_size):
+  """Median over the logged windows after the first (compilation): "| 40.1 rows/s" -> batch /
+  rows per second."""
+  rates = [float(x) for x in re.findall(r"\| ([\d.]+) rows/s",
+                                        open(log, encoding="utf-8").read())]
+  return statistics.median([batch_size / r for r in rates[1:] or rates]) if rates else None
+
+
+def timing_round(out, presets, vocab, batch_size, steps):
+  """{preset: s/step} of short fresh runs, one right after the other (the pre-training runs
+  above are minutes apart, under whatever else the machine ran meanwhile)."""
+  times = {}
+  for preset in presets:
+    kind = PRESETS[preset][0]
+    workdir, log = os.path.join(out, f"time_{preset}"), os.path.join(out, f"time_{preset}.log")
+    if not os.path.exists(os.path.join(workdir, "summary.json")):
+      sh(["bert_jax.train", f"--config=bert_jax/configs/pretrain.py:{preset},runlocal",
+          f"--workdir={workdir}", f"--config.train_input_files={out}/{kind}/train/*.tfrecord",
+          f"--config.vocab_file={vocab}", f"--config.num_train_steps={steps}",
+          f"--config.batch_size={batch_size}", f"--config.log_every={max(steps // 4, 1)}",
+          f"--config.checkpoint_every={steps}"], log=log)
+    times[preset] = seconds_per_step(log, batch_size)
+  return times
+
+
+def step_flops(preset, batch_size):
+  """The step's analytic FLOPs (train.step_flops: the model's matmuls, packed rows of the
+  runlocal recipe): the load-independent cost of a step."""
+  sys.path.insert(0, ROOT)
+  from bert_jax import model as m, train  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
+  config = pretrain.get_config(f"{preset},runlocal")
+  config.batch_size = batch_size
+  return train.step_flops(config, m.get_bert_config(preset, vocab_size=5000), dict(pack=True))
 
 
 def count_params(preset):
@@ -140,6 +175,8 @@ def main():
   p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--dupe_factor", type=int, default=3)
   p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--timing_steps", type=int, default=40,
+                 help="steps of the back-to-back timing runs (0: none)")
   p.add_argument("--presets", default=",".join(PRESETS))
   args = p.parse_args()
   out = os.path.abspath(args.out_dir)
@@ -152,6 +189,10 @@ def main():
                 for s in args.seeds.split(",")]
     rows[preset] = r
     print(f"{preset}: {json.dumps(r)}", flush=True)
+  if args.timing_steps:
+    for preset, sec in timing_round(out, list(rows), vocab, args.batch_size,
+                                    args.timing_steps).items():
+      rows[preset]["sec_per_step_timing_round"] = sec
   print(table(rows, args))
   print("RESULT " + json.dumps(dict(steps=args.steps, seeds=args.seeds, rows=rows)))
 
@@ -160,9 +201,9 @@ def table(rows, args):
   lines = [f"{args.steps} pre-training steps of {args.batch_size} x 128 each; fine-tuning seeds "
            f"{args.seeds}", "",
            "| model | encoder params | with heads | held-out MLM acc | held-out MLM loss | "
-           "sentence / SBO acc (held out) | s/step | dev acc, last epoch (mean ± sd) | per seed | "
+           "sentence / SBO acc (held out) | GFLOP/step | s/step (in the run; back to back) | dev acc, last epoch (mean ± sd) | per seed | "
            "best epoch's (mean) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for preset, r in rows.items():
     e = r["final_eval"]
     other = ", ".join(f"{k.split('/')[-1].split('_')[0].upper()} {v:.3f}" for k, v in e.items()
@@ -172,7 +213,9 @@ def table(rows, args):
     sd = statistics.stdev(dev) if len(dev) > 1 else 0.0
     lines.append(f"| {preset} | {r['params'] / 1e6:.2f}M | {r['params_with_heads'] / 1e6:.2f}M "
                  f"| {e['eval/mlm_accuracy']:.4f} | {e['eval/mlm_loss']:.3f} | {other or '-'} | "
-                 f"{r['sec_per_step']:.3f} | {statistics.mean(dev):.3f} ± {sd:.3f} | "
+                 f"{r['gflop_per_step']:.0f} | {r['sec_per_step']:.3f}; "
+                 f"{r.get('sec_per_step_timing_round') or float('nan'):.3f} | "
+                 f"{statistics.mean(dev):.3f} ± {sd:.3f} | "
                  f"{' '.join(f'{x:.3f}' for x in dev)} | {best:.3f} |")
   return "\n".join(lines)
 
