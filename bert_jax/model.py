@@ -41,10 +41,13 @@ from flax import linen as nn
 from bert_jax import attention as attention_lib
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
-FAMILIES = ("bert", "albert", "spanbert")
+FAMILIES = ("bert", "albert", "spanbert", "electra")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
-OBJECTIVES = ("mlm", "nsp", "sop", "sbo")
-FAMILY_FIELDS = ("family", "embedding_size", "share_layers", "objectives", "sbo_max_targets")
+OBJECTIVES = ("mlm", "nsp", "sop", "sbo", "rtd")
+GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
+                    "generator_intermediate_size")
+FAMILY_FIELDS = ("family", "embedding_size", "share_layers", "objectives", "sbo_max_targets",
+                 *GENERATOR_FIELDS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,13 +75,19 @@ class BertConfig:
   attention: str = "xla"
   # The family fields (docs/models.md). Their defaults are BERT, and to_dict() leaves a field at
   # its default out, so a BERT checkpoint's stored config is what it was before they existed.
-  family: str = "bert"              # bert | albert | spanbert: what convert/predict call it
-  embedding_size: int = 0           # E; 0 = H, no projection. ALBERT: E=128 projected to H
+  family: str = "bert"              # bert | albert | spanbert | electra: what convert/predict call it
+  embedding_size: int = 0           # E; 0 = H, no projection. ALBERT, ELECTRA-small: E=128 -> H
   share_layers: str = "none"        # none | all | attention | ffn (ALBERT's cross-layer sharing)
   # Pre-training objectives (bert_jax/objectives.py), comma-separated: mlm plus at most one
   # sentence-level task (nsp | sop), plus sbo (SpanBERT's span-boundary objective).
   objectives: str = "mlm,nsp"
   sbo_max_targets: int = 20         # SBO relative-position embeddings (spans of up to 20 tokens)
+  # ELECTRA's generator (bert_jax/electra.py): its own encoder on the shared embeddings; the
+  # fields above describe the discriminator. 0 for every other family.
+  generator_hidden_size: int = 0
+  generator_num_layers: int = 0
+  generator_num_heads: int = 0
+  generator_intermediate_size: int = 0
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -101,16 +110,33 @@ class BertConfig:
     if self.embedding_size < 0:
       raise ValueError(f"BertConfig: embedding_size={self.embedding_size}; expected >= 0 "
                        "(0 = hidden_size, no projection).")
-    if self.family != "albert" and (self.embedding_size or self.share_layers != "none"):
+    if self.family not in ("albert", "electra") and self.embedding_size:
       raise ValueError(f"BertConfig: family={self.family!r} with embedding_size="
-                       f"{self.embedding_size}, share_layers={self.share_layers!r}; factorised "
-                       "embeddings and shared layers are ALBERT's: set family='albert'.")
+                       f"{self.embedding_size}; factorised embeddings are ALBERT's and "
+                       "ELECTRA's: set family='albert' (or 'electra').")
+    if self.family != "albert" and self.share_layers != "none":
+      raise ValueError(f"BertConfig: family={self.family!r} with share_layers="
+                       f"{self.share_layers!r}; shared layers are ALBERT's: set family='albert'.")
+    generator = [getattr(self, f) for f in GENERATOR_FIELDS]
+    if (self.family == "electra") != all(g > 0 for g in generator) or (
+        self.family != "electra" and any(generator)):
+      raise ValueError(f"BertConfig: family={self.family!r} with generator sizes {generator} "
+                       f"({', '.join(GENERATOR_FIELDS)}); ELECTRA needs all four > 0, every "
+                       "other family none.")
+    if self.family == "electra" and self.generator_hidden_size % self.generator_num_heads:
+      raise ValueError(f"BertConfig: generator_hidden_size={self.generator_hidden_size} is not "
+                       f"divisible by generator_num_heads={self.generator_num_heads}.")
     parts = self.objective_list
     unknown = [o for o in parts if o not in OBJECTIVES]
     sentence = [o for o in parts if o in ("nsp", "sop")]
     if unknown or "mlm" not in parts or len(sentence) > 1 or len(set(parts)) != len(parts):
       raise ValueError(f"BertConfig: objectives={self.objectives!r}; expected 'mlm' plus at "
                        "most one of nsp/sop, optionally sbo, comma-separated (e.g. 'mlm,sop').")
+    if (self.family == "electra") != ("rtd" in parts) or (
+        self.family == "electra" and set(parts) != {"mlm", "rtd"}):
+      raise ValueError(f"BertConfig: family={self.family!r} with objectives="
+                       f"{self.objectives!r}; ELECTRA is exactly 'mlm,rtd' (generator MLM + "
+                       "replaced-token detection) and rtd is ELECTRA's alone.")
 
   @property
   def objective_list(self) -> tuple:
@@ -167,6 +193,20 @@ _ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectiv
                hidden_act="gelu_tanh", hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
 _SPANBERT = dict(family="spanbert", objectives="mlm,sbo")
 
+def _electra(layers, hidden, embed, generator_hidden):
+  """ELECTRA (Clark et al. 2020, Table 6; google-research/electra training_utils.get_bert_config
+  and run_pretraining.get_generator_config): a BERT encoder without pooler, H/64 heads, 4H FFN,
+  embeddings E (small: 128 -> H=256; base, large: E=H); the generator has the same depth and
+  1/4 (small, large) or 1/3 (base: round(768/3) = 256) of the width, 4x FFN, max(1, H/64)
+  heads, and shares the embeddings."""
+  return dict(family="electra", objectives="mlm,rtd", num_layers=layers, hidden_size=hidden,
+              num_heads=hidden // 64, intermediate_size=4 * hidden,
+              embedding_size=0 if embed == hidden else embed,
+              generator_hidden_size=generator_hidden, generator_num_layers=layers,
+              generator_num_heads=max(1, generator_hidden // 64),
+              generator_intermediate_size=4 * generator_hidden)
+
+
 PRESETS = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
     "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
@@ -194,6 +234,10 @@ PRESETS = {
                           intermediate_size=512),
     "spanbert-mini": dict(_SPANBERT, num_layers=4, hidden_size=256, num_heads=4,
                           intermediate_size=1024),
+    # ELECTRA (bert_jax/electra.py): electra-{tiny,mini,small,base,large}.
+    **{f"electra-{name}": _electra(*sizes) for name, sizes in (
+        ("tiny", (2, 128, 64, 32)), ("mini", (4, 256, 128, 64)), ("small", (12, 256, 128, 64)),
+        ("base", (12, 768, 768, 256)), ("large", (24, 1024, 1024, 256)))},
 }
 
 
@@ -293,7 +337,8 @@ class BertEmbeddings(nn.Module):
     if c.factorised:
       self.projection = _dense(c, c.hidden_size, ("embed2", "embed"), None)  # [E, H]
 
-  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None):
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, project=True):
+    """project=False: the [B, T, E] sum before the projection (ELECTRA's shared embeddings)."""
     seq_len = input_ids.shape[1]
     if seq_len > self.config.max_position_embeddings:
       raise ValueError(f"BertEmbeddings: sequence length {seq_len} exceeds "
@@ -306,7 +351,7 @@ class BertEmbeddings(nn.Module):
          + self.token_type_embeddings(segment_ids))                      # [B, T, E]
     x = self.layer_norm(x).astype(self.config.dtype)
     x = self.dropout(x, deterministic=deterministic)
-    if self.config.factorised:
+    if self.config.factorised and project:
       x = self.projection(x)                                             # [B, T, H]
     return _constrain(x, *BTH)
 

@@ -6,15 +6,16 @@
   nsp   [B, 2] or packed [B, K, 2] on the pooled [CLS]   next_sentence_labels (1 = random next)
   sop   the same head shape, ALBERT's sentence order     next_sentence_labels (1 = swapped)
   sbo   [B, P, V] from the span's boundary tokens        masked_lm_ids, masked_lm_weights
+  rtd   ELECTRA's discriminator (bert_jax/electra.py):   input_mask (every real token)
+        {"logits": [B, T], "labels": [B, T] sampled in the step}
 
 The records keep one label field, `next_sentence_labels`, whatever the sentence task; what the
 label means is the records' `sentence_objective` in dataset_info.json, checked against the model's
 objectives before compute (data_pipelines/dataset_info.py).
 
 A model's outputs are a dict {part: logits}; the loss is sum_part weight[part] * loss[part], with
-weight 1 for every part unless given (BERT: MLM + NSP; ALBERT: MLM + SOP; SpanBERT: MLM + SBO, as
-the papers). A two-network objective (ELECTRA's generator MLM + 50 x replaced-token detection)
-adds its part here and its weight in `weights`; nothing else changes.
+weight WEIGHTS[part] (1 unless listed) unless given (BERT: MLM + NSP; ALBERT: MLM + SOP; SpanBERT:
+MLM + SBO, as the papers; ELECTRA: generator MLM + 50 x replaced-token detection).
 """
 
 import jax.numpy as jnp
@@ -51,13 +52,30 @@ def sentence(name, logits, batch):
   return loss, {f"{name}_loss": loss, f"{name}_accuracy": accuracy}
 
 
-PARTS = {"mlm": masked_lm, "nsp": sentence, "sop": sentence, "sbo": masked_lm}
+def replaced_token_detection(name, outputs, batch):
+  """ELECTRA's discriminator: sigmoid cross-entropy of "replaced?" on every real token, the mean
+  over the batch's input_mask (google-research/electra _get_discriminator_output). The labels come
+  with the logits: the step sampled the replacements (electra.corrupt)."""
+  logits, labels = outputs["logits"], outputs["labels"].astype(jnp.float32)   # [B, T]
+  w = batch["input_mask"].astype(jnp.float32)                                 # [B, T]
+  denom = jnp.sum(w) + 1e-6   # as google's code: an empty batch gives 0, not NaN
+  loss = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels) * w) / denom
+  correct = ((logits > 0) == (labels > 0)) * w
+  return loss, {f"{name}_loss": loss, f"{name}_accuracy": jnp.sum(correct) / denom,
+                f"{name}_replaced_fraction": jnp.sum(labels * w) / denom}
+
+
+PARTS = {"mlm": masked_lm, "nsp": sentence, "sop": sentence, "sbo": masked_lm,
+         "rtd": replaced_token_detection}
+# ELECTRA's lambda = 50 (Clark et al. 2020, section 2; google-research/electra
+# configure_pretraining.py: gen_weight 1.0, disc_weight 50.0).
+WEIGHTS = {"rtd": 50.0}
 
 
 def pretraining_loss(outputs, batch, weights=None):
   """(sum of weighted part losses, metrics) for outputs {part: logits}; metrics hold `loss` and
   each part's `<part>_loss` and `<part>_accuracy`."""
-  weights = weights or {}
+  weights = {**WEIGHTS, **(weights or {})}
   unknown = sorted(set(outputs) - set(PARTS))
   if unknown:
     raise ValueError(f"objectives.pretraining_loss: no part for outputs {unknown}; "

@@ -42,8 +42,8 @@ def test_parts_are_named_by_objective_and_weighted():
   weighted, _ = objectives.pretraining_loss(out, batch, weights={"sbo": 0.5})
   np.testing.assert_allclose(weighted, m["mlm_loss"] + m["sop_loss"] + 0.5 * m["sbo_loss"],
                              rtol=1e-6)
-  with pytest.raises(ValueError, match="no part for outputs \\['rtd'\\]"):
-    objectives.pretraining_loss({"rtd": out["mlm"]}, batch)
+  with pytest.raises(ValueError, match="no part for outputs \\['dae'\\]"):
+    objectives.pretraining_loss({"dae": out["mlm"]}, batch)
 
 
 def test_packed_sentence_loss_is_a_mean_over_instances():

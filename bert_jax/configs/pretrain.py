@@ -10,7 +10,10 @@ The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
   PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256;
             ALBERT: albert-{tiny,mini,base,large,xlarge,xxlarge} (records from
             create_pretraining_data --sop; n-gram masking); SpanBERT: spanbert, spanbert-large,
-            spanbert-{tiny,mini} (records from --no_nsp; span masking). docs/models.md.
+            spanbert-{tiny,mini} (records from --no_nsp; span masking); ELECTRA:
+            electra-{small,base,large} (the paper's recipe below) and electra-{tiny,mini}
+            (records from --no_nsp; a generator and a discriminator, bert_jax/electra.py).
+            docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
@@ -63,8 +66,26 @@ def get_config(arg="base"):
   c.masking = {"albert": "ngram", "spanbert": "span"}.get(family.get("family"), "token")
   c.whole_word_masking = family.get("family") in ("albert", "spanbert")  # n-grams / spans of words
   _optimizer_and_loop_fields(c)
+  if family.get("family") == "electra":
+    _electra_recipe(c, preset)
   _apply_variants(c, preset, variants)
   return c
+
+
+def _electra_recipe(c, preset):
+  """ELECTRA's recipe (Clark et al. 2020, Table 6; google-research/electra
+  configure_pretraining.py): small 128 x 128 tokens, lr 5e-4, 1M steps; base 256 x 512, lr 2e-4,
+  766k steps; large 2048 x 512, lr 2e-4, 400k steps, 25% masking. Predictions per sequence as
+  google's int((mask_prob + 0.005) * seq_length): 19 at 128, 79 at 512 (15%), 130 at 512 (25%).
+  The loss weights (MLM 1, RTD 50) are objectives.WEIGHTS."""
+  size = preset.split("-", 1)[1]
+  if size in ("base", "large"):
+    c.seq_length, c.learning_rate = 512, 2e-4
+    c.batch_size, c.num_train_steps = (256, 766_000) if size == "base" else (2048, 400_000)
+    c.masked_lm_prob = 0.15 if size == "base" else 0.25
+  else:   # small, and the test sizes tiny / mini
+    c.seq_length, c.learning_rate, c.batch_size, c.num_train_steps = 128, 5e-4, 128, 1_000_000
+  c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
 
 
 def _input_fields(c):
