@@ -44,7 +44,8 @@ def build_model(directory):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib, convert, model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint as ckpt_lib, model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
   from tests import hf_testlib  # pylint: disable=g-import-not-at-top
   vocab = os.path.join(directory, "vocab.txt")
   hf_testlib.write_vocab(vocab, 5000)
@@ -53,7 +54,7 @@ def build_model(directory):
   export = os.path.join(directory, "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))
-  return export, convert.export_to_hf(export, os.path.join(directory, "hf"))
+  return export, hf_export.export_to_hf(export, os.path.join(directory, "hf"))
 
 
 def timed(cmd, cwd, env):

@@ -16,12 +16,16 @@ committed step always carries its manifest: a step whose meta says it has one bu
 tampered with. On resume, `latest_verified_step` checks the newest step and falls back, saying
 so, to the newest that verifies; a step written before manifests existed restores with a warning.
 
-`load_params(path)` accepts either layout (a params export, a workdir, or one step directory) so
-`--config.init_checkpoint` can point at a converted Google/HF checkpoint or at a pre-training run.
+`describe(path)` says what is at any accepted path (a params export, a workdir, one step
+directory, a finished fine-tuning workdir's best_epoch{N} export): its kind, step, BertConfig,
+meta (vocab, casing, provenance) and where its parameters are; it reads no array. Every reader of
+checkpoints goes through it (load_params here, trainer_lib.read_pretrained, inference, convert),
+so `--config.init_checkpoint` can point at a converted Google/HF checkpoint or at any run.
 
   python -m bert_jax.checkpoint verify DIR     # a workdir, its checkpoints/, a step, or an export
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -167,9 +171,8 @@ def read_meta(manager, step):
 # ----------------------------------------------------------------------------------------------
 def _claims_manifest(step_dir):
   """Whether the step's meta says it was saved with a manifest (False: an older step)."""
-  meta_file = epath.Path(step_dir) / "meta" / "metadata"
   try:
-    return json.loads(meta_file.read_text()).get(MANIFEST_KEY) is not None
+    return json.loads(step_meta_file(step_dir).read_text()).get(MANIFEST_KEY) is not None
   except (FileNotFoundError, json.JSONDecodeError):
     return True  # meta gone or garbled: not an old step, a damaged one
 
@@ -328,6 +331,92 @@ def resolve_checkpoint(path):
   return "train", step_dir
 
 
+# A training step's meta: the JSON file Orbax's JsonSave writes inside the step's "meta" item
+# (the one place that knows the path).
+META_ITEM, META_FILE = "meta", "metadata"
+
+
+def step_meta_file(step_dir):
+  return epath.Path(step_dir) / META_ITEM / META_FILE
+
+
+def read_step_meta(step_dir):
+  """A training step's meta dict, read without a CheckpointManager."""
+  f = step_meta_file(step_dir)
+  if f.exists():
+    return json.loads(f.read_text())
+  return ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(epath.Path(step_dir) / META_ITEM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Described:
+  """What is at a checkpoint path (describe); no array read."""
+  path: str                    # as the caller gave it (for messages)
+  kind: str                    # "params" (an export) or "train" (one training step)
+  directory: epath.Path        # the export or step directory itself
+  config: model_lib.BertConfig
+  meta: dict                   # export: bert_config.json less bert_config; step: its meta, with
+                               # the top-level do_lower_case of its training config (with_casing)
+  verified: bool = False       # its files were checked against the manifest (describe(verify=))
+
+  @property
+  def step(self):
+    """The training step of a "train" directory; an export's recorded step, if any."""
+    if self.kind == "train":
+      return int(self.directory.name)
+    return self.meta.get("step")
+
+  @property
+  def params_item(self):
+    """The Orbax item that holds the parameters (absolute: Orbax needs it)."""
+    return absolute(self.directory) / ("params" if self.kind == "params" else "state")
+
+  @property
+  def params_prefix(self):
+    """Where the parameters sit in that item: () in an export, ("params",) in a train state."""
+    return () if self.kind == "params" else ("params",)
+
+
+def _best_epoch_export(path):
+  """A finished fine-tuning workdir keeps only its best_epoch{N}/ export (resume state removed):
+  that export, or None."""
+  p = epath.Path(path)
+  exports = sorted((d for d in p.glob("best_epoch*") if (d / CONFIG_NAME).exists()), key=str)
+  if len(exports) == 1:
+    return exports[0]
+  if len(exports) > 1 and (p / "eval_results.json").exists():
+    best = json.loads((p / "eval_results.json").read_text()).get("best_epoch")
+    named = [d for d in exports if d.name == f"best_epoch{best}"]
+    if named:
+      return named[0]
+  return None
+
+
+def describe(path, *, verify=True) -> Described:
+  """Kind, directory, BertConfig and meta of any accepted checkpoint path (resolve_checkpoint, or a
+  finished fine-tuning workdir's best export); reads bert_config.json or the step's meta, no array.
+
+  verify: check every file against the manifest first (verify_for_load), so a damaged file is one
+  line naming it before anything is read; False for a caller that will not read the arrays.
+  """
+  try:
+    kind, p = resolve_checkpoint(path)
+  except CheckpointError:
+    best = _best_epoch_export(path) if epath.Path(path).exists() else None
+    if best is None:
+      raise
+    kind, p = "params", best
+  if verify:
+    verify_for_load(kind, p)
+  if kind == "params":
+    meta = json.loads((p / CONFIG_NAME).read_text())
+    config = model_lib.BertConfig.from_dict(meta.pop("bert_config"))
+  else:
+    meta = with_casing(read_step_meta(p))
+    config = model_lib.BertConfig.from_dict(meta["model_config"])
+  return Described(str(path), kind, p, config, meta, verified=verify)
+
+
 def verify_for_load(kind, p):
   """Verifies what load_params is about to read: one-line error if damaged, warning if old."""
   claims = _claims_manifest(p) if kind == "train" else False
@@ -348,27 +437,26 @@ def with_casing(meta):
 
 
 def load_params(path):
-  """Loads (params as numpy, BertConfig, meta dict) from any accepted layout.
+  """Loads (params as numpy, BertConfig, meta dict) from any accepted layout (describe).
 
   The files are checked against the manifest first. For a pre-training step, meta gains the
   top-level `do_lower_case` of its config (a pre-training meta nests it under "config"), so
   callers check casing in one place for every layout.
   """
-  kind, p = resolve_checkpoint(path)
-  verify_for_load(kind, p)
-  if kind == "params":
-    info = json.loads((p / CONFIG_NAME).read_text())
-    with ocp.StandardCheckpointer() as ckptr:
-      params = _restore_numpy(ckptr, absolute(p) / "params")
-    model_config = model_lib.BertConfig.from_dict(info.pop("bert_config"))
-    return params, model_config, info
-  meta = json.loads((p / "meta" / "metadata").read_text()) if (p / "meta" / "metadata").exists() \
-      else ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(p / "meta")
-  meta = with_casing(meta)
+  d = describe(path)
+  return read_params(d), d.config, d.meta
+
+
+def read_params(d: Described):
+  """The parameters of a described checkpoint as numpy (verified first if describe did not)."""
+  if not d.verified:
+    verify_for_load(d.kind, d.directory)
   with ocp.StandardCheckpointer() as ckptr:
-    state = _restore_numpy(ckptr, absolute(p) / "state", only="params")
-  model_config = model_lib.BertConfig.from_dict(meta["model_config"])
-  return state["params"], model_config, meta
+    tree = _restore_numpy(ckptr, d.params_item, only=d.params_prefix[0] if d.params_prefix
+                          else None)
+  for key in d.params_prefix:
+    tree = tree[key]
+  return tree
 
 
 def _restore_numpy(ckptr, path, only=None):

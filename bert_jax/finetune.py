@@ -130,7 +130,7 @@ def load_init_checkpoint(config):
       config.init_checkpoint, vocab_file=config.vocab_file or None,
       spm_model_file=config.spm_model_file or None, do_lower_case=config.do_lower_case,
       with_params=False)
-  pre = trainer_lib.read_pretrained(found.path)
+  pre = trainer_lib.read_pretrained(found.checkpoint)  # described once, by load_for_inference
   if trainer_lib.stored_subtree(pre, "bert") is None:
     raise ConfigError(f"init_checkpoint={config.init_checkpoint}: no 'bert' parameters "
                       f"(top-level keys {sorted(pre.params_meta)}).")

@@ -32,11 +32,11 @@ pieces that lower-casing would change), checked against the checkpoint's recorde
 import dataclasses
 import glob
 import hashlib
-import json
 import os
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
@@ -58,6 +58,7 @@ class InferenceModel:
   meta: dict                     # the checkpoint's metadata (export info or training meta)
   path: str                      # the directory actually loaded (export or step directory)
   description: str = ""          # "step 1500 of runs/base (runs/base/checkpoints/1500)", ...
+  checkpoint: ckpt_lib.Described | None = None  # what checkpoint.describe found (read once)
 
 
 def _gfile():
@@ -77,10 +78,6 @@ def _exists(path):
 
 def _glob(pattern):
   return sorted(glob.glob(pattern)) if _local(pattern) else _gfile().glob(pattern)
-
-
-def _open(path, mode="r"):
-  return open(path, mode) if _local(path) else _gfile().GFile(path, mode)
 
 
 def _join(*parts):
@@ -167,29 +164,6 @@ def describe(kind, directory, meta):
   return f"{directory} (params export)"
 
 
-def resolve(path):
-  """(kind, directory): ("params", export dir) or ("train", step dir) for any accepted layout."""
-  if not _exists(path):
-    raise InferenceLoadError(f"--init_checkpoint={path}: no such file or directory.")
-  try:
-    kind, p = ckpt_lib.resolve_checkpoint(path)
-    return kind, str(p)
-  except ckpt_lib.CheckpointError:
-    # A finished fine-tuning workdir keeps only its best_epoch{N}/ export (resume state removed).
-    exports = sorted(d for d in _glob(_join(path, "best_epoch*"))
-                     if _exists(_join(d, ckpt_lib.CONFIG_NAME)))
-    if len(exports) == 1:
-      return "params", exports[0]
-    results = _join(path, "eval_results.json")
-    if len(exports) > 1 and _exists(results):
-      with _open(results) as f:
-        best = json.load(f).get("best_epoch")
-      named = [d for d in exports if d.rstrip("/").endswith(f"best_epoch{best}")]
-      if named:
-        return "params", named[0]
-    raise
-
-
 def _recorded(meta, key):
   """A tokenizer setting from export metadata or from the training config in a step's meta."""
   if meta.get(key) is not None:
@@ -216,14 +190,6 @@ def _candidates(kind, directory, meta):
   return out
 
 
-def _sha256(path):
-  h = hashlib.sha256()
-  with _open(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      h.update(chunk)
-  return h.hexdigest()
-
-
 def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=None):
   """(vocab_file, spm_model_file, how): the caller's choice, else the checkpoint's own files."""
   if vocab_file or spm_model_file:
@@ -239,12 +205,13 @@ def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=
 
 
 def check_vocab_hash(meta, path, directory):
-  """The training run recorded its vocab's sha256 (`vocab_hash`, a prefix): refuse another."""
+  """The training run recorded its vocab's sha256 (`vocab_hash`: the full digest, or a 16-character
+  prefix before 2026-11-25): refuse another."""
   recorded = meta.get("vocab_hash")
   if not recorded:
     return
-  actual = _sha256(path)
-  if not actual.startswith(str(recorded)):
+  actual = files_lib.sha256_file(path)
+  if not files_lib.same_sha256(recorded, actual):
     raise InferenceLoadError(
         f"{path} (sha256 {actual[:16]}) is not the vocabulary {directory} was trained with "
         f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
@@ -284,11 +251,12 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
                              "directory.")
   if is_hf_folder(path):
     path = from_hf_folder(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
-  kind, directory = resolve(path)
-  if with_params:
-    params, config, meta = ckpt_lib.load_params(directory)
-  else:
-    params, (config, meta) = None, _read_config(kind, directory)
+  if not _exists(path):
+    raise InferenceLoadError(f"--init_checkpoint={path}: no such file or directory.")
+  # What is there, read once (checkpoint.describe); files verified when the arrays will be read.
+  found = ckpt_lib.describe(path, verify=with_params)
+  kind, directory, config, meta = found.kind, str(found.directory), found.config, found.meta
+  params = ckpt_lib.read_params(found) if with_params else None
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)
   check_vocab_hash(meta, vocab_file or spm_model_file, directory)
@@ -307,15 +275,4 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
         f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
         f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
   return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
-                        meta, directory, describe(kind, directory, meta))
-
-
-def _read_config(kind, directory):
-  """(BertConfig, meta) without reading any array."""
-  if kind == "params":
-    with _open(_join(directory, ckpt_lib.CONFIG_NAME)) as f:
-      info = json.load(f)
-    return model_lib.BertConfig.from_dict(info.pop("bert_config")), info
-  with _open(_join(directory, "meta", "metadata")) as f:
-    meta = json.load(f)
-  return model_lib.BertConfig.from_dict(meta["model_config"]), meta
+                        meta, directory, describe(kind, directory, meta), found)

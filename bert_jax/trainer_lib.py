@@ -17,8 +17,6 @@ makes, and the throughput timer.
 
 import contextlib
 import functools
-import hashlib
-import json
 import os
 import time
 from typing import Any, Callable, NamedTuple
@@ -33,6 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import guard
 from bert_jax import model as model_lib
 from bert_jax import sharding as sharding_lib
@@ -211,21 +210,16 @@ def _tree_metadata(item_dir):
 
 
 def read_pretrained(path) -> Pretrained:
-  """Config, provenance and parameter shapes of any accepted checkpoint layout; reads no array."""
-  kind, p = ckpt_lib.resolve_checkpoint(path)
-  ckpt_lib.verify_for_load(kind, p)  # SHA-256 manifest: a damaged file is one line naming it
-  if kind == "params":
-    meta = json.loads((p / ckpt_lib.CONFIG_NAME).read_text())
-    model_config = model_lib.BertConfig.from_dict(meta.pop("bert_config"))
-    item_dir, prefix = ckpt_lib.absolute(p) / "params", ()
-  else:
-    meta = ckpt_lib.with_casing(json.loads((p / "meta" / "metadata").read_text()))
-    model_config = model_lib.BertConfig.from_dict(meta["model_config"])
-    item_dir, prefix = ckpt_lib.absolute(p) / "state", ("params",)
-  tree = _tree_metadata(item_dir)
-  for key in prefix:
+  """Config, provenance and parameter shapes of any accepted checkpoint layout, verified against its
+  manifest; reads no array. `path` may be what checkpoint.describe already found (not read twice).
+  """
+  d = path if isinstance(path, ckpt_lib.Described) else ckpt_lib.describe(path)
+  if not d.verified:
+    ckpt_lib.verify_for_load(d.kind, d.directory)
+  tree = _tree_metadata(d.params_item)
+  for key in d.params_prefix:
     tree = tree[key]
-  return Pretrained(str(path), model_config, meta, dict(tree), item_dir, prefix)
+  return Pretrained(d.path, d.config, d.meta, dict(tree), d.params_item, d.params_prefix)
 
 
 def stored_subtree(pre: Pretrained, key):
@@ -299,12 +293,11 @@ def quiet_logging():
 
 
 def file_hash(path):
-  """sha256 prefix of a (local or gs://) file; '' for none."""
+  """The full sha256 of a (local or gs://) file; '' for none (compare with files_lib.same_sha256: a
+  checkpoint before 2026-11-25 recorded a 16-character prefix)."""
   if not path or path == "synthetic":
     return ""
-  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()[:16]
+  return files_lib.sha256_file(path)
 
 
 def check_same_on_all_hosts(config, vocab_path, vocab_size):

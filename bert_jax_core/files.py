@@ -35,11 +35,11 @@ def _open(path, mode):
   return _gfile().GFile(str(path), mode) if is_remote(path) else open(path, mode)
 
 
-def sha256_file(path) -> str:
-  """The hex SHA-256 of a (local or gs://) file's bytes, read in 1 MiB chunks."""
+def sha256_file(path, chunk_bytes=CHUNK) -> str:
+  """The hex SHA-256 of a (local or gs://) file's bytes, read in chunks of chunk_bytes."""
   h = hashlib.sha256()
   with _open(path, "rb") as f:
-    while chunk := f.read(CHUNK):
+    while chunk := f.read(chunk_bytes):
       h.update(chunk)
   return h.hexdigest()
 

@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import convert
+from bert_jax.convert import hf_export
 from bert_jax import inference
 from bert_jax import model as model_lib
 from bert_jax.convert import sentencepiece_export
@@ -94,7 +94,7 @@ def test_sentencepiece_checkpoint_exports_to_hf(spm_model, tmp_path):
   assert m.spm_model_file.endswith("spm.model") and m.do_lower_case is False
   with pytest.raises(inference.InferenceLoadError, match="do_lower_case=True"):
     inference.load_for_inference(export, do_lower_case=True)
-  out = convert.export_to_hf(export, str(tmp_path / "hf"))
+  out = hf_export.export_to_hf(export, str(tmp_path / "hf"))
   hf_tok = AutoTokenizer.from_pretrained(out)
   hf_model = BertForPreTraining.from_pretrained(out).eval()
   text = "대한민국의 수도는 [MASK]이다."

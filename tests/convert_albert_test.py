@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax import checkpoint as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
+from bert_jax.convert import hf_export  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
 from bert_jax.convert import albert  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
@@ -105,7 +106,7 @@ def test_our_albert_exports_to_transformers_with_equal_outputs(tmp_path):
   src = str(tmp_path / "ours")
   ckpt_lib.save_params(src, params, config, {"do_lower_case": True})
   hf_testlib.write_vocab(os.path.join(src, "vocab.txt"), VOCAB)
-  convert.export_to_hf(src, str(tmp_path / "hf"))
+  hf_export.export_to_hf(src, str(tmp_path / "hf"))
   hf_json = json.load(open(tmp_path / "hf" / "config.json"))
   assert hf_json["model_type"] == "albert" and hf_json["embedding_size"] == 16
   model, info = transformers.AlbertForPreTraining.from_pretrained(
@@ -237,7 +238,7 @@ def test_albert_with_a_sentencepiece_model_imports_predicts_and_exports(tmp_path
   assert m.spm_model_file.endswith("spiece.model") and m.config.family == "albert"
   result = predict.predict(predict.load(str(tmp_path / "orbax")), "the [MASK] of the module")
   assert len(result["masks"]) == 1
-  out = convert.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "back"))
+  out = hf_export.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "back"))
   model = transformers.AlbertForPreTraining.from_pretrained(out).eval()
   tok = transformers.AutoTokenizer.from_pretrained(out)
   text = "return the value of the module"

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax import checkpoint as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
+from bert_jax.convert import hf_export  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
@@ -57,7 +58,7 @@ def test_hf_to_orbax_to_hf_is_bit_exact_and_loads_in_transformers(hf_dir, tmp_pa
   assert os.path.isfile(tmp_path / "orbax" / "vocab.txt")
   assert not [p for p in os.listdir(tmp_path) if "partial" in p or ".tmp-" in p]
 
-  convert.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "back"))
+  hf_export.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "back"))
   original = load_file(os.path.join(hf_dir, "model.safetensors"))
   exported = load_file(str(tmp_path / "back" / "model.safetensors"))
   assert sorted(original) == sorted(exported)
@@ -257,8 +258,8 @@ def test_pretraining_workdir_exports_without_source_flag(hf_dir, tmp_path):
   workdir = inference_test.make_workdir(str(tmp_path / "run"), params, config,
                                         str(tmp_path / "orbax" / "vocab.txt"), steps=(0,))
   assert convert.detect_source(workdir) == "orbax"
-  convert.export_to_hf(workdir, str(tmp_path / "from_workdir"))
-  convert.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "from_export"))
+  hf_export.export_to_hf(workdir, str(tmp_path / "from_workdir"))
+  hf_export.export_to_hf(str(tmp_path / "orbax"), str(tmp_path / "from_export"))
   for name in ("model.safetensors", "vocab.txt", "tokenizer_config.json"):
     with open(tmp_path / "from_workdir" / name, "rb") as a, \
         open(tmp_path / "from_export" / name, "rb") as b:

@@ -190,9 +190,9 @@ def test_sentencepiece_model_bundled_in_a_gs_workdir(gcs, tmp_path):
 
 
 def test_convert_exports_a_gs_workdir_to_hugging_face_like_local(copied, tmp_path):
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
   local, remote = copied
-  out = {w: convert.export_to_hf(w, str(tmp_path / name))
+  out = {w: hf_export.export_to_hf(w, str(tmp_path / name))
          for name, w in (("local", local), ("gs", remote))}
   names = sorted(os.listdir(out[local]))
   assert names == sorted(os.listdir(out[remote])) and "model.safetensors" in names

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
+from bert_jax.convert import hf_export  # noqa: E402
 from bert_jax import inference  # noqa: E402
 from bert_jax import predict  # noqa: E402
 from tests import hf_testlib  # noqa: E402
@@ -111,7 +112,7 @@ def test_hf_export_files_are_readable_by_others(converted, tmp_path):
   _, orbax_dir = converted
   old = os.umask(0o022)
   try:
-    out = convert.export_to_hf(orbax_dir, str(tmp_path / "hf"))
+    out = hf_export.export_to_hf(orbax_dir, str(tmp_path / "hf"))
   finally:
     os.umask(old)
   modes = {f: os.stat(os.path.join(out, f)).st_mode & 0o777 for f in os.listdir(out)}

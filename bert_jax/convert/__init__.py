@@ -3,6 +3,7 @@
   python -m bert_jax.convert --input=uncased_L-12_H-768_A-12 --output=ckpt/bert_base   # TF
   python -m bert_jax.convert --input=hf_dir --output=ckpt/from_hf                      # HF
   python -m bert_jax.convert --input=ckpt/bert_base --output=hf_export                 # -> HF
+  (in Python: hf_export.export_to_hf(checkpoint, output); convert_to_orbax(path, output))
 
 The Orbax output (`bert_jax.checkpoint.save_params` layout + vocab.txt) is a complete
 BertForPreTraining parameter tree usable as `--config.init_checkpoint`; its bert_config.json
@@ -20,7 +21,6 @@ import uuid
 import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax import inference
 from bert_jax.convert import albert
 from bert_jax.convert import formats
 from bert_jax.convert import names
@@ -33,8 +33,8 @@ VOCAB_NAME = "vocab.txt"
 def detect_source(path):
   """"tf", "hf" or "orbax" from the files at `path` (a directory or a TF checkpoint prefix).
 
-  "orbax" is any bert_jax checkpoint `inference.resolve` accepts: a params export, a pre-training
-  or fine-tuning workdir (its latest step) or one step directory; local or gs://.
+  "orbax" is any bert_jax checkpoint `checkpoint.describe` accepts: a params export, a pre-training
+  or fine-tuning workdir (its latest step or best export) or one step directory; local or gs://.
   """
   if os.path.isfile(path + ".index"):
     return "tf"
@@ -48,7 +48,7 @@ def detect_source(path):
   # google's TF releases also hold a bert_config.json: an export is bert_config.json + params/.
   if (files & {"checkpoints", "state"} or {ckpt_lib.CONFIG_NAME, "params"} <= files
       or (ckpt_lib.CONFIG_NAME in files and not tf_index) or "://" in path):
-    inference.resolve(path)  # a one-line error naming what is missing
+    ckpt_lib.describe(path, verify=False)  # a one-line error naming what is missing
     return "orbax"
   if tf_index:
     return "tf"
@@ -269,15 +269,6 @@ def hf_state_dict(params, config, where="checkpoint"):
       raise ConversionError(f"{where}: parameter {s.path} has shape {tuple(flat[s.path].shape)} "
                             f"but its {ckpt_lib.CONFIG_NAME} gives {s.shape}.")
   return {s.hf: names.from_flax(s, np.asarray(flat[s.path]), "hf") for s in table}
-
-
-def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
-                 spm_model_file=None):
-  """Orbax params export, workdir or step directory (local or gs://) -> HF BertForPreTraining."""
-  check_new_output(output)
-  m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
-                                   spm_model_file=spm_model_file, do_lower_case=do_lower_case)
-  return export_model_to_hf(m, output, checkpoint)
 
 
 def check_new_output(output):

@@ -1,0 +1,22 @@
+"""Any bert_jax checkpoint (a params export, a workdir, a step directory; local or gs://) -> a
+Hugging Face BertForPreTraining folder.
+
+  from bert_jax.convert import hf_export
+  hf_export.export_to_hf("runs/base", "hf_export")
+
+It loads through bert_jax.inference (the checkpoint's own vocabulary and casing), which in turn
+converts Hugging Face folders through bert_jax.convert: so this lives beside the package, not in
+its __init__, and the two never import each other (tests/layers_test.py).
+"""
+
+from bert_jax import convert
+from bert_jax import inference
+
+
+def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,
+                 spm_model_file=None):
+  """Orbax params export, workdir or step directory (local or gs://) -> HF BertForPreTraining."""
+  convert.check_new_output(output)
+  m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
+                                   spm_model_file=spm_model_file, do_lower_case=do_lower_case)
+  return convert.export_model_to_hf(m, output, checkpoint)
