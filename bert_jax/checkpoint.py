@@ -28,6 +28,7 @@ so `--config.init_checkpoint` can point at a converted Google/HF checkpoint or a
 import dataclasses
 import errno
 import json
+import logging as logging_std
 import os
 import re
 import shutil
@@ -79,6 +80,7 @@ class Manager:
         async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest))
     self._manager = ocp.CheckpointManager(directory, options=options,
                                           item_names=("state", "meta"))
+    _QUIET.add()
 
   def __getattr__(self, name):
     return getattr(self._manager, name)
@@ -98,10 +100,10 @@ class Manager:
 
   def save(self, step, state, meta, *, force=False, label=None):
     meta = dict(meta, **{MANIFEST_KEY: "sha256"})
+    # The previous save first, under its own step: a failure there names that step (it used to
+    # name this one), and nothing new starts after it.
+    self.wait_until_finished()
     try:
-      # Orbax waits for the previous save inside `save`; waiting here first keeps that save's
-      # manifest callback reading its own step from `_saving`.
-      self._manager.wait_until_finished()
       self._saving = (step, step if label is None else label)
       saved = self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
@@ -110,6 +112,13 @@ class Manager:
     except (OSError, ValueError) as e:  # ValueError: tensorstore's I/O errors (re-raised if not)
       self._raise_write_error(step, e)
     return saved
+
+  def check_for_errors(self):
+    """Raises the save in flight's CheckpointError once it has failed; never blocks on a save
+    still writing. The loop calls it every step, so a failed asynchronous save stops training at
+    the next step, not at the next save (issue 23: two more steps trained, the wrong one named)."""
+    if self._saving and not self._manager.is_saving_in_progress():
+      self.wait_until_finished()   # finished: returns at once, or raises the failed save's error
 
   def wait_until_finished(self):
     step = self._saving[0] if self._saving else "?"
@@ -121,20 +130,67 @@ class Manager:
   def close(self):
     self.wait_until_finished()
     self._manager.close()
+    _QUIET.remove()
 
   def _raise_write_error(self, step, e):
     """A CheckpointError for a full disk / read-only / permission error; `e` itself otherwise."""
-    code = e.errno if isinstance(e, OSError) else None
-    if code is None:  # tensorstore: ValueError("... [os_error_code='28']")
-      m = re.search(r"os_error_code='?(\d+)", str(e))
-      code = int(m.group(1)) if m else None
+    code = write_errno(e)
     if code not in _WRITE_ERRNOS:
       raise e
-    kept = [s for s in self._manager.all_steps(read=True) if s != step]
+    kept = sorted(int(p.name) for p in self._manager.directory.iterdir()
+                  if p.name.isdigit() and int(p.name) != step)   # committed steps only
     raise CheckpointError(
-        f"checkpoint {step}: cannot write to {self._manager.directory} ({os.strerror(code)}); free "
-        f"space or fix permissions and restart: earlier checkpoints {kept or 'none'} are intact."
-    ) from e
+        f"checkpoint {step}: cannot write to {self._manager.directory} ({os.strerror(code)}); "
+        "training stopped; free space or fix permissions and re-run the same command: "
+        + (f"it resumes from checkpoint {kept[-1]} (checkpoints {kept} are intact)." if kept
+           else "no earlier checkpoint exists, so it starts over.")) from e
+
+
+def write_errno(e):
+  """The errno of an OSError or of tensorstore's ValueError("... [os_error_code='28']")."""
+  code = e.errno if isinstance(e, OSError) else None
+  if code is None:
+    m = re.search(r"os_error_code='?(\d+)", str(e))
+    code = int(m.group(1)) if m else None
+  return code
+
+
+class _QuietFailedWrites:
+  """While a Manager is open: Orbax's ERROR logs of a write that failed for want of space or
+  permission (4 tracebacks, ~300 lines, for one full disk) and asyncio's 'Event loop is closed'
+  that tensorstore's late callbacks raise after Orbax closed its loop (~100 unraisable
+  tracebacks) are dropped: `Manager._raise_write_error` reports that failure in one line, with
+  the original exception chained. Any other error or unraisable exception passes through."""
+
+  def __init__(self):
+    self._users, self._previous_hook = 0, None
+
+  def filter(self, record):
+    if record.levelno < logging_std.ERROR or "orbax" not in record.pathname:
+      return True
+    e = record.exc_info[1] if record.exc_info else None
+    code = write_errno(e) if e is not None else write_errno(ValueError(record.getMessage()))
+    return code not in _WRITE_ERRNOS
+
+  def _unraisable(self, u):
+    if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed":
+      return
+    self._previous_hook(u)
+
+  def add(self):
+    if self._users == 0:
+      logging_std.getLogger("absl").addFilter(self)
+      self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+    self._users += 1
+
+  def remove(self):
+    if self._users == 1:
+      logging_std.getLogger("absl").removeFilter(self)
+      sys.unraisablehook = self._previous_hook
+    self._users = max(0, self._users - 1)
+
+
+_QUIET = _QuietFailedWrites()
 
 
 def create_manager(workdir, *, max_to_keep=3, keep_period=None, async_save=True):

@@ -46,6 +46,7 @@ from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
+from bert_jax import workdir_lock
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 RESULTS = "eval_results.json"
@@ -275,13 +276,18 @@ class Run(NamedTuple):
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str):
-  """Trains, evaluates each epoch, keeps the best and writes predictions; returns a summary."""
-  if config.learning_rates:
-    return _sweep(config, workdir)
+  """Trains, evaluates each epoch, keeps the best and writes predictions; returns a summary.
 
+  One run per workdir: a second one is refused at once, naming the first (workdir_lock.py).
+  """
+  trainer_lib.check_workdir(workdir)
+  with workdir_lock.hold(workdir, "bert_jax.finetune"):
+    return _sweep(config, workdir) if config.learning_rates else _finetune(config, workdir)
+
+
+def _finetune(config, workdir):
   # --- Set-up and validation: every bad input fails here, before any compute. ---
   clock = metrics_writer.Clock()
-  trainer_lib.check_workdir(workdir)
   done = _finished_summary(workdir)
   if done is not None:  # a finished run is the product: never retrain over it
     return nothing_to_do(workdir, done)

@@ -37,6 +37,7 @@ from bert_jax import preflight
 from bert_jax import sharding as sharding_lib
 from bert_jax import tpu_specs
 from bert_jax import trainer_lib
+from bert_jax import workdir_lock
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 
@@ -312,7 +313,16 @@ def input_line(layout, num_files, real_per_slot):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
-  """Runs (or resumes) pre-training; returns the last logged and evaluated metrics."""
+  """Runs (or resumes) pre-training; returns the last logged and evaluated metrics.
+
+  One run per workdir: a second one is refused at once, naming the first (workdir_lock.py).
+  """
+  trainer_lib.check_workdir(workdir)
+  with workdir_lock.hold(workdir, "bert_jax.train"):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config, workdir):
   # --- Set-up and validation (no compute before this passes). ---
   clock = metrics_writer.Clock()  # the summary's wall time: set-up, compilation and all
   train_files, eval_files, vocab, model_config, vocab_hash = validate_inputs(config, workdir)
@@ -380,6 +390,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     if start_step == 0 and eval_files:
       last_eval = evaluate(0, state["params"])
     for step in range(start_step + 1, total_steps + 1):
+      manager.check_for_errors()   # a failed asynchronous save stops the run here, named
       profile(config, workdir, step, before=True)
       state, metrics = t.train_step(state, sharding_lib.make_global_batch(next(train_iter), mesh))
       if previous is not None:
