@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax_core import files as files_lib
 from bert_jax import metrics as metrics_lib
 from data_pipelines import tasks as tasks_lib
 from data_pipelines.tasks import glue, ner, squad, squad_predictions, swag
@@ -266,5 +267,4 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
 
 
 def dump_json(path, obj):
-  from data_pipelines.tasks import common
-  common.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+  files_lib.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

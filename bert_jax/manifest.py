@@ -16,13 +16,13 @@ bounded and several files hash at once.
 """
 
 import concurrent.futures
-import hashlib
 import json
 import os
 
 from etils import epath
 
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 
 NAME = "manifest.sha256.json"
 # Written by Orbax at the step root after our callback ran: not part of the manifest.
@@ -49,11 +49,7 @@ def list_files(root):
 
 
 def sha256_file(path):
-  h = hashlib.sha256()
-  with epath.Path(path).open("rb") as f:
-    while chunk := f.read(CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
+  return files_lib.sha256_file(path, CHUNK)
 
 
 def _hash_many(root, relpaths, threads=8):
@@ -67,9 +63,9 @@ def write_manifest(root):
   """Hashes every file of `root`; writes its manifest atomically. Returns (files, bytes) listed."""
   root = epath.Path(root)
   files = _hash_many(root, list_files(root))
-  tmp = root / (NAME + ".tmp")
-  tmp.write_text(json.dumps(dict(format=2, files=files), indent=1, sort_keys=True))
-  tmp.rename(root / NAME)
+  # Its temporary name starts with NAME, so list_files never lists it.
+  files_lib.write_atomic(root / NAME, json.dumps(dict(format=2, files=files), indent=1,
+                                                 sort_keys=True))
   return len(files), sum(f["size"] for f in files.values())
 
 

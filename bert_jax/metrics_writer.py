@@ -16,6 +16,8 @@ import json
 import os
 import time
 
+from bert_jax_core import files as files_lib
+
 SUMMARY_NAME = "summary.json"
 
 
@@ -130,11 +132,9 @@ def write_summary(workdir, summary, *, is_main=True):
   if not is_main:
     return summary
   print("\n".join(summary_lines(summary)), flush=True)
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  path = epath.Path(workdir) / SUMMARY_NAME
-  tmp = epath.Path(f"{path}.tmp")
-  tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
-  tmp.replace(path)  # a stopped run's summary is replaced when it finishes
+  # Atomically: a stopped run's summary is replaced when it finishes.
+  files_lib.write_atomic(f"{str(workdir).rstrip('/')}/{SUMMARY_NAME}",
+                         json.dumps(summary, indent=2, sort_keys=True))
   return summary
 
 

@@ -61,6 +61,7 @@ finally:
   _root_logger.handlers[:] = _root_handlers
 
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines import instances as instances_lib
 from data_pipelines import records as records_lib
@@ -195,10 +196,9 @@ def _write_shard(joined, cfg):
   records = list(groups["records"])
   name = records_lib.shard_name(shard, cfg.num_shards)
   path = os.path.join(cfg.output_dir, name)
-  with tf.io.TFRecordWriter(path + ".tmp") as writer:
+  with files_lib.atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
     for record in whole_corpus.sorted_records([(r[0], r[1]) for r in records]):
       writer.write(record)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
   return name, len(records), sum(r[2] for r in records), sum(r[3] for r in records)
 
 

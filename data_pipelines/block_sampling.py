@@ -14,6 +14,7 @@ import random
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines import instances as instances_lib
 from data_pipelines import records
 from data_pipelines import text_sources
@@ -124,8 +125,8 @@ def plan_shards(counts, num_shards):
 
 
 def merge_shard(path, byte_ranges):
-  """Concatenates [(part file, start byte, end byte)] into path.tmp, then renames to path."""
-  with records.open_file(path + ".tmp", "wb") as out:
+  """Concatenates [(part file, start byte, end byte)] into path (atomically: files_lib.atomic_path)."""
+  with files_lib.atomic_path(path) as tmp, records.open_file(tmp, "wb") as out:
     for part, start, end in byte_ranges:
       with records.open_file(part, "rb") as f:
         f.seek(start)
@@ -133,10 +134,9 @@ def merge_shard(path, byte_ranges):
           chunk = f.read(min(_COPY_CHUNK, end - start))
           if not chunk:
             raise records.PretrainingDataError(f"{part}: ended at byte {start}, expected {end}; "
-                                           "was it removed while running?")
+                                               "was it removed while running?")
           out.write(chunk)
           start += len(chunk)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 
 def _byte_ranges(plan, part_dir):

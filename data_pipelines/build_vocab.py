@@ -46,6 +46,7 @@ import time
 from absl import flags
 
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from data_pipelines import pretokenize
 from data_pipelines import tokenization
 from data_pipelines import vocab as vocab_lib
@@ -276,17 +277,6 @@ def train_sentencepiece(lines, vocab_size, lower_case, options=SentencePieceOpti
   return model.getvalue()
 
 
-def write_atomic(path, data):
-  """Writes to PATH.tmp then renames, so a crash never leaves a file that looks complete."""
-  parent = os.path.dirname(path)
-  if parent:
-    tf.io.gfile.makedirs(parent)
-  tmp = path + ".tmp"
-  with tf.io.gfile.GFile(tmp, "wb") as f:
-    f.write(data)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
 def check_writable(output):
   """Fails before learning anything (minutes on a large corpus) if `output` cannot be written.
 
@@ -427,7 +417,7 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   }
   if model_type != "wordpiece":
     meta["sentencepiece"] = dataclasses.asdict(options)
-  write_atomic(output, data)
+  files_lib.write_atomic(output, data)
   vocab_lib.write_settings(output, meta)
   return size, len(paths), meta
 

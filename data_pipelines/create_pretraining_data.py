@@ -51,7 +51,7 @@ from absl import flags
 import tqdm
 
 from bert_jax_core import errors
-from bert_jax_core import files
+from bert_jax_core import files as files_lib
 from bert_jax_core.tf_setup import tf
 from data_pipelines import block_sampling
 from data_pipelines import dataset_info as dataset_info_lib
@@ -161,10 +161,10 @@ def output_guard(cfg):
     yield part_dir, names
   except BaseException:
     tf.io.gfile.rmtree(part_dir)
-    for n in names:
-      for path in (os.path.join(cfg.output_dir, n), os.path.join(cfg.output_dir, n + ".tmp")):
-        if tf.io.gfile.exists(path):
-          tf.io.gfile.remove(path)
+    for n in names:  # the shard, and any temporary of it a killed worker left (files_lib.atomic_path)
+      path = os.path.join(cfg.output_dir, n)
+      for p in [path] * tf.io.gfile.exists(path) + tf.io.gfile.glob(path + ".tmp-*"):
+        tf.io.gfile.remove(p)
     if created_output_dir and not tf.io.gfile.listdir(cfg.output_dir):
       tf.io.gfile.rmtree(cfg.output_dir)
     raise
@@ -179,7 +179,7 @@ def vocab_metadata(cfg, vocab):
   settings = vocab_lib.resolve_settings(cfg.vocab_file or None, cfg.spm_model_file or None,
                                         cfg.do_lower_case)
   return {"vocab_file": path, "vocab_kind": vocab.kind, "vocab_size": vocab.size,
-          "vocab_sha256": files.sha256_file(path), "do_lower_case": settings["do_lower_case"],
+          "vocab_sha256": files_lib.sha256_file(path), "do_lower_case": settings["do_lower_case"],
           "casing_source": settings["casing_source"], "pretokenizer": settings["pretokenizer"],
           "word_boundaries": cfg.word_boundaries,
           "sentence_splitter": cfg.sentence_splitter if cfg.input_format != "text" else None}

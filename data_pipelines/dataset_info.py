@@ -23,7 +23,6 @@ Records without it (google-research/bert's own) are still read: their first reco
 for the lengths by the input pipeline, and they are counted by reading them, with a note saying so.
 """
 
-import hashlib
 import json
 import os
 import shlex
@@ -31,6 +30,7 @@ import sys
 import time
 
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 
 INFO_FILE = "dataset_info.json"
 CONTRACT_VERSION = 1
@@ -45,17 +45,9 @@ def _gfile():
   return tf.io.gfile
 
 
-def sha256_file(path):
-  h = hashlib.sha256()
-  with _gfile().GFile(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      h.update(chunk)
-  return h.hexdigest()
+sha256_file = files_lib.sha256_file  # the one file hash (bert_jax_core.files)
 
 
-# ----------------------------------------------------------------------------------------------
-# Writing.
-# ----------------------------------------------------------------------------------------------
 def write(output_dir, info, command=None):
   """Writes `info` + the contract fields to output_dir/dataset_info.json atomically.
 
@@ -80,10 +72,7 @@ def write(output_dir, info, command=None):
   info["contract_version"] = CONTRACT_VERSION
   info["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
   path = os.path.join(output_dir, INFO_FILE)
-  with gfile.GFile(path + ".tmp", "w") as f:
-    f.write(json.dumps(info, indent=1) + "\n")
-  gfile.rename(path + ".tmp", path, overwrite=True)
-  return path
+  return files_lib.write_atomic(path, json.dumps(info, indent=1) + "\n")
 
 
 def _module_name():

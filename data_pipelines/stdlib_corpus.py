@@ -9,6 +9,7 @@ concurrent.futures' docstrings), so figures made from it vary slightly between s
   python -m data_pipelines.stdlib_corpus --output_dir=data/corpus --num_files=4
 """
 
+import contextlib
 import inspect
 import os
 import pkgutil
@@ -19,6 +20,7 @@ import warnings
 from absl import flags
 
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 
 # Modules whose import has side effects (opening windows, printing, starting things).
 _SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3",
@@ -102,16 +104,13 @@ def write_corpus(output_dir, num_files=4, max_modules=None):
   os.makedirs(output_dir, exist_ok=True)
   paths = [os.path.join(output_dir, f"stdlib-{i:02d}-of-{num_files:02d}.txt")
            for i in range(num_files)]
-  files = [open(p + ".tmp", "w", encoding="utf-8") for p in paths]
-  try:
+  # Every file under a temporary name until all are complete (files_lib.atomic_path): a crash
+  # never leaves a file that looks complete.
+  with contextlib.ExitStack() as stack:
+    tmps = [stack.enter_context(files_lib.atomic_path(p)) for p in paths]
+    outs = [stack.enter_context(open(t, "w", encoding="utf-8")) for t in tmps]
     for i, doc in enumerate(iter_documents(max_modules)):
-      f = files[i % num_files]
-      f.write("\n".join(doc) + "\n\n")
-  finally:
-    for f in files:
-      f.close()
-  for p in paths:
-    os.replace(p + ".tmp", p)  # a crash never leaves a file that looks complete
+      outs[i % num_files].write("\n".join(doc) + "\n\n")
   return paths
 
 

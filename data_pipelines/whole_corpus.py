@@ -26,6 +26,7 @@ import random
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines import filters as filters_lib
 from data_pipelines import instances as instances_lib
 from data_pipelines import records
@@ -211,9 +212,8 @@ def _write_sorted_shard(part, keys, sizes, path):
     data = f.read()
   offsets = np.concatenate([[0], np.cumsum(np.frombuffer(sizes, np.int64))]).tolist()
   framed = [data[offsets[i]:offsets[i + 1]] for i in range(len(keys))]
-  with records.open_file(path + ".tmp", "wb") as out:
+  with files_lib.atomic_path(path) as tmp, records.open_file(tmp, "wb") as out:
     # framed = u64 length, u32 crc, record, u32 crc: ties (never seen) sort by the record.
     for _, chunk in sorted(zip(keys, framed), key=lambda kf: (kf[0], kf[1][12:-4])):
       out.write(chunk)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
   tf.io.gfile.remove(part)

@@ -193,18 +193,3 @@ def pack(ids_a, ids_b, vocab, max_seq_length):
   segments = np.zeros(max_seq_length, np.int32)
   segments[:len(segment_ids)] = segment_ids
   return input_ids, input_mask, segments
-
-
-def write_atomic(path, text):
-  """Writes text to path via a temporary name, so a crash never leaves a complete-looking file."""
-  tmp = f"{path}.tmp-{os.getpid()}"  # its own name: two writers never share a temporary file
-  if "://" in path:
-    from bert_jax_core.tf_setup import tf
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines.tasks import common
 from data_pipelines.tasks.common import TaskDataError
 
@@ -307,5 +308,5 @@ def write_predictions(task, split, examples, predictions, output_dir):
   """Writes the submission file of one test split; returns its path."""
   name = task.submission_files.get(split) or f"{task.name}_{split}_predictions.tsv"
   path = os.path.join(output_dir, name)
-  common.write_atomic(path, format_predictions(task, examples, predictions))
+  files_lib.write_atomic(path, format_predictions(task, examples, predictions))
   return path

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines.tasks import common
 from data_pipelines.tasks.common import TaskDataError
 
@@ -201,5 +202,5 @@ def write_predictions(path, sentences, predicted_tags):
     for i, (w, t) in enumerate(zip(s.words, tags)):
       lines.append(f"{w} {s.tags[i]} {t}" if s.tags is not None else f"{w} {t}")
     lines.append("")
-  common.write_atomic(path, "\n".join(lines) + "\n")
+  files_lib.write_atomic(path, "\n".join(lines) + "\n")
   return path

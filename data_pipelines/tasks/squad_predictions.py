@@ -24,6 +24,7 @@ import unicodedata
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines import bert_chars
 from data_pipelines.tasks import common
 
@@ -276,6 +277,6 @@ def write_predictions(output_dir, predictions, nbest, null_odds=None, prefix="")
     files.append(("null_odds", null_odds))
   for name, obj in files:
     path = os.path.join(output_dir, f"{prefix}{name}.json")
-    common.write_atomic(path, json.dumps(obj, indent=4, ensure_ascii=False) + "\n")
+    files_lib.write_atomic(path, json.dumps(obj, indent=4, ensure_ascii=False) + "\n")
     paths[name] = path
   return paths

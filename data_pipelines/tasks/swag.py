@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from bert_jax_core import files as files_lib
 from data_pipelines.tasks import common
 from data_pipelines.tasks.common import TaskDataError
 
@@ -104,5 +105,5 @@ def write_predictions(task, split, examples, predictions, output_dir):
   if len(predictions) != len(examples):
     raise ValueError(f"{task.name}: {len(predictions)} predictions for {len(examples)} examples.")
   path = os.path.join(output_dir, f"{task.name}_{split}_predictions.csv")
-  common.write_atomic(path, "pred\n" + "".join(f"{int(p)}\n" for p in predictions))
+  files_lib.write_atomic(path, "pred\n" + "".join(f"{int(p)}\n" for p in predictions))
   return path
