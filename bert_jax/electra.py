@@ -135,34 +135,54 @@ def corrupt(input_ids, masked_lm_positions, masked_lm_ids, masked_lm_weights, sa
 class ElectraForPreTraining(nn.Module):
   """Generator + discriminator (module docstring). Returns {"mlm": generator logits [B, P, V]
   float32, "rtd": {"logits": [B, T] float32, "labels": [B, T] int32, "input_ids": the
-  discriminator's (corrupted) input [B, T]}}: the parts objectives.pretraining_loss reads."""
+  discriminator's (corrupted) input [B, T]}}: the parts objectives.pretraining_loss reads.
+
+  `generator_logits` and `discriminator_logits` run one network on given ids (conversion parity,
+  inference); __call__ is the pre-training step's forward.
+  """
   config: model_lib.BertConfig
 
-  @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids,
-               masked_lm_weights, *, instance_ids=None, position_ids=None, deterministic=True):
+  def setup(self):
     c = self.config
     check_electra(c)
     gc = generator_config(c)
+    self.bert = ElectraBody(c)                       # the discriminator + shared embeddings
+    self.rtd_head = ReplacedTokenDetectionHead(c)
+    self.generator = Generator(gc)
+    self.mlm_head = model_lib.MaskedLMHead(gc)
+
+  def generator_logits(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
+                       instance_ids=None, position_ids=None, deterministic=True):
+    """MLM logits [B, P, V] float32 of the generator at masked_lm_positions."""
     packed = instance_ids is not None
-    attention_ids = instance_ids if packed else input_mask   # 0 = padding (model.BertModel)
-    body = ElectraBody(c, name="bert")
+    x = self.bert.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, T, E]
+    x = self.generator(x, instance_ids if packed else input_mask, deterministic,
+                       packed)                                              # [B, T, Hg]
+    x = model_lib.gather_positions(x, masked_lm_positions)                  # [B, P, Hg]
+    return self.mlm_head(x, self.bert.word_table())                         # [B, P, V]
 
+  def discriminator_logits(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
+                           position_ids=None, deterministic=True):
+    """Replaced-token logits [B, T] float32 of the discriminator (> 0: "replaced")."""
+    packed = instance_ids is not None
+    h = self.bert(input_ids, instance_ids if packed else input_mask, segment_ids, deterministic,
+                  position_ids, packed)                                     # [B, T, H]
+    return self.rtd_head(h)                                                 # [B, T]
+
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids,
+               masked_lm_weights, *, instance_ids=None, position_ids=None, deterministic=True):
+    rows = dict(instance_ids=instance_ids, position_ids=position_ids,
+                deterministic=deterministic)
     # 1. Generator: MLM at the masked positions of the masked input.
-    x = body.embed(input_ids, segment_ids, deterministic, position_ids)      # [B, T, E]
-    x = Generator(gc, name="generator")(x, attention_ids, deterministic, packed)  # [B, T, Hg]
-    x = model_lib.gather_positions(x, masked_lm_positions)                # [B, P, Hg]
-    mlm = model_lib.MaskedLMHead(gc, name="mlm_head")(x, body.word_table())  # [B, P, V]
-
+    mlm = self.generator_logits(input_ids, input_mask, segment_ids, masked_lm_positions,
+                                **rows)                                     # [B, P, V]
     # 2. Replacements sampled from the generator (temperature 1, no gradient).
     key = self.make_rng("dropout") if self.has_rng("dropout") else jax.random.PRNGKey(0)
-    sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm))     # [B, P]
+    sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm))       # [B, P]
     _, replaced, labels = corrupt(input_ids, masked_lm_positions, masked_lm_ids,
                                   masked_lm_weights, sampled, input_mask)
-
     # 3. Discriminator on the corrupted input: a logit per position.
-    h = body(replaced, attention_ids, segment_ids, deterministic, position_ids, packed)
-    logits = ReplacedTokenDetectionHead(c, name="rtd_head")(h)           # [B, T]
+    logits = self.discriminator_logits(replaced, input_mask, segment_ids, **rows)  # [B, T]
     return {"mlm": mlm, "rtd": {"logits": logits, "labels": labels, "input_ids": replaced}}
 
 

@@ -1,0 +1,112 @@
+"""ELECTRA <-> transformers (bert_jax/convert/electra.py): outputs equal within 1e-4 both ways,
+on randomly initialised tiny models saved with save_pretrained (torch CPU reference)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import electra
+from bert_jax import model as model_lib
+from bert_jax.convert import electra as convert_electra
+from bert_jax.convert.formats import ConversionError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TINY = model_lib.get_bert_config("electra-tiny", vocab_size=99, max_position_embeddings=32)
+
+
+def _hf_config(c):
+  return transformers.ElectraConfig(
+      vocab_size=c.vocab_size, embedding_size=c.embed_dim, hidden_size=c.hidden_size,
+      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+      intermediate_size=c.intermediate_size, max_position_embeddings=c.max_position_embeddings)
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 99, (2, 12)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 8:] = 0
+  segments = (np.arange(12)[None] >= 5).astype(np.int32) * mask
+  return ids * mask, mask, segments
+
+
+def _ours(params, config):
+  """(discriminator logits [B, T], generator logits at every position [B, T, V]) of our model."""
+  ids, mask, segments = _inputs()
+  model = electra.ElectraForPreTraining(config)
+  v = {"params": params}
+  disc = model.apply(v, ids, mask, segments, method=model.discriminator_logits)
+  every = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  gen = model.apply(v, ids, mask, segments, every, method=model.generator_logits)
+  return np.asarray(disc), np.asarray(gen)
+
+
+def _theirs(disc_dir, gen_dir):
+  ids, mask, segments = (torch.tensor(x, dtype=torch.long) for x in _inputs())
+  with torch.no_grad():
+    disc = transformers.ElectraForPreTraining.from_pretrained(disc_dir).eval()
+    gen = transformers.ElectraForMaskedLM.from_pretrained(gen_dir).eval()
+    kw = dict(input_ids=ids, attention_mask=mask, token_type_ids=segments)
+    return disc(**kw).logits.numpy(), gen(**kw).logits.numpy()
+
+
+def _close(ours, theirs, mask):
+  real = mask.astype(bool)   # padding positions' outputs are not compared (masked keys differ)
+  for a, b in zip(ours, theirs):
+    np.testing.assert_allclose(a[real], b[real], atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+  """A random transformers discriminator + generator sharing embeddings, as a trained pair."""
+  root = tmp_path_factory.mktemp("hf_electra")
+  torch.manual_seed(0)
+  disc = transformers.ElectraForPreTraining(_hf_config(TINY))
+  gen = transformers.ElectraForMaskedLM(_hf_config(electra.generator_config(TINY)))
+  gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())
+  gen.tie_weights()
+  disc.save_pretrained(root / "disc")
+  gen.save_pretrained(root / "gen")
+  return str(root / "disc"), str(root / "gen")
+
+
+def test_import_from_transformers_matches_within_1e4(hf_pair):
+  params, config, meta = convert_electra.import_hf(*hf_pair)
+  assert config == TINY
+  assert meta["initialized_randomly"] == []
+  _close(_ours(params, config), _theirs(*hf_pair), _inputs()[1])
+
+
+def test_export_to_transformers_matches_within_1e4_and_imports_back(tmp_path):
+  params = nn.meta.unbox(electra.init_params(TINY, jax.random.PRNGKey(7)))
+  # A non-zero bias everywhere, so a bias mapped to the wrong place shows.
+  params = jax.tree.map(lambda x: x + 0.01 * jnp.sin(jnp.arange(x.size).reshape(x.shape)),
+                        params)
+  out = convert_electra.export_to_hf(params, TINY, str(tmp_path / "hf"))
+  disc_dir, gen_dir = os.path.join(out, "discriminator"), os.path.join(out, "generator")
+  assert json.load(open(os.path.join(gen_dir, "config.json")))["hidden_size"] == 32
+  ours = _ours(params, TINY)
+  _close(ours, _theirs(disc_dir, gen_dir), _inputs()[1])
+  back, config, _ = convert_electra.import_hf(disc_dir, gen_dir)
+  assert config == TINY
+  jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+
+
+def test_a_generator_of_another_discriminator_is_refused(hf_pair, tmp_path):
+  torch.manual_seed(1)
+  other = transformers.ElectraForMaskedLM(_hf_config(electra.generator_config(TINY)))
+  other.save_pretrained(tmp_path / "other")
+  with pytest.raises(ConversionError, match="shares its embeddings"):
+    convert_electra.import_hf(hf_pair[0], str(tmp_path / "other"))
+  with pytest.raises(ConversionError, match="model_type='bert'"):
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+        intermediate_size=37)).save_pretrained(tmp_path / "bert")
+    convert_electra.import_hf(hf_pair[0], str(tmp_path / "bert"))
