@@ -154,8 +154,12 @@ def count_params(preset, vocab_size):
   return dict(params=m.count_params(enc), params_with_heads=m.count_params(full))
 
 
-def finetune(out, preset, workdir, vocab, task, seed):
-  ft = os.path.join(out, f"ft_{preset}_seed{seed}")
+def finetune(out, preset, workdir, vocab, task, seed, learning_rate=None, epochs=None):
+  """Dev accuracy of one fine-tuning run: the size-scaled default lr and epochs, or those given."""
+  tag = (f"_lr{learning_rate:g}" if learning_rate else "") + (f"_ep{epochs:g}" if epochs else "")
+  ft = os.path.join(out, f"ft_{preset}{tag}_seed{seed}")
+  chosen = ([f"--config.learning_rate={learning_rate}"] if learning_rate else []) + (
+      [f"--config.num_train_epochs={epochs}"] if epochs else [])
   results = os.path.join(ft, "eval_results.json")
   if not (os.path.exists(results) and json.load(open(results)).get("finished")):
     from benchmarks import docstring_task  # pylint: disable=g-import-not-at-top
@@ -166,7 +170,7 @@ def finetune(out, preset, workdir, vocab, task, seed):
         f"--config.custom.labels={','.join(docstring_task.PACKAGES)}",
         "--config.custom.train_file=train.csv", "--config.custom.dev_file=dev.csv",
         "--config.max_seq_length=64", f"--config.seed={seed}", "--config.do_predict=false",
-        f"--workdir={ft}"], log=os.path.join(out, f"ft_{preset}_seed{seed}.log"))
+        *chosen, f"--workdir={ft}"], log=os.path.join(out, f"ft_{preset}{tag}_seed{seed}.log"))
   r = json.load(open(results))
   last = r["history"][-1]
   acc = next(k for k in last if k.endswith("accuracy"))  # e.g. "dev/accuracy"
@@ -182,6 +186,10 @@ def main():
   p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--dupe_factor", type=int, default=3)
   p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--ft_learning_rate", type=float, default=None,
+                 help="fine-tuning rate (default: finetune's size-scaled rule)")
+  p.add_argument("--ft_epochs", type=float, default=None,
+                 help="fine-tuning epochs (default: finetune's size-scaled rule)")
   p.add_argument("--timing_steps", type=int, default=40,
                  help="steps of the back-to-back timing runs (0: none)")
   p.add_argument("--presets", default=",".join(PRESETS))
@@ -192,8 +200,8 @@ def main():
   rows = {}
   for preset in args.presets.split(","):
     r = pretrain(out, preset, vocab, args.steps, args.batch_size)
-    r["dev"] = [finetune(out, preset, r["workdir"], vocab, task, int(s))
-                for s in args.seeds.split(",")]
+    r["dev"] = [finetune(out, preset, r["workdir"], vocab, task, int(s), args.ft_learning_rate,
+                         args.ft_epochs) for s in args.seeds.split(",")]
     rows[preset] = r
     print(f"{preset}: {json.dumps(r)}", flush=True)
   if args.timing_steps:
@@ -206,7 +214,8 @@ def main():
 
 def table(rows, args):
   lines = [f"{args.steps} pre-training steps of {args.batch_size} x 128 each; fine-tuning seeds "
-           f"{args.seeds}", "",
+           f"{args.seeds}, learning rate {args.ft_learning_rate or 'default'}, epochs "
+           f"{args.ft_epochs or 'default'}", "",
            "| model | encoder params | with heads | held-out MLM acc | held-out MLM loss | "
            "sentence / SBO acc (held out) | GFLOP/step | s/step (in the run; back to back) | dev acc, last epoch (mean ± sd) | per seed | "
            "best epoch's (mean) |",

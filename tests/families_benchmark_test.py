@@ -30,7 +30,8 @@ def test_table_reports_each_seed_and_the_mean():
       final_eval={"eval/mlm_accuracy": 0.07, "eval/mlm_loss": 6.1, "eval/sop_accuracy": 0.8},
       sec_per_step=0.35, sec_per_step_timing_round=0.4, gflop_per_step=44.1, params=1_594_624,
       params_with_heads=1_633_290, dev=dev)}
-  table = fsbs.table(rows, argparse.Namespace(steps=400, batch_size=16, seeds="0,1"))
+  table = fsbs.table(rows, argparse.Namespace(steps=400, batch_size=16, seeds="0,1",
+                                             ft_learning_rate=None, ft_epochs=None))
   line = table.splitlines()[-1]
   assert line.startswith("| albert-mini | 1.59M | 1.63M | 0.0700 | 6.100 | SOP 0.800 | 44 |")
   assert f"0.600 ± {statistics.stdev([0.5, 0.7]):.3f} | 0.500 0.700 | 0.650 |" in line
