@@ -3,12 +3,12 @@ r"""BERT pre-training: one loop, read top to bottom.
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:base --workdir=DIR \
       --config.train_input_files='data/train-*' --config.vocab_file=vocab.txt
 
-Sections: set-up and validation -> mesh -> model + optimizer + compiled steps -> state (resume,
-init_checkpoint or fresh) -> input -> loop (metrics, eval, checkpoints, SIGTERM). A step is an
-optimizer step everywhere (with grad_accum_steps=k it scans k micro-batches inside the jitted
-step). Restarting with the same --workdir resumes from the latest committed checkpoint and
-continues the same data stream. The shared plumbing (steps, pre-trained loading, checks, timing)
-is in trainer_lib.py.
+Sections: set-up and validation -> mesh -> input (its first batch checked before any model
+exists) -> model + optimizer + compiled steps -> state (resume, init_checkpoint or fresh) -> loop
+(metrics, eval, checkpoints, SIGTERM). A step is an optimizer step everywhere (with
+grad_accum_steps=k it scans k micro-batches inside the jitted step). Restarting with the same
+--workdir resumes from the latest committed checkpoint and continues the same data stream. The
+shared plumbing (steps, pre-trained loading, checks, timing, log averaging) is in trainer_lib.py.
 """
 
 import json
@@ -166,7 +166,11 @@ def expand_files(pattern, field):
                       "`python -m data_pipelines.create_pretraining_data`, e.g. "
                       f"--config.{field}='data/records/train-*'.")
   from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
-  return pretrain_input.expand_file_pattern(pattern, what=f"config.{field}")
+  files = pretrain_input.expand_file_pattern(pattern, what=f"config.{field}")
+  kept, empty = pretrain_input.drop_empty_files(files)   # else a shard of them hangs the stream
+  if empty and jax.process_index() == 0:
+    print(pretrain_input.empty_files_note(empty, len(files), f"config.{field}"), flush=True)
+  return kept
 
 
 def load_vocab(config):
@@ -345,10 +349,17 @@ def _train_and_evaluate(config, workdir):
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
   # checked before the model exists (bad records: one line in seconds, not after compiling). ---
   def batches(files, seed, start, train=True):
-    return input_source.make_batches(
+    it = input_source.make_batches(
         config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
         process_index=jax.process_index(), process_count=jax.process_count(), train=train,
         layout=layout if train else None)
+    if files == "synthetic":
+      return it
+    from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+    # No batch for input_stall_minutes: an error naming the files, never a silent hang.
+    return pretrain_input.stall_watchdog(
+        it, files, config.get("input_stall_minutes", 10),
+        what="train_input_files" if train else "eval_input_files")
   train_iter, real_per_slot = input_source.peek(batches(train_files, config.seed, latest or 0))
   train_iter = preflight.first_batch(train_iter, "train_input_files", config, vocab, local_batch)
   if is_main and layout:
@@ -383,9 +394,8 @@ def _train_and_evaluate(config, workdir):
   flops_per_step = step_flops(config, model_config, layout)
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
-  # NaN/Inf steps are skipped inside the step (guard.py); counted here one step late, so that
-  # reading the flag never stalls the step in flight. Step s reads batch s - 1 of the stream.
-  skips, previous = guard.SkipTracker(config.get("max_consecutive_skips", 10)), None
+  # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
+  skips = guard.SkipTracker(config.get("max_consecutive_skips", 10))
   with trainer_lib.mesh_rules(mesh), distributed.preemption_check() as preempted:
     if start_step == 0 and eval_files:
       last_eval = evaluate(0, state["params"])
@@ -393,17 +403,13 @@ def _train_and_evaluate(config, workdir):
       manager.check_for_errors()   # a failed asynchronous save stops the run here, named
       profile(config, workdir, step, before=True)
       state, metrics = t.train_step(state, sharding_lib.make_global_batch(next(train_iter), mesh))
-      if previous is not None:
-        skips.update(step - 1, step - 2, previous)
-      previous = metrics["skipped"]
+      skips.step_done(step, metrics["skipped"])
       timer.step_done(metrics)
       pending.append(metrics)
       profile(config, workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
-        skips.update(step, step - 1, previous)   # every logged step is counted
-        previous = None
         avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
-        avg["skipped_steps"] = skips.total
+        avg["skipped_steps"] = skips.flush()
         writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
         history["train"].append((step, avg))
         if is_main:
@@ -489,7 +495,9 @@ def resume_point(config, workdir, train_files):
 
 
 def evaluate_params(eval_step, params, num_steps, mesh, batches):
-  """Mean eval metrics over `num_steps` global batches (fewer if the eval records run out)."""
+  """Mean eval metrics over the first `num_steps` global batches of the eval stream. The stream
+  repeats (input_source.make_batches), so a small eval set is cycled and every evaluation reads
+  the same batches, in the same order."""
   sums, n = {}, 0
   for _, batch in zip(range(num_steps), batches):
     m = jax.device_get(eval_step(params, sharding_lib.make_global_batch(batch, mesh)))
@@ -502,8 +510,7 @@ def evaluate_params(eval_step, params, num_steps, mesh, batches):
 def summarize(host_metrics, steps_per_sec, config, flops_per_step):
   """Mean of the applied steps' metrics since the last log (skipped NaN/Inf steps left out),
   plus throughput when it was timed."""
-  applied = [m for m in host_metrics if not m["skipped"]] or host_metrics
-  avg = {k: float(np.mean([m[k] for m in applied])) for k in host_metrics[0] if k != "skipped"}
+  avg = trainer_lib.mean_of_applied(host_metrics)
   if steps_per_sec:
     seqs = steps_per_sec * config.batch_size
     avg.update(steps_per_sec=steps_per_sec, sequences_per_sec=seqs,

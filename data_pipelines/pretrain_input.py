@@ -36,8 +36,11 @@ n * B/L from the chunks' row counts, which depend only on the instance lengths: 
 shard's records consumed so far, parsing input_mask only.
 """
 
+import concurrent.futures
 import dataclasses
 import math
+import queue
+import threading
 import weakref
 from typing import Iterator
 
@@ -80,6 +83,70 @@ def expand_file_pattern(file_pattern, what="file_pattern"):
         "`python -m data_pipelines.create_pretraining_data` or fix the pattern (a glob such as "
         "'data/train-*.tfrecord', a comma-separated list, or a list of globs).")
   return files
+
+
+def drop_empty_files(files):
+  """(files that hold records, empty files). An empty TFRecord file is 0 bytes: create_pretraining
+  _data writes one for a shard that got no document (a 4-line corpus: 4 of 16 shards). A logical
+  shard of only empty files made the repeated stream spin forever without a batch (issue 23,
+  fault 1: a hang after the "device order" line); without them every shard has records."""
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:   # gs://: one request per file
+    sizes = list(pool.map(lambda f: tf.io.gfile.stat(f).length, files))
+  kept = [f for f, n in zip(files, sizes) if n > 0]
+  if not kept:
+    raise InputPipelineError(f"{files[0]} and the other {len(files) - 1} file(s) hold no records "
+                             "(0 bytes); regenerate the data or fix the pattern.")
+  return kept, [f for f, n in zip(files, sizes) if n == 0]
+
+
+def empty_files_note(empty, total, what):
+  return (f"note: {what}: skipping {len(empty)} empty file(s) of {total} (0 bytes, no records: "
+          f"create_pretraining_data had nothing for those shards), e.g. {empty[0]}")
+
+
+class InputStallError(InputPipelineError):
+  pass
+
+
+def stall_watchdog(batches, files, minutes, what="input"):
+  """`batches`' items, read one ahead in a thread; none for `minutes` -> InputStallError naming
+  the files. tf.data cannot be interrupted, so a stream that stops producing (a shard without
+  records, a stuck filesystem) would otherwise hang the run without a word."""
+  q, stop = queue.Queue(maxsize=1), threading.Event()
+
+  def produce():
+    try:
+      for item in batches:
+        while not stop.is_set():
+          try:
+            q.put((True, item), timeout=1.0)
+            break
+          except queue.Full:
+            continue
+        if stop.is_set():
+          return
+      q.put((False, None))
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
+      q.put((None, e))
+
+  threading.Thread(target=produce, name="input-stall-watchdog", daemon=True).start()
+  try:
+    while True:
+      try:
+        ok, item = q.get(timeout=minutes * 60)
+      except queue.Empty:
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise InputStallError(
+            f"{what}: no batch for {minutes:g} minutes from {shown}; the records stopped "
+            "producing batches (files without records, or storage that stopped answering): check "
+            f"the files, or raise --config.input_stall_minutes if reading is that slow.") from None
+      if ok is None:
+        raise item
+      if not ok:
+        return
+      yield item
+  finally:
+    stop.set()
 
 
 def _fix_length(name):
@@ -295,7 +362,9 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     process_index, process_count: this host and the number of hosts (jax.process_index/count).
     num_logical_shards: L, fixed for a run (0 = gcd(files, global batch)); the global batch is the
       same for every host count dividing L.
-    shuffle, repeat: False/False for a single ordered pass (evaluation).
+    shuffle, repeat: shuffle=False reads in a fixed order (evaluation); repeat=False stops after
+      one pass. The trainers repeat both streams: evaluation reads the first eval_steps batches
+      of an ordered, repeating stream (a small eval set is cycled).
     start_batch: resume after this many batches of the same stream.
     shuffle_buffer: records in the shuffle buffer of each logical shard (~1 KB each at seq 128).
     num_parallel_calls: parallelism of file reads and of parse+mask(+pack).
@@ -328,7 +397,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     raise InputPipelineError(f"process_index={process_index}, process_count={process_count}: "
                              "expected 0 <= process_index < process_count (jax.process_index()).")
   # expanded=True: file_pattern is expand_file_pattern's list already (the trainer globs once).
-  all_files = list(file_pattern) if expanded else expand_file_pattern(file_pattern)
+  all_files = list(file_pattern) if expanded else drop_empty_files(
+      expand_file_pattern(file_pattern))[0]
   global_batch = batch_size * process_count
   num_shards = num_logical_shards_for(len(all_files), global_batch, num_logical_shards)
   check_layout(num_shards, num_files=len(all_files), global_batch=global_batch,

@@ -315,3 +315,39 @@ def test_bad_crc_in_a_shard_is_named_before_the_model(tmp_path, no_model):
     f.write(bytes([b[0] ^ 0xFF]))
   with pytest.raises(errors.UserError, match="00001-of-00002.tfrecord"):
     no_model.train_and_evaluate(_real(tmp_path, files, vocab), str(tmp_path / "wd"))
+
+
+def test_empty_shards_are_skipped_with_a_note_not_a_hang(tmp_path, no_model, capsys):
+  """create_pretraining_data writes 0-byte shards when it has too little text (a 4-line corpus:
+  4 of 16); a logical shard of only those made the stream spin forever (issue 23, fault 1)."""
+  vocab = _vocab(tmp_path)
+  files = _records(tmp_path / "rec", shards=2)                  # 2 shards with records ...
+  for s in (2, 3):                                              # ... and 2 empty ones
+    (tmp_path / "rec" / f"part-{s:05d}-of-00004.tfrecord").write_bytes(b"")
+  c = _real(tmp_path, files, vocab, input_stall_minutes=1.0)   # 4 files, 4 logical shards
+  with pytest.raises(AssertionError, match="the model was built"):  # a first batch was read
+    no_model.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert "skipping 2 empty file(s) of 4" in capsys.readouterr().out
+
+
+def test_a_stalled_input_is_an_error_naming_the_files():
+  from data_pipelines import pretrain_input
+
+  def stalls():
+    yield 1
+    import time
+    time.sleep(30)                                              # a stream that stopped
+    yield 2
+  it = pretrain_input.stall_watchdog(stalls(), ["a.tfrecord", "b.tfrecord"], minutes=0.01)
+  assert next(it) == 1
+  with pytest.raises(pretrain_input.InputStallError,
+                     match=r"no batch for 0.01 minutes from a.tfrecord, b.tfrecord"):
+    next(it)
+
+  def fails():
+    yield 1
+    raise pretrain_input.InputPipelineError("bad record")     # errors pass through unchanged
+  it = pretrain_input.stall_watchdog(fails(), ["a.tfrecord"], minutes=1)
+  assert list(it.__next__() for _ in range(1)) == [1]
+  with pytest.raises(pretrain_input.InputPipelineError, match="bad record"):
+    next(it)

@@ -107,6 +107,7 @@ def _input_fields(c):
   # up to 10 words, 80/10/10 per span; needed by the sbo objective). data_pipelines/masking.py.
   c.masking = "token"
   c.shuffle_buffer = 10_000        # records per logical shard's shuffle buffer
+  c.input_stall_minutes = 10.0     # no batch for this long: an error naming the files
   # Packing (docs/packing.md): several instances per row, attention only within an instance, so
   # the step spends ~no compute on padding (quick start's records: 0.44 -> 0.99 real tokens per
   # slot). --config.pack=false trains on one instance per row.
