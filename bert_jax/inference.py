@@ -198,9 +198,11 @@ def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=
     return vocab_file, spm_model_file, "given"
   found = _candidates(kind, directory, meta)
   if not found:
+    recorded = _recorded(meta, "vocab_file") or _recorded(meta, "spm_model_file")
     raise InferenceLoadError(
-        f"{directory}: no {VOCAB_NAME} or SentencePiece *.model bundled with the checkpoint and "
-        "the file its config records is gone; pass --vocab_file (or --spm_model_file).")
+        f"{directory}: no {VOCAB_NAME} or SentencePiece *.model bundled with the checkpoint, and "
+        + (f"the file its config records ({recorded}) is gone" if recorded
+           else "it records no vocab file") + "; pass --vocab_file (or --spm_model_file).")
   return found[0]
 
 

@@ -26,6 +26,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import cli
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import guard
 from bert_jax import inference
 from bert_jax import input_source
@@ -215,8 +216,7 @@ def create_model_config(config, vocab):
 def restore_or_init(manager, t, config, model_config, workdir, latest):
   """(state, step) from checkpoint `latest` (verified; None: none) in workdir, else a fresh (or
   pre-trained) start."""
-  if latest is not None:
-    check_same_model(manager, latest, model_config, workdir)
+  if latest is not None:   # of this model and vocab: checked before the input (check_same_run)
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
     print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
           f"{meta['input_position']})", flush=True)
@@ -227,15 +227,30 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
   return state, 0
 
 
-def check_same_model(manager, latest, model_config, workdir):
-  """A workdir's checkpoint `latest` must be of the configured model (resuming, or reporting a
-  finished run): else a one-line error."""
-  stored = ckpt_lib.read_meta(manager, latest)["model_config"]
+def check_same_run(manager, latest, model_config, workdir, config, vocab_hash):
+  """A workdir's checkpoint `latest` must be of the configured model and vocabulary (resuming, or
+  reporting a finished run): else a one-line error naming both sides. It reads the checkpoint's
+  meta only, so another preset is refused before the input and the model are built (issue 23,
+  fault 8: 131 s in), and another vocab of the same size is refused at all (fault 2: it trained
+  on and recorded the new hash)."""
+  meta = ckpt_lib.read_meta(manager, latest)
+  stored = meta["model_config"]
   if stored != model_config.to_dict():
     diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
             if stored.get(k) != v}
+    preset = (meta.get("config") or {}).get("model_name")
     raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
-                      f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
+                      + (f"(trained with --config.model_name={preset}) " if preset else "")
+                      + f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
+  recorded = meta.get("vocab_hash")
+  if recorded and vocab_hash and not (files_lib.same_sha256(recorded, vocab_hash) or
+                                       files_lib.same_sha256(vocab_hash, recorded)):  # prefixes
+    was = (meta.get("config") or {}).get("vocab_file") or (meta.get("config") or {}).get(
+        "spm_model_file")
+    now = config.vocab_file or config.spm_model_file
+    raise ConfigError(f"--workdir={workdir} was trained with the vocab {was} (sha256 "
+                      f"{recorded[:16]}) but this run has {now} (sha256 {vocab_hash[:16]}); "
+                      "resume with the run's own vocab, or use a new --workdir.")
 
 
 def init_from_checkpoint(state, t, path, model_config):
@@ -339,11 +354,14 @@ def _train_and_evaluate(config, workdir):
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
 
   manager, latest, layout = resume_point(config, workdir, train_files)
-  if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
+  if latest is not None:   # the same model and vocab, from the checkpoint's meta, before input
     try:
-      check_same_model(manager, latest, model_config, workdir)
-    finally:
+      check_same_run(manager, latest, model_config, workdir, config, vocab_hash)
+    except ConfigError:
       manager.close()
+      raise
+  if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
+    manager.close()
     return nothing_to_do(config, workdir, latest, is_main)
 
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is

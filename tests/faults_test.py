@@ -1,6 +1,7 @@
 """The non-finite guard: a NaN/Inf step leaves parameters and optimizer state unchanged bit for bit,
 is counted, and too many in a row stop the run with one line naming the step and input position."""
 
+import json
 import os
 
 import jax
@@ -351,3 +352,68 @@ def test_a_stalled_input_is_an_error_naming_the_files():
   assert list(it.__next__() for _ in range(1)) == [1]
   with pytest.raises(pretrain_input.InputPipelineError, match="bad record"):
     next(it)
+
+
+def _checkpoint_of(tmp_path, c, **meta):
+  """A workdir holding checkpoint 2 of config `c` (its model and vocab hash unless overridden)."""
+  import jax.numpy as jnp
+  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax import train
+  vocab = train.load_vocab(c)
+  meta = dict(dict(model_config=train.create_model_config(c, vocab).to_dict(),
+                   vocab_hash=train.trainer_lib.file_hash(c.vocab_file),
+                   config=json.loads(c.to_json_best_effort())), **meta)
+  wd = str(tmp_path / "wd")
+  m = ckpt_lib.create_manager(wd, async_save=False)
+  ckpt_lib.save(m, 2, dict(w=jnp.ones((4,))), meta)
+  m.close()
+  return wd
+
+
+def test_resume_with_another_vocab_or_preset_is_refused_before_input_and_model(
+    tmp_path, no_model, monkeypatch):
+  """Issue 23 faults 2 (a same-size vocab trained on, rc 0) and 8 (another preset refused only
+  after the model and input were built, 131 s in)."""
+  from bert_jax import input_source, train
+
+  def read(*args, **kwargs):
+    raise AssertionError("the input was read before the mismatch was found")
+  monkeypatch.setattr(input_source, "make_batches", read)
+  vocab = _vocab(tmp_path)
+  files = _records(tmp_path / "rec")
+  wd = _checkpoint_of(tmp_path, _real(tmp_path, files, vocab))
+  shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")   # same size
+  with pytest.raises(train.ConfigError, match=r"trained with the vocab .*vocab.txt \(sha256 "
+                     r"[0-9a-f]{16}\) but this run has .*shuffled.txt \(sha256 [0-9a-f]{16}\)"):
+    no_model.train_and_evaluate(_real(tmp_path, files, shuffled), wd)
+  other = _real(tmp_path, files, vocab)
+  other.model_name = "mini"                                    # another preset
+  with pytest.raises(train.ConfigError, match="holds a checkpoint of another model .*hidden_size"):
+    no_model.train_and_evaluate(other, wd)
+
+
+def test_a_finetuned_export_records_its_vocab_and_refuses_another(tmp_path):
+  """best_epochN carries its vocab file and sha256 (issue 23, fault 3: it recorded neither)."""
+  import types
+  import jax.numpy as jnp
+  from bert_jax import finetune, inference
+  from bert_jax import model as model_lib
+  from data_pipelines import tokenization
+  vocab = _vocab(tmp_path)
+  run = types.SimpleNamespace(
+      workdir=str(tmp_path), is_main=True, task=types.SimpleNamespace(name="t", labels=[0, 1]),
+      model_config=model_lib.get_bert_config("tiny", vocab_size=len(WORDS)),
+      tokenizer=tokenization.get_tokenizer(vocab_file=vocab, do_lower_case=True))
+  path = finetune._save_best(run, {"w": jnp.ones((4,))}, 1, None, {})
+  meta = json.load(open(os.path.join(path, "bert_config.json")))
+  assert meta["vocab_file"] == vocab and len(meta["vocab_hash"]) == 64
+  shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")
+  with pytest.raises(inference.InferenceLoadError, match="shuffled.txt .* is not the vocabulary"):
+    inference.check_vocab_hash(meta, shuffled, path)
+  assert inference.find_tokenizer_files("params", path, meta)[0] == vocab
+  os.remove(vocab)
+  with pytest.raises(inference.InferenceLoadError, match=r"the file its config records \(.*"
+                     r"vocab.txt\) is gone"):
+    inference.find_tokenizer_files("params", path, meta)
+  with pytest.raises(inference.InferenceLoadError, match="it records no vocab file"):
+    inference.find_tokenizer_files("params", path, {})

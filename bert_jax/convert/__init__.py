@@ -21,6 +21,7 @@ import uuid
 import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax_core import files as files_lib
 from bert_jax.convert import albert
 from bert_jax.convert import formats
 from bert_jax.convert import names
@@ -157,6 +158,10 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     where = os.path.join(path, where) if len(src.files) == 1 else f"{path} ({where})"
   else:
     raise ConversionError(f"--source={kind}: import reads 'tf' or 'hf' checkpoints.")
+  if config_json.get("model_type") == "electra":   # two folders: not this one-input path yet
+    raise ConversionError(f"{config_file}: an ELECTRA network; its discriminator and generator "
+                          "convert together: bert_jax.convert.electra.convert_to_orbax("
+                          "DISCRIMINATOR_DIR, GENERATOR_DIR, OUTPUT).")
   if config_json.get("model_type") == "albert" or "embedding_size" in config_json:
     # transformers' AlbertModel / AlbertForPreTraining, or google-research/albert's
     # albert_config.json: the ALBERT table.
@@ -244,6 +249,7 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
     raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
   params, config, meta = import_checkpoint(path, source, **kwargs)
   vocab_path = meta.pop("_vocab_path")
+  meta["vocab_hash"] = files_lib.sha256_file(vocab_path)  # the bundled file; another is refused
 
   def write(tmp):
     ckpt_lib.save_params(tmp, params, config, meta)
