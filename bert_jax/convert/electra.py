@@ -277,3 +277,28 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
                                       config.max_position_embeddings)
 
   return convert._finish_atomically(output, write)  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------------------------
+# Orbax (the checkpoints bert_jax trains from and writes).
+# ----------------------------------------------------------------------------------------------
+def convert_to_orbax(discriminator_dir, generator_dir, output):
+  """A transformers pair -> an Orbax params export (checkpoint.save_params layout) usable as
+  --config.init_checkpoint of an electra-* pre-training. Returns meta."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  params, config, meta = import_hf(discriminator_dir, generator_dir)
+  ckpt_lib.save_params(output, params, config, meta)
+  return meta
+
+
+def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
+  """An Orbax export, pre-training workdir or step directory of an ELECTRA -> the two
+  transformers folders (export_to_hf)."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  params, config, meta = ckpt_lib.load_params(checkpoint)
+  if config.family != "electra":
+    raise ConversionError(f"{checkpoint}: a {config.family} checkpoint; ELECTRA export needs an "
+                          "electra-* model (python -m bert_jax.convert exports the others).")
+  if do_lower_case is None:
+    do_lower_case = meta.get("do_lower_case")
+  return export_to_hf(params, config, output, vocab_file=vocab_file, do_lower_case=do_lower_case)
