@@ -40,6 +40,7 @@ import numpy as np
 
 from bert_jax import cli
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import inference
 from bert_jax import model as model_lib
 
@@ -192,6 +193,18 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
       layers=np.asarray(layers, np.int32)), truncated
 
 
+def check_output_file(path):
+  """--output_file must be writable where it is: a missing directory or a read-only one is one
+  line before the model runs (issue 23, fault 7: a traceback after 64-86 s of compute)."""
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    raise ExtractError(f"--output_file={path}: the directory {parent} does not exist; create it "
+                       "or choose another path.")
+  why = files_lib.unwritable_reason(path)
+  if why:
+    raise ExtractError(f"--output_file={path}: cannot be written ({why}); choose a writable path.")
+
+
 def save_npz(path, arrays):
   """np.savez to a temporary name, then rename: no half-written file under the final name."""
   tmp = f"{path}.tmp"
@@ -226,6 +239,7 @@ def main(argv):
     raise ExtractError("--output_file is empty: pass a path ending in .npz.")
   if not FLAGS.input_file:
     raise ExtractError("--input_file is empty: pass a text file with one text per line.")
+  check_output_file(FLAGS.output_file)   # before the model runs (it takes minutes on a big input)
   if FLAGS.max_seq_length < MIN_SEQ_LENGTH:
     raise ExtractError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least "
                        f"{MIN_SEQ_LENGTH} ([CLS], one word piece, [SEP]); BERT's usual is 128.")

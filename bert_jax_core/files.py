@@ -15,6 +15,7 @@ tf.io.gfile, imported by tf_setup so TF never takes an accelerator.
 import contextlib
 import hashlib
 import os
+import tempfile
 
 CHUNK = 1 << 20  # 1 MiB reads: a 1 GB file hashes in constant memory
 # The shortest recorded hash accepted: the 16-character prefixes older checkpoints stored
@@ -91,3 +92,24 @@ def write_atomic(path, data) -> str:
     with _open(tmp, "wb") as f:
       f.write(data)
   return str(path)
+
+
+def unwritable_reason(path):
+  """Why a new local file or directory `path` could not be created, or None if it can: its nearest
+  existing ancestor must be a directory this process can create a file in. Probed with a real
+  file, so a read-only filesystem or a file in the way shows here, before any work (os.access
+  says yes to root on a read-only bind mount). Remote (gs://) paths are not probed: None."""
+  if is_remote(path):
+    return None
+  parent = os.path.dirname(os.path.abspath(str(path)))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f"{parent} is not a directory"
+  try:
+    fd, probe = tempfile.mkstemp(dir=parent, prefix=".write_probe_")
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    return f"{parent}: {e.strerror}"
+  return None

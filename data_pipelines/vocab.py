@@ -92,13 +92,21 @@ def load_wordpiece_vocab(path, flag="--vocab_file"):
     tokens.pop()
   if not tokens:
     raise VocabError(f"{flag}={path}: the file is empty.")
+  # A token listed twice has no single id: google-research/bert's load_vocab keeps the last line,
+  # tensorflow_text's lookup table refuses the file (a RuntimeError traceback from
+  # create_pretraining_data, issue 23 fault 7). Refused here, for every path, naming both lines.
+  first = {}
+  for line, t in enumerate(tokens, start=1):
+    if first.setdefault(t, line) != line:
+      raise VocabError(f"{flag}={path}: token {t!r} is listed twice (lines {first[t]} and {line}); "
+                       "each token needs one id: remove one of the lines (or rebuild the vocab "
+                       "with python -m data_pipelines.build_vocab).")
   return tokens
 
 
 def wordpiece_info(path, flag="--vocab_file"):
   tokens = load_wordpiece_vocab(path, flag)
-  # A token listed twice maps to its last line, as google-research/bert's load_vocab and HF do.
-  index = {t: i for i, t in enumerate(tokens)}
+  index = {t: i for i, t in enumerate(tokens)}   # tokens are unique (load_wordpiece_vocab)
   missing = [t for t in SPECIAL_TOKENS if t not in index]
   if missing:
     raise VocabError(f"{flag}={path}: missing special token(s) {', '.join(missing)}; a BERT "

@@ -417,3 +417,39 @@ def test_a_finetuned_export_records_its_vocab_and_refuses_another(tmp_path):
     inference.find_tokenizer_files("params", path, meta)
   with pytest.raises(inference.InferenceLoadError, match="it records no vocab file"):
     inference.find_tokenizer_files("params", path, {})
+
+
+def test_a_vocab_listing_a_token_twice_is_one_line_naming_it(tmp_path):
+  """Was a tensorflow_text RuntimeError traceback from create_pretraining_data (fault 7)."""
+  from data_pipelines import tokenization, vocab as vocab_lib
+  dup = _vocab(tmp_path, WORDS[:9] + ["w3"] + WORDS[10:], "dup.txt")   # w3 on lines 9 and 10
+  with pytest.raises(vocab_lib.VocabError, match=r"dup.txt: token 'w3' is listed twice "
+                     r"\(lines 9 and 10\)"):
+    tokenization.get_tokenizer(vocab_file=dup, do_lower_case=True)
+
+
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
+  """extract_features --output_file in a missing or read-only directory and convert --output on
+  a read-only filesystem: one line before the model runs or the checkpoint is read (fault 7:
+  tracebacks after 64-86 s). main() calls check_output_file before load_for_inference."""
+  import errno
+  import tempfile
+  from bert_jax import convert, extract_features
+  with pytest.raises(extract_features.ExtractError, match=r"--output_file=.*missing/f.npz: the "
+                     r"directory .*missing does not exist"):
+    extract_features.check_output_file(str(tmp_path / "missing" / "f.npz"))
+  extract_features.check_output_file(str(tmp_path / "f.npz"))      # a writable one passes
+
+  def read_only(*args, **kwargs):          # root writes through chmod; a read-only mount it can't
+    raise OSError(errno.EROFS, "Read-only file system")
+  monkeypatch.setattr(tempfile, "mkstemp", read_only)
+  with pytest.raises(extract_features.ExtractError, match=r"cannot be written \(.*: Read-only "
+                     "file system\\); choose a writable path"):
+    extract_features.check_output_file(str(tmp_path / "f.npz"))
+
+  def must_not_read(*args, **kwargs):
+    raise AssertionError("the checkpoint was read before the output was checked")
+  monkeypatch.setattr(convert, "import_checkpoint", must_not_read)
+  with pytest.raises(convert.ConversionError, match=r"--output=.*out: cannot be written \(.*"
+                     "Read-only file system"):
+    convert.convert_to_orbax("ckpt", str(tmp_path / "out"))

@@ -245,8 +245,7 @@ def _finish_atomically(output, write):
 
 def convert_to_orbax(path, output, source="auto", **kwargs):
   """google TF / HF checkpoint -> Orbax params export + vocab.txt. Returns meta."""
-  if os.path.exists(output):  # before the (slow) read
-    raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  check_new_output(output)  # before the (slow) read
   params, config, meta = import_checkpoint(path, source, **kwargs)
   vocab_path = meta.pop("_vocab_path")
   meta["vocab_hash"] = files_lib.sha256_file(vocab_path)  # the bundled file; another is refused
@@ -278,9 +277,13 @@ def hf_state_dict(params, config, where="checkpoint"):
 
 
 def check_new_output(output):
-  """--output must be a new path (checked before anything is loaded)."""
+  """--output must be a new path that can be created (checked before anything is loaded: a
+  read-only location was a traceback after the conversion, issue 23 fault 7)."""
   if os.path.exists(output):
     raise ConversionError(f"--output={output}: already exists; choose a new path or delete it.")
+  why = files_lib.unwritable_reason(output)
+  if why:
+    raise ConversionError(f"--output={output}: cannot be written ({why}); choose a writable path.")
 
 
 def export_model_to_hf(m, output, checkpoint):
