@@ -124,10 +124,10 @@ def corrupt(input_ids, masked_lm_positions, masked_lm_ids, masked_lm_weights, sa
   hit = (jax.nn.one_hot(masked_lm_positions, t, dtype=jnp.int32)
          * (masked_lm_weights > 0).astype(jnp.int32)[..., None])          # [B, P, T]
   masked = jnp.max(hit, axis=1) > 0                                       # [B, T]
-  original = jnp.where(masked, jnp.einsum("BPT,BP->BT", hit, masked_lm_ids.astype(jnp.int32)),
-                       input_ids)
-  replaced = jnp.where(masked, jnp.einsum("BPT,BP->BT", hit, sampled.astype(jnp.int32)),
-                       input_ids)
+  # A sum over P of one-hot x value (element-wise: no int matmul, nothing for the FLOP count).
+  put = lambda values: jnp.sum(hit * values.astype(jnp.int32)[..., None], axis=1)  # [B, T]
+  original = jnp.where(masked, put(masked_lm_ids), input_ids)
+  replaced = jnp.where(masked, put(sampled), input_ids)
   labels = ((replaced != original) & (input_mask > 0)).astype(jnp.int32)
   return original, replaced, labels
 
@@ -224,3 +224,24 @@ def count_params(params):
   shared = {k: v for k, v in params["bert"]["embeddings"].items() if k != "projection"}
   return (n(params["bert"]) + n(params["rtd_head"]),
           n(shared) + n(params["generator"]) + n(params["mlm_head"]))
+
+
+def flops_per_sequence(config, seq_length, num_predictions):
+  """Analytic training FLOPs of one sequence through both networks (forward + backward = 3 x
+  forward = 6 x multiply-adds), train.model_flops_per_sequence's accounting applied to each:
+    encoder   6 T L (4H^2 + 2HI) + attention 12 L T^2 H, per network
+    projections E -> H and E -> Hg on every token (when E differs)
+    generator MLM head on the P masked positions: Hg x E transform + E x V tied decoder
+    discriminator head on every token: H x H + H x 1
+  The sampling and the embedding gathers are not counted (no matmuls)."""
+  t, e, v = seq_length, config.embed_dim, config.vocab_size
+
+  def encoder(c):
+    h, l, i = c.hidden_size, c.num_layers, c.intermediate_size
+    projection = 6 * t * e * h if c.embed_dim != h else 0
+    return 6 * l * (4 * h * h + 2 * h * i) * t + 12 * l * t * t * h + projection
+
+  gc = generator_config(config)
+  h, hg = config.hidden_size, gc.hidden_size
+  return (encoder(config) + 6 * t * (h * h + h)                      # discriminator + RTD head
+          + encoder(gc) + 6 * num_predictions * (hg * e + e * v))    # generator + MLM head

@@ -206,3 +206,20 @@ def test_trainer_lib_train_step_drives_both_networks_with_one_optimizer():
   assert int(state["step"]) == 6 and not any(np.isnan(losses))
   assert losses[-1] < losses[0]
   assert after["mlm_loss"] < before["mlm_loss"] and after["rtd_loss"] < before["rtd_loss"]
+
+
+def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
+  """electra.flops_per_sequence (the logged TFLOP/s of an ELECTRA run) against the dot products
+  of jax.grad of the loss, both networks, traced for electra-tiny (as families_train_test does
+  for BERT, ALBERT and SpanBERT)."""
+  from tests.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
+  b, t, p = 2, 16, 3
+  batch, _ = _batch(rows=b, seq=t, preds=p)
+  params = jax.eval_shape(lambda: nn.meta.unbox(electra.init_params(TINY, jax.random.PRNGKey(0))))
+
+  def loss(params):
+    out = electra.apply(MODEL, params, batch, jax.random.PRNGKey(0), deterministic=True)
+    return objectives.pretraining_loss(out, batch)[0]
+
+  counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert counted == b * electra.flops_per_sequence(TINY, t, p)
