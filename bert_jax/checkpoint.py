@@ -473,6 +473,31 @@ def describe(path, *, verify=True) -> Described:
   return Described(str(path), kind, p, config, meta, verified=verify)
 
 
+# The encoder's architecture: what a checkpoint's parameters were trained as. A run that starts
+# from a checkpoint takes all of these from it (the activation too: a converted google checkpoint
+# is gelu_tanh, and the erf default silently changed its function, issue 23 point 9).
+ENCODER_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size", "hidden_act", "layer_norm_eps",
+                  "embedding_size", "share_layers")
+
+
+def config_from_checkpoint(stored, overrides, what):
+  """The BertConfig of a run starting from a checkpoint whose config is `stored`: the encoder
+  (ENCODER_FIELDS) is the checkpoint's, `overrides` set the rest (dropout, dtype, remat,
+  attention kernel, heads). An override of an encoder field that differs from the checkpoint's
+  is a one-line CheckpointError naming both values; fine-tuning and pre-training both call it."""
+  stored_d = stored.to_dict()
+  clash = {k: (stored_d.get(k), v) for k, v in overrides.items()
+           if k in ENCODER_FIELDS and v != stored_d.get(k)}
+  if clash:
+    raise CheckpointError(
+        f"{what} was trained with " + ", ".join(f"{k}={a!r}" for k, (a, _) in clash.items())
+        + " but the config sets " + ", ".join(f"{k}={b!r}" for k, (_, b) in clash.items())
+        + "; drop the override (the architecture comes from the checkpoint) or start from "
+        "another checkpoint.")
+  return model_lib.BertConfig(**{**stored_d, **overrides})
+
+
 def verify_for_load(kind, p):
   """Verifies what load_params is about to read: one-line error if damaged, warning if old."""
   claims = _claims_manifest(p) if kind == "train" else False

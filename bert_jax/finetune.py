@@ -139,7 +139,8 @@ def load_init_checkpoint(config):
   if jax.process_index() == 0:
     print(f"init_checkpoint: {found.description}", flush=True)
   return (found.tokenizer, pre._replace(path=config.init_checkpoint),
-          model_lib.BertConfig(**{**found.config.to_dict(), **overrides}))
+          ckpt_lib.config_from_checkpoint(found.config, overrides,
+                                          f"init_checkpoint={config.init_checkpoint}"))
 
 
 def load_splits(task, tokenizer, config):

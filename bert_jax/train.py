@@ -253,18 +253,39 @@ def check_same_run(manager, latest, model_config, workdir, config, vocab_hash):
                       "resume with the run's own vocab, or use a new --workdir.")
 
 
+INIT_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+
+
+def model_from_init_checkpoint(config, model_config):
+  """The model of a run starting from config.init_checkpoint, read from its config (no array)
+  before anything is built: the preset's sizes must be the checkpoint's, every other encoder
+  field (the activation, layer_norm_eps, ...) is the checkpoint's, an explicit
+  --config.model.<field> that contradicts it is one line naming both values
+  (checkpoint.config_from_checkpoint, as fine-tuning), and the run fields are the config's."""
+  path = config.init_checkpoint
+  stored = (inference.from_hf_folder(path) if inference.is_hf_folder(path) else path)
+  stored = ckpt_lib.describe(stored, verify=False).config
+  diff = {k: (getattr(stored, k), getattr(model_config, k)) for k in INIT_SIZES
+          if getattr(stored, k) != getattr(model_config, k)}
+  if diff:
+    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
+                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
+  explicit = {k: v for k, v in config.model.items()
+              if v is not None and k in ckpt_lib.ENCODER_FIELDS and k != "vocab_size"}
+  run_fields = {k: v for k, v in model_config.to_dict().items()
+                if k not in ckpt_lib.ENCODER_FIELDS}
+  return ckpt_lib.config_from_checkpoint(stored, {**run_fields, **explicit},
+                                         f"init_checkpoint={path}")
+
+
 def init_from_checkpoint(state, t, path, model_config):
   """Phase 2 / a converted BERT: parameters from `path` (heads it lacks stay fresh), a fresh
   optimizer state and step 0. A Hugging Face folder is converted once (inference.from_hf_folder)."""
   pre = trainer_lib.read_pretrained(inference.from_hf_folder(path) if inference.is_hf_folder(path)
                                     else path)
-  sizes = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-           "max_position_embeddings", "type_vocab_size")
-  diff = {k: (getattr(pre.model_config, k), getattr(model_config, k)) for k in sizes
-          if getattr(pre.model_config, k) != getattr(model_config, k)}
-  if diff:
-    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
-                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
+  # Its sizes and architecture were read and checked by model_from_init_checkpoint; the
+  # parameter shapes are checked again by load_pretrained.
   state = trainer_lib.load_pretrained(state, t, pre, keys=tuple(t.abstract_state["params"]),
                                       required=("bert",))
   if jax.process_index() == 0:
@@ -291,6 +312,8 @@ def validate_inputs(config, workdir):
                 if config.eval_input_files else None)
   vocab = load_vocab(config)
   model_config = create_model_config(config, vocab)
+  if config.init_checkpoint:
+    model_config = model_from_init_checkpoint(config, model_config)
   check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)

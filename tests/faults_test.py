@@ -453,3 +453,24 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
   with pytest.raises(convert.ConversionError, match=r"--output=.*out: cannot be written \(.*"
                      "Read-only file system"):
     convert.convert_to_orbax("ckpt", str(tmp_path / "out"))
+
+
+def test_pretraining_from_a_checkpoint_takes_its_activation_and_refuses_a_contradiction(
+    tmp_path):
+  """Point 9: a converted google checkpoint (gelu_tanh) silently trained with the config's erf
+  GELU; now every encoder field comes from the checkpoint, read before the model is built."""
+  import jax.numpy as jnp
+  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax import model as model_lib
+  from bert_jax import train
+  stored = model_lib.get_bert_config("tiny", vocab_size=512, hidden_act="gelu_tanh",
+                                     layer_norm_eps=1e-6)
+  export = ckpt_lib.save_params(str(tmp_path / "google"), {"w": jnp.ones((4,))}, stored)
+  c = _tiny(init_checkpoint=export)
+  c.model.hidden_dropout_prob = 0.0                             # a run field: the config's
+  mc = train.validate_inputs(c, str(tmp_path / "wd"))[3]
+  assert (mc.hidden_act, mc.layer_norm_eps, mc.hidden_dropout_prob) == ("gelu_tanh", 1e-6, 0.0)
+  c.model.hidden_act = "gelu"
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"google was trained with "
+                     r"hidden_act='gelu_tanh' but the config sets hidden_act='gelu'"):
+    train.validate_inputs(c, str(tmp_path / "wd"))

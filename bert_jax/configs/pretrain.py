@@ -49,8 +49,9 @@ def get_config(arg="base"):
       # The preset's (BERT: 0.1, 0.1, gelu; ALBERT v2: 0, 0, gelu_tanh).
       hidden_dropout_prob=family.get("hidden_dropout_prob", 0.1),
       attention_dropout_prob=family.get("attention_dropout_prob", 0.1),
-      hidden_act=family.get("hidden_act", "gelu"),  # exact erf GELU, as HF "gelu"; "gelu_tanh"
-                                   # is the tanh approximation google-research/bert uses
+      # None = the preset's (exact erf GELU, as HF "gelu"; ALBERT: "gelu_tanh", the tanh form
+      # google-research/bert uses), or with init_checkpoint the checkpoint's own.
+      hidden_act=config_dict.placeholder(str),
       # The family (docs/models.md); None = the preset's: mlm,nsp (BERT) | mlm,sop (ALBERT) |
       # mlm,sbo (SpanBERT); "mlm" alone is RoBERTa's recipe on --no_nsp records.
       objectives=config_dict.placeholder(str),
