@@ -139,3 +139,18 @@ def test_the_one_folder_converter_names_the_pair_converter(hf_pair, tmp_path):
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConversionError, match="convert_to_orbax"):
     convert.convert_to_orbax(hf_pair[0], str(tmp_path / "out"))
+
+
+def test_cli_imports_a_pair_and_refuses_a_half_pair_in_one_line(hf_pair, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  run = lambda *a: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "bert_jax.convert.electra", *a], capture_output=True, text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=False)
+  bad = run(f"--discriminator={hf_pair[0]}", f"--output={tmp_path / 'x'}")
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+      "error: pass --output and either --input")
+  ok = run(f"--discriminator={hf_pair[0]}", f"--generator={hf_pair[1]}",
+           f"--output={tmp_path / 'orbax'}")
+  assert ok.returncode == 0, ok.stderr
+  assert "usable as --config.init_checkpoint" in ok.stdout
