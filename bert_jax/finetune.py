@@ -14,7 +14,7 @@ keep the best) -> predictions of the best parameters -> the summary. Outputs in 
   predictions/            submission files (GLUE <Task>.tsv, SQuAD predictions.json +
                           nbest_predictions.json (+ null_odds.json), CoNLL columns, SWAG csv)
   tensorboard/            training loss and dev metrics
-With --config.learning_rates=(5e-5,3e-5,2e-5) (the `sweep` preset) each rate runs in
+With --config.learning_rates=(5e-5,4e-5,3e-5,2e-5) (the `sweep` preset) each rate runs in
 WORKDIR/lr_<rate> and sweep_results.json names the best. A workdir whose run finished is left
 as it is: running the command again says so and does nothing (an interrupted one resumes).
 """
@@ -58,12 +58,9 @@ RESULTS = "eval_results.json"
 # ----------------------------------------------------------------------------------------------
 def forward(module, batch, deterministic):
   """A heads.py model on a batch dict -> the head's outputs (see finetune_tasks.loss_fn)."""
-  packed = {k: batch[k] for k in PACKED_KEYS if k in batch}  # packed training rows only
+  packed = {k: batch[k] for k in model_lib.PACKED_ROW_KEYS if k in batch}  # packed rows only
   return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
                 deterministic=deterministic, **packed)
-
-
-PACKED_KEYS = ("instance_ids", "position_ids", "cls_positions")
 
 
 def pack_train(train, task, config):
@@ -316,7 +313,7 @@ def _finetune(config, workdir):
                      warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
                      num_choices=getattr(task, "num_choices", 4))
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
-            ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + PACKED_KEYS,
+            ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             jax.process_index() == 0)
 
@@ -422,7 +419,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
     manager.wait_until_finished()
 
   timer, pending, order = trainer_lib.StepTimer(), [], None
-  # NaN/Inf steps are skipped inside the step (guard.py) and counted here at each log.
+  # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10), what="fine-tuning")
   n = len(train.features["input_ids"])
   # SIGTERM (preemption): save at the next step and stop; the handler is undone on leaving.
@@ -435,13 +432,12 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
       batch = _host_batch(train.features, run.input_keys, order[i], config.batch_size)
       state, m = run.steps.train_step(state, sharding_lib.make_global_batch(batch, run.mesh))
       step += 1
+      skips.step_done(step, m["skipped"])
       timer.step_done(m)
       pending.append(m)
       if step % config.log_every == 0 or step == num_train_steps:
-        host = jax.device_get(pending)
-        for j, x in enumerate(host):  # step s read the batch at position s - 1
-          skips.update(step - len(host) + 1 + j, step - len(host) + j, x["skipped"])
-        log_train(run, step, epoch + 1, num_train_steps, host, timer.rate(), skips.total)
+        log_train(run, step, epoch + 1, num_train_steps, jax.device_get(pending), timer.rate(),
+                  skips.flush())
         pending = []
       epoch_end = step % steps_per_epoch == 0 or step == num_train_steps
       if epoch_end:
@@ -487,8 +483,7 @@ def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
 
 
 def log_train(run, step, epoch, num_train_steps, host_metrics, steps_per_sec, skipped_steps=0):
-  applied = [x for x in host_metrics if not x["skipped"]] or host_metrics  # NaN steps left out
-  avg = {k: float(np.mean([x[k] for x in applied])) for k in host_metrics[0] if k != "skipped"}
+  avg = trainer_lib.mean_of_applied(host_metrics)
   avg["skipped_steps"] = skipped_steps
   if steps_per_sec:
     avg["sequences_per_sec"] = steps_per_sec * run.config.batch_size

@@ -35,8 +35,9 @@ def select(state, new_state, metrics):
 class SkipTracker:
   """Counts skipped steps on the host; raises NonFiniteError after too many in a row.
 
-  The loop calls `update` with each step's (device) `skipped` flag one step late, so that
-  reading it does not stall the step in flight.
+  Both loops call `step_done(step, metrics["skipped"])` after each step and `flush()` at each
+  log: a step's (device) flag is read one step late, when it is ready, so that reading it never
+  stalls the step in flight; step s read input position s - 1.
   """
 
   def __init__(self, max_consecutive_skips, what="training"):
@@ -45,6 +46,21 @@ class SkipTracker:
     self.total = 0
     self.consecutive = 0
     self.first_bad = None       # (step, input position) of the current run of bad steps
+    self._held = None           # (step, input position, device flag) not read yet
+
+  def step_done(self, step, skipped):
+    """After step `step`: counts the step before it (its flag is ready by now) and holds this
+    one's, whose step is still in flight."""
+    if self._held is not None:
+      self.update(*self._held)
+    self._held = (step, step - 1, skipped)
+
+  def flush(self):
+    """Counts the held step (every logged step is counted); returns the total skipped."""
+    if self._held is not None:
+      self.update(*self._held)
+      self._held = None
+    return self.total
 
   def update(self, step, input_position, skipped):
     if int(skipped):

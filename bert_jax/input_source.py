@@ -126,7 +126,7 @@ def batch_spec(config, layout):
     k, q = packed_widths(config, layout)
     spec.update(instance_ids=((b, t), "int32"), position_ids=((b, t), "int32"),
                 masked_lm_positions=((b, q), "int32"), masked_lm_ids=((b, q), "int32"),
-                masked_lm_weights=((b, q), "float32"), nsp_positions=((b, k), "int32"),
+                masked_lm_weights=((b, q), "float32"), cls_positions=((b, k), "int32"),
                 next_sentence_labels=((b, k), "int32"), nsp_weights=((b, k), "float32"))
   else:
     p = config.max_predictions_per_seq

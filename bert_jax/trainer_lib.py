@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import linen as nn
@@ -316,8 +317,16 @@ def check_max_length(seq_length, field, model_config):
 
 
 # ----------------------------------------------------------------------------------------------
-# Throughput, measured the same way in both loops.
+# What both loops log, computed the same way: the metrics' means and the throughput.
 # ----------------------------------------------------------------------------------------------
+def mean_of_applied(host_metrics):
+  """{metric: mean} over the steps since the last log ([{metric: host value}], one per step):
+  steps skipped for NaN/Inf (guard.py) are left out, or all kept when every step was skipped;
+  the `skipped` flag itself is dropped (guard.SkipTracker counts it)."""
+  applied = [m for m in host_metrics if not m["skipped"]] or host_metrics
+  return {k: float(np.mean([m[k] for m in applied])) for k in host_metrics[0] if k != "skipped"}
+
+
 class StepTimer:
   """Optimizer steps per second between reports, excluding compilation and paused time.
 

@@ -14,11 +14,11 @@ Q = max_predictions_per_pack):
   masked_lm_positions   [B, Q] int32    every instance's masked positions, in row coordinates
   masked_lm_ids         [B, Q] int32    their original ids; 0 for padding slots
   masked_lm_weights     [B, Q] float32  1.0 for a prediction, 0.0 for padding
-  nsp_positions         [B, K] int32    where instance k's [CLS] is (0 for an absent instance)
+  cls_positions         [B, K] int32    where instance k's [CLS] is (0 for an absent instance)
   next_sentence_labels  [B, K] int32    instance k's NSP label (0 = IsNext, 1 = NotNext)
   nsp_weights           [B, K] float32  1.0 for a present instance
 The model attends only where instance_ids agree and are nonzero (block-diagonal), reads NSP at
-each nsp_positions, and the NSP loss is a mean over instances (nsp_weights), not rows.
+each cls_positions, and the NSP loss is a mean over instances (nsp_weights), not rows.
 
 The packer is best-fit decreasing inside a chunk of `chunk_size` consecutive instances (a bounded
 look-ahead): longest first, each into the open row with the least room left that fits it (tokens
@@ -40,7 +40,7 @@ from bert_jax_core.tf_setup import tf
 
 PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids",
                "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
-               "nsp_positions", "next_sentence_labels", "nsp_weights")
+               "cls_positions", "next_sentence_labels", "nsp_weights")
 DEFAULT_CHUNK_SIZE = 1024  # instances looked at together; ~2.3 MB of int32 features at seq 128
 
 
@@ -158,10 +158,10 @@ def pack_arrays(f, seed, *, max_instances, max_preds, count_preds):
   out["masked_lm_ids"][dest] = f["masked_lm_ids"][inst, j]
   out["masked_lm_weights"][dest] = 1.0
 
-  out["nsp_positions"] = np.zeros((r, max_instances), np.int32)
+  out["cls_positions"] = np.zeros((r, max_instances), np.int32)
   out["next_sentence_labels"] = np.zeros((r, max_instances), np.int32)
   out["nsp_weights"] = np.zeros((r, max_instances), np.float32)
-  out["nsp_positions"][row, slot] = offset
+  out["cls_positions"][row, slot] = offset
   out["next_sentence_labels"][row, slot] = f["next_sentence_labels"]
   out["nsp_weights"][row, slot] = 1.0
   order = np.random.default_rng(int(seed) & (2**63 - 1)).permutation(r)
@@ -186,7 +186,7 @@ def pack_chunk(features, seed, *, seq_length, max_instances, max_preds, count_pr
             for k in PACKED_KEYS]
   outs = tf.numpy_function(run, [seed] + [features[k] for k in _IN_KEYS], dtypes, stateful=False)
   widths = dict(masked_lm_positions=max_preds, masked_lm_ids=max_preds,
-                masked_lm_weights=max_preds, nsp_positions=max_instances,
+                masked_lm_weights=max_preds, cls_positions=max_instances,
                 next_sentence_labels=max_instances, nsp_weights=max_instances)
   packed = {}
   for k, v in zip(PACKED_KEYS, outs):

@@ -231,7 +231,7 @@ def test_model_with_a_fused_kernel_equals_the_xla_model():
                input_mask=(ids > 0).astype(jnp.int32), segment_ids=jnp.zeros((2, t), jnp.int32),
                masked_lm_positions=jnp.asarray([[1, 5, 9], [2, 20, 30]], jnp.int32),
                instance_ids=ids, position_ids=_positions(ids),
-               nsp_positions=jnp.asarray([[0, int(t * 0.3)], [0, t // 2]], jnp.int32))
+               cls_positions=jnp.asarray([[0, int(t * 0.3)], [0, t // 2]], jnp.int32))
   assert int(batch["position_ids"][0, int(t * 0.3)]) == 0                # instance 2 restarts
 
   def loss_and_grads(backend):

@@ -273,7 +273,7 @@ def test_packed_rows_give_each_instance_its_unpacked_logits():
   # Map every packed NSP slot and prediction back to its instance by its [CLS] position.
   for r in range(p["input_ids"].shape[0]):
     for k in np.flatnonzero(p["nsp_weights"][r]):
-      start = p["nsp_positions"][r, k]
+      start = p["cls_positions"][r, k]
       length = int(np.sum(p["instance_ids"][r] == k + 1))
       tokens = p["input_ids"][r, start:start + length]
       (i,) = [i for i in range(6) if f["input_mask"][i].sum() == length
@@ -322,7 +322,7 @@ def test_instances_in_a_row_cannot_see_each_other():
   model = model_lib.BertModel(TINY)
   args = lambda b: (b["input_ids"], b["input_mask"], b["segment_ids"])  # noqa: E731
   kw = dict(instance_ids=p["instance_ids"], position_ids=p["position_ids"],
-            cls_positions=p["nsp_positions"])
+            cls_positions=p["cls_positions"])
   apply = jax.jit(model.apply)
   a = apply({"params": params["bert"]}, *args(p), **kw)
   b = apply({"params": params["bert"]}, *args(changed), **kw)

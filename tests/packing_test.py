@@ -32,7 +32,7 @@ def instances_of(batch):
     ids[batch["masked_lm_positions"][r][valid]] = batch["masked_lm_ids"][r][valid]
     for k in np.flatnonzero(batch["nsp_weights"][r]):
       where = batch["instance_ids"][r] == k + 1
-      start = batch["nsp_positions"][r, k]
+      start = batch["cls_positions"][r, k]
       assert np.flatnonzero(where)[0] == start
       np.testing.assert_array_equal(batch["position_ids"][r][where], np.arange(where.sum()))
       out.append((tuple(ids[where]), tuple(batch["segment_ids"][r][where]),
@@ -76,7 +76,7 @@ def test_pack_arrays_places_every_token_and_prediction_once():
       **{k: (r, 64) for k in ("input_ids", "input_mask", "segment_ids", "instance_ids",
                               "position_ids")},
       **{k: (r, 12) for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")},
-      **{k: (r, 5) for k in ("nsp_positions", "next_sentence_labels", "nsp_weights")}}
+      **{k: (r, 5) for k in ("cls_positions", "next_sentence_labels", "nsp_weights")}}
   assert p["input_mask"].sum() == lengths.sum() and p["nsp_weights"].sum() == 200
   assert p["masked_lm_weights"].sum() == f["masked_lm_weights"].sum()
   np.testing.assert_array_equal(p["input_mask"], p["instance_ids"] > 0)
@@ -90,7 +90,7 @@ def test_pack_arrays_places_every_token_and_prediction_once():
   for row in range(r):
     for k in np.flatnonzero(p["nsp_weights"][row]):
       where = np.flatnonzero(p["instance_ids"][row] == k + 1)
-      start = p["nsp_positions"][row, k]
+      start = p["cls_positions"][row, k]
       assert where[0] == start and np.all(np.diff(where) == 1)  # contiguous, from its [CLS]
       np.testing.assert_array_equal(p["position_ids"][row, where], np.arange(len(where)))
       mine = ((p["masked_lm_weights"][row] > 0) & (p["masked_lm_positions"][row] >= start)

@@ -124,3 +124,26 @@ def test_step_timer_excludes_the_first_step_and_paused_time():
   rate = timer.rate()
   assert 25 < rate < 55, rate               # 4 steps in ~0.08 s, not 4 in 0.38 s
   assert timer.rate() is None               # reset: nothing timed since
+
+
+def test_both_loops_count_skips_one_step_late_and_average_the_applied_steps():
+  """The loop rules train.py and finetune.py share (issue 23, point 13): guard.SkipTracker reads
+  a step's skipped flag when the next step is issued (never stalling the one in flight) and at
+  each log; trainer_lib.mean_of_applied leaves the skipped steps out of the logged means."""
+  from bert_jax import guard  # pylint: disable=g-import-not-at-top
+  tracker = guard.SkipTracker(max_consecutive_skips=3)
+  tracker.step_done(1, 0)
+  tracker.step_done(2, 1)
+  assert tracker.total == 0          # step 2's flag is held while step 2 may still run
+  tracker.step_done(3, 0)
+  assert tracker.total == 1
+  assert tracker.flush() == 1 and tracker.flush() == 1  # a log counts the held step once
+  tracker.step_done(4, 1)
+  tracker.step_done(5, 1)
+  tracker.step_done(6, 1)            # counts step 5: two in a row
+  with pytest.raises(guard.NonFiniteError, match=r"first at step 4 \(input position 3\)"):
+    tracker.flush()                  # step 6: the third in a row
+  host = [dict(loss=1.0, skipped=0), dict(loss=float("nan"), skipped=1), dict(loss=3.0, skipped=0)]
+  assert trainer_lib.mean_of_applied(host) == {"loss": 2.0}
+  assert trainer_lib.mean_of_applied([dict(loss=5.0, skipped=1), dict(loss=7.0, skipped=1)]) == {
+      "loss": 6.0}                   # every step skipped: the mean of all, still logged
