@@ -98,7 +98,7 @@ class BertConfig:
       raise ValueError(f"BertConfig: hidden_act={self.hidden_act!r} is not one of "
                        f"{ACTIVATIONS}.")
     for f in ("dtype", "param_dtype"):
-      if getattr(self, f) not in ("float32", "bfloat16", "float16"):
+      if getattr(self, f) not in ("float32", "bfloat16"):
         raise ValueError(f"BertConfig: {f}={getattr(self, f)!r}; use 'float32' or 'bfloat16'.")
     if self.attention not in attention_lib.BACKENDS:
       raise ValueError(f"BertConfig: attention={self.attention!r} is not one of "
@@ -594,19 +594,19 @@ class BertForPreTraining(nn.Module):
 
   Returns (mlm_logits, sentence_logits) as before -- sentence_logits is None without a sentence
   task -- or, with return_dict=True, {objective: logits} (what `pretraining_forward` gives the
-  loss). Packed rows (instance_ids, position_ids, nsp_positions [B, K] given) get one sentence
+  loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
   prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-               instance_ids=None, position_ids=None, nsp_positions=None, span_left=None,
+               instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
                span_right=None, deterministic=True, return_dict=False):
     c = self.config
     bert = BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
-               position_ids=position_ids, cls_positions=nsp_positions,
+               position_ids=position_ids, cls_positions=cls_positions,
                deterministic=deterministic)
     # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
     # H x V projection runs on ~15% of the positions instead of all T.
@@ -642,9 +642,11 @@ def pretraining_loss(outputs, batch):
   return objectives.pretraining_loss(outputs, batch)
 
 
+# What a packed row (data_pipelines/packing.py) adds that the encoder reads, in pre-training and
+# fine-tuning alike: each token's instance, its position within it, each instance's [CLS].
+PACKED_ROW_KEYS = ("instance_ids", "position_ids", "cls_positions")
 # Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
-_FORWARD_KEYS = {"instance_ids": "instance_ids", "position_ids": "position_ids",
-                 "nsp_positions": "nsp_positions", "masked_lm_span_left": "span_left",
+_FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span_left",
                  "masked_lm_span_right": "span_right"}
 
 
