@@ -137,6 +137,7 @@ class Manager:
     code = write_errno(e)
     if code not in _WRITE_ERRNOS:
       raise e
+    _QUIET.reported = True
     kept = sorted(int(p.name) for p in self._manager.directory.iterdir()
                   if p.name.isdigit() and int(p.name) != step)   # committed steps only
     raise CheckpointError(
@@ -157,17 +158,24 @@ def write_errno(e):
 
 class _QuietFailedWrites:
   """While a Manager is open: Orbax's ERROR logs of a write that failed for want of space or
-  permission (4 tracebacks, ~300 lines, for one full disk) and asyncio's 'Event loop is closed'
-  that tensorstore's late callbacks raise after Orbax closed its loop (~100 unraisable
-  tracebacks) are dropped: `Manager._raise_write_error` reports that failure in one line, with
-  the original exception chained. Any other error or unraisable exception passes through."""
+  permission (4 tracebacks, ~300 lines, for one full disk), asyncio's 'exception was never
+  retrieved' for the same errors (~280 more when the arrays are sharded over 8 devices) and
+  asyncio's 'Event loop is closed' that tensorstore's late callbacks raise after Orbax closed its
+  loop (~100 unraisable tracebacks) are dropped: `Manager._raise_write_error` reports that failure in one line, with
+  the original exception chained; once it is raised, Orbax's further errors (its threads failing
+  on while the process exits) are dropped too. Any other error or unraisable exception passes
+  through."""
 
   def __init__(self):
     self._users, self._previous_hook = 0, None
+    self.reported = False      # a write failure was raised as a CheckpointError
 
   def filter(self, record):
-    if record.levelno < logging_std.ERROR or "orbax" not in record.pathname:
+    if record.levelno < logging_std.ERROR or not (
+        "orbax" in record.pathname or record.name == "asyncio"):
       return True
+    if self.reported:   # the run is stopping: Orbax's threads fail on in the shutdown
+      return False        # ('cannot schedule new futures after shutdown'), all one cause
     e = record.exc_info[1] if record.exc_info else None
     code = write_errno(e) if e is not None else write_errno(ValueError(record.getMessage()))
     return code not in _WRITE_ERRNOS
@@ -180,12 +188,14 @@ class _QuietFailedWrites:
   def add(self):
     if self._users == 0:
       logging_std.getLogger("absl").addFilter(self)
+      logging_std.getLogger("asyncio").addFilter(self)
       self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
     self._users += 1
 
   def remove(self):
     if self._users == 1:
       logging_std.getLogger("absl").removeFilter(self)
+      logging_std.getLogger("asyncio").removeFilter(self)
       sys.unraisablehook = self._previous_hook
     self._users = max(0, self._users - 1)
 

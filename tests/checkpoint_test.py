@@ -231,3 +231,47 @@ def test_training_resumes_from_the_previous_good_step(tmp_path, capfd, how):
   assert "checkpoint 4 is damaged" in err and "falling back to step 2" in err
   assert "resuming from step 2" in out
   assert [s for s, _ in result["history"]["train"]] == [3, 4, 5, 6]
+
+
+_FULL_DISK_TRAIN = textwrap.dedent("""
+    import resource, signal, sys, time
+    from bert_jax import checkpoint as ckpt_lib, train
+    from bert_jax.configs import pretrain as pretrain_config
+    from bert_jax_core import errors
+    real_save = ckpt_lib.save
+    def save(manager, step, *args, **kwargs):
+      if step == 4:              # checkpoint 2 is committed; the disk is full from here on
+        manager.wait_until_finished()
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+      saved = real_save(manager, step, *args, **kwargs)
+      while step == 4 and manager.is_saving_in_progress():  # it fails before step 5 starts
+        time.sleep(0.05)
+      return saved
+    ckpt_lib.save = save
+    def main(argv):
+      c = pretrain_config.get_config("tiny,runlocal")
+      c.train_input_files, c.model.vocab_size = "synthetic", 512
+      c.seq_length, c.max_predictions_per_seq, c.batch_size = 32, 6, 8
+      c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 8, 2, 1, 2
+      c.eval_every, c.async_checkpointing = 1000, True
+      train.train_and_evaluate(c, argv[1])
+    errors.run_main(main, sys.argv)
+""")
+
+
+@pytest.mark.slow
+def test_a_failed_asynchronous_save_stops_training_at_the_next_step(tmp_path):
+  """Issue 23 fault 6 in the loop: steps 5-6 trained after checkpoint 4 failed, and checkpoint 6
+  was named; now the loop stops before step 5 with one line naming checkpoint 4."""
+  wd = str(tmp_path / "wd")
+  p = subprocess.run([sys.executable, "-c", _FULL_DISK_TRAIN, wd], capture_output=True,
+                     text=True, cwd=REPO, timeout=600)
+  assert p.returncode == errors.EXIT_USER_ERROR, p.stderr[-3000:]
+  lines = p.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: checkpoint 4: cannot write") and (
+      "resumes from checkpoint 2" in lines[0]), p.stderr[-3000:]
+  assert "step 4/8" in p.stdout and "step 5/8" not in p.stdout, p.stdout
+  manager = ckpt_lib.create_manager(wd)
+  assert ckpt_lib.latest_verified_step(manager) == 2
+  manager.close()
