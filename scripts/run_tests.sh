@@ -3,9 +3,14 @@
 # Self-sufficient on a fresh machine with Python 3.11: creates/reuses .venv and installs pins.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" requirements-test.txt
 set +e
-python -m pytest -q -m "not slow" "$@"
+# Two worker processes (pytest-xdist), one test file per worker at a time: the tests are mostly
+# single-threaded Python, compiles and subprocesses, so two workers use both cores of a 2-core CI
+# machine. BERT_JAX_TEST_WORKERS=0 runs in this process (for pdb, or one test).
+workers=(-n "${BERT_JAX_TEST_WORKERS:-2}" --dist loadfile)
+[ "${BERT_JAX_TEST_WORKERS:-2}" = "0" ] && workers=()
+python -m pytest -q "${workers[@]}" -m "not slow" "$@"
 fast=$?
-python -m pytest -q -m slow "$@"
+python -m pytest -q "${workers[@]}" -m slow "$@"
 slow=$?
 # pytest exits 5 when a selection holds no test; that is not a failure of the suite.
 [ $fast -eq 5 ] && fast=0
