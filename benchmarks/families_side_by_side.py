@@ -122,6 +122,7 @@ def timing_round(out, presets, vocab, batch_size, steps):
           f"--workdir={workdir}", f"--config.train_input_files={out}/{kind}/train/*.tfrecord",
           f"--config.vocab_file={vocab}", f"--config.num_train_steps={steps}",
           f"--config.batch_size={batch_size}", f"--config.log_every={max(steps // 4, 1)}",
+          f"--config.warmup_steps={steps // 10}",
           f"--config.checkpoint_every={steps}"], log=log)
     times[preset] = seconds_per_step(log, batch_size)
   return times
