@@ -198,17 +198,16 @@ def main():
   out = os.path.abspath(args.out_dir)
   os.makedirs(out, exist_ok=True)
   vocab, task = data(out, args.dupe_factor)
-  rows = {}
-  for preset in args.presets.split(","):
-    r = pretrain(out, preset, vocab, args.steps, args.batch_size)
-    r["dev"] = [finetune(out, preset, r["workdir"], vocab, task, int(s), args.ft_learning_rate,
-                         args.ft_epochs) for s in args.seeds.split(",")]
-    rows[preset] = r
-    print(f"{preset}: {json.dumps(r)}", flush=True)
+  presets = args.presets.split(",")
+  rows = {preset: pretrain(out, preset, vocab, args.steps, args.batch_size) for preset in presets}
   if args.timing_steps:
-    for preset, sec in timing_round(out, list(rows), vocab, args.batch_size,
+    for preset, sec in timing_round(out, presets, vocab, args.batch_size,
                                     args.timing_steps).items():
       rows[preset]["sec_per_step_timing_round"] = sec
+  for preset, r in rows.items():
+    r["dev"] = [finetune(out, preset, r["workdir"], vocab, task, int(s), args.ft_learning_rate,
+                         args.ft_epochs) for s in args.seeds.split(",")]
+    print(f"{preset}: {json.dumps(r)}", flush=True)
   print(table(rows, args))
   print("RESULT " + json.dumps(dict(steps=args.steps, seeds=args.seeds, rows=rows)))
 
