@@ -396,9 +396,9 @@ def _train_and_evaluate(config, workdir):
         layout=layout if train else None)
     if files == "synthetic":
       return it
-    from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+    from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
     # No batch for input_stall_minutes: an error naming the files, never a silent hang.
-    return pretrain_input.stall_watchdog(
+    return input_watchdog.stall_watchdog(
         it, files, config.get("input_stall_minutes", 10),
         what="train_input_files" if train else "eval_input_files")
   train_iter, real_per_slot = input_source.peek(batches(train_files, config.seed, latest or 0))

@@ -39,8 +39,6 @@ shard's records consumed so far, parsing input_mask only.
 import concurrent.futures
 import dataclasses
 import math
-import queue
-import threading
 import weakref
 from typing import Iterator
 
@@ -102,51 +100,6 @@ def drop_empty_files(files):
 def empty_files_note(empty, total, what):
   return (f"note: {what}: skipping {len(empty)} empty file(s) of {total} (0 bytes, no records: "
           f"create_pretraining_data had nothing for those shards), e.g. {empty[0]}")
-
-
-class InputStallError(InputPipelineError):
-  pass
-
-
-def stall_watchdog(batches, files, minutes, what="input"):
-  """`batches`' items, read one ahead in a thread; none for `minutes` -> InputStallError naming
-  the files. tf.data cannot be interrupted, so a stream that stops producing (a shard without
-  records, a stuck filesystem) would otherwise hang the run without a word."""
-  q, stop = queue.Queue(maxsize=1), threading.Event()
-
-  def produce():
-    try:
-      for item in batches:
-        while not stop.is_set():
-          try:
-            q.put((True, item), timeout=1.0)
-            break
-          except queue.Full:
-            continue
-        if stop.is_set():
-          return
-      q.put((False, None))
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
-      q.put((None, e))
-
-  threading.Thread(target=produce, name="input-stall-watchdog", daemon=True).start()
-  try:
-    while True:
-      try:
-        ok, item = q.get(timeout=minutes * 60)
-      except queue.Empty:
-        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        raise InputStallError(
-            f"{what}: no batch for {minutes:g} minutes from {shown}; the records stopped "
-            "producing batches (files without records, or storage that stopped answering): check "
-            f"the files, or raise --config.input_stall_minutes if reading is that slow.") from None
-      if ok is None:
-        raise item
-      if not ok:
-        return
-      yield item
-  finally:
-    stop.set()
 
 
 def _fix_length(name):

@@ -331,29 +331,6 @@ def test_empty_shards_are_skipped_with_a_note_not_a_hang(tmp_path, no_model, cap
   assert "skipping 2 empty file(s) of 4" in capsys.readouterr().out
 
 
-def test_a_stalled_input_is_an_error_naming_the_files():
-  from data_pipelines import pretrain_input
-
-  def stalls():
-    yield 1
-    import time
-    time.sleep(30)                                              # a stream that stopped
-    yield 2
-  it = pretrain_input.stall_watchdog(stalls(), ["a.tfrecord", "b.tfrecord"], minutes=0.01)
-  assert next(it) == 1
-  with pytest.raises(pretrain_input.InputStallError,
-                     match=r"no batch for 0.01 minutes from a.tfrecord, b.tfrecord"):
-    next(it)
-
-  def fails():
-    yield 1
-    raise pretrain_input.InputPipelineError("bad record")     # errors pass through unchanged
-  it = pretrain_input.stall_watchdog(fails(), ["a.tfrecord"], minutes=1)
-  assert list(it.__next__() for _ in range(1)) == [1]
-  with pytest.raises(pretrain_input.InputPipelineError, match="bad record"):
-    next(it)
-
-
 def _checkpoint_of(tmp_path, c, **meta):
   """A workdir holding checkpoint 2 of config `c` (its model and vocab hash unless overridden)."""
   import jax.numpy as jnp
