@@ -25,6 +25,7 @@ from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import cli
+from bert_jax import electra
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import guard
@@ -96,8 +97,12 @@ def build_training(config, model_config, mesh,
   """Model, optimizer and the jitted, explicitly sharded init/train/eval functions."""
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=config.num_train_steps,
                                            warmup_steps=config.warmup_steps)
+  # ELECTRA: a generator and a discriminator in one module, one optimizer (bert_jax/electra.py).
+  model, fwd = ((electra.ElectraForPreTraining(model_config), electra.forward)
+                if model_config.family == "electra" else
+                (model_lib.BertForPreTraining(model_config), forward))
   return trainer_lib.build_steps(
-      model=model_lib.BertForPreTraining(model_config), forward=forward,
+      model=model, forward=fwd,
       loss_fn=pretraining_loss, eval_fn=eval_metrics, dummy_batch=dummy_batch(config), tx=tx,
       schedule=schedule, mesh=mesh, grad_accum_steps=int(config.grad_accum_steps), rules=rules)
 
@@ -142,6 +147,8 @@ def step_flops(config, model_config, layout):
   preds, nsp = config.max_predictions_per_seq, 1
   if layout and layout.get("pack"):
     nsp, preds = input_source.packed_widths(config, layout)
+  if model_config.family == "electra":   # both networks
+    return electra.flops_per_sequence(model_config, config.seq_length, preds) * config.batch_size
   return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
 
 
@@ -493,14 +500,18 @@ def next_commands(config, workdir, step, stopped):
   more = max(2 * step, step + 1)
   parts = os.path.normpath(workdir).split(os.sep)  # runs/quickstart/workdir -> "quickstart"
   name = (parts[-2] if parts[-1] == "workdir" and len(parts) > 1 else parts[-1]) or "model"
+  further = (f"train further: the same command with --config.num_train_steps={more} (resumes "
+             f"from step {step}; the learning-rate decay is stretched to the new total)")
+  if model_lib.PRESETS.get(config.model_name, {}).get("family") == "electra":
+    # predict and fine-tuning do not read ELECTRA checkpoints yet (docs/models.md).
+    return [f"python -m bert_jax.convert.electra --input={workdir} --output=hf/{name}", further]
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
       f"python -m bert_jax.convert --input={workdir} --output=hf/{name}",
       f"python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
       f"--config.init_checkpoint={workdir} --config.data_dir=DATA --workdir=runs/{name}-ft",
-      f"train further: the same command with --config.num_train_steps={more} (resumes from "
-      f"step {step}; the learning-rate decay is stretched to the new total)",
+      further,
   ]
 
 

@@ -1,5 +1,6 @@
 """Tests for bert_jax/electra.py (and its rtd objective) on tiny configs (CPU, seconds)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -17,7 +18,9 @@ from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
 
 VOCAB = 99
-TINY = model_lib.get_bert_config("electra-tiny", vocab_size=VOCAB, max_position_embeddings=32)
+# One layer per network: every test compiles both networks, and the box is a shared 2-core CPU.
+TINY = model_lib.get_bert_config("electra-tiny", vocab_size=VOCAB, max_position_embeddings=32,
+                                 num_layers=1, generator_num_layers=1)
 MODEL = electra.ElectraForPreTraining(TINY)
 # Jitted: op by op, two encoders cost tens of seconds on a shared 2-core CPU.
 _apply = jax.jit(lambda p, b, key: electra.apply(MODEL, p, b, jax.random.PRNGKey(key)))
@@ -49,7 +52,8 @@ def _batch(rows=8, seq=16, preds=3, seed=0):
 
 @functools.lru_cache(maxsize=None)
 def _params(seed=0):
-  return nn.meta.unbox(electra.init_params(TINY, jax.random.PRNGKey(seed)))
+  init = jax.jit(lambda key: nn.meta.unbox(electra.init_params(TINY, key)))  # eager: seconds
+  return init(jax.random.PRNGKey(seed))
 
 
 # Parameters of transformers 5.23 ElectraForPreTraining (discriminator) / ElectraForMaskedLM
@@ -185,8 +189,7 @@ def test_rtd_loss_is_sigmoid_cross_entropy_over_real_tokens_weighted_50():
 
 
 def test_trainer_lib_train_step_drives_both_networks_with_one_optimizer():
-  config = model_lib.get_bert_config("electra-tiny", vocab_size=VOCAB, max_position_embeddings=32,
-                                     hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  config = dataclasses.replace(TINY, hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
   batch, _ = _batch()
   mesh = sharding_lib.create_mesh((8, 1, 1))
   loss_fn = objectives.pretraining_loss
@@ -196,16 +199,15 @@ def test_trainer_lib_train_step_drives_both_networks_with_one_optimizer():
       tx=optax.adam(3e-3), schedule=optax.constant_schedule(3e-3), mesh=mesh)
   with trainer_lib.mesh_rules(mesh):
     state = steps.init_state(jax.random.PRNGKey(0))
-    before = jax.device_get(steps.eval_step(state["params"], batch))
-    losses = []
+    history = []   # each step's metrics are of the parameters before its update
     for _ in range(6):
       state, metrics = steps.train_step(state, batch)
-      losses.append(float(metrics["loss"]))
-    after = jax.device_get(steps.eval_step(state["params"], batch))
+      history.append(jax.device_get(metrics))
   assert set(state["params"]) == {"bert", "rtd_head", "generator", "mlm_head"}
-  assert int(state["step"]) == 6 and not any(np.isnan(losses))
-  assert losses[-1] < losses[0]
-  assert after["mlm_loss"] < before["mlm_loss"] and after["rtd_loss"] < before["rtd_loss"]
+  assert int(state["step"]) == 6 and not any(m["skipped"] for m in history)
+  first, last = history[0], history[-1]
+  assert last["loss"] < first["loss"]
+  assert last["mlm_loss"] < first["mlm_loss"] and last["rtd_loss"] < first["rtd_loss"]
 
 
 def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
@@ -223,3 +225,93 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
 
   counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
   assert counted == b * electra.flops_per_sequence(TINY, t, p)
+
+
+@pytest.fixture(scope="module")
+def full_records(tmp_path_factory):
+  """Tiny --no_nsp records (one segment of full sentences, as ELECTRA trains on)."""
+  from data_pipelines import build_vocab  # pylint: disable=g-import-not-at-top
+  from data_pipelines import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
+  from data_pipelines import stdlib_corpus  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("electra_records")
+  stdlib_corpus.write_corpus(str(root / "text"), num_files=2, max_modules=20)
+  build_vocab.build(str(root / "text" / "*.txt"), 1000, str(root / "vocab.txt"), lower_case=True)
+  cpd.run(cpd.Config(input_file=str(root / "text" / "*.txt"), output_dir=str(root / "full"),
+                     vocab_file=str(root / "vocab.txt"), max_seq_length=48, dupe_factor=1,
+                     num_shards=2, no_nsp=True), show_progress=False)
+  return str(root / "full" / "part-*"), str(root / "vocab.txt")
+
+
+@pytest.mark.slow
+def test_python_m_bert_jax_train_pretrains_electra_and_resumes_exactly(full_records, tmp_path,
+                                                                       monkeypatch):
+  """The pre-training loop on an electra preset: both networks in one checkpoint, the logged
+  FLOPs are ELECTRA's, and a run SIGTERMed mid-way and resumed logs the losses of an
+  uninterrupted one (the replacements replay with the step's key)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import pretrain as pretrain_config  # pylint: disable=g-import-not-at-top
+  c = pretrain_config.get_config("electra-tiny,runlocal")
+  c.train_input_files, c.vocab_file = full_records
+  c.seq_length, c.max_predictions_per_seq, c.batch_size = 48, 8, 8
+  c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 8, 2, 1, 4
+  c.async_checkpointing, c.shuffle_buffer = False, 100
+  full = train.train_and_evaluate(c, str(tmp_path / "full"))
+  real = input_source.make_batches
+
+  def killing_batches(*args, **kwargs):
+    # Batch 6: the input watchdog's thread reads up to 2 batches past the 4 that train.py peeks
+    # at before the loop installs its SIGTERM handler (batch 4 killed the process outright).
+    for i, b in enumerate(real(*args, **kwargs)):
+      if kwargs["start_batch"] == 0 and i == 6:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield b
+
+  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  first = train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  monkeypatch.setattr(input_source, "make_batches", real)
+  second = train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert first["stopped_early"] and not second["stopped_early"]
+  losses = lambda runs: [m["loss"] for r in runs for _, m in r["history"]["train"]]  # noqa: E731
+  np.testing.assert_allclose(losses([first, second]), losses([full]), rtol=1e-5)
+  last = full["history"]["train"][-1][1]
+  assert {"mlm_loss", "rtd_loss", "rtd_accuracy", "rtd_replaced_fraction"} <= set(last)
+  assert 0 < last["rtd_replaced_fraction"] < 0.2     # ~15% masked, minus correct samples
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  params, config, _ = ckpt_lib.load_params(str(tmp_path / "full"))
+  assert config.family == "electra" and set(params) == {"bert", "rtd_head", "generator",
+                                                        "mlm_head"}
+  assert train.step_flops(c, config, None) == 8 * electra.flops_per_sequence(config, 48, 8)
+
+
+def test_packed_rows_give_each_instance_its_unpacked_logits():
+  """Two instances packed in one row (instance_ids, restarting position_ids) get the generator
+  and discriminator logits they get alone: ELECTRA's default input is packed."""
+  batch, _ = _batch(rows=2, seq=8, preds=2)
+  ids, mask, seg = (np.asarray(batch[k]) for k in ("input_ids", "input_mask", "segment_ids"))
+  ids, mask, seg = ids * 0 + np.arange(5, 13), np.ones_like(mask), seg   # full rows, no padding
+  packed = dict(input_ids=ids.reshape(1, 16), input_mask=np.ones((1, 16), np.int32),
+                segment_ids=seg.reshape(1, 16), instance_ids=np.repeat([[1, 2]], 8, 1),
+                position_ids=np.tile(np.arange(8), 2)[None])
+  positions = np.array([[1, 3], [2, 6]], np.int32)
+
+  @jax.jit
+  def run(params):
+    v = {"params": params}
+    alone = (MODEL.apply(v, ids, mask, seg, method=MODEL.discriminator_logits),
+             MODEL.apply(v, ids, mask, seg, positions, method=MODEL.generator_logits))
+    rows = {k: packed[k] for k in ("instance_ids", "position_ids")}
+    together = (
+        MODEL.apply(v, packed["input_ids"], packed["input_mask"], packed["segment_ids"],
+                    method=MODEL.discriminator_logits, **rows),
+        MODEL.apply(v, packed["input_ids"], packed["input_mask"], packed["segment_ids"],
+                    (positions + np.array([[0], [8]])).reshape(1, 4),
+                    method=MODEL.generator_logits, **rows))
+    return alone, together
+
+  (disc, gen), (disc_p, gen_p) = run(_params())
+  np.testing.assert_allclose(disc_p.reshape(2, 8), disc, atol=2e-5)
+  np.testing.assert_allclose(gen_p.reshape(2, 2, -1), gen, atol=2e-5)
