@@ -230,8 +230,9 @@ def import_hf(discriminator_dir, generator_dir):
   for s in fresh:   # model.py's initialisation: kernels truncated normal, biases zero
     flat[s.path] = (_truncated_normal(s.shape, config.initializer_range, rng)
                     if s.path.endswith("kernel") else np.zeros(s.shape, np.float32))
-  meta = {"converted_from": {"format": "hf", DISCRIMINATOR: os.path.abspath(discriminator_dir),
-                             GENERATOR: os.path.abspath(generator_dir)},
+  disc_abs, gen_abs = os.path.abspath(discriminator_dir), os.path.abspath(generator_dir)
+  meta = {"converted_from": {"format": "hf", "path": f"{disc_abs} + {gen_abs}",  # what loads print
+                             DISCRIMINATOR: disc_abs, GENERATOR: gen_abs},
           "ignored_variables": ignored, "initialized_randomly": [s.path for s in fresh]}
   return names.unflatten(flat), config, meta
 
