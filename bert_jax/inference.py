@@ -258,6 +258,11 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   # What is there, read once (checkpoint.describe); files verified when the arrays will be read.
   found = ckpt_lib.describe(path, verify=with_params)
   kind, directory, config, meta = found.kind, str(found.directory), found.config, found.meta
+  if config.family == "electra":   # a generator + discriminator tree, not BertForPreTraining's
+    raise InferenceLoadError(
+        f"--init_checkpoint={path} is an ELECTRA (generator + discriminator); predict, "
+        "extract_features, fine-tuning and python -m bert_jax.convert do not read it yet; "
+        f"export it with python -m bert_jax.convert.electra --input={path} --output=DIR.")
   params = ckpt_lib.read_params(found) if with_params else None
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)

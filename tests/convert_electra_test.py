@@ -112,6 +112,9 @@ def test_bare_electra_model_and_orbax_round_trip(hf_pair, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params["bert"], full["bert"])
   # transformers -> Orbax export -> transformers: the same tensors.
   convert_electra.convert_to_orbax(*hf_pair, str(tmp_path / "orbax"))
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  with pytest.raises(inference.InferenceLoadError, match="is an ELECTRA.*convert.electra"):
+    inference.load_for_inference(str(tmp_path / "orbax"))   # predict, finetune: one line
   out = convert_electra.export_checkpoint_to_hf(str(tmp_path / "orbax"), str(tmp_path / "hf"))
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   for net, src in zip(("discriminator", "generator"), hf_pair):
