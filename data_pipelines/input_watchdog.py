@@ -4,8 +4,8 @@
 
 tf.data cannot be interrupted: a stream that stops producing (a logical shard without records, a
 filesystem that stops answering) would block `next()` for ever, the run silent at 80% CPU (issue
-23, fault 1: killed after 36 min). The stream is read one item ahead in a thread; the consumer
-waits at most `minutes`. No TensorFlow import here.
+23, fault 1: killed after 36 min). Each item is read in a thread when the consumer asks for it
+(nothing read ahead); the consumer waits at most `minutes`. No TensorFlow import here.
 """
 
 import queue
@@ -19,31 +19,34 @@ class InputStallError(errors.UserError):
 
 
 def stall_watchdog(batches, files, minutes, what="input"):
-  """`batches`' items, read one ahead in a thread; none for `minutes` -> InputStallError naming
-  the files. tf.data cannot be interrupted, so a stream that stops producing (a shard without
-  records, a stuck filesystem) would otherwise hang the run without a word."""
-  q, stop = queue.Queue(maxsize=1), threading.Event()
+  """`batches`' items, each read in a thread when the consumer asks for it; none for `minutes` ->
+  InputStallError naming the files. tf.data cannot be interrupted, so a stream that stops
+  producing (a shard without records, a stuck filesystem) would otherwise hang the run silently.
+
+  Nothing is read ahead: item i is read when the loop asks for item i, as without the watchdog,
+  so a SIGTERM while batch i is read still lands at step i, and a finished loop leaves no thread
+  pulling from its stream (a read-ahead thread kept reading a finished run's stream and delivered
+  its test's SIGTERM to the next run in the same process)."""
+  requests, replies = queue.Queue(), queue.Queue()
 
   def produce():
-    try:
-      for item in batches:
-        while not stop.is_set():
-          try:
-            q.put((True, item), timeout=1.0)
-            break
-          except queue.Full:
-            continue
-        if stop.is_set():
-          return
-      q.put((False, None))
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
-      q.put((None, e))
+    it = iter(batches)
+    while requests.get():                   # None: the consumer is done
+      try:
+        replies.put((True, next(it)))
+      except StopIteration:
+        replies.put((False, None))
+        return
+      except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
+        replies.put((None, e))
+        return
 
   threading.Thread(target=produce, name="input-stall-watchdog", daemon=True).start()
   try:
     while True:
+      requests.put(True)
       try:
-        ok, item = q.get(timeout=minutes * 60)
+        ok, item = replies.get(timeout=minutes * 60)
       except queue.Empty:
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise InputStallError(
@@ -56,4 +59,4 @@ def stall_watchdog(batches, files, minutes, what="input"):
         return
       yield item
   finally:
-    stop.set()
+    requests.put(None)

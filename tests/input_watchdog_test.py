@@ -26,3 +26,23 @@ def test_a_stalled_input_is_an_error_naming_the_files():
   assert next(it) == 1
   with pytest.raises(errors.UserError, match="bad record"):
     next(it)
+
+
+def test_nothing_is_read_ahead_of_the_consumer():
+  """Item i is read when item i is asked for: a SIGTERM sent while a batch is read lands at that
+  step, and a closed stream leaves no thread reading on (it once delivered a finished run's
+  SIGTERM to the next run in the same process)."""
+  read = []
+
+  def counted():
+    for i in range(10):
+      read.append(i)
+      yield i
+  it = input_watchdog.stall_watchdog(counted(), ["a.tfrecord"], minutes=1)
+  assert [next(it), next(it)] == [0, 1]
+  time.sleep(0.2)                                        # a read-ahead thread would go on here
+  assert read == [0, 1]
+  it.close()
+  time.sleep(0.2)
+  assert read == [0, 1]
+  assert list(input_watchdog.stall_watchdog(counted(), ["a"], minutes=1)) == list(range(10))
