@@ -44,6 +44,7 @@ def run(main, *, init_distributed=False, help_config=None, program=None, flags_p
   program: the command name shown in that help (default: argv[0]'s file name).
   """
   from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
+  from bert_jax_core import flag_help  # pylint: disable=g-import-not-at-top
   setup = None
   if init_distributed:
     def setup():
@@ -52,25 +53,11 @@ def run(main, *, init_distributed=False, help_config=None, program=None, flags_p
   if help_config:
     def print_help(argv, flag_values):
       others = [(n, flag_values[n].help) for n in ("workdir",) if n in flag_values]
-      print_config_help(argv, help_config, program or _program_name(argv), others)
+      print_config_help(argv, help_config, program or flag_help.program_name(argv), others)
   else:
-    def print_help(argv, flag_values):
-      # The program's own flags: under `python -m` absl files them under argv[0] (__main__),
-      # under a console script under the module that defined them (main's module).
-      owner = argv[0] if main.__module__ == "__main__" else main.__module__
-      print(flags_help(sys.modules["__main__"].__doc__, flag_values.get_flags_for_module(owner),
-                       program or _program_name(argv)))
+    print_help = flag_help.for_main(main, program)
   errors.run(main, setup=setup, flags_parser=flags_parser, print_help=print_help,
              packaged_configs={PACKAGED_CONFIGS: _CONFIGS_DIR})
-
-
-def _program_name(argv):
-  """`python -m bert_jax.predict` under python -m, else the script's name (bert-jax-predict)."""
-  spec = getattr(sys.modules["__main__"], "__spec__", None)
-  name = getattr(spec, "name", "") or ""
-  if name and name != "__main__":
-    return f"python -m {name.removesuffix('.__main__')}"
-  return os.path.basename(argv[0])
 
 
 # `--config=bert_jax/configs/X.py` outside a clone of the repository: the installed package's copy.
@@ -242,53 +229,3 @@ def print_config_help(argv, config_file, program, other_flags):
   for name, text in other_flags:
     print(f"  --{name}: {text}")
   print("  --verbosity=N: absl logging level (default: warnings only); --helpfull: every flag")
-
-
-# ----------------------------------------------------------------------------------------------
-# --help for the flag-driven programs (predict, extract_features, convert, report, plan): what
-# the program does and how it is called (the docstring's first line and the command examples
-# right below it), then every flag of the program with its default and its help on one line.
-# The rest of the docstring (details, notes for maintainers) stays in the source and the docs.
-# ----------------------------------------------------------------------------------------------
-def _usage(doc):
-  """The docstring's first line and the indented example block that follows it."""
-  lines = (doc or "").strip("\n").splitlines()
-  if not lines:
-    return []
-  out, started = [lines[0].strip(), ""], False
-  for line in lines[1:]:
-    if not line.strip():
-      if started:
-        break
-      continue
-    if not line.startswith((" ", "\t")):
-      break
-    started = True
-    out.append(line.rstrip())
-  return out if started else out[:1]  # (absl puts an enum's choices first: "<a|b>: ...")
-
-
-def _flag_default(flag):
-  if flag.default is None:
-    return "None"
-  if isinstance(flag.default, bool):
-    return "true" if flag.default else "false"
-  if isinstance(flag.default, (list, tuple)):
-    return ",".join(str(x) for x in flag.default)
-  return str(flag.default)
-
-
-def flags_help(doc, program_flags, program):
-  """--help of a flag-driven program: usage, then `--flag=DEFAULT  help` one line each."""
-  out = [f"usage: {program} [--flag=VALUE ...]", ""] + _usage(doc) + ["", "Flags:"]
-  rows = []
-  for flag in sorted(program_flags, key=lambda f: f.name):
-    text = " ".join((flag.help or "").split())
-    if flag.name == "config":   # a config file: its fields are --config.FIELD overrides
-      text += (" Override any field with --config.FIELD=VALUE; `python -m bert_jax.train --help` "
-               "lists the fields with their defaults.")
-    rows.append((f"--{flag.name}=" + _flag_default(flag), text))
-  width = min(max((len(f) for f, _ in rows), default=0), 36)
-  out += [f"  {f:<{width}}  {t}" for f, t in rows]
-  out.append("  --verbosity=N: absl logging level (default: warnings only); --helpfull: every flag")
-  return "\n".join(out)

@@ -211,9 +211,12 @@ def run(main, *, setup=None, flags_parser=None, print_help=None, packaged_config
   setup: run before main inside the same handler (run_main).
   flags_parser: optional `argv -> args` replacing `FLAGS(argv)` (e.g. known_only parsing for a
   program that forwards unknown flags); its flag errors get the same one-line treatment.
-  print_help, packaged_configs: see parse_flags.
+  print_help, packaged_configs: see parse_flags. Without print_help, --help is generated from
+    the program's own flags (flag_help.for_main), not absl's whole docstring and every flag.
   """
   from absl import app  # pylint: disable=g-import-not-at-top
+  from bert_jax_core import flag_help  # pylint: disable=g-import-not-at-top
+  print_help = print_help or flag_help.for_main(main)
 
   def wrapped(argv):
     quiet_third_party_logs()

@@ -1,14 +1,14 @@
 """Pre-training records with Apache Beam: any corpus size, random next from the whole corpus.
 
   # One machine, 8 processes:
-  python -m data_pipelines.beam_pipeline --input_file='data/corpus/*.txt' \
-      --output_dir=data/records --vocab_file=data/vocab.txt --max_seq_length=128 \
-      --dupe_factor=10 --num_shards=256 \
+  python -m data_pipelines.beam_pipeline --input_file='data/corpus/*.txt' \\
+      --output_dir=data/records --vocab_file=data/vocab.txt --max_seq_length=128 \\
+      --dupe_factor=10 --num_shards=256 \\
       -- --runner=DirectRunner --direct_running_mode=multi_processing --direct_num_workers=8
   # Google Cloud Dataflow (docs/beam.md):
-  python -m data_pipelines.beam_pipeline --input_file='gs://BUCKET/wiki/*.txt' \
-      --output_dir=gs://BUCKET/records --vocab_file=gs://BUCKET/vocab.txt ... \
-      -- --runner=DataflowRunner --project=PROJECT --region=us-central1 \
+  python -m data_pipelines.beam_pipeline --input_file='gs://BUCKET/wiki/*.txt' \\
+      --output_dir=gs://BUCKET/records --vocab_file=gs://BUCKET/vocab.txt ... \\
+      -- --runner=DataflowRunner --project=PROJECT --region=us-central1 \\
          --temp_location=gs://BUCKET/tmp --setup_file=./setup.py --max_num_workers=50
 
 The flags are create_pretraining_data's (same inputs: text/JSONL globs, gs:// paths, TFDS; same

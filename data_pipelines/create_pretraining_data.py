@@ -1,7 +1,7 @@
 """Raw text -> sharded TFRecords of unmasked BERT pre-training instances.
 
-  python -m data_pipelines.create_pretraining_data --input_file='data/corpus/*.txt' \
-      --output_dir=data/records --vocab_file=data/vocab.txt --max_seq_length=128 \
+  python -m data_pipelines.create_pretraining_data --input_file='data/corpus/*.txt' \\
+      --output_dir=data/records --vocab_file=data/vocab.txt --max_seq_length=128 \\
       --dupe_factor=10 --num_shards=16 --num_workers=8
 
 Flags follow google-research/bert's create_pretraining_data.py. Masking is not done here: the

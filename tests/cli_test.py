@@ -76,6 +76,12 @@ FLAG_PROGRAMS = {
                         "Tags follow bert_jax.metrics_writer's scheme"),
     "bert_jax.plan": (["--topology=None", "--search=false", "--config=None",
                        "--config.FIELD=VALUE"], "libtpu 0.0.42.1 segfaulted"),
+    # data_pipelines' programs: the same help, from bert_jax_core (errors.run's default).
+    "data_pipelines.build_vocab": (["--vocab_size=", "--lower_case=None", "--output=None"],
+                                   "reservoir sampling"),
+    "data_pipelines.create_pretraining_data": (["--dupe_factor=10", "--max_seq_length=128",
+                                                "--num_shards=16"],
+                                               "Masking is not done here"),
 }
 
 
