@@ -68,11 +68,15 @@ def test_a_killed_holder_on_this_host_is_taken_over(tmp_path, capsys):
 @pytest.mark.parametrize("fields,reason", [
     (dict(proc_start=1), "is now another process"),            # pid reused by another program
     (dict(boot_id="another-boot"), "the host has rebooted"),   # a preempted VM came back
-    (dict(host="other-host", heartbeat=time.time() - 11 * 60), "last heartbeat was 11 min ago"),
+    # (heartbeat_ago: made a time when the test runs, not when it is collected minutes earlier)
+    (dict(host="other-host", heartbeat_ago=11 * 60), "last heartbeat was 11 min ago"),
 ])
 def test_stale_locks_are_taken_over(tmp_path, capsys, fields, reason):
   if "boot_id" in fields and workdir_lock._boot_id() is None:
     pytest.skip("no /proc boot_id here")
+  fields = dict(fields)
+  if "heartbeat_ago" in fields:
+    fields["heartbeat"] = time.time() - fields.pop("heartbeat_ago")
   wd = str(tmp_path / "wd")
   _plant(wd, **fields)
   with workdir_lock.hold(wd, "bert_jax.train"):
