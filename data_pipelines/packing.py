@@ -36,7 +36,8 @@ import math
 
 import numpy as np
 
-from bert_jax_core.tf_setup import tf
+# TensorFlow is imported by the tf.data glue below only: the numpy packer (pack_arrays, assign,
+# pack_examples) runs without it (benchmarks.accelerator on a GPU image that has no TensorFlow).
 
 PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "instance_ids", "position_ids",
                "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
@@ -177,6 +178,7 @@ _IN_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "ma
 
 def pack_chunk(features, seed, *, seq_length, max_instances, max_preds, count_preds):
   """tf: a chunk dict of [N, ...] tensors (unpacked, masked) -> dict of [R, ...] packed rows."""
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   def run(seed, *arrays):
     out = pack_arrays(dict(zip(_IN_KEYS, arrays)), seed, max_instances=max_instances,
                       max_preds=max_preds, count_preds=count_preds)
@@ -197,6 +199,7 @@ def pack_chunk(features, seed, *, seq_length, max_instances, max_preds, count_pr
 
 def chunk_num_rows(lengths, num_preds, *, seq_length, max_instances, max_preds, count_preds):
   """tf: [N] lengths and prediction counts of a chunk -> its number of packed rows (int64)."""
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   def run(lengths, num_preds):
     return np.int64(num_rows(lengths, num_preds, seq_length, max_instances, max_preds,
                              count_preds))
