@@ -118,7 +118,7 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
 # ----------------------------------------------------------------------------------------------
 # One run: a case, a packing mode, a backend.
 # ----------------------------------------------------------------------------------------------
-def build(case, *, packed, backend, dtype, remat, batch, interpret):
+def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None):
   """The pre-training config, model config, mesh and jitted steps of one run."""
   from bert_jax import attention, sharding as sharding_lib, train
   from bert_jax.configs import pretrain
@@ -129,6 +129,8 @@ def build(case, *, packed, backend, dtype, remat, batch, interpret):
   c.model.dtype = dtype
   c.model.remat = remat
   c.model.attention_dropout_prob = 0.0
+  if hidden_dropout is not None:   # --hidden_dropout: what the dropout masks cost
+    c.model.hidden_dropout_prob = hidden_dropout
   if "pack" in c:
     c.pack = packed
   choice = attention.select_backend(backend, packed=packed, dtype=dtype, seq_len=case["seq"],
@@ -140,11 +142,11 @@ def build(case, *, packed, backend, dtype, remat, batch, interpret):
 
 
 def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
-        seed=0):
+        seed=0, hidden_dropout=None):
   import jax
   from bert_jax import sharding as sharding_lib, train
   c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
-                                 batch=batch, interpret=interpret)
+                                 batch=batch, interpret=interpret, hidden_dropout=hidden_dropout)
   rng = np.random.default_rng(seed)
   host, contents = make_batches(rng, count=4, rows=batch, seq=case["seq"], preds=case["preds"],
                                 vocab=30522, packed=packed)
@@ -226,6 +228,8 @@ def parse_args(argv=None):
   p.add_argument("--batch", type=int, default=0, help="global batch (0: the case's)")
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", action="store_true", help="rematerialise each layer")
+  p.add_argument("--hidden_dropout", type=float, default=None,
+                 help="hidden dropout (default: the preset's 0.1); 0 measures what dropout costs")
   p.add_argument("--profile_dir", default="", help="write a jax.profiler trace of one step")
   p.add_argument("--interpret", action="store_true", help="allow Pallas kernels in CPU "
                  "interpret mode (for checking the plumbing; slow)")
@@ -256,6 +260,7 @@ def main(argv=None):
                                      interpret=a.interpret):
         r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
                 warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
+                hidden_dropout=a.hidden_dropout,
                 profile_dir=a.profile_dir and os.path.join(
                     a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{backend}"))
         r["case"] = name
