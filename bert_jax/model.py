@@ -42,7 +42,7 @@ from flax import linen as nn
 from bert_jax import attention as attention_lib
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
-FAMILIES = ("bert", "albert", "spanbert", "electra")
+FAMILIES = ("bert", "albert", "spanbert", "electra", "distilbert")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 OBJECTIVES = ("mlm", "nsp", "sop", "sbo", "rtd")
 GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
@@ -62,7 +62,7 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
-  type_vocab_size: int = 2
+  type_vocab_size: int = 2          # 0: no token-type table (DistilBERT; segment_ids are ignored)
   hidden_dropout_prob: float = 0.1
   attention_dropout_prob: float = 0.1
   hidden_act: str = "gelu"          # exact erf GELU (HF "gelu"); "gelu_tanh" = google's tanh form
@@ -76,7 +76,7 @@ class BertConfig:
   attention: str = "xla"
   # The family fields (docs/models.md). Their defaults are BERT, and to_dict() leaves a field at
   # its default out, so a BERT checkpoint's stored config is what it was before they existed.
-  family: str = "bert"              # bert | albert | spanbert | electra: what convert/predict call it
+  family: str = "bert"              # bert | albert | spanbert | electra | distilbert
   embedding_size: int = 0           # E; 0 = H, no projection. ALBERT, ELECTRA-small: E=128 -> H
   share_layers: str = "none"        # none | all | attention | ffn (ALBERT's cross-layer sharing)
   # Pre-training objectives (bert_jax/objectives.py), comma-separated: mlm plus at most one
@@ -127,6 +127,14 @@ class BertConfig:
     if self.family == "electra" and self.generator_hidden_size % self.generator_num_heads:
       raise ValueError(f"BertConfig: generator_hidden_size={self.generator_hidden_size} is not "
                        f"divisible by generator_num_heads={self.generator_num_heads}.")
+    if (self.family == "distilbert") != (self.type_vocab_size == 0) or self.type_vocab_size < 0:
+      raise ValueError(f"BertConfig: family={self.family!r} with type_vocab_size="
+                       f"{self.type_vocab_size}; DistilBERT has no token types (exactly 0), "
+                       "every other family >= 1.")
+    if self.family == "distilbert" and self.objectives != "mlm":
+      raise ValueError(f"BertConfig: family='distilbert' with objectives={self.objectives!r}; "
+                       "DistilBERT has no pooler and trains MLM only ('mlm'; the distillation "
+                       "parts are bert_jax/distil.py's).")
     parts = self.objective_list
     unknown = [o for o in parts if o not in OBJECTIVES]
     sentence = [o for o in parts if o in ("nsp", "sop")]
@@ -147,6 +155,11 @@ class BertConfig:
   def sentence_objective(self):
     """"nsp", "sop" or None: the two-class task on the pooled [CLS]."""
     return next((o for o in self.objective_list if o in ("nsp", "sop")), None)
+
+  @property
+  def has_pooler(self) -> bool:
+    """DistilBERT has none (its classifier reads the [CLS] hidden state)."""
+    return self.family != "distilbert"
 
   @property
   def factorised(self) -> bool:
@@ -193,6 +206,7 @@ def _miniatures():
 _ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectives="mlm,sop",
                hidden_act="gelu_tanh", hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
 _SPANBERT = dict(family="spanbert", objectives="mlm,sbo")
+_DISTILBERT = dict(family="distilbert", objectives="mlm", type_vocab_size=0)
 
 def _electra(layers, hidden, embed, generator_hidden):
   """ELECTRA (Clark et al. 2020, Table 6; google-research/electra training_utils.get_bert_config
@@ -235,6 +249,13 @@ PRESETS = {
                           intermediate_size=512),
     "spanbert-mini": dict(_SPANBERT, num_layers=4, hidden_size=256, num_heads=4,
                           intermediate_size=1024),
+    # DistilBERT (Sanh et al. 2019; bert_jax/distil.py): BERT-base halved in depth, no token types,
+    # no pooler; 66,362,880 parameters (DistilBertModel), 66,985,530 with the MLM head
+    # (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/distil_test.py).
+    # tiny / mini: the tiny / mini BERT presets halved in depth (students of those teachers).
+    **{f"distilbert-{name}": dict(_DISTILBERT, num_layers=l, hidden_size=h, num_heads=h // 64,
+                                  intermediate_size=4 * h)
+       for name, l, h in (("tiny", 1, 128), ("mini", 2, 256), ("base", 6, 768))},
     # ELECTRA (bert_jax/electra.py): electra-{tiny,mini,small,base,large}.
     **{f"electra-{name}": _electra(*sizes) for name, sizes in (
         ("tiny", (2, 128, 64, 32)), ("mini", (4, 256, 128, 64)), ("small", (12, 256, 128, 64)),
@@ -332,7 +353,8 @@ class BertEmbeddings(nn.Module):
                                       embedding_init=_init(c, names))
     self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"))
     self.position_embeddings = embed(c.max_position_embeddings, ("pos", "embed"))
-    self.token_type_embeddings = embed(c.type_vocab_size, ("type", "embed"))
+    if c.type_vocab_size:   # DistilBERT (0) has no segment table and ignores segment_ids
+      self.token_type_embeddings = embed(c.type_vocab_size, ("type", "embed"))
     self.layer_norm = _layer_norm(c, None)
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
     if c.factorised:
@@ -347,9 +369,9 @@ class BertEmbeddings(nn.Module):
     # Packed rows restart positions at each instance ([B, T]); unpacked rows count 0..T-1.
     positions = (self.position_embeddings(jnp.arange(seq_len))[None]    # [1, T, E]
                  if position_ids is None else self.position_embeddings(position_ids))  # [B, T, E]
-    x = (self.word_embeddings(input_ids)                                 # [B, T, E]
-         + positions
-         + self.token_type_embeddings(segment_ids))                      # [B, T, E]
+    x = self.word_embeddings(input_ids) + positions                      # [B, T, E]
+    if self.config.type_vocab_size:
+      x = x + self.token_type_embeddings(segment_ids)                    # [B, T, E]
     x = self.layer_norm(x).astype(self.config.dtype)
     x = self.dropout(x, deterministic=deterministic)
     if self.config.factorised and project:
@@ -491,7 +513,8 @@ def _two_blocks(attn, ffn, x, attention_ids, deterministic, block_diagonal):
 
 
 class BertModel(nn.Module):
-  """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS]).
+  """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS]; DistilBERT has none:
+  pooled_output None).
 
   Unpacked rows: (input_ids, input_mask, segment_ids) [B, T]; pooled_output [B, H] from
   position 0. Packed rows (data_pipelines/packing.py) add instance_ids [B, T] (0 = padding,
@@ -504,7 +527,8 @@ class BertModel(nn.Module):
     c = self.config
     self.embeddings = BertEmbeddings(c)
     self.encoder = BertEncoder(c)
-    self.pooler = _dense(c, c.hidden_size, ("embed", "embed2"), None)
+    if c.has_pooler:
+      self.pooler = _dense(c, c.hidden_size, ("embed", "embed2"), None)
 
   def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
                position_ids=None, cls_positions=None, deterministic=True,
@@ -515,7 +539,8 @@ class BertModel(nn.Module):
     x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
                                     packed)
     cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
-    pooled = jnp.tanh(self.pooler(cls))                      # [B, H] or [B, K, H] from [CLS]
+    pooled = (jnp.tanh(self.pooler(cls))                     # [B, H] or [B, K, H] from [CLS]
+              if self.config.has_pooler else None)           # DistilBERT: no pooler
     out = {"sequence_output": x, "pooled_output": pooled}
     if output_hidden_states:
       out["hidden_states"] = hidden_states                                # L+1 x [B, T, H]
@@ -596,13 +621,15 @@ class BertForPreTraining(nn.Module):
   task -- or, with return_dict=True, {objective: logits} (what `pretraining_forward` gives the
   loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
   prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
+  output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
+  [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
-               span_right=None, deterministic=True, return_dict=False):
+               span_right=None, deterministic=True, return_dict=False, output_sequence=False):
     c = self.config
     bert = BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
@@ -629,7 +656,7 @@ class BertForPreTraining(nn.Module):
       logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
           out["sequence_output"], masked_lm_positions, span_left, span_right, table)
     if return_dict:
-      return logits
+      return {**logits, "sequence_output": out["sequence_output"]} if output_sequence else logits
     return logits["mlm"], logits.get(sentence)
 
 

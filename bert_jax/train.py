@@ -11,6 +11,7 @@ grad_accum_steps=k it scans k micro-batches inside the jitted step). Restarting 
 shared plumbing (steps, pre-trained loading, checks, timing, log averaging) is in trainer_lib.py.
 """
 
+import functools
 import json
 import os
 
@@ -25,6 +26,7 @@ from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import cli
+from bert_jax import distil
 from bert_jax import electra
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
@@ -53,10 +55,10 @@ def forward(module, batch, deterministic):
   return model_lib.pretraining_outputs(module, batch, deterministic)
 
 
-def pretraining_loss(outputs, batch):
+def pretraining_loss(outputs, batch, weights=None):
   """The sum of the objectives' losses (bert_jax/objectives.py): BERT's MLM + NSP as
-  google-research/bert, ALBERT's MLM + SOP, SpanBERT's MLM + SBO."""
-  loss, metrics = objectives.pretraining_loss(outputs, batch)
+  google-research/bert, ALBERT's MLM + SOP, SpanBERT's MLM + SBO; `weights` DistilBERT's."""
+  loss, metrics = objectives.pretraining_loss(outputs, batch, weights)
   # Real tokens per slot of the batch (1 - padding); x tokens/s = real tokens/s in the log.
   metrics["real_token_fraction"] = jnp.mean(batch["input_mask"].astype(jnp.float32))
   return loss, metrics
@@ -92,19 +94,24 @@ def check_objectives(config, model_config):
                       "their boundaries: set --config.masking=span.")
 
 
-def build_training(config, model_config, mesh,
+def build_training(config, model_config, mesh, teacher=None,
                    rules=sharding_lib.LOGICAL_AXIS_RULES) -> trainer_lib.Steps:
-  """Model, optimizer and the jitted, explicitly sharded init/train/eval functions."""
+  """Model, optimizer and the jitted, explicitly sharded init/train/eval functions (DistilBERT:
+  its teacher, distil.load_teacher's, loaded here once onto the mesh: Steps.frozen)."""
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=config.num_train_steps,
                                            warmup_steps=config.warmup_steps)
-  # ELECTRA: a generator and a discriminator in one module, one optimizer (bert_jax/electra.py).
-  model, fwd = ((electra.ElectraForPreTraining(model_config), electra.forward)
-                if model_config.family == "electra" else
-                (model_lib.BertForPreTraining(model_config), forward))
+  model, fwd, weights, frozen = model_lib.BertForPreTraining(model_config), forward, None, None
+  if model_config.family == "electra":   # generator + discriminator, one optimizer (electra.py)
+    model, fwd = electra.ElectraForPreTraining(model_config), electra.forward
+  if model_config.family == "distilbert":   # the student; its frozen teacher in the step
+    teacher = teacher or distil.load_teacher(config, model_config)
+    fwd, weights = distil.student_forward(config), distil.loss_weights(config)
+    frozen = distil.frozen_teacher(teacher, dummy_batch(config), mesh, rules)
+  loss_fn = functools.partial(pretraining_loss, weights=weights)
   return trainer_lib.build_steps(
-      model=model, forward=fwd,
-      loss_fn=pretraining_loss, eval_fn=eval_metrics, dummy_batch=dummy_batch(config), tx=tx,
-      schedule=schedule, mesh=mesh, grad_accum_steps=int(config.grad_accum_steps), rules=rules)
+      model=model, forward=fwd, loss_fn=loss_fn, eval_fn=lambda out, b: loss_fn(out, b)[1],
+      dummy_batch=dummy_batch(config), tx=tx, schedule=schedule, mesh=mesh,
+      grad_accum_steps=int(config.grad_accum_steps), rules=rules, frozen=frozen)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +148,7 @@ def model_flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1):
   return dense + attention + projection + mlm_head + sbo_head + pooler_nsp
 
 
-def step_flops(config, model_config, layout):
+def step_flops(config, model_config, layout, teacher=None):
   """FLOPs of one optimizer step as the step computes them: a packed row carries Q prediction
   slots and K NSP slots (pretrain_input's widths), an unpacked one max_predictions_per_seq and 1."""
   preds, nsp = config.max_predictions_per_seq, 1
@@ -149,6 +156,9 @@ def step_flops(config, model_config, layout):
     nsp, preds = input_source.packed_widths(config, layout)
   if model_config.family == "electra":   # both networks
     return electra.flops_per_sequence(model_config, config.seq_length, preds) * config.batch_size
+  if teacher:   # DistilBERT: the student trained, the teacher's forward
+    return distil.flops_per_sequence(model_config, teacher.model_config, config.seq_length, preds,
+                                     model_flops_per_sequence) * config.batch_size
   return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
 
 
@@ -220,9 +230,9 @@ def create_model_config(config, vocab):
 # ----------------------------------------------------------------------------------------------
 # State: resume > init_checkpoint > fresh init.
 # ----------------------------------------------------------------------------------------------
-def restore_or_init(manager, t, config, model_config, workdir, latest):
+def restore_or_init(manager, t, config, model_config, workdir, latest, teacher=None):
   """(state, step) from checkpoint `latest` (verified; None: none) in workdir, else a fresh (or
-  pre-trained) start."""
+  pre-trained; a DistilBERT student: from its teacher's layers) start."""
   if latest is not None:   # of this model and vocab: checked before the input (check_same_run)
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
     print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
@@ -231,16 +241,27 @@ def restore_or_init(manager, t, config, model_config, workdir, latest):
   state = t.init_state(jax.random.PRNGKey(config.seed))
   if config.init_checkpoint:
     state = init_from_checkpoint(state, t, config.init_checkpoint, model_config)
+  elif teacher:
+    state = distil.init_student(state, t, config, teacher, model_config.num_layers)
   return state, 0
 
 
-def check_same_run(manager, latest, model_config, workdir, config, vocab_hash):
-  """A workdir's checkpoint `latest` must be of the configured model and vocabulary (resuming, or
-  reporting a finished run): else a one-line error naming both sides. It reads the checkpoint's
-  meta only, so another preset is refused before the input and the model are built (issue 23,
-  fault 8: 131 s in), and another vocab of the same size is refused at all (fault 2: it trained
-  on and recorded the new hash)."""
+def check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher=None):
+  """A workdir's checkpoint `latest` must be of the configured model, vocabulary and (DistilBERT)
+  teacher (resuming, or reporting a finished run): else a one-line error naming both sides, the
+  manager closed. It reads the checkpoint's meta only, so another preset is refused before the
+  input and the model are built (issue 23, fault 8: 131 s in), and another vocab of the same size
+  is refused at all (fault 2: it trained on and recorded the new hash)."""
+  try:
+    _check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher)
+  except ConfigError:
+    manager.close()
+    raise
+
+
+def _check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher):
   meta = ckpt_lib.read_meta(manager, latest)
+  distil.check_teacher(meta, teacher, workdir)
   stored = meta["model_config"]
   if stored != model_config.to_dict():
     diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
@@ -310,7 +331,8 @@ def init_from_checkpoint(state, t, path, model_config):
 def validate_inputs(config, workdir):
   """Config values, workdir, files, vocab, model size and the records' contract, before compute.
 
-  Returns (train_files, eval_files or None, vocab, model_config, vocab_hash).
+  Returns (train_files, eval_files or None, vocab, model_config, vocab_hash, teacher: DistilBERT's
+  distil.Teacher, described and checked, or None).
   """
   preflight.check_config_values(config)
   trainer_lib.check_workdir(workdir)
@@ -324,6 +346,7 @@ def validate_inputs(config, workdir):
   check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
+  teacher = distil.load_teacher(config, model_config)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
   note = print if jax.process_index() == 0 else (lambda _: None)
   preflight.check_data_contract(train_files, "train_input_files", config, vocab, note,
@@ -331,7 +354,7 @@ def validate_inputs(config, workdir):
   if eval_files:
     preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note,
                                   model_config=model_config)
-  return train_files, eval_files, vocab, model_config, vocab_hash
+  return train_files, eval_files, vocab, model_config, vocab_hash, teacher
 
 
 def print_mesh_line(config, model_config, mesh, local_batch, is_main):
@@ -374,7 +397,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 def _train_and_evaluate(config, workdir):
   # --- Set-up and validation (no compute before this passes). ---
   clock = metrics_writer.Clock()  # the summary's wall time: set-up, compilation and all
-  train_files, eval_files, vocab, model_config, vocab_hash = validate_inputs(config, workdir)
+  train_files, eval_files, vocab, model_config, vocab_hash, teacher = validate_inputs(
+      config, workdir)
   is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
 
   # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
@@ -384,12 +408,8 @@ def _train_and_evaluate(config, workdir):
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
 
   manager, latest, layout = resume_point(config, workdir, train_files)
-  if latest is not None:   # the same model and vocab, from the checkpoint's meta, before input
-    try:
-      check_same_run(manager, latest, model_config, workdir, config, vocab_hash)
-    except ConfigError:
-      manager.close()
-      raise
+  if latest is not None:   # the same model, vocab and teacher, from the checkpoint's meta
+    check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher)
   if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
     manager.close()
     return nothing_to_do(config, workdir, latest, is_main)
@@ -414,9 +434,9 @@ def _train_and_evaluate(config, workdir):
     print(input_line(layout, len(train_files), real_per_slot), flush=True)
 
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
-  t = build_training(config, model_config, mesh)
+  t = build_training(config, model_config, mesh, teacher)   # DistilBERT: the teacher loaded
   with trainer_lib.mesh_rules(mesh):
-    state, start_step = restore_or_init(manager, t, config, model_config, workdir, latest)
+    state, start_step = restore_or_init(manager, t, config, model_config, workdir, latest, teacher)
 
   def evaluate(step, params):
     result = evaluate_params(t.eval_step, params, config.eval_steps, mesh,
@@ -433,13 +453,13 @@ def _train_and_evaluate(config, workdir):
   def save(step, force=False):
     meta = dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
                 model_config=model_config.to_dict(), input_position=step, step=step,
-                stream_layout=layout)
+                stream_layout=layout, teacher=teacher.record if teacher else None)
     ckpt_lib.save(manager, step, state, meta, force=force)
 
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
     writer.write_text("config", config.to_json_best_effort(indent=2))
-  flops_per_step = step_flops(config, model_config, layout)
+  flops_per_step = step_flops(config, model_config, layout, teacher)
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
@@ -502,9 +522,15 @@ def next_commands(config, workdir, step, stopped):
   name = (parts[-2] if parts[-1] == "workdir" and len(parts) > 1 else parts[-1]) or "model"
   further = (f"train further: the same command with --config.num_train_steps={more} (resumes "
              f"from step {step}; the learning-rate decay is stretched to the new total)")
-  if model_lib.PRESETS.get(config.model_name, {}).get("family") == "electra":
+  family = model_lib.PRESETS.get(config.model_name, {}).get("family")
+  if family == "electra":
     # predict and fine-tuning do not read ELECTRA checkpoints yet (docs/models.md).
     return [f"python -m bert_jax.convert.electra --input={workdir} --output=hf/{name}", further]
+  if family == "distilbert":   # fine-tuning has no DistilBERT head yet (docs/models.md)
+    return [f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
+            f'"The man went to the [MASK] ."',
+            f"python -m bert_jax.convert.distilbert --input={workdir} --output=hf/{name}",
+            further + " and the same --config.teacher_checkpoint"]
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
@@ -582,7 +608,8 @@ def log_line(step, total_steps, avg):
              f"({avg['real_tokens_per_sec']:.0f} real) "
              f"{avg['tflops']:.3f} TFLOP/s" + (f" MFU {avg['mfu']:.1%}" if "mfu" in avg else "")
              + f" | ETA {_fmt_time((total_steps - step) / avg['steps_per_sec'])}")
-  parts = ", ".join(f"{p} {avg[p + '_loss']:.3f} acc {avg[p + '_accuracy']:.3f}"
+  parts = ", ".join(f"{p} {avg[p + '_loss']:.3f}" + (f" acc {avg[p + '_accuracy']:.3f}" if
+                                                      p + "_accuracy" in avg else "")
                     for p in objectives.PARTS if p + "_loss" in avg)   # the model's objectives
   return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} ({parts}) "
           f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}"

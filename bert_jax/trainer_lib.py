@@ -70,15 +70,28 @@ def apply_gradients(state, grads, tx):
               params=optax.apply_updates(state["params"], updates))
 
 
-def train_step(state, batch, *, model, forward, loss_fn, tx, schedule, grad_accum_steps, mesh):
+def with_frozen(batch, frozen_params, frozen_apply):
+  """batch plus a frozen network's outputs on it (DistilBERT's teacher: bert_jax/distil.py), or
+  batch itself when the step has none. No gradient reaches them (stop_gradient in the apply, and
+  the frozen parameters are an argument of the step, not in the state the gradient is of)."""
+  if frozen_apply is None:
+    return batch
+  return {**batch, **frozen_apply(frozen_params, batch)}
+
+
+def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx, schedule,
+               grad_accum_steps, mesh, frozen_apply=None):
   """Forward + backward over k micro-batches, their mean gradient, one optimizer update.
 
   batch: the global batch of the step ([k*b, ...] leaves). loss_fn(outputs, batch) ->
-  (scalar loss, metrics dict); metrics are averaged over the micro-batches.
+  (scalar loss, metrics dict); metrics are averaged over the micro-batches. frozen_params /
+  frozen_apply: a frozen network evaluated on each micro-batch first (with_frozen).
   """
   k = grad_accum_steps
 
   def grads_and_metrics(params, micro, j):
+    micro = with_frozen(micro, frozen_params, frozen_apply)
+
     def loss(p):
       outputs = model.apply({"params": p}, micro, False, method=forward,
                             rngs={"dropout": dropout_key(state["rng"], state["step"], j)})
@@ -107,8 +120,18 @@ def train_step(state, batch, *, model, forward, loss_fn, tx, schedule, grad_accu
   return guard.select(state, apply_gradients(state, grads, tx), metrics)
 
 
-def eval_step(params, batch, *, model, forward, eval_fn):
+def eval_step(params, batch, frozen_params=None, *, model, forward, eval_fn, frozen_apply=None):
+  batch = with_frozen(batch, frozen_params, frozen_apply)
   return eval_fn(model.apply({"params": params}, batch, True, method=forward), batch)
+
+
+class Frozen(NamedTuple):
+  """A network evaluated inside the steps but never trained (DistilBERT's teacher): its
+  parameters are loaded once (load_frozen), sharded by the logical-axis rules, and passed to the
+  jitted steps as an argument: not in the state, the optimizer or the checkpoints."""
+  apply: Callable            # (params, batch) -> {key: array} added to the batch
+  params: Any                # sharded jax arrays
+  shardings: Any
 
 
 class Steps(NamedTuple):
@@ -121,15 +144,19 @@ class Steps(NamedTuple):
   init_state: Callable       # rng -> sharded dict(step, params, opt_state, rng) (jitted)
   train_step: Callable       # (state, global batch) -> (state, metrics); state donated
   eval_step: Callable        # (params, global batch) -> eval_fn's outputs, replicated
+  frozen: Any = None         # the Frozen network's parameters (bound into both steps) or None
 
 
 def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, mesh,
-                grad_accum_steps=1, rules=sharding_lib.LOGICAL_AXIS_RULES) -> Steps:
+                grad_accum_steps=1, rules=sharding_lib.LOGICAL_AXIS_RULES,
+                frozen: Frozen = None) -> Steps:
   """Jitted init/train/eval functions with explicit shardings from the parameters' logical axes.
 
   forward(module, batch, deterministic) -> outputs: the one place a loop calls its model, with
   the whole batch dict (so new batch features reach the model without touching this file).
   dummy_batch: a batch dict of the right shapes (batch 1) for model.init.
+  frozen: a Frozen network; its parameters are the third argument of both jitted steps, which
+  Steps binds (train_step(state, batch) as without one).
   """
   def init_variables(rng):
     # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
@@ -159,18 +186,32 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
       state_shardings)
   batch_sharding, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
+  apply = dict(frozen_apply=frozen.apply) if frozen else {}
+  extra = (frozen.shardings,) if frozen else ()
   step_fn = functools.partial(train_step, model=model, forward=forward, loss_fn=loss_fn, tx=tx,
                               schedule=schedule, grad_accum_steps=int(grad_accum_steps),
-                              mesh=mesh)
+                              mesh=mesh, **apply)
+  train = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding, *extra),
+                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(eval_step, model=model, forward=forward, eval_fn=eval_fn,
+                                       **apply),
+                     in_shardings=(param_shardings, batch_sharding, *extra), out_shardings=repl)
   return Steps(
       model=model, tx=tx, schedule=schedule, abstract_state=abstract_state,
       state_shardings=state_shardings, param_shardings=param_shardings,
       init_state=jax.jit(init_state, out_shardings=state_shardings),
-      train_step=jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
-                         out_shardings=(state_shardings, repl), donate_argnums=(0,)),
-      eval_step=jax.jit(
-          functools.partial(eval_step, model=model, forward=forward, eval_fn=eval_fn),
-          in_shardings=(param_shardings, batch_sharding), out_shardings=repl))
+      train_step=_bind(train, frozen), eval_step=_bind(evaluate, frozen),
+      frozen=frozen.params if frozen else None)
+
+
+def _bind(jitted, frozen):
+  """jitted(a, b, frozen.params) called as f(a, b) (and f.lower(a, b)): the frozen parameters
+  stay an argument of the compiled step, never a constant folded into it."""
+  if frozen is None:
+    return jitted
+  bound = lambda *args: jitted(*args, frozen.params)  # noqa: E731
+  bound.lower = lambda *args: jitted.lower(*args, frozen.params)
+  return bound
 
 
 @contextlib.contextmanager
@@ -252,7 +293,14 @@ def load_pretrained(state, steps: Steps, pre: Pretrained, keys, *, required=()):
   if not found:
     return state
   bare = "bert" in found and found["bert"] is pre.params_meta
-  item = abstract["bert"] if bare else {k: abstract[k] for k in found}
+  restored = _restore(pre, abstract["bert"] if bare else {k: abstract[k] for k in found})
+  restored = {"bert": restored} if bare else restored
+  return dict(state, params={**state["params"], **restored})
+
+
+def _restore(pre: Pretrained, item):
+  """The arrays of `pre` at the abstract tree `item` (ShapeDtypeStructs with shardings), each
+  restored straight into its sharding; keys of the checkpoint not in `item` are not read."""
   for key in reversed(pre.prefix):
     item = {key: item}
   with ocp.PyTreeCheckpointer() as ckptr:
@@ -261,8 +309,32 @@ def load_pretrained(state, steps: Steps, pre: Pretrained, keys, *, required=()):
         partial_restore=True))
   for key in pre.prefix:
     restored = restored[key]
-  restored = {"bert": restored} if bare else restored
-  return dict(state, params={**state["params"], **restored})
+  return restored
+
+
+def load_frozen(pre: Pretrained, model, forward, dummy_batch, keys, mesh, apply,
+                rules=sharding_lib.LOGICAL_AXIS_RULES) -> Frozen:
+  """A Frozen network: `model`'s parameters `keys` read from `pre` once, each straight into the
+  sharding its logical axes give under `rules` (as the trained model's), shapes checked first."""
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+  def init(rng):
+    with nn.logical_axis_rules(()):   # as build_steps' init_variables
+      return model.init({"params": rng}, dummy_batch, True, method=forward)["params"]
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(init, key)
+    shardings = sharding_lib.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nn.unbox(boxed), shardings)
+  abstract, shardings = ({k: abstract[k] for k in keys}, {k: shardings[k] for k in keys})
+  for k in keys:
+    stored = stored_subtree(pre, k)
+    if stored is None:
+      raise ConfigError(f"{pre.path} has no '{k}' parameters (top-level keys "
+                        f"{sorted(pre.params_meta)}); point it at a checkpoint of this model.")
+    ckpt_lib.check_params_match(stored, abstract[k], str(pre.path))
+  return Frozen(apply, _restore(pre, abstract), shardings)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
             create_pretraining_data --sop; n-gram masking); SpanBERT: spanbert, spanbert-large,
             spanbert-{tiny,mini} (records from --no_nsp; span masking); ELECTRA:
             electra-{small,base,large} (the paper's recipe below) and electra-{tiny,mini}
-            (records from --no_nsp; a generator and a discriminator, bert_jax/electra.py).
-            docs/models.md.
+            (records from --no_nsp; a generator and a discriminator, bert_jax/electra.py);
+            DistilBERT: distilbert-{tiny,mini,base} with --config.teacher_checkpoint=TEACHER
+            (records from --no_nsp; bert_jax/distil.py). docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
@@ -67,8 +68,13 @@ def get_config(arg="base"):
   c.masking = {"albert": "ngram", "spanbert": "span"}.get(family.get("family"), "token")
   c.whole_word_masking = family.get("family") in ("albert", "spanbert")  # n-grams / spans of words
   _optimizer_and_loop_fields(c)
+  # DistilBERT's teacher (bert_jax/distil.py): a BERT workdir, export or Hugging Face folder;
+  # its path and manifest hash go into every checkpoint's meta and resuming checks them.
+  c.teacher_checkpoint = ""
   if family.get("family") == "electra":
     _electra_recipe(c, preset)
+  if family.get("family") == "distilbert":
+    _distilbert_recipe(c)
   _apply_variants(c, preset, variants)
   return c
 
@@ -87,6 +93,20 @@ def _electra_recipe(c, preset):
   else:   # small, and the test sizes tiny / mini
     c.seq_length, c.learning_rate, c.batch_size, c.num_train_steps = 128, 5e-4, 128, 1_000_000
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
+
+
+def _distilbert_recipe(c):
+  """DistilBERT (Sanh et al. 2019; transformers examples/research_projects/distillation, train.py
+  and its README's command): the loss 5 x KL at T=2 + 2 x MLM + 1 x cosine, lr 5e-4, no NSP
+  (records from create_pretraining_data --no_nsp), token masking."""
+  c.alpha_ce = 5.0                 # KL(teacher/T || student/T) x T^2 on the masked positions
+  c.alpha_mlm = 2.0                # the student's own MLM cross-entropy
+  c.alpha_cos = 1.0                # 1 - cos(student, teacher) last hidden states, real tokens
+  c.temperature = 2.0              # T of the soft targets
+  # Teacher layer of each student layer, comma-separated; "" = every other one (0, 2, 4, ...;
+  # the paper). HF's extract_distilbert.py took 0,2,4,7,9,11 of BERT-base.
+  c.teacher_layers = ""
+  c.learning_rate = 5e-4
 
 
 def _input_fields(c):

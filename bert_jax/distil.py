@@ -1,0 +1,254 @@
+"""DistilBERT (Sanh et al. 2019): a student BERT trained to match a frozen teacher.
+
+The student is BertForPreTraining with family "distilbert" (model.py: no token-type table, no
+pooler, MLM head). Pre-training (python -m bert_jax.train with a distilbert-* preset and
+--config.teacher_checkpoint) runs both networks in one jitted, mesh-sharded step:
+
+  1. teacher: its MLM logits at the masked positions [B, P, V] and last hidden states [B, T, H],
+     deterministic, in the run's compute dtype (bf16 on accelerators), under stop_gradient; its
+     parameters are an argument of the step (loaded once, sharded by the same logical-axis rules),
+     never in the TrainState, the optimizer or a checkpoint (trainer_lib.build_steps(frozen=))
+  2. student: the same outputs, with dropout
+  3. loss (objectives.py parts, weights from the config; HF's distillation recipe by default):
+       alpha_ce   5.0 x distill_ce   KL(teacher/T || student/T) x T^2 over the masked positions
+       alpha_mlm  2.0 x mlm          cross-entropy against the original tokens
+       alpha_cos  1.0 x distill_cos  1 - cos(student, teacher) last hidden states, real tokens
+     at temperature T = 2.0 (transformers examples/research_projects/distillation, train.py
+     --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0 --temperature 2.0).
+
+Student init (a fresh run; `init_student`): teacher layers `layer_map(...)` (default every other
+one, 0, 2, 4, ..., "taking one layer out of two" as the paper; HF's scripts/extract_distilbert.py
+takes 0, 2, 4, 7, 9, 11 of BERT-base: --config.teacher_layers=0,2,4,7,9,11), the word and position
+embeddings and their LayerNorm (the token-type table is dropped) and the MLM head.
+
+The checkpoint meta records the teacher (`teacher_record`: path, resolved directory and the sha256
+of its manifest, or of its weight files for a Hugging Face folder); resuming with another or a
+missing teacher is a one-line error naming both (`check_teacher`).
+"""
+
+import functools
+import hashlib
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import inference
+from bert_jax import manifest as manifest_lib
+from bert_jax import model as model_lib
+from bert_jax import trainer_lib
+
+ConfigError = trainer_lib.ConfigError
+# The teacher's outputs as the step adds them to the batch (what `forward` pairs the student's
+# outputs with): MLM logits at the masked positions [B, P, V] f32, last hidden states [B, T, H].
+TEACHER_KEYS = ("teacher_mlm", "teacher_sequence_output")
+TEACHER_FAMILIES = ("bert", "spanbert", "distilbert")   # a plain post-LN encoder + MLM head
+
+
+class Teacher(NamedTuple):
+  path: str                        # --config.teacher_checkpoint as given
+  pretrained: trainer_lib.Pretrained
+  model_config: model_lib.BertConfig   # the checkpoint's encoder, run dtype, MLM only
+  record: dict                     # what the checkpoint meta stores (teacher_record)
+
+
+# ----------------------------------------------------------------------------------------------
+# The teacher: found, checked and recorded before compute.
+# ----------------------------------------------------------------------------------------------
+def _hf_weights_sha256(folder):
+  """sha256 over a Hugging Face folder's config.json and weight files (names and contents)."""
+  h = hashlib.sha256()
+  for name in sorted(os.listdir(folder)):
+    if name == "config.json" or name in inference.HF_WEIGHTS or name.endswith(".safetensors"):
+      h.update(f"{name}:{manifest_lib.sha256_file(os.path.join(folder, name))};".encode())
+  return h.hexdigest()
+
+
+def teacher_record(path, described):
+  """{path, directory, sha256}: the teacher a run distils from, as its checkpoints record it."""
+  if inference.is_hf_folder(path):
+    return dict(path=path, directory=os.path.abspath(path), sha256=_hf_weights_sha256(path))
+  directory = str(described.directory)
+  if not manifest_lib.has_manifest(directory):
+    raise ConfigError(f"config.teacher_checkpoint={path}: {directory} has no "
+                      f"{manifest_lib.NAME} (written before manifests existed); re-export it "
+                      "(python -m bert_jax.convert) so the run can record and verify its teacher.")
+  return dict(path=path, directory=directory,
+              sha256=manifest_lib.sha256_file(os.path.join(directory, manifest_lib.NAME)))
+
+
+def load_teacher(config, model_config) -> Teacher:
+  """The teacher of a distilbert-* run: described and verified (no array read), checked against
+  the student (vocab, width, depth), recorded. One-line ConfigError before any compute."""
+  path = config.get("teacher_checkpoint", "")
+  if model_config.family != "distilbert":
+    if path:
+      raise ConfigError(f"config.teacher_checkpoint={path} is set but config.model_name="
+                        f"{config.model_name} is not a distilbert-* preset; drop the teacher or "
+                        "pick --config=bert_jax/configs/pretrain.py:distilbert-base.")
+    return None
+  if not path:
+    raise ConfigError(f"config.model_name={config.model_name} distils from a teacher: pass "
+                      "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
+  if not (inference.is_hf_folder(path) or os.path.exists(path) or "://" in path):
+    raise ConfigError(f"config.teacher_checkpoint={path}: no such directory; give a BERT "
+                      "workdir, a params export or a Hugging Face folder.")
+  source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
+  pre = trainer_lib.read_pretrained(source)
+  t, s = pre.model_config, model_config
+  where = f"config.teacher_checkpoint={path}"
+  if t.family not in TEACHER_FAMILIES or t.factorised or t.share_layers != "none":
+    raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
+                      f"({', '.join(TEACHER_FAMILIES)}) without factorised or shared layers.")
+  missing = [k for k in ("bert", "mlm_head") if trainer_lib.stored_subtree(pre, k) is None]
+  fresh = [p for p in pre.meta.get("initialized_randomly", []) if p.startswith("mlm_head/")]
+  if missing or fresh:
+    why = f"no {missing} parameters" if missing else f"{fresh[0]} was initialised randomly"
+    raise ConfigError(f"{where} has no trained MLM head ({why}); "
+                      "distillation matches the teacher's MLM logits: use a BertForPreTraining "
+                      "or BertForMaskedLM checkpoint.")
+  diff = {k: (getattr(t, k), getattr(s, k)) for k in ("vocab_size", "hidden_size")
+          if getattr(t, k) != getattr(s, k)}
+  if diff:
+    raise ConfigError(f"{where} does not fit the student {config.model_name} (teacher vs "
+                      f"student: {diff}); the logits and hidden states are compared one to one: "
+                      "use the teacher's vocab and a student of its width.")
+  layer_map(config, t.num_layers, s.num_layers)   # the init's layers exist (checked now)
+  if s.max_position_embeddings > t.max_position_embeddings:
+    raise ConfigError(f"{where} has max_position_embeddings={t.max_position_embeddings} but the "
+                      f"student {s.max_position_embeddings}; set --config.model."
+                      f"max_position_embeddings={t.max_position_embeddings}.")
+  teacher_config = model_lib.BertConfig(**{
+      **t.to_dict(), "objectives": "mlm", "dtype": s.dtype, "attention": s.attention,
+      "remat": False, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0})
+  return Teacher(path, pre, teacher_config, teacher_record(path, ckpt_lib.describe(
+      source, verify=False)))
+
+
+def check_teacher(meta, teacher, workdir):
+  """A resumed distillation must keep its teacher: the recorded one (checkpoint meta) and this
+  run's, by path and sha256; a one-line ConfigError naming both sides."""
+  was = meta.get("teacher")
+  now = teacher.record if teacher else None
+  if not was and not now:
+    return
+  if not was or not now or was["sha256"] != now["sha256"]:
+    side = lambda r: f"{r['path']} (sha256 {r['sha256'][:16]})" if r else "none"  # noqa: E731
+    raise ConfigError(f"--workdir={workdir} was distilled from teacher {side(was)} but this run "
+                      f"has --config.teacher_checkpoint={side(now)}; resume with the same "
+                      "teacher, or use a new --workdir.")
+
+
+# ----------------------------------------------------------------------------------------------
+# The student's initialisation from the teacher.
+# ----------------------------------------------------------------------------------------------
+def layer_map(config, teacher_layers, student_layers):
+  """Teacher layer of each student layer: --config.teacher_layers (comma-separated) or every
+  other one (0, 2, 4, ...)."""
+  spec = config.get("teacher_layers", "") or ""
+  try:
+    layers = ([int(x) for x in spec.split(",") if x.strip()] if spec
+              else [2 * i for i in range(student_layers)])
+  except ValueError:
+    raise ConfigError(f"config.teacher_layers={spec!r}: expected comma-separated layer numbers, "
+                      "e.g. 0,2,4,7,9,11.") from None
+  if len(layers) != student_layers or not all(0 <= l < teacher_layers for l in layers):
+    raise ConfigError(f"config.teacher_layers={spec or 'every other'} gives teacher layers "
+                      f"{layers} for a {student_layers}-layer student of a {teacher_layers}-layer "
+                      f"teacher; give {student_layers} numbers below {teacher_layers} "
+                      "(--config.teacher_layers=...).")
+  return layers
+
+
+def student_from_teacher(teacher_params, student_params, layers):
+  """student_params with its embeddings (word, position, LayerNorm), layer_i = the teacher's
+  layer layers[i] and the MLM head taken from the teacher (HF extract_distilbert); the
+  teacher's token-type table and pooler are left out. Works on numpy or (sharded) jax arrays."""
+  tb, sb = teacher_params["bert"], student_params["bert"]
+  embeddings = {k: tb["embeddings"][k] for k in sb["embeddings"]}
+  n = sb["embeddings"]["position_embeddings"]["embedding"].shape[0]
+  embeddings["position_embeddings"] = {
+      "embedding": tb["embeddings"]["position_embeddings"]["embedding"][:n]}
+  encoder = {f"layer_{i}": tb["encoder"][f"layer_{l}"] for i, l in enumerate(layers)}
+  return dict(student_params, bert=dict(sb, embeddings=embeddings, encoder=encoder),
+              mlm_head=teacher_params["mlm_head"])
+
+
+def init_student(state, t, config, teacher: Teacher, student_layers):
+  """A fresh run's state with the student's parameters from the loaded teacher (t.frozen), put
+  on the student's shardings; optimizer state fresh."""
+  layers = layer_map(config, teacher.model_config.num_layers, student_layers)
+  # Copies, on the student's shardings: the train step donates the state's buffers, and a buffer
+  # shared with the teacher's (an argument of the same step) would be freed under it.
+  shardings = jax.tree.map(lambda s: s.sharding, t.abstract_state["params"])
+  params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings)(
+      student_from_teacher(t.frozen, state["params"], layers))
+  if jax.process_index() == 0:
+    print(f"initialised the student from teacher {teacher.path}: layers {layers} of "
+          f"{teacher.model_config.num_layers}, embeddings and MLM head", flush=True)
+  return dict(state, params=params)
+
+
+# ----------------------------------------------------------------------------------------------
+# The step's functions: teacher outputs, student forward, loss weights.
+# ----------------------------------------------------------------------------------------------
+_FORWARD_KEYS = {k: k for k in model_lib.PACKED_ROW_KEYS}
+
+
+def outputs(module, batch, deterministic):
+  """BertForPreTraining's MLM logits [B, P, V] f32 and last hidden states [B, T, H]."""
+  extra = {k: batch[k] for k in _FORWARD_KEYS if k in batch}
+  out = module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+               batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
+               output_sequence=True, **extra)
+  return out["mlm"], out["sequence_output"]
+
+
+def teacher_outputs(model, params, batch):
+  """{teacher_mlm, teacher_sequence_output} of the frozen teacher (deterministic, no
+  gradient): what trainer_lib's step adds to each micro-batch before the student's forward."""
+  mlm, seq = model.apply({"params": params}, batch, True, method=outputs)
+  return jax.lax.stop_gradient({"teacher_mlm": mlm, "teacher_sequence_output": seq})
+
+
+def forward(module, batch, deterministic, *, temperature=2.0):
+  """The student on a batch dict that carries the teacher's outputs -> objectives.py parts:
+  {"mlm": logits, "distill_ce": {student, teacher logits, temperature}, "distill_cos": {student,
+  teacher hidden states}}. Without teacher outputs (model.init) the teacher is the student."""
+  mlm, seq = outputs(module, batch, deterministic)
+  t_mlm, t_seq = (batch.get(k) for k in TEACHER_KEYS)
+  t_mlm = mlm if t_mlm is None else t_mlm
+  t_seq = seq if t_seq is None else t_seq
+  return {"mlm": mlm,
+          "distill_ce": {"student": mlm, "teacher": t_mlm, "temperature": temperature},
+          "distill_cos": {"student": seq, "teacher": t_seq}}
+
+
+def loss_weights(config):
+  """{part: weight} from the config's alpha_* fields (HF's recipe by default)."""
+  return {"distill_ce": float(config.alpha_ce), "mlm": float(config.alpha_mlm),
+          "distill_cos": float(config.alpha_cos)}
+
+
+def student_forward(config):
+  """`forward` of the student for trainer_lib.build_steps, at the config's temperature."""
+  return functools.partial(forward, temperature=float(config.temperature))
+
+
+def frozen_teacher(teacher: Teacher, dummy_batch, mesh, rules) -> trainer_lib.Frozen:
+  """The teacher's bert + mlm_head parameters read once into their shardings (the student's
+  logical-axis rules) and its outputs function: trainer_lib.build_steps(frozen=)."""
+  model = model_lib.BertForPreTraining(teacher.model_config)
+  return trainer_lib.load_frozen(teacher.pretrained, model, outputs, dummy_batch,
+                                 ("bert", "mlm_head"), mesh,
+                                 functools.partial(teacher_outputs, model), rules)
+
+
+def flops_per_sequence(model_config, teacher_config, seq_length, num_predictions, flops_fn):
+  """Training FLOPs per sequence: the student's (forward + backward) plus the teacher's forward
+  (a third of its training FLOPs, flops_fn = train.model_flops_per_sequence)."""
+  return (flops_fn(model_config, seq_length, num_predictions, 0)
+          + flops_fn(teacher_config, seq_length, num_predictions, 0) // 3)
+
