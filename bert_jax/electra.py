@@ -18,7 +18,7 @@ threefry draws are the same). Without a "dropout" rng (eval_step), a fixed key 0
 evaluation scores the same replacements of the same generator every time.
 
 Parameter tree of ElectraForPreTraining (params["bert"] is the discriminator's body, what
-fine-tuning would load; ELECTRA has no pooler):
+fine-tuning, extract_features and heads.py load; ELECTRA has no pooler):
   bert/embeddings/{word,position,token_type}_embeddings, layer_norm  [., E], shared by both
   bert/embeddings/projection [E, H]                 the discriminator's E -> H (when E != H)
   bert/encoder/layer_{i}/...                        the discriminator (BERT's layer)
@@ -82,6 +82,24 @@ class ElectraBody(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)   # [B, T, H]
     x, _ = self.encoder(x, attention_ids, deterministic, packed)
     return x                                                              # [B, T, H]
+
+  def model_outputs(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
+                    position_ids=None, cls_positions=None, deterministic=True,
+                    output_hidden_states=False) -> dict:
+    """model.BertModel's call and outputs, without its pooler (ELECTRA has none): what
+    fine-tuning (heads.py) and extract_features read from the discriminator.
+      sequence_output [B, T, H]; cls_output [B, H] the last layer at [CLS] (packed rows:
+      [B, K, H] at cls_positions); with output_hidden_states, hidden_states L+1 x [B, T, H]
+      (the projected embeddings, then each layer), as BertModel's."""
+    packed = instance_ids is not None
+    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)   # [B, T, H]
+    x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
+                                    packed)
+    cls = x[:, 0] if cls_positions is None else model_lib.gather_positions(x, cls_positions)
+    out = {"sequence_output": x, "cls_output": cls}
+    if output_hidden_states:
+      out["hidden_states"] = hidden_states
+    return out
 
 
 class Generator(nn.Module):

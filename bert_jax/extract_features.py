@@ -7,7 +7,8 @@ r"""Contextual features from a pre-trained BERT: the paper's feature-based appro
 or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model
 and recorded casing are used unless --vocab_file / --spm_model_file / --do_lower_case say
 otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
-of them for a smaller model; an explicit layer the model does not have is an error.
+of them for a smaller model; an explicit layer the model does not have is an error. An ELECTRA
+checkpoint gives its discriminator's features (the network ELECTRA fine-tunes; it says so).
 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
 Each whitespace-separated word is tokenized on its own, so every word piece knows its word.
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import cli
+from bert_jax import electra
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import inference
@@ -146,12 +148,16 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
     raise ExtractError(f"--max_seq_length={max_seq_length} exceeds the model's "
                        f"max_position_embeddings={model_config.max_position_embeddings}.")
   arrays, per_line, truncated = build_inputs(inputs, tokenizer, max_seq_length)
-  model = model_lib.BertModel(model_config)
+  if model_config.family == "electra":   # the discriminator's body: BertModel's, no pooler
+    model = electra.ElectraBody(model_config)
+    method = model.model_outputs
+  else:
+    model, method = model_lib.BertModel(model_config), None
 
   @jax.jit
   def forward(params, input_ids, input_mask, segment_ids):
     out = model.apply({"params": params}, input_ids, input_mask, segment_ids,
-                      output_hidden_states=True)
+                      output_hidden_states=True, method=method)
     encoder_layers = out["hidden_states"][1:]  # L x [B, T, H]; [0] is the embeddings
     chosen = [encoder_layers[l].astype(jnp.float32) for l in layers]
     return jnp.concatenate(chosen, -1) if pooling == "concat" else sum(chosen)  # [B, T, D]
@@ -252,6 +258,9 @@ def main(argv):
                                    spm_model_file=FLAGS.spm_model_file,
                                    do_lower_case=FLAGS.do_lower_case)
   print(f"loaded {m.description}", flush=True)
+  if m.config.family == "electra":
+    print(f"ELECTRA: features of the discriminator (params['bert']: {m.config.num_layers} "
+          f"layers of width {m.config.hidden_size}); the generator is not used", flush=True)
   cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
   layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,

@@ -4,6 +4,11 @@ r"""Fine-tuning BERT end to end on GLUE, SQuAD, CoNLL-2003 NER or SWAG: one loop
       --config.init_checkpoint=gs://BUCKET/bert-base --config.vocab_file=vocab.txt \
       --config.data_dir=glue_data/MRPC --workdir=runs/mrpc
 
+--config.init_checkpoint may be an ELECTRA (its pre-training workdir, a converted pair, or a
+transformers discriminator folder): the discriminator is fine-tuned (params["bert"], no pooler;
+[CLS] tasks get ELECTRA's dense + GELU head, heads.ElectraClassificationHead), and the run says
+so.
+
 Sections: set-up and validation -> tokenizer and data -> mesh -> model, optimizer, shardings ->
 state (pre-trained `bert` + fresh head) -> train/eval steps -> loop (train an epoch, evaluate,
 keep the best) -> predictions of the best parameters -> the summary. Outputs in --workdir:
@@ -135,9 +140,24 @@ def load_init_checkpoint(config):
                       f"(top-level keys {sorted(pre.params_meta)}).")
   if jax.process_index() == 0:
     print(f"init_checkpoint: {found.description}", flush=True)
+    if found.config.family == "electra":
+      print(electra_line(found.config, pre, config.do_train), flush=True)
   return (found.tokenizer, pre._replace(path=config.init_checkpoint),
           ckpt_lib.config_from_checkpoint(found.config, overrides,
                                           f"init_checkpoint={config.init_checkpoint}"))
+
+
+def electra_line(model_config, pre, do_train):
+  """What fine-tuning takes from an ELECTRA checkpoint: the discriminator (heads.py)."""
+  if not do_train:   # evaluating a fine-tuned export: body and head as they are
+    return (f"ELECTRA: evaluating the discriminator with its fine-tuned head "
+            f"({', '.join(sorted(set(pre.params_meta) - {'bert'}))})")
+  rest = sorted(set(pre.params_meta) - {"bert"})
+  return (f"ELECTRA: fine-tuning the discriminator: params['bert'] (embeddings + "
+          f"{model_config.num_layers} layers of width {model_config.hidden_size}; ELECTRA has no "
+          "pooler)" + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task "
+          "gets ELECTRA's head, new (dense + GELU on [CLS], then the output layer: "
+          "heads.ElectraClassificationHead)")
 
 
 def load_splits(task, tokenizer, config):

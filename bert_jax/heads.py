@@ -8,6 +8,12 @@
   multiple_choice   [B, C, T] flattened to [B*C, T], dropout  [B, C] logits (one score per
                     + dense(1) on each pooled [CLS]          choice, softmax over choices)
 
+ELECTRA (config.family == "electra") fine-tunes its discriminator: `bert` is the discriminator's
+body (electra.ElectraBody: embeddings + encoder, no pooler, exactly params["bert"] of an ELECTRA
+pre-training checkpoint), and the heads that read [CLS] use ElectraClassificationHead instead of
+BERT's pooler + dense (see its docstring); span and tagging heads are BERT's, as transformers'
+ElectraForQuestionAnswering / ElectraForTokenClassification.
+
 Parameter trees are {"bert": <BertModel>, "<head>": {kernel, bias}}, so `params["bert"]` is
 exactly what pre-training (params["bert"] of BertForPreTraining) or conversion provides; the
 head names follow google-research/bert and HF ("classifier", "qa_outputs"). Head kernels are
@@ -18,7 +24,12 @@ compute dtype, for a stable loss.
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bert_jax import electra as electra_lib
 from bert_jax import model as model_lib
+
+# The house Dense (truncated-normal init, logical axes, compute dtype) and activation of model.py.
+_dense = model_lib._dense            # pylint: disable=protected-access
+_activation = model_lib._activation  # pylint: disable=protected-access
 
 
 def _head_dense(config, features, name):
@@ -28,6 +39,51 @@ def _head_dense(config, features, name):
           nn.initializers.truncated_normal(config.initializer_range), ("embed", "classes")),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",)),
       name=name)
+
+
+def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
+  """The pre-trained body, named "bert", on the inputs: BertModel's outputs (sequence_output,
+  pooled_output), or for ELECTRA the discriminator's (sequence_output, cls_output: no pooler).
+  Called inside a head's compact __call__, so the body is that head's submodule."""
+  if config.family == "electra":
+    return electra_lib.ElectraBody(config, name="bert").model_outputs(
+        input_ids, input_mask, segment_ids, **kwargs)
+  return model_lib.BertModel(config, name="bert")(input_ids, input_mask, segment_ids, **kwargs)
+
+
+class ElectraClassificationHead(nn.Module):
+  """ELECTRA's head on [CLS] for sentence (pair) classification, regression and multiple choice:
+  dropout, dense H -> H, GELU, dropout, dense H -> L, on the discriminator's last layer at [CLS].
+
+  ELECTRA pre-trains no pooler (the discriminator's loss is per token), so BERT's tanh pooler
+  would start from random weights; instead this is transformers' ElectraClassificationHead
+  (names `dense`, `out_proj` kept), which ElectraForSequenceClassification fine-tunes, and its
+  ElectraForMultipleChoice head is the same shape (SequenceSummary: [CLS], dense H -> H, GELU,
+  dropout, then dense -> 1). google-research/electra's own fine-tuning puts dropout + one dense
+  on [CLS] (modeling.py pooled_output = sequence_output[:, 0]); transformers' extra H x H layer
+  is the one released ELECTRA classifiers carry, so we follow it. GELU always, as transformers.
+  """
+  config: model_lib.BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, cls, deterministic):
+    c = self.config
+    x = nn.Dropout(c.hidden_dropout_prob)(cls, deterministic=deterministic)     # [B, (K,) H]
+    x = _dense(c, c.hidden_size, ("embed", "embed2"), "dense")(x)              # [B, (K,) H]
+    x = _activation("gelu")(x)
+    x = nn.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)       # [B, (K,) H]
+    return _head_dense(c, self.num_labels, "out_proj")(x)                       # [B, (K,) L]
+
+
+def _cls_logits(config, out, num_labels, deterministic):
+  """Logits from [CLS]: BERT's dropout + dense "classifier" on the pooled output, or ELECTRA's
+  ElectraClassificationHead (also named "classifier") on the last layer's [CLS]."""
+  if config.family == "electra":
+    return ElectraClassificationHead(config, num_labels, name="classifier")(
+        out["cls_output"], deterministic)
+  x = nn.Dropout(config.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+  return _head_dense(config, num_labels, "classifier")(x)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -42,12 +98,10 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None, position_ids=None,
                cls_positions=None, deterministic=True):
-    out = model_lib.BertModel(self.config, name="bert")(
-        input_ids, input_mask, segment_ids, instance_ids=instance_ids, position_ids=position_ids,
-        cls_positions=cls_positions, deterministic=deterministic)
-    x = nn.Dropout(self.config.hidden_dropout_prob)(out["pooled_output"],
-                                                   deterministic=deterministic)  # [B, (K,) H]
-    return _head_dense(self.config, self.num_labels, "classifier")(x)      # [B, (K,) L]
+    out = _encode(self.config, input_ids, input_mask, segment_ids, instance_ids=instance_ids,
+                  position_ids=position_ids, cls_positions=cls_positions,
+                  deterministic=deterministic)
+    return _cls_logits(self.config, out, self.num_labels, deterministic)   # [B, (K,) L]
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -56,8 +110,7 @@ class BertForQuestionAnswering(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
-    out = model_lib.BertModel(self.config, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
     logits = _head_dense(self.config, 2, "qa_outputs")(out["sequence_output"])  # [B, T, 2]
     return logits[..., 0], logits[..., 1]                                        # [B, T] x 2
 
@@ -69,8 +122,7 @@ class BertForTokenClassification(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
-    out = model_lib.BertModel(self.config, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
     x = nn.Dropout(self.config.hidden_dropout_prob)(out["sequence_output"],
                                                    deterministic=deterministic)  # [B, T, H]
     return _head_dense(self.config, self.num_labels, "classifier")(x)           # [B, T, L]
@@ -85,11 +137,9 @@ class BertForMultipleChoice(nn.Module):
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
     b, c, t = input_ids.shape
     flat = lambda x: x.reshape(b * c, t)  # noqa: E731 - [B, C, T] -> [B*C, T]
-    out = model_lib.BertModel(self.config, name="bert")(
-        flat(input_ids), flat(input_mask), flat(segment_ids), deterministic=deterministic)
-    x = nn.Dropout(self.config.hidden_dropout_prob)(out["pooled_output"],
-                                                   deterministic=deterministic)  # [B*C, H]
-    return _head_dense(self.config, 1, "classifier")(x).reshape(b, c)            # [B, C]
+    out = _encode(self.config, flat(input_ids), flat(input_mask), flat(segment_ids),
+                  deterministic=deterministic)
+    return _cls_logits(self.config, out, 1, deterministic).reshape(b, c)         # [B, C]
 
 
 def create_model(family, config, *, num_labels=2, num_choices=4):

@@ -13,7 +13,12 @@
   - a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin, as
     `save_pretrained` writes it): converted once with bert_jax.convert into a cache
     ($BERT_JAX_CACHE, default ~/.cache/bert_jax/hf/<hash of the folder's files>) and loaded from
-    there; the run prints where.
+    there; the run prints where. ELECTRA (bert_jax/convert/electra.py): a discriminator folder
+    (ElectraForPreTraining / ElectraModel, converted alone: no generator), or a folder holding
+    discriminator/ and generator/ as `python -m bert_jax.convert.electra` exports the pair.
+An ELECTRA checkpoint (pre-training workdir, step, export) loads whole (params: bert = the
+discriminator's body, rtd_head, generator, mlm_head); each CLI says which network it uses:
+fine-tuning and extract_features the discriminator, predict's fill-mask the generator.
 Every load says what it loaded: `InferenceModel.description` names the directory and the step (or
 the export's provenance), and the CLIs print it.
 
@@ -32,6 +37,7 @@ pieces that lower-casing would change), checked against the checkpoint's recorde
 import dataclasses
 import glob
 import hashlib
+import json
 import os
 
 from bert_jax import checkpoint as ckpt_lib
@@ -94,23 +100,49 @@ def _parent(path):
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-def is_hf_folder(path):
-  """A local `save_pretrained` folder: config.json beside the weights (and no bert_jax files)."""
-  path = str(path)
-  if "://" in path or not os.path.isdir(path):
-    return False
+ELECTRA_PAIR = ("discriminator", "generator")   # python -m bert_jax.convert.electra's output
+
+
+def _is_one_hf_folder(path):
   files = set(os.listdir(path))
   return ("config.json" in files and bool(files & set(HF_WEIGHTS))
           and ckpt_lib.CONFIG_NAME not in files)
 
 
+def is_hf_folder(path):
+  """A local `save_pretrained` folder: config.json beside the weights (and no bert_jax files);
+  or an ELECTRA pair exported by bert_jax.convert.electra (discriminator/ + generator/)."""
+  path = str(path)
+  if "://" in path or not os.path.isdir(path):
+    return False
+  return _is_one_hf_folder(path) or all(
+      os.path.isdir(os.path.join(path, d)) and _is_one_hf_folder(os.path.join(path, d))
+      for d in ELECTRA_PAIR)
+
+
+def _hf_model_type(path):
+  """config.json's model_type of HF folder `path` (an ELECTRA pair: 'electra'), or None."""
+  if all(os.path.isdir(os.path.join(path, d)) for d in ELECTRA_PAIR):
+    path = os.path.join(path, ELECTRA_PAIR[0])
+  try:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+      return json.load(f).get("model_type")
+  except (OSError, ValueError):
+    return None   # the converter reports an unreadable config.json in one line
+
+
 def hf_cache_dir(path, *settings):
   """Where the Orbax copy of HF folder `path` lives: keyed by the folder's absolute path, its
-  files' names, sizes and modification times (a changed folder converts again) and `settings`."""
+  files' names, sizes and modification times, those of its sub-folders' files too (an ELECTRA
+  pair; a changed folder converts again) and `settings`."""
   h = hashlib.sha256(repr((os.path.abspath(path),) + settings).encode())
   for name in sorted(os.listdir(path)):
-    st = os.stat(os.path.join(path, name))
-    h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    full = os.path.join(path, name)
+    inner = ([os.path.join(name, n) for n in sorted(os.listdir(full))] if os.path.isdir(full)
+             else [name])
+    for rel in inner:
+      st = os.stat(os.path.join(path, rel))
+      h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns};".encode())
   root = os.environ.get("BERT_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                           "bert_jax")
   return os.path.join(root, "hf", f"{os.path.basename(os.path.abspath(path))}-"
@@ -125,6 +157,17 @@ def from_hf_folder(path, *, vocab_file=None, do_lower_case=None):
     print(f"{path}: a Hugging Face folder; using its converted copy {target}", flush=True)
     return target
   os.makedirs(os.path.dirname(target), exist_ok=True)
+  if _hf_model_type(path) == "electra":
+    # An ELECTRA discriminator folder (ElectraForPreTraining / ElectraModel), or the pair
+    # folder convert.electra exports: bert_jax/convert/electra.py, discriminator alone if so.
+    from bert_jax.convert import electra as convert_electra  # pylint: disable=g-import-not-at-top
+    meta = convert_electra.convert_for_inference(path, target, vocab_file=vocab_file,
+                                                 do_lower_case=do_lower_case)
+    what = ("an ELECTRA discriminator + generator" if meta["converted_from"]["generator"] else
+            "an ELECTRA discriminator (no generator)")
+    print(f"{path}: a Hugging Face folder, {what}; converted to Orbax in {target} (reused next "
+          "time; bert_jax.convert.electra)", flush=True)
+    return target
   convert.convert_to_orbax(path, target, "hf", vocab_file=vocab_file,
                            do_lower_case=do_lower_case)
   print(f"{path}: a Hugging Face folder; converted to Orbax in {target} (reused next time; "
@@ -258,11 +301,6 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   # What is there, read once (checkpoint.describe); files verified when the arrays will be read.
   found = ckpt_lib.describe(path, verify=with_params)
   kind, directory, config, meta = found.kind, str(found.directory), found.config, found.meta
-  if config.family == "electra":   # a generator + discriminator tree, not BertForPreTraining's
-    raise InferenceLoadError(
-        f"--init_checkpoint={path} is an ELECTRA (generator + discriminator); predict, "
-        "extract_features, fine-tuning and python -m bert_jax.convert do not read it yet; "
-        f"export it with python -m bert_jax.convert.electra --input={path} --output=DIR.")
   params = ckpt_lib.read_params(found) if with_params else None
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)

@@ -11,7 +11,8 @@ one of its step directories, local or gs://, or a Hugging Face folder (converted
 vocab.txt or SentencePiece model bundled with it (or --vocab_file / --spm_model_file) and its
 recorded casing are used. Prints, for each [MASK], the top-k tokens with their probabilities,
 and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
-vocabulary, as transformers' fill-mask pipeline.
+vocabulary, as transformers' fill-mask pipeline. An ELECTRA checkpoint fills masks with its
+generator (the network trained on MLM; it says so), and has no sentence-pair head.
 """
 
 import functools
@@ -24,6 +25,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import cli
+from bert_jax import electra
 from bert_jax_core import errors
 from bert_jax import inference
 from bert_jax import model as model_lib
@@ -43,7 +45,21 @@ def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
                                            do_lower_case=do_lower_case, python_tokenizer=True)
-  sentence = predictor.config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT)
+  config = predictor.config
+  if config.family == "electra":
+    # ELECTRA's MLM is its generator (the discriminator only tells replaced tokens): fill-mask
+    # runs the generator on the shared embeddings.
+    missing = [k for k in ("bert", "generator", "mlm_head") if k not in predictor.params]
+    if missing:
+      why = predictor.meta.get("generator") or (
+          f"top-level parameters {sorted(predictor.params)}")
+      raise PredictError(f"--init_checkpoint={checkpoint}: an ELECTRA without its generator "
+                         f"({why}); fill-mask needs the generator: pass the pre-training "
+                         "workdir, or the discriminator/ + generator/ folder that python -m "
+                         "bert_jax.convert.electra exports.")
+    predictor.params = jax.tree.map(jnp.asarray, predictor.params)
+    return predictor
+  sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT)
   heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
   if any(h not in predictor.params for h in heads):
     raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads "
@@ -73,6 +89,11 @@ def encode(predictor, text_a, text_b=None):
 
 @functools.partial(jax.jit, static_argnums=1)
 def _probabilities(params, config, ids, mask, segments, positions):
+  if config.family == "electra":   # the generator's MLM logits [1, P, V]; no sentence head
+    model = electra.ElectraForPreTraining(config)
+    mlm = model.apply({"params": params}, ids, mask, segments, positions,
+                      method=model.generator_logits)
+    return jax.nn.softmax(mlm, axis=-1), None
   mlm, nsp = model_lib.BertForPreTraining(config).apply(
       {"params": params}, ids, mask, segments, positions)
   # [1, P, V], [1, 2]; a model without a sentence head (SpanBERT) has no second output. ALBERT's
@@ -144,6 +165,11 @@ def main(argv):
   predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
                    FLAGS.spm_model_file)
   print(f"loaded {predictor.description}")
+  if predictor.config.family == "electra":
+    c = predictor.config
+    print(f"ELECTRA: fill-mask with the generator (the MLM network: {c.generator_num_layers} "
+          f"layers of width {c.generator_hidden_size} on the shared embeddings); the "
+          "discriminator is not used")
   print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
 
 

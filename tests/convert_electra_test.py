@@ -112,9 +112,12 @@ def test_bare_electra_model_and_orbax_round_trip(hf_pair, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params["bert"], full["bert"])
   # transformers -> Orbax export -> transformers: the same tensors.
   convert_electra.convert_to_orbax(*hf_pair, str(tmp_path / "orbax"))
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
-  with pytest.raises(inference.InferenceLoadError, match="is an ELECTRA.*convert.electra"):
-    inference.load_for_inference(str(tmp_path / "orbax"))   # predict, finetune: one line
+  m = inference.load_for_inference(str(tmp_path / "orbax"), vocab_file=_vocab(tmp_path))
+  assert set(m.params) == {"bert", "rtd_head", "generator", "mlm_head"}   # predict, finetune
+  with pytest.raises(ConversionError, match="is an ELECTRA.*python -m bert_jax.convert.electra"):
+    convert.export_model_to_hf(m, str(tmp_path / "one_folder"), str(tmp_path / "orbax"))
   out = convert_electra.export_checkpoint_to_hf(str(tmp_path / "orbax"), str(tmp_path / "hf"))
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   for net, src in zip(("discriminator", "generator"), hf_pair):
@@ -157,3 +160,48 @@ def test_cli_imports_a_pair_and_refuses_a_half_pair_in_one_line(hf_pair, tmp_pat
            f"--output={tmp_path / 'orbax'}")
   assert ok.returncode == 0, ok.stderr
   assert "usable as --config.init_checkpoint" in ok.stdout
+
+
+def _vocab(directory, name="vocab.txt"):
+  """A 99-token WordPiece vocab (TINY's vocab_size): the specials, then lower-case words."""
+  path = os.path.join(str(directory), name)
+  words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(words) + "\n")
+  return path
+
+
+def test_a_discriminator_folder_and_an_exported_pair_load_wherever_a_checkpoint_does(
+    hf_pair, tmp_path, monkeypatch, capsys):
+  """inference.load_for_inference (predict, extract_features, fine-tuning) converts a transformers
+  discriminator folder on the fly (alone: no generator), and the discriminator/ + generator/
+  folder python -m bert_jax.convert.electra exports (the pair)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
+  disc = tmp_path / "disc"
+  shutil.copytree(hf_pair[0], disc)
+  _vocab(disc)
+  m = inference.load_for_inference(str(disc))
+  assert "an ELECTRA discriminator (no generator)" in capsys.readouterr().out
+  assert m.config.family == "electra" and set(m.params) == {"bert", "rtd_head"}
+  assert m.description.endswith(f"(converted from hf {disc})") and m.meta["generator"]
+  full, _, _ = convert_electra.import_hf(*hf_pair)
+  jax.tree.map(np.testing.assert_array_equal, m.params["bert"], full["bert"])
+  assert inference.load_for_inference(str(disc)).path == m.path   # converted once, reused
+  assert "using its converted copy" in capsys.readouterr().out
+  with pytest.raises(predict.PredictError, match="an ELECTRA without its generator"):
+    predict.load(str(disc))
+  with pytest.raises(ConversionError, match="an ElectraForMaskedLM"):
+    convert_electra.import_hf(hf_pair[1])
+
+  params, config, _ = convert_electra.import_hf(*hf_pair)
+  out = convert_electra.export_to_hf(params, config, str(tmp_path / "pair"),
+                                     vocab_file=_vocab(tmp_path), do_lower_case=True)
+  m = inference.load_for_inference(out)
+  assert "an ELECTRA discriminator + generator" in capsys.readouterr().out
+  assert set(m.params) == {"bert", "rtd_head", "generator", "mlm_head"}
+  jax.tree.map(np.testing.assert_array_equal, m.params, params)
+  result = predict.predict(predict.load(out), "w1 [MASK] w2", top_k=2)   # the generator
+  assert len(result["masks"][0]) == 2

@@ -172,25 +172,35 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
   else:
     config, numerics = formats.bert_config_from_json(config_json, config_file, kind, gelu)
 
-  tok = _read_tokenizer(base, vocab_file, config, config_file)
-  recorded = ((tokenizer_config or {}).get("do_lower_case"), "tokenizer_config.json do_lower_case")
-  if tok["tokens"] is not None:
-    inferred, how = formats.infer_casing(where if kind == "tf" else path, tok["tokens"], recorded)
-  else:   # a SentencePiece model: casing only from the tokenizer config or the flag
-    inferred, how = recorded
-  lower = formats.resolve_casing(do_lower_case, inferred, how)
-
+  tokenizer_meta = read_tokenizer_meta(base, vocab_file, config, config_file,
+                                       where if kind == "tf" else path, tokenizer_config,
+                                       do_lower_case)
   flat, report = map_source(src, kind, config, where, config_file, ignore, seed)
   report["ignored_variables"] = {**pre_ignored, **report["ignored_variables"]}
   meta = {
       "converted_from": {"format": kind, "path": os.path.abspath(path),
                          "files": [os.path.basename(f) for f in src.files]},
-      "do_lower_case": lower, "casing_inferred_from": how if inferred is not None else
-      ("--do_lower_case" if do_lower_case is not None else "default (uncased)"),
-      tok["key"]: os.path.basename(tok["path"]) if tok["key"] != "vocab_file" else VOCAB_NAME,
-      "vocab_size": tok["size"], "numerics": numerics, **report,
+      **tokenizer_meta, "numerics": numerics, **report,
   }
-  return names.unflatten(flat), config, {"_vocab_path": tok["path"], **meta}
+  return names.unflatten(flat), config, meta
+
+
+def read_tokenizer_meta(base, vocab_file, config, config_file, where, tokenizer_config,
+                        do_lower_case):
+  """The export metadata of a checkpoint's tokenizer: its file (_vocab_path, copied into the
+  export), size and casing (tokenizer_config.json, the vocab's pieces or the flag, checked)."""
+  tok = _read_tokenizer(base, vocab_file, config, config_file)
+  recorded = ((tokenizer_config or {}).get("do_lower_case"), "tokenizer_config.json do_lower_case")
+  if tok["tokens"] is not None:
+    inferred, how = formats.infer_casing(where, tok["tokens"], recorded)
+  else:   # a SentencePiece model: casing only from the tokenizer config or the flag
+    inferred, how = recorded
+  lower = formats.resolve_casing(do_lower_case, inferred, how)
+  return {"_vocab_path": tok["path"], "do_lower_case": lower,
+          "casing_inferred_from": how if inferred is not None else
+          ("--do_lower_case" if do_lower_case is not None else "default (uncased)"),
+          tok["key"]: os.path.basename(tok["path"]) if tok["key"] != "vocab_file" else VOCAB_NAME,
+          "vocab_size": tok["size"]}
 
 
 def _read_tokenizer(base, vocab_file, config, config_file):
@@ -247,6 +257,12 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
   """google TF / HF checkpoint -> Orbax params export + vocab.txt. Returns meta."""
   check_new_output(output)  # before the (slow) read
   params, config, meta = import_checkpoint(path, source, **kwargs)
+  return write_export(output, params, config, meta)
+
+
+def write_export(output, params, config, meta):
+  """An Orbax params export of `params` with the tokenizer file meta["_vocab_path"] bundled and
+  its sha256 recorded; atomic. Returns meta."""
   vocab_path = meta.pop("_vocab_path")
   meta["vocab_hash"] = files_lib.sha256_file(vocab_path)  # the bundled file; another is refused
 
@@ -290,6 +306,10 @@ def export_model_to_hf(m, output, checkpoint):
   """A loaded inference.InferenceModel (from `checkpoint`) -> HF folder `output`."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   check_new_output(output)
+  if m.config.family == "electra":   # two networks, two folders: the pair converter
+    raise ConversionError(f"--input={checkpoint} is an ELECTRA (generator + discriminator); "
+                          f"export it with python -m bert_jax.convert.electra --input={checkpoint} "
+                          f"--output={output}.")
   state = hf_state_dict(m.params, m.config, checkpoint)
   pad_id = m.tokenizer.vocab.pad_id
 

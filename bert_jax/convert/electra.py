@@ -182,14 +182,35 @@ def _electra_names(source):
   return out, tied
 
 
-def import_hf(discriminator_dir, generator_dir):
+def default_generator_json(disc):
+  """The ElectraConfig dict of google-research/electra's default generator for discriminator
+  config `disc` (run_pretraining.get_generator_config: the same depth, 1/4 of the width, 4x FFN,
+  max(1, H/64) heads): the generator sizes a discriminator imported alone records (BertConfig
+  of family electra needs them), with no generator parameters behind them."""
+  hg = max(1, disc["hidden_size"] // 4)
+  return dict(disc, hidden_size=hg, num_attention_heads=max(1, hg // 64),
+              intermediate_size=4 * hg)
+
+
+def import_hf(discriminator_dir, generator_dir=None):
   """(params tree, BertConfig, meta) from a discriminator folder (ElectraForPreTraining or
-  ElectraModel: the rtd head then starts fresh) and a generator folder (ElectraForMaskedLM)."""
-  paths = {DISCRIMINATOR: discriminator_dir, GENERATOR: generator_dir}
+  ElectraModel: the rtd head then starts fresh) and a generator folder (ElectraForMaskedLM).
+
+  generator_dir=None: the discriminator alone (params["bert"] and "rtd_head", what fine-tuning
+  and extract_features read); the config's generator sizes are then default_generator_json's and
+  meta["generator"] says there is none (fill-mask and pre-training need the pair)."""
+  paths = {DISCRIMINATOR: discriminator_dir}
+  if generator_dir:
+    paths[GENERATOR] = generator_dir
   read = {k: formats.read_hf(p) for k, p in paths.items()}
-  config = config_from_jsons(read[DISCRIMINATOR][0], read[GENERATOR][0],
-                             os.path.join(discriminator_dir, "config.json"),
-                             os.path.join(generator_dir, "config.json"))
+  disc_json = read[DISCRIMINATOR][0]
+  if "ElectraForMaskedLM" in (disc_json.get("architectures") or []):
+    raise ConversionError(f"{discriminator_dir}: an ElectraForMaskedLM (a generator) given as the "
+                          "discriminator; pass the ElectraForPreTraining / ElectraModel folder.")
+  config = config_from_jsons(
+      disc_json, read[GENERATOR][0] if generator_dir else default_generator_json(disc_json),
+      os.path.join(discriminator_dir, "config.json"),
+      os.path.join(generator_dir or discriminator_dir, "config.json"))
   table = specs(config)
   flat, ignored, fresh = {}, {}, []
   for net, (_, source, pre_ignored, _) in read.items():
@@ -230,10 +251,15 @@ def import_hf(discriminator_dir, generator_dir):
   for s in fresh:   # model.py's initialisation: kernels truncated normal, biases zero
     flat[s.path] = (_truncated_normal(s.shape, config.initializer_range, rng)
                     if s.path.endswith("kernel") else np.zeros(s.shape, np.float32))
-  disc_abs, gen_abs = os.path.abspath(discriminator_dir), os.path.abspath(generator_dir)
-  meta = {"converted_from": {"format": "hf", "path": f"{disc_abs} + {gen_abs}",  # what loads print
+  disc_abs = os.path.abspath(discriminator_dir)
+  gen_abs = os.path.abspath(generator_dir) if generator_dir else None
+  meta = {"converted_from": {"format": "hf",   # what loads print
+                             "path": f"{disc_abs} + {gen_abs}" if gen_abs else disc_abs,
                              DISCRIMINATOR: disc_abs, GENERATOR: gen_abs},
           "ignored_variables": ignored, "initialized_randomly": [s.path for s in fresh]}
+  if not generator_dir:
+    meta[GENERATOR] = ("none: a discriminator imported alone; the config's generator sizes are "
+                       "google-research/electra's default for it, with no parameters")
   return names.unflatten(flat), config, meta
 
 
@@ -293,6 +319,48 @@ def convert_to_orbax(discriminator_dir, generator_dir, output):
   params, config, meta = import_hf(discriminator_dir, generator_dir)
   ckpt_lib.save_params(output, params, config, meta)
   return meta
+
+
+def pair_folders(path):
+  """(discriminator_dir, generator_dir or None) of a transformers ELECTRA at `path`: a folder
+  holding discriminator/ and generator/ (what export_to_hf writes) is the pair; any other is one
+  discriminator folder."""
+  disc, gen = os.path.join(path, DISCRIMINATOR), os.path.join(path, GENERATOR)
+  if all(os.path.isfile(os.path.join(d, "config.json")) for d in (disc, gen)):
+    return disc, gen
+  return path, None
+
+
+def is_hf_electra(path):
+  """A local transformers ELECTRA: a folder with config.json of model_type 'electra', or one
+  holding discriminator/ and generator/ folders (export_to_hf's output)."""
+  path = str(path)
+  if "://" in path or not os.path.isdir(path):
+    return False
+  disc, _ = pair_folders(path)
+  config = os.path.join(disc, "config.json")
+  if not os.path.isfile(config):
+    return False
+  try:
+    with open(config, encoding="utf-8") as f:
+      return json.load(f).get("model_type") == "electra"
+  except (OSError, ValueError):
+    return False   # not readable as JSON: the BERT path reports it in one line
+
+
+def convert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
+  """A transformers ELECTRA (pair_folders: the pair, or a discriminator folder alone) -> an Orbax
+  params export with the discriminator's vocab.txt bundled and its casing recorded, as
+  bert_jax.convert.convert_to_orbax writes a BERT folder: what predict, extract_features and
+  fine-tuning load (inference.from_hf_folder). Returns meta."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  convert.check_new_output(output)
+  disc, gen = pair_folders(path)
+  params, config, meta = import_hf(disc, gen)
+  meta.update(convert.read_tokenizer_meta(disc, vocab_file, config,
+                                          os.path.join(disc, "config.json"), disc,
+                                          formats.read_hf(disc)[3], do_lower_case))
+  return convert.write_export(output, params, config, meta)
 
 
 def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
