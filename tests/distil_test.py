@@ -171,11 +171,13 @@ def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_studen
   """trainer_lib.build_steps(frozen=): the teacher's parameters are an argument of the jitted
   step, sharded by the rules; the state holds the student alone; the teacher stays bit-equal."""
   from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  teacher_params = _params(TEACHER, 1)
-  ckpt_lib.save_params(str(tmp_path / "teacher"), teacher_params, TEACHER)
+  # 2 teacher layers, 1 student layer: two networks compile on a shared 2-core CPU.
+  teacher_config = dataclasses.replace(TEACHER, num_layers=2)
+  student_config = dataclasses.replace(STUDENT, num_layers=1)
+  ckpt_lib.save_params(str(tmp_path / "teacher"), _params(teacher_config, 1), teacher_config)
   pre = trainer_lib.read_pretrained(str(tmp_path / "teacher"))
   config = ml_dict()
-  tc = dataclasses.replace(TEACHER, objectives="mlm")
+  tc = dataclasses.replace(teacher_config, objectives="mlm")
   teacher = distil.Teacher(str(tmp_path / "teacher"), pre, tc, {})
   mesh = sharding_lib.create_mesh((4, 2, 1))   # data 4 x fsdp 2: parameters sharded too
   batch = _batch()
@@ -184,7 +186,7 @@ def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_studen
   weights = distil.loss_weights(config)
   loss_fn = lambda out, b: objectives.pretraining_loss(out, b, weights)  # noqa: E731
   steps = trainer_lib.build_steps(
-      model=model_lib.BertForPreTraining(STUDENT), forward=distil.student_forward(config),
+      model=model_lib.BertForPreTraining(student_config), forward=distil.student_forward(config),
       loss_fn=loss_fn, eval_fn=lambda out, b: loss_fn(out, b)[1], dummy_batch=dummy,
       tx=optax.adam(3e-3), schedule=optax.constant_schedule(3e-3), mesh=mesh, frozen=frozen)
   word = frozen.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -193,7 +195,7 @@ def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_studen
   before = jax.device_get(frozen.params)
   with trainer_lib.mesh_rules(mesh):
     state = steps.init_state(jax.random.PRNGKey(0))
-    state = distil.init_student(state, steps, config, teacher, STUDENT.num_layers)
+    state = distil.init_student(state, steps, config, teacher, student_config.num_layers)
     history = []
     for _ in range(4):
       state, metrics = steps.train_step(state, batch)
