@@ -3,8 +3,10 @@
 Fast tests check the stored layout; the slow one trains on real multi-file records (packed, the
 default) as 1 process x 8 devices and as a 2 x 4 local pod (jax.distributed on localhost, gloo),
 and resumes on the other host count: ALBERT-tiny (n-gram masking, SOP head) and SpanBERT-tiny
-(span masking, SBO head), the in-graph masking schemes that draw the most per batch. BERT's
-token masking on a 2-process pod is tests/multihost_train_test.py's.
+(span masking, SBO head), the in-graph masking schemes that draw the most per batch; and
+ELECTRA-tiny, whose step also samples the generator's replacements with the step's key (two
+networks, one optimizer). BERT's token masking on a 2-process pod is
+tests/multihost_train_test.py's.
 """
 
 import os
@@ -132,3 +134,28 @@ def test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other(rec
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 2, r.stderr[-3000:]
   assert "num_logical_shards 4 vs 2" in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_each_other(records,
+                                                                                tmp_path):
+  """electra-tiny on 1 host x 8 devices and on a 2 x 4 local pod: the same losses (generator MLM
+  and replaced-token detection: the replacements are drawn from the step's key whatever the
+  host count), and a run checkpointed at step 3 on either host count resumes on the other into
+  the uninterrupted losses."""
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  _train(records, one, 6, hosts=1, preset="electra-tiny")
+  _train(records, two, 6, hosts=2, preset="electra-tiny")
+  for part in ("loss", "mlm_loss", "rtd_loss"):
+    want, got = _losses(one, part), _losses(two, part)
+    assert sorted(want) == [1, 2, 3, 4, 5, 6], part
+    np.testing.assert_allclose([got[s] for s in range(1, 7)], [want[s] for s in range(1, 7)],
+                               rtol=1e-5, err_msg=part)
+  for first, then in ((2, 1), (1, 2)):
+    moved = str(tmp_path / f"{first}to{then}")
+    _train(records, moved, 3, hosts=first, preset="electra-tiny")
+    out = _train(records, moved, 6, hosts=then, preset="electra-tiny")
+    assert "resuming from step 3" in out, out[-3000:]
+    got, want = _losses(moved), _losses(one)
+    np.testing.assert_allclose([got[s] for s in range(4, 7)], [want[s] for s in range(4, 7)],
+                               rtol=1e-5, err_msg=f"electra-tiny: {first} -> {then} hosts")
