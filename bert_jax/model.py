@@ -514,7 +514,7 @@ def _two_blocks(attn, ffn, x, attention_ids, deterministic, block_diagonal):
 
 class BertModel(nn.Module):
   """The encoder body: embeddings, L layers, pooler (tanh dense on [CLS]; DistilBERT has none:
-  pooled_output None).
+  pooled_output None, cls_output the [CLS] hidden state).
 
   Unpacked rows: (input_ids, input_mask, segment_ids) [B, T]; pooled_output [B, H] from
   position 0. Packed rows (data_pipelines/packing.py) add instance_ids [B, T] (0 = padding,
@@ -541,7 +541,9 @@ class BertModel(nn.Module):
     cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
     pooled = (jnp.tanh(self.pooler(cls))                     # [B, H] or [B, K, H] from [CLS]
               if self.config.has_pooler else None)           # DistilBERT: no pooler
-    out = {"sequence_output": x, "pooled_output": pooled}
+    # cls_output: the [CLS] hidden state before any pooler (what a DistilBERT classifier reads,
+    # as ELECTRA's body gives it; bert_jax/heads.py).
+    out = {"sequence_output": x, "pooled_output": pooled, "cls_output": cls}
     if output_hidden_states:
       out["hidden_states"] = hidden_states                                # L+1 x [B, T, H]
     return out

@@ -74,6 +74,10 @@ def test_distilbert_has_no_token_types_and_no_pooler():
                   jnp.array([[1, 2]]))
   np.testing.assert_array_equal(a[0], b[0])   # segment ids are ignored
   assert a[1] is None
+  out = model_lib.BertModel(c).apply({"params": params["bert"]}, ids, jnp.ones_like(ids),
+                                     jnp.zeros_like(ids))
+  assert out["pooled_output"] is None    # the [CLS] state a classifier head reads instead:
+  np.testing.assert_array_equal(out["cls_output"], out["sequence_output"][:, 0])
   with pytest.raises(ValueError, match="DistilBERT has no token types"):
     model_lib.get_bert_config("distilbert-tiny", type_vocab_size=2)
   with pytest.raises(ValueError, match="DistilBERT has no token types"):
