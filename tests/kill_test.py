@@ -1,5 +1,6 @@
 """SIGKILL a pre-training run at random moments (some during async checkpoint writes), restart it:
-the final parameters equal an uninterrupted run's bit for bit.
+the final parameters equal an uninterrupted run's bit for bit (BERT-tiny, and ELECTRA-tiny: both
+networks).
 
 A kill during a write leaves Orbax's temporary step directory (removed at the next start), never a
 committed step without its manifest; a kill between steps loses the steps since the last commit,
@@ -28,9 +29,9 @@ FLAGS = dict(train_input_files="synthetic", **{"model.vocab_size": 512}, seq_len
              async_checkpointing=True)
 
 
-def _command(workdir):
+def _command(workdir, preset="tiny"):
   return ([sys.executable, "-u", "-m", "bert_jax.train",
-           "--config=bert_jax/configs/pretrain.py:tiny,runlocal", f"--workdir={workdir}"]
+           f"--config=bert_jax/configs/pretrain.py:{preset},runlocal", f"--workdir={workdir}"]
           + [f"--config.{k}={v}" for k, v in FLAGS.items()])
 
 
@@ -60,13 +61,16 @@ def _committed(workdir):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_resumes_bit_exactly(tmp_path):
+# electra-tiny: two networks in one checkpoint, and the generator's replacements drawn from the
+# step's key, so the restarted run must replay them too.
+@pytest.mark.parametrize("preset", ["tiny", "electra-tiny"])
+def test_sigkill_at_random_moments_resumes_bit_exactly(tmp_path, preset):
   # Each asynchronous save stays open 0.3 s before its manifest is written (fault injection), so
   # a kill "during a write" lands inside one; the numbers trained are not affected.
   env = dict(os.environ, JAX_PLATFORMS="cpu", **{ckpt_lib.SLOW_SAVE_ENV: "0.3"})
   reference = str(tmp_path / "reference")
-  ref = subprocess.run(_command(reference), cwd=ROOT, env=env, check=True, capture_output=True,
-                       text=True, timeout=300)
+  ref = subprocess.run(_command(reference, preset), cwd=ROOT, env=env, check=True,
+                       capture_output=True, text=True, timeout=300)
   (tmp_path / "reference.log").write_text(ref.stdout + ref.stderr)
   killed = str(tmp_path / "killed")
   seed = int(os.environ.get("KILL_TEST_SEED", time.time_ns() % 10_000))
@@ -77,7 +81,7 @@ def test_sigkill_at_random_moments_resumes_bit_exactly(tmp_path):
   for i, moment in enumerate(["during_write", "random", "during_write"]):
     before = max(_committed(killed), default=0)
     with open(tmp_path / f"run{i}.log", "w") as log:  # kept for a failure's diagnosis
-      proc = subprocess.Popen(_command(killed), cwd=ROOT, env=env, stdout=log,
+      proc = subprocess.Popen(_command(killed, preset), cwd=ROOT, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
       try:
         # A new commit first, so that every restart makes progress.
@@ -94,8 +98,8 @@ def test_sigkill_at_random_moments_resumes_bit_exactly(tmp_path):
         proc.wait(timeout=60)
   assert len(kills) == 3, f"the run finished before it could be killed (seed {seed}): {kills}"
   assert sum(writing for _, writing, _ in kills) >= 2, f"seed {seed}: {kills}"
-  last = subprocess.run(_command(killed), cwd=ROOT, env=env, check=True, capture_output=True,
-                        text=True, timeout=300)
+  last = subprocess.run(_command(killed, preset), cwd=ROOT, env=env, check=True,
+                        capture_output=True, text=True, timeout=300)
   (tmp_path / "final.log").write_text(last.stdout + last.stderr)
   assert "resuming from step" in last.stdout
 
