@@ -180,11 +180,12 @@ def init_student(state, t, config, teacher: Teacher, student_layers):
   """A fresh run's state with the student's parameters from the loaded teacher (t.frozen), put
   on the student's shardings; optimizer state fresh."""
   layers = layer_map(config, teacher.model_config.num_layers, student_layers)
-  # Copies, on the student's shardings: the train step donates the state's buffers, and a buffer
-  # shared with the teacher's (an argument of the same step) would be freed under it.
+  # In one jit (the arrays may span hosts: no slicing outside it) and as copies on the
+  # student's shardings: the train step donates the state's buffers, and one shared with the
+  # teacher's (an argument of the same step) would be freed under it.
   shardings = jax.tree.map(lambda s: s.sharding, t.abstract_state["params"])
-  params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings)(
-      student_from_teacher(t.frozen, state["params"], layers))
+  params = jax.jit(lambda tp, sp: jax.tree.map(jnp.copy, student_from_teacher(tp, sp, layers)),
+                   out_shardings=shardings)(t.frozen, state["params"])
   if jax.process_index() == 0:
     print(f"initialised the student from teacher {teacher.path}: layers {layers} of "
           f"{teacher.model_config.num_layers}, embeddings and MLM head", flush=True)
