@@ -269,6 +269,33 @@ def test_train_refuses_a_missing_or_unfit_teacher_in_one_line(tmp_path):
                           str(tmp_path / "a"))
 
 
+def test_a_hugging_face_bert_folder_is_a_teacher_recorded_by_its_weights(tmp_path, monkeypatch):
+  """An HF BertForPreTraining folder as --config.teacher_checkpoint: converted once (the
+  init_checkpoint cache), recorded by the sha256 of its config and weights; other weights in the
+  same folder are another teacher (one line naming both)."""
+  pytest.importorskip("torch")
+  from tests import hf_testlib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
+  hf_dir = str(tmp_path / "hf")
+  hf_testlib.save_hf(hf_testlib.random_hf_model(hf_testlib.hf_config()), hf_dir)
+  student = model_lib.get_bert_config("distilbert-tiny", vocab_size=64, hidden_size=64,
+                                      num_heads=4, intermediate_size=100,
+                                      max_position_embeddings=40)
+  config = ml_dict(teacher_checkpoint=hf_dir)
+  teacher = distil.load_teacher(config, student)
+  assert teacher.model_config.family == "bert" and teacher.model_config.num_layers == 2
+  assert teacher.model_config.objectives == "mlm" and teacher.record["path"] == hf_dir
+  assert len(teacher.record["sha256"]) == 64
+  distil.check_teacher({"teacher": teacher.record}, teacher, "wd")    # the same: accepted
+  hf_testlib.save_hf(hf_testlib.random_hf_model(hf_testlib.hf_config(), seed=1), hf_dir)
+  other = distil.load_teacher(config, student)
+  with pytest.raises(distil.ConfigError, match=r"was distilled from teacher .*hf \(sha256 .* "
+                     r"but this run has --config.teacher_checkpoint=.*hf \(sha256"):
+    distil.check_teacher({"teacher": teacher.record}, other, "wd")
+  with pytest.raises(distil.ConfigError, match="teacher_checkpoint=none"):
+    distil.check_teacher({"teacher": teacher.record}, None, "wd")
+
+
 @pytest.mark.slow
 def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
     teacher_workdir, tmp_path, monkeypatch):
