@@ -160,8 +160,9 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     raise ConversionError(f"--source={kind}: import reads 'tf' or 'hf' checkpoints.")
   if config_json.get("model_type") == "electra":   # two folders: not this one-input path yet
     raise ConversionError(f"{config_file}: an ELECTRA network; its discriminator and generator "
-                          "convert together: bert_jax.convert.electra.convert_to_orbax("
-                          "DISCRIMINATOR_DIR, GENERATOR_DIR, OUTPUT).")
+                          "convert together (python -m bert_jax.convert.electra --discriminator=D "
+                          "--generator=G --output=OUT, i.e. convert_to_orbax), and predict, "
+                          "extract_features and finetune read a discriminator folder as it is.")
   if config_json.get("model_type") == "albert" or "embedding_size" in config_json:
     # transformers' AlbertModel / AlbertForPreTraining, or google-research/albert's
     # albert_config.json: the ALBERT table.
