@@ -9,7 +9,8 @@
     state, metrics = steps.train_step(state, global_batch)  # ONE optimizer step, state donated
 
 Here lives, once: the jitted and explicitly sharded train/eval steps built from a `forward` and a
-loss (gradient accumulation as a `lax.scan` inside the step, one dropout-key rule), loading
+loss (gradient accumulation as a `lax.scan` inside the step, one dropout-key rule, optionally a
+frozen network evaluated inside them: DistilBERT's teacher, build_steps(frozen=)), loading
 pre-trained parameters straight into their target shardings (no host copy, so it works when
 parameters are sharded across hosts), the config-error class, the start-up checks every run
 makes, and the throughput timer.
