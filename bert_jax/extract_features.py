@@ -8,7 +8,8 @@ or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / Sent
 and recorded casing are used unless --vocab_file / --spm_model_file / --do_lower_case say
 otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
 of them for a smaller model; an explicit layer the model does not have is an error. An ELECTRA
-checkpoint gives its discriminator's features (the network ELECTRA fine-tunes; it says so).
+checkpoint gives its discriminator's features (the network ELECTRA fine-tunes; it says so); a
+DistilBERT its BertModel's (no token types: "a ||| b" is [CLS] a [SEP] b [SEP], as transformers).
 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
 Each whitespace-separated word is tokenized on its own, so every word piece knows its word.
@@ -261,6 +262,10 @@ def main(argv):
   if m.config.family == "electra":
     print(f"ELECTRA: features of the discriminator (params['bert']: {m.config.num_layers} "
           f"layers of width {m.config.hidden_size}); the generator is not used", flush=True)
+  elif m.config.family == "distilbert":   # BertModel without token types: segment ids unused
+    print(f"DistilBERT: features of params['bert'] ({m.config.num_layers} layers of width "
+          f"{m.config.hidden_size}; no token types: a pair's segment_ids are recorded, not "
+          "embedded)", flush=True)
   cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
   layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,

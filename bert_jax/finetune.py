@@ -7,7 +7,9 @@ r"""Fine-tuning BERT end to end on GLUE, SQuAD, CoNLL-2003 NER or SWAG: one loop
 --config.init_checkpoint may be an ELECTRA (its pre-training workdir, a converted pair, or a
 transformers discriminator folder): the discriminator is fine-tuned (params["bert"], no pooler;
 [CLS] tasks get ELECTRA's dense + GELU head, heads.ElectraClassificationHead), and the run says
-so.
+so. A DistilBERT (its distillation workdir, an export, or a transformers DistilBertForMaskedLM /
+DistilBertModel folder) fine-tunes params["bert"] (no token types, no pooler); [CLS] tasks get
+transformers' pre_classifier + ReLU + classifier head (heads._distilbert_cls_logits).
 
 Sections: set-up and validation -> tokenizer and data -> mesh -> model, optimizer, shardings ->
 state (pre-trained `bert` + fresh head) -> train/eval steps -> loop (train an epoch, evaluate,
@@ -142,6 +144,8 @@ def load_init_checkpoint(config):
     print(f"init_checkpoint: {found.description}", flush=True)
     if found.config.family == "electra":
       print(electra_line(found.config, pre, config.do_train), flush=True)
+    elif found.config.family == "distilbert":
+      print(distilbert_line(found.config, pre, config.do_train), flush=True)
   return (found.tokenizer, pre._replace(path=config.init_checkpoint),
           ckpt_lib.config_from_checkpoint(found.config, overrides,
                                           f"init_checkpoint={config.init_checkpoint}"))
@@ -158,6 +162,20 @@ def electra_line(model_config, pre, do_train):
           "pooler)" + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task "
           "gets ELECTRA's head, new (dense + GELU on [CLS], then the output layer: "
           "heads.ElectraClassificationHead)")
+
+
+def distilbert_line(model_config, pre, do_train):
+  """What fine-tuning takes from a DistilBERT checkpoint: its BertModel body (heads.py)."""
+  rest = sorted(set(pre.params_meta) - {"bert"})
+  if not do_train:   # evaluating a fine-tuned export: body and head as they are
+    return f"DistilBERT: evaluating params['bert'] with its fine-tuned head ({', '.join(rest)})"
+  return (f"DistilBERT: fine-tuning params['bert'] (embeddings + {model_config.num_layers} "
+          f"layers of width {model_config.hidden_size}; no token types: a pair is [CLS] a [SEP] "
+          "b [SEP] without segment embeddings; no pooler)"
+          + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task gets "
+          "DistilBERT's head, new (pre_classifier dense + ReLU on [CLS], dropout "
+          f"{heads.DISTILBERT_SEQ_CLASSIF_DROPOUT:g}, "
+          "classifier: as transformers' DistilBertForSequenceClassification)")
 
 
 def load_splits(task, tokenizer, config):

@@ -14,6 +14,13 @@ pre-training checkpoint), and the heads that read [CLS] use ElectraClassificatio
 BERT's pooler + dense (see its docstring); span and tagging heads are BERT's, as transformers'
 ElectraForQuestionAnswering / ElectraForTokenClassification.
 
+DistilBERT (config.family == "distilbert") fine-tunes its BertModel body (no token-type table,
+no pooler: exactly params["bert"] of a distillation checkpoint); the heads that read [CLS] are
+transformers' DistilBertForSequenceClassification / ForMultipleChoice head ("pre_classifier"
+dense + ReLU, dropout, "classifier": `_distilbert_cls_logits`); span and tagging heads are BERT's.
+Segment ids are passed but unused (type_vocab_size=0): a pair is [CLS] a [SEP] b [SEP] with no
+segment embedding, as transformers' DistilBERT.
+
 Parameter trees are {"bert": <BertModel>, "<head>": {kernel, bias}}, so `params["bert"]` is
 exactly what pre-training (params["bert"] of BertForPreTraining) or conversion provides; the
 head names follow google-research/bert and HF ("classifier", "qa_outputs"). Head kernels are
@@ -43,7 +50,8 @@ def _head_dense(config, features, name):
 
 def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
   """The pre-trained body, named "bert", on the inputs: BertModel's outputs (sequence_output,
-  pooled_output), or for ELECTRA the discriminator's (sequence_output, cls_output: no pooler).
+  pooled_output, cls_output; DistilBERT's pooled_output is None), or for ELECTRA the
+  discriminator's (sequence_output, cls_output: no pooler).
   Called inside a head's compact __call__, so the body is that head's submodule."""
   if config.family == "electra":
     return electra_lib.ElectraBody(config, name="bert").model_outputs(
@@ -76,12 +84,39 @@ class ElectraClassificationHead(nn.Module):
     return _head_dense(c, self.num_labels, "out_proj")(x)                       # [B, (K,) L]
 
 
+# transformers' DistilBertConfig.seq_classif_dropout default: the dropout between
+# pre_classifier and classifier in DistilBertForSequenceClassification / ForMultipleChoice (the
+# released DistilBERT classifiers, e.g. distilbert-base-uncased-finetuned-sst-2, are trained with
+# it). Not hidden_dropout_prob (0.1): HF keeps the two apart, and so do we.
+DISTILBERT_SEQ_CLASSIF_DROPOUT = 0.2
+
+
+def _distilbert_cls_logits(config, cls, num_labels, deterministic):
+  """DistilBERT's head on [CLS], as transformers' DistilBertForSequenceClassification:
+  pre_classifier dense H -> H, ReLU, dropout, classifier dense H -> L; the names are HF's, so a
+  fine-tuned tree reads {"bert", "pre_classifier", "classifier"} like HF's {distilbert, ...}.
+
+  Why not BERT's head: DistilBERT has no pooler (Sanh et al. drop it with the token types), so
+  BERT's dropout + dense on the tanh-pooled [CLS] has nothing pre-trained to read; transformers
+  puts this fresh H x H + ReLU layer in the pooler's place (ReLU, not tanh, as HF), and every
+  released DistilBERT classifier carries it. No dropout before pre_classifier, as HF.
+  Called inside the head's compact __call__, so both layers are that head's submodules.
+  """
+  x = _dense(config, config.hidden_size, ("embed", "embed2"), "pre_classifier")(cls)  # [B,(K,)H]
+  x = nn.relu(x)
+  x = nn.Dropout(DISTILBERT_SEQ_CLASSIF_DROPOUT)(x, deterministic=deterministic)     # [B,(K,)H]
+  return _head_dense(config, num_labels, "classifier")(x)                            # [B,(K,)L]
+
+
 def _cls_logits(config, out, num_labels, deterministic):
-  """Logits from [CLS]: BERT's dropout + dense "classifier" on the pooled output, or ELECTRA's
-  ElectraClassificationHead (also named "classifier") on the last layer's [CLS]."""
+  """Logits from [CLS]: BERT's dropout + dense "classifier" on the pooled output, ELECTRA's
+  ElectraClassificationHead (also named "classifier") on the last layer's [CLS], or DistilBERT's
+  pre_classifier + ReLU + classifier on the last layer's [CLS] (no pooler either)."""
   if config.family == "electra":
     return ElectraClassificationHead(config, num_labels, name="classifier")(
         out["cls_output"], deterministic)
+  if config.family == "distilbert":
+    return _distilbert_cls_logits(config, out["cls_output"], num_labels, deterministic)
   x = nn.Dropout(config.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
   return _head_dense(config, num_labels, "classifier")(x)
 

@@ -16,9 +16,14 @@
     there; the run prints where. ELECTRA (bert_jax/convert/electra.py): a discriminator folder
     (ElectraForPreTraining / ElectraModel, converted alone: no generator), or a folder holding
     discriminator/ and generator/ as `python -m bert_jax.convert.electra` exports the pair.
+    DistilBERT (bert_jax/convert/distilbert.py): a DistilBertForMaskedLM or DistilBertModel
+    folder (the latter's MLM head starts random: fine for fine-tuning and features, not
+    fill-mask), with its vocab.txt in the folder.
 An ELECTRA checkpoint (pre-training workdir, step, export) loads whole (params: bert = the
 discriminator's body, rtd_head, generator, mlm_head); each CLI says which network it uses:
-fine-tuning and extract_features the discriminator, predict's fill-mask the generator.
+fine-tuning and extract_features the discriminator, predict's fill-mask the generator. A
+DistilBERT (a distillation workdir: bert + mlm_head, the teacher only referenced) loads like BERT
+without token types or pooler; the CLIs say so.
 Every load says what it loaded: `InferenceModel.description` names the directory and the step (or
 the export's provenance), and the CLIs print it.
 
@@ -168,11 +173,50 @@ def from_hf_folder(path, *, vocab_file=None, do_lower_case=None):
     print(f"{path}: a Hugging Face folder, {what}; converted to Orbax in {target} (reused next "
           "time; bert_jax.convert.electra)", flush=True)
     return target
+  if _hf_model_type(path) == "distilbert":
+    # DistilBertForMaskedLM / DistilBertModel (bert_jax/convert/distilbert.py); a bare
+    # DistilBertModel gets a fresh MLM head, which the line names (fill-mask would be noise).
+    meta = convert_distilbert_for_inference(path, target, vocab_file=vocab_file,
+                                            do_lower_case=do_lower_case)
+    fresh = meta["initialized_randomly"]
+    what = ("a DistilBertModel (no MLM head: initialised randomly, fill-mask is meaningless; "
+            "fine-tuning and extract_features use its body)" if fresh else
+            "a DistilBertForMaskedLM")
+    print(f"{path}: a Hugging Face folder, {what}; converted to Orbax in {target} (reused next "
+          "time; bert_jax.convert.distilbert)", flush=True)
+    return target
   convert.convert_to_orbax(path, target, "hf", vocab_file=vocab_file,
                            do_lower_case=do_lower_case)
   print(f"{path}: a Hugging Face folder; converted to Orbax in {target} (reused next time; "
         "`python -m bert_jax.convert` does the same by hand)", flush=True)
   return target
+
+
+def convert_distilbert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
+  """A transformers DistilBERT folder -> an Orbax params export with its vocab bundled and its
+  casing recorded (what predict, extract_features and fine-tuning load), as
+  convert.electra.convert_for_inference does for ELECTRA. convert.distilbert.import_hf reads the
+  folder's own tokenizer files; --vocab_file / --do_lower_case, when given, replace what it
+  found (checked against the model's vocab_size by the same reader). Returns meta."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top  (convert imports us)
+  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
+  convert.check_new_output(output)
+  own = os.path.isfile(os.path.join(path, VOCAB_NAME)) or glob.glob(os.path.join(path,
+                                                                               "*.model"))
+  if not own:
+    raise InferenceLoadError(
+        f"{path}: a transformers DistilBERT folder without its tokenizer ({VOCAB_NAME}); save "
+        "the tokenizer into it too (tokenizer.save_pretrained(folder))"
+        + (f", or copy {vocab_file} there as {VOCAB_NAME}." if vocab_file else "."))
+  params, config, meta = convert_distilbert.import_hf(path)
+  if vocab_file or do_lower_case is not None:
+    tok = os.path.join(path, "tokenizer_config.json")
+    meta.update(convert.read_tokenizer_meta(
+        path, vocab_file, config, os.path.join(path, "config.json"), path,
+        formats.read_json(tok, "tokenizer config") if os.path.isfile(tok) else None,
+        do_lower_case))
+  return convert.write_export(output, params, config, meta)
 
 
 def enable_compilation_cache():

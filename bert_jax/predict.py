@@ -12,7 +12,9 @@ vocab.txt or SentencePiece model bundled with it (or --vocab_file / --spm_model_
 recorded casing are used. Prints, for each [MASK], the top-k tokens with their probabilities,
 and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
 vocabulary, as transformers' fill-mask pipeline. An ELECTRA checkpoint fills masks with its
-generator (the network trained on MLM; it says so), and has no sentence-pair head.
+generator (the network trained on MLM; it says so), and has no sentence-pair head; a DistilBERT
+fills masks with its own MLM head (a distillation workdir or a DistilBertForMaskedLM folder) and
+has none either.
 """
 
 import functools
@@ -59,11 +61,20 @@ def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
                          "bert_jax.convert.electra exports.")
     predictor.params = jax.tree.map(jnp.asarray, predictor.params)
     return predictor
-  sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT)
+  sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT, DistilBERT)
   heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
   if any(h not in predictor.params for h in heads):
     raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads "
                        f"({', '.join(heads)}); fill-mask needs a BertForPreTraining checkpoint.")
+  # A converted model whose MLM head was not in its files (a transformers DistilBertModel or
+  # BertModel: convert starts it from random weights and lists it) would fill masks with noise.
+  fresh = [p for p in predictor.meta.get("initialized_randomly") or ()
+           if p.startswith("mlm_head/")]
+  if fresh:
+    raise PredictError(f"--init_checkpoint={checkpoint}: its MLM head was initialised randomly "
+                       f"at conversion ({fresh[0]}, ...: the source had none, e.g. a "
+                       "DistilBertModel); fill-mask needs the ...ForMaskedLM folder or a "
+                       "pre-training workdir.")
   predictor.params = jax.tree.map(jnp.asarray, predictor.params)
   return predictor
 
@@ -170,6 +181,10 @@ def main(argv):
     print(f"ELECTRA: fill-mask with the generator (the MLM network: {c.generator_num_layers} "
           f"layers of width {c.generator_hidden_size} on the shared embeddings); the "
           "discriminator is not used")
+  elif predictor.config.family == "distilbert":
+    c = predictor.config
+    print(f"DistilBERT: fill-mask with its MLM head ({c.num_layers} layers of width "
+          f"{c.hidden_size}; no token types, no sentence-pair head)")
   print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
 
 
