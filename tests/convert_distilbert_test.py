@@ -133,3 +133,24 @@ def test_a_bert_folder_or_checkpoint_is_one_line_naming_the_right_converter(tmp_
                               str(tmp_path / "bert"))
   with pytest.raises(distilbert.ConversionError, match="expected 'distilbert'"):
     distilbert.import_hf(hf_dir)
+
+
+def test_python_m_bert_jax_convert_reads_a_distilbert_folder_and_names_the_exporter(tmp_path):
+  """The general converter (python -m bert_jax.convert) imports a transformers DistilBERT folder
+  with DistilBERT's table (was: BERT's names, 'token_type_embeddings missing'), and exporting a
+  DistilBERT through it is one line naming convert.distilbert."""
+  from bert_jax import convert, inference  # pylint: disable=g-import-not-at-top
+  hf_model = _randomise(transformers.DistilBertForMaskedLM(_hf_config()), 5)
+  hf_dir = hf_testlib.save_hf(hf_model, str(tmp_path / "hf"))
+  params, config, _ = convert.import_checkpoint(hf_dir)
+  ours, our_config, _ = distilbert.import_hf(hf_dir)
+  assert config == our_config and config.family == "distilbert"
+  fa, fb = names.flatten(params), names.flatten(ours)
+  assert sorted(fa) == sorted(fb)
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+  convert.convert_to_orbax(hf_dir, str(tmp_path / "orbax"))
+  m = inference.load_for_inference(str(tmp_path / "orbax"))
+  with pytest.raises(convert.ConversionError, match="bert_jax.convert.distilbert --input="):
+    convert.export_model_to_hf(m, str(tmp_path / "out"), str(tmp_path / "orbax"))
+  assert not os.path.exists(tmp_path / "out")

@@ -163,6 +163,12 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
                           "convert together (python -m bert_jax.convert.electra --discriminator=D "
                           "--generator=G --output=OUT, i.e. convert_to_orbax), and predict, "
                           "extract_features and finetune read a discriminator folder as it is.")
+  if config_json.get("model_type") == "distilbert":   # its own names (convert/distilbert.py)
+    if kind != "hf":
+      raise ConversionError(f"{config_file}: a DistilBERT config in a TF checkpoint; DistilBERT "
+                            "converts from transformers folders only.")
+    from bert_jax.convert import distilbert  # pylint: disable=g-import-not-at-top
+    return distilbert.import_hf(path)
   if config_json.get("model_type") == "albert" or "embedding_size" in config_json:
     # transformers' AlbertModel / AlbertForPreTraining, or google-research/albert's
     # albert_config.json: the ALBERT table.
@@ -311,6 +317,9 @@ def export_model_to_hf(m, output, checkpoint):
     raise ConversionError(f"--input={checkpoint} is an ELECTRA (generator + discriminator); "
                           f"export it with python -m bert_jax.convert.electra --input={checkpoint} "
                           f"--output={output}.")
+  if m.config.family == "distilbert":   # DistilBERT's own names and config.json
+    raise ConversionError(f"--input={checkpoint} is a DistilBERT; export it with python -m "
+                          f"bert_jax.convert.distilbert --input={checkpoint} --output={output}.")
   state = hf_state_dict(m.params, m.config, checkpoint)
   pad_id = m.tokenizer.vocab.pad_id
 
