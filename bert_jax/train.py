@@ -523,18 +523,15 @@ def next_commands(config, workdir, step, stopped):
   further = (f"train further: the same command with --config.num_train_steps={more} (resumes "
              f"from step {step}; the learning-rate decay is stretched to the new total)")
   family = model_lib.PRESETS.get(config.model_name, {}).get("family")
-  if family == "electra":
-    # predict and fine-tuning do not read ELECTRA checkpoints yet (docs/models.md).
-    return [f"python -m bert_jax.convert.electra --input={workdir} --output=hf/{name}", further]
-  if family == "distilbert":   # fine-tuning has no DistilBERT head yet (docs/models.md)
-    return [f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
-            f'"The man went to the [MASK] ."',
-            f"python -m bert_jax.convert.distilbert --input={workdir} --output=hf/{name}",
-            further + " and the same --config.teacher_checkpoint"]
+  # ELECTRA: fill-mask runs the generator, fine-tuning the discriminator; both networks export
+  # as a pair. DistilBERT exports with its own names and trains further with its teacher.
+  convert = {"electra": "bert_jax.convert.electra", "distilbert": "bert_jax.convert.distilbert"}
+  if family == "distilbert":
+    further += " and the same --config.teacher_checkpoint"
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
-      f"python -m bert_jax.convert --input={workdir} --output=hf/{name}",
+      f"python -m {convert.get(family, 'bert_jax.convert')} --input={workdir} --output=hf/{name}",
       f"python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
       f"--config.init_checkpoint={workdir} --config.data_dir=DATA --workdir=runs/{name}-ft",
       further,

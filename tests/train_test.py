@@ -312,3 +312,20 @@ def test_init_checkpoint_from_a_hugging_face_folder(tmp_path, monkeypatch, capsy
   assert out["final_step"] == 2
   assert f"{hf_dir}: a Hugging Face folder; converted to Orbax in {tmp_path}/cache/hf/" in printed
   assert f"(converted from hf {hf_dir}) (2 layers, hidden 128)" in printed
+
+
+@pytest.mark.parametrize("preset,converter", [("tiny", "bert_jax.convert "),
+                                              ("electra-tiny", "bert_jax.convert.electra "),
+                                              ("distilbert-tiny", "bert_jax.convert.distilbert ")])
+def test_next_commands_name_each_familys_converter_and_fine_tuning(preset, converter):
+  """A finished run's next commands (summary.json's `next`): fill-mask, the family's converter,
+  fine-tuning (ELECTRA's discriminator, DistilBERT's student) and how to train further."""
+  config = pretrain_config.get_config(f"{preset},runlocal")
+  out = train.next_commands(config, "runs/x/workdir", 10, stopped=False)
+  assert out[0].startswith("python -m bert_jax.predict --init_checkpoint=runs/x/workdir fill-mask")
+  assert out[1] == f"python -m {converter}--input=runs/x/workdir --output=hf/x"
+  assert out[2].startswith("python -m bert_jax.finetune ") and "--workdir=runs/x-ft" in out[2]
+  assert "--config.num_train_steps=20" in out[3]
+  assert ("teacher_checkpoint" in out[3]) == preset.startswith("distilbert")
+  assert train.next_commands(config, "w", 10, stopped=True) == [
+      "re-run the same command to resume from checkpoint 10"]
