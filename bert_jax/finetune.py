@@ -10,6 +10,10 @@ transformers discriminator folder): the discriminator is fine-tuned (params["ber
 so. A DistilBERT (its distillation workdir, an export, or a transformers DistilBertForMaskedLM /
 DistilBertModel folder) fine-tunes params["bert"] (no token types, no pooler); [CLS] tasks get
 transformers' pre_classifier + ReLU + classifier head (heads._distilbert_cls_logits).
+Task-specific distillation (classification): --config.distill_teacher=RUN/best_epoch{N} (a
+fine-tuned teacher of the same task and vocab, e.g. BERT-base teaching a DistilBERT) adds its
+soft labels (--config.distill_temperature, --config.distill_alpha; ft.distill_loss_fn); the
+teacher runs frozen inside each jitted step (trainer_lib's frozen network, as pre-training's).
 
 Sections: set-up and validation -> tokenizer and data -> mesh -> model, optimizer, shardings ->
 state (pre-trained `bert` + fresh head) -> train/eval steps -> loop (train an epoch, evaluate,
@@ -36,6 +40,7 @@ from typing import Any, NamedTuple
 from absl import flags
 from etils import epath
 import jax
+import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_flags
 import numpy as np
@@ -91,19 +96,103 @@ def pack_train(train, task, config):
 
 
 def build_training(family, model_config, config, mesh, *, num_train_steps, warmup_steps,
-                   num_labels=2, num_choices=4,
-                   rules=sharding_lib.LOGICAL_AXIS_RULES) -> trainer_lib.Steps:
-  """The head model, AdamW with BERT's schedule, and jitted steps sharded by logical axes."""
+                   num_labels=2, num_choices=4, rules=sharding_lib.LOGICAL_AXIS_RULES,
+                   teacher=None) -> trainer_lib.Steps:
+  """The head model, AdamW with BERT's schedule, and jitted steps sharded by logical axes.
+  teacher: a DistillTeacher (config.distill_teacher): run frozen in the steps, its logits the
+  soft labels of ft.distill_loss_fn."""
   model = heads.create_model(family, model_config, num_labels=num_labels,
                              num_choices=num_choices)
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=num_train_steps,
                                            warmup_steps=warmup_steps)
   ids, mask, segments = heads.dummy_inputs(family, config.max_seq_length, num_choices)
+  dummy = dict(input_ids=ids, input_mask=mask, segment_ids=segments)
+  loss_fn, frozen = functools.partial(ft.loss_fn, family), None
+  if teacher is not None:
+    loss_fn = functools.partial(ft.distill_loss_fn, family, float(config.distill_alpha),
+                                float(config.distill_temperature))
+    frozen = teacher_frozen(teacher, dummy, mesh, rules)
   return trainer_lib.build_steps(
-      model=model, forward=forward, loss_fn=functools.partial(ft.loss_fn, family),
+      model=model, forward=forward, loss_fn=loss_fn,
       eval_fn=lambda outputs, batch: ft.predict_outputs(family, outputs),
-      dummy_batch=dict(input_ids=ids, input_mask=mask, segment_ids=segments), tx=tx,
-      schedule=schedule, mesh=mesh, rules=rules)
+      dummy_batch=dummy, tx=tx, schedule=schedule, mesh=mesh, rules=rules, frozen=frozen)
+
+
+# ----------------------------------------------------------------------------------------------
+# Task-specific distillation: a fine-tuned teacher's soft labels (config.distill_teacher).
+# ----------------------------------------------------------------------------------------------
+class DistillTeacher(NamedTuple):
+  model: Any                     # heads.BertForSequenceClassification of the teacher's config
+  pretrained: trainer_lib.Pretrained
+  line: str                      # what was loaded, for the start-up print
+
+
+def load_distill_teacher(config, task, tokenizer):
+  """The DistillTeacher of config.distill_teacher, or None; checked before compute, reads no
+  array: a fine-tuning export (best_epoch{N}/) of this task, with its labels in the same order,
+  trained on the student's vocab (sha256) and casing; any of its families (BERT, ALBERT,
+  ELECTRA, DistilBERT), any size."""
+  path = config.get("distill_teacher", "")
+  if not path:
+    return None
+  where = f"config.distill_teacher={path}"
+  if task.family != "classification":
+    raise ConfigError(f"{where}: soft labels are for classification; task {task.name} is "
+                      f"{task.family}: drop --config.distill_teacher.")
+  if not config.do_train:
+    raise ConfigError(f"{where} with do_train=false: the teacher only teaches a training run; "
+                      "drop one of them.")
+  if not 0.0 <= config.distill_alpha <= 1.0 or config.distill_temperature <= 0:
+    raise ConfigError(f"config.distill_alpha={config.distill_alpha} (0..1) and "
+                      f"config.distill_temperature={config.distill_temperature} (> 0): set them "
+                      "in range (defaults 0.5 and 2.0).")
+  vocab = str(tokenizer.vocab.path)
+  spm = vocab.endswith(".model")
+  # The student's own vocab and casing, passed in: a teacher trained on another vocab (its
+  # recorded sha256) or casing is a one-line error from the same checks as --init_checkpoint.
+  found = inference.load_for_inference(
+      path, vocab_file=None if spm else vocab, spm_model_file=vocab if spm else None,
+      do_lower_case=bool(tokenizer.do_lower_case), with_params=False)
+  meta = found.meta
+  if meta.get("epoch") is None:
+    raise ConfigError(f"{where}: {found.description} is not a fine-tuning export (no task "
+                      "head); pass a bert_jax.finetune run's best_epoch{N}/ directory.")
+  if meta.get("task") != task.name:
+    raise ConfigError(f"{where}: fine-tuned on {meta.get('task')!r}, not {task.name!r}; pass "
+                      f"a best_epoch{{N}}/ export of a {task.name} run.")
+  labels = list(getattr(task, "labels", ()) or ())
+  if list(meta.get("labels") or ()) != labels:
+    raise ConfigError(f"{where}: its labels {meta.get('labels')} are not this run's {labels} "
+                      "(names and order must match: the soft labels are per class index).")
+  teacher_config = ckpt_lib.config_from_checkpoint(
+      found.config, {"dtype": config.model.dtype}, where)
+  trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", teacher_config)
+  model = heads.create_model("classification", teacher_config,
+                             num_labels=getattr(task, "num_labels", 2))
+  c, a = teacher_config, float(config.distill_alpha)
+  line = (f"distill_teacher: {found.description} ({c.family}, {c.num_layers} layers of width "
+          f"{c.hidden_size}, fine-tuned on {task.name}); soft labels at temperature "
+          f"{config.distill_temperature:g}: loss = {a:g} x T^2 x KL(teacher || student) + "
+          f"{1 - a:g} x cross-entropy on the labels; the teacher runs frozen in every step "
+          f"({c.dtype})")
+  return DistillTeacher(model, trainer_lib.read_pretrained(found.checkpoint), line)
+
+
+def teacher_frozen(teacher, dummy, mesh, rules):
+  """The teacher as trainer_lib's frozen network: every parameter it has (body and head) read
+  once into the shardings its logical axes give; its logits [B, (K,) L] float32 join the batch
+  as "teacher_logits", deterministic and under stop_gradient."""
+  model = teacher.model
+
+  def apply(params, batch):
+    logits = model.apply({"params": params}, batch, True, method=forward)
+    return {"teacher_logits": jax.lax.stop_gradient(logits.astype(jnp.float32))}
+
+  abstract = jax.eval_shape(
+      lambda r: model.init(r, dummy["input_ids"], dummy["input_mask"], dummy["segment_ids"]),
+      jax.ShapeDtypeStruct((2,), jnp.uint32))
+  return trainer_lib.load_frozen(teacher.pretrained, model, forward, dummy,
+                                 tuple(abstract["params"]), mesh, apply, rules)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,6 +420,9 @@ def _finetune(config, workdir):
   tokenizer, pre, model_config = load_init_checkpoint(config)
   task = ft.build_task(config)
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", model_config)
+  teacher = load_distill_teacher(config, task, tokenizer)
+  if teacher is not None and jax.process_index() == 0:
+    print(teacher.line, flush=True)
   trainer_lib.check_same_on_all_hosts(config, tokenizer.vocab.path, tokenizer.vocab.size)
   train, evals, tests = load_splits(task, tokenizer, config)
   train = pack_train(train, task, config)
@@ -349,7 +441,7 @@ def _finetune(config, workdir):
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)
   t = build_training(task.family, model_config, config, mesh, num_train_steps=num_train_steps,
                      warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
-                     num_choices=getattr(task, "num_choices", 4))
+                     num_choices=getattr(task, "num_choices", 4), teacher=teacher)
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
             ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
@@ -452,7 +544,8 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
     ckpt_lib.save(manager, step, state, dict(
         task=run.task.name, num_train_steps=num_train_steps, step=step, history=history,
         best_score=float(best["score"]), best_epoch=best["epoch"], best_step=best["step"],
-        best_dir=best["dir"], model_config=run.model_config.to_dict(), input_position=step),
+        best_dir=best["dir"], model_config=run.model_config.to_dict(), input_position=step,
+        distill_teacher=run.config.get("distill_teacher", "")),
         force=True)
     manager.wait_until_finished()
 
@@ -510,6 +603,11 @@ def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
     raise ConfigError(f"--workdir={run.workdir} holds a {meta['task']} run of "
                       f"{meta['num_train_steps']} steps, not {run.task.name} with "
                       f"{num_train_steps}; use a new workdir.")
+  teacher = run.config.get("distill_teacher", "")
+  if meta.get("distill_teacher", "") != teacher:
+    raise ConfigError(f"--workdir={run.workdir} holds a run with distill_teacher="
+                      f"{meta.get('distill_teacher') or 'none'}, not {teacher or 'none'}; use the "
+                      "same --config.distill_teacher or a new workdir.")
   history.extend(metrics_writer.eval_tags(h) for h in meta["history"])  # older names too
   best.update(score=meta["best_score"], epoch=meta["best_epoch"], step=meta.get("best_step"),
               dir=meta["best_dir"])

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -165,6 +166,29 @@ def loss_fn(family, outputs, batch):
   loss = _weighted_mean(ce, w)
   correct = (jnp.argmax(outputs, -1) == batch["label_ids"]).astype(jnp.float32)
   return loss, {"loss": loss, "accuracy": _weighted_mean(correct, w)}
+
+
+def distill_loss_fn(family, alpha, temperature, outputs, batch):
+  """Task-specific distillation (Hinton et al. 2015; DistilBERT's GLUE students, Sanh et al. 2019
+  sec. 4.2): alpha x T^2 x KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) x the hard
+  label loss. batch["teacher_logits"] [B, (K,) L] is a fine-tuned teacher's output, added inside
+  the step (trainer_lib's frozen network; finetune.load_distill_teacher). T^2 keeps the soft
+  term's gradient on the scale of the hard one's as T grows (Hinton et al. sec. 2).
+  Classification only (soft labels are a distribution over classes)."""
+  if family != "classification":
+    raise ValueError(f"distillation soft labels are for classification, not {family}.")
+  hard, metrics = loss_fn(family, outputs, batch)
+  t = temperature
+  teacher = batch["teacher_logits"].astype(jnp.float32) / t                 # [B, (K,) L]
+  student = outputs.astype(jnp.float32) / t
+  p_teacher = jax.nn.softmax(teacher, -1)
+  kl = jnp.sum(p_teacher * (jax.nn.log_softmax(teacher, -1) - jax.nn.log_softmax(student, -1)),
+               -1)                                                          # [B, (K,)]
+  soft = _weighted_mean(kl, batch["example_weights"]) * t * t
+  agree = (jnp.argmax(outputs, -1) == jnp.argmax(teacher, -1)).astype(jnp.float32)
+  loss = alpha * soft + (1.0 - alpha) * hard
+  return loss, {**metrics, "loss": loss, "hard_loss": hard, "distill_loss": soft,
+                "teacher_agreement": _weighted_mean(agree, batch["example_weights"])}
 
 
 def predict_outputs(family, outputs):

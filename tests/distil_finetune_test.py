@@ -142,6 +142,78 @@ def test_extract_features_are_the_bert_models_and_pairs_have_no_segment_embeddin
 
 
 # ----------------------------------------------------------------------------------------------
+# Task-specific distillation: --config.distill_teacher (a fine-tuned teacher's soft labels).
+# ----------------------------------------------------------------------------------------------
+def test_distill_loss_is_alpha_t2_kl_plus_hard_cross_entropy():
+  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  student, teacher = rng.normal(size=(4, 3)) * 2, rng.normal(size=(4, 3)) * 2
+  batch = dict(label_ids=np.asarray([0, 1, 2, 1]), example_weights=np.asarray([1, 1, 1, 0.]),
+               teacher_logits=teacher)
+  hard, _ = ft.loss_fn("classification", student, batch)
+  t, alpha = 2.0, 0.3
+  loss, metrics = ft.distill_loss_fn("classification", alpha, t, student, batch)
+
+  def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+  pt = np.exp(log_softmax(teacher / t))
+  kl = (pt * (log_softmax(teacher / t) - log_softmax(student / t))).sum(-1)[:3].mean()
+  np.testing.assert_allclose(metrics["distill_loss"], kl * t * t, rtol=1e-5)
+  np.testing.assert_allclose(loss, alpha * kl * t * t + (1 - alpha) * hard, rtol=1e-5)
+  same, _ = ft.distill_loss_fn("classification", 1.0, t, teacher, batch)   # student = teacher
+  np.testing.assert_allclose(same, 0.0, atol=1e-6)
+
+
+def test_a_bert_teacher_distils_a_distilbert_student_in_finetune(tmp_path, pretrained, capsys):
+  """A BERT fine-tuned on the task (one step: the plumbing) teaches the DistilBERT student:
+  the teacher runs frozen in the step, the loss is the distillation loss, each part logged."""
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  path, vocab_file, cfg = pretrained
+  bert_cfg = model_lib.get_bert_config("tiny", vocab_size=cfg.vocab_size, num_layers=1,
+                                       max_position_embeddings=128)
+  bert = ckpt_lib.save_params(str(tmp_path / "bert"), jax.jit(lambda r: nn.unbox(
+      model_lib.init_params(bert_cfg, r)))(jax.random.PRNGKey(2)), bert_cfg,
+      meta={"do_lower_case": True})
+  finetune_test._sst2(tmp_path, np.random.default_rng(0), 8, 8)   # pylint: disable=protected-access
+  teacher, _ = finetune_test._one_step(tmp_path, (bert, vocab_file), "glue_sst2")  # pylint: disable=protected-access
+  capsys.readouterr()
+  config = finetune_test._config("glue_sst2", (path, vocab_file), tmp_path,  # pylint: disable=protected-access
+                                 num_train_epochs=1.0, do_predict=False, log_every=1,
+                                 distill_teacher=teacher["best_checkpoint"],
+                                 distill_alpha=0.7, distill_temperature=3.0)
+  summary = finetune.finetune(config, str(tmp_path / "student"))
+  assert summary["steps"] == 1 and summary["best_epoch"] == 1
+  printed = capsys.readouterr().out
+  assert (f"distill_teacher: {teacher['best_checkpoint']} (fine-tuning export: sst2 epoch 1) "
+          "(bert, 1 layers of width 128, fine-tuned on sst2); soft labels at temperature 3: "
+          "loss = 0.7 x T^2 x KL(teacher || student) + 0.3 x cross-entropy") in printed, printed
+  assert "DistilBERT: fine-tuning params['bert']" in printed
+  scalars = metrics_writer.read_scalars(str(tmp_path / "student" / "tensorboard"))
+  ((_, loss),), ((_, soft),), ((_, hard),) = (scalars[f"train/{k}"] for k in (
+      "loss", "distill_loss", "hard_loss"))
+  np.testing.assert_allclose(loss, 0.7 * soft + 0.3 * hard, rtol=1e-5)
+  assert soft > 0 and "train/teacher_agreement" in scalars
+  params, _, _ = ckpt_lib.load_params(summary["best_checkpoint"])
+  assert set(params) == {"bert", "pre_classifier", "classifier"}   # the student alone
+
+  # Refused before compute, in one line: another task's data, no training, no task head.
+  def refused(match, **kw):
+    c = finetune_test._config("glue_sst2", (path, vocab_file), tmp_path,  # pylint: disable=protected-access
+                              distill_teacher=teacher["best_checkpoint"])
+    for k, v in kw.items():
+      setattr(c, k, v)
+    with pytest.raises(finetune.ConfigError, match=match):
+      finetune.load_distill_teacher(c, finetune.ft.build_task(c), finetune.load_init_checkpoint(
+          c)[0])
+  refused("with do_train=false: the teacher only teaches a training run", do_train=False)
+  refused(r"is not a fine-tuning export \(no task head\)", distill_teacher=path)
+  refused(r"fine-tuned on 'sst2', not 'cola'", task="cola")
+  refused("soft labels are for classification; task stsb is regression", task="stsb")
+
+
+# ----------------------------------------------------------------------------------------------
 # transformers folders, converted on the fly (inference.convert_distilbert_for_inference).
 # ----------------------------------------------------------------------------------------------
 def _hf_folders(tmp_path):
@@ -232,7 +304,7 @@ def test_distilled_workdir_feeds_finetune_predict_and_extract_features(tmp_path)
                      dupe_factor=1, num_shards=2, no_nsp=True), show_progress=False)
   # The teacher: a random BERT-tiny export with the same vocab (any checkpoint we load).
   size = tasks_testlib.ReferenceTokenizer(vocab).vocab.size
-  teacher_cfg = model_lib.get_bert_config("tiny", vocab_size=size, max_position_embeddings=128)
+  teacher_cfg = model_lib.get_bert_config("tiny", vocab_size=size)   # 512 positions, as the student
   teacher = ckpt_lib.save_params(
       str(tmp_path / "teacher"), jax.jit(lambda r: nn.unbox(model_lib.init_params(
           teacher_cfg, r)))(jax.random.PRNGKey(0)), teacher_cfg,

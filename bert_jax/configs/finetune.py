@@ -79,6 +79,12 @@ def get_config(arg="glue_mrpc"):
   # Model: the pre-trained encoder and what fine-tuning may change.
   c.init_checkpoint = ""        # convert export, pre-training workdir or a best_epoch* export
   c.model_name = ""             # only without init_checkpoint: random init (tests, benchmarks)
+  # Task-specific distillation (classification): a fine-tuned teacher's soft labels, e.g. a
+  # BERT-base best_epoch{N}/ export teaching a DistilBERT student (DistilBERT paper sec. 4.2).
+  # Empty: plain fine-tuning. The teacher runs frozen inside each step (finetune.py).
+  c.distill_teacher = ""        # a fine-tuning export (best_epoch{N}/) of this task and vocab
+  c.distill_temperature = 2.0   # T: softmax(logits / T) on both sides; the soft loss x T^2
+  c.distill_alpha = 0.5         # loss = alpha x soft (KL) + (1 - alpha) x hard (labels)
   c.model = ml_collections.ConfigDict(dict(
       hidden_dropout_prob=0.1,
       attention_dropout_prob=0.1,
