@@ -165,6 +165,35 @@ def test_distill_loss_is_alpha_t2_kl_plus_hard_cross_entropy():
   np.testing.assert_allclose(same, 0.0, atol=1e-6)
 
 
+def test_a_distill_teacher_that_does_not_fit_is_refused_in_one_line(tmp_path, pretrained):
+  """Before compute: no training, no task head, another task, a regression task."""
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  path, vocab_file, cfg = pretrained
+  labels = list(finetune.ft.build_task(finetune_test._config(  # pylint: disable=protected-access
+      "glue_sst2", (path, vocab_file), tmp_path)).labels)
+  params, _, _ = ckpt_lib.load_params(path)
+  # What a sst2 run's best_epoch1/ records (the arrays are not read by these checks).
+  teacher = ckpt_lib.save_params(str(tmp_path / "best_epoch1"), params, cfg, meta=dict(
+      task="sst2", epoch=1, labels=labels, do_lower_case=True))
+  tokenizer = None
+
+  def refused(match, **kw):
+    nonlocal tokenizer
+    c = finetune_test._config("glue_sst2", (path, vocab_file), tmp_path,  # pylint: disable=protected-access
+                              distill_teacher=teacher)
+    for k, v in kw.items():
+      setattr(c, k, v)
+    tokenizer = tokenizer or finetune.load_init_checkpoint(c)[0]
+    with pytest.raises(finetune.ConfigError, match=match):
+      finetune.load_distill_teacher(c, finetune.ft.build_task(c), tokenizer)
+  refused("with do_train=false: the teacher only teaches a training run", do_train=False)
+  refused(r"is not a fine-tuning export \(no task head\)", distill_teacher=path)
+  refused(r"fine-tuned on 'sst2', not 'cola'", task="cola")
+  refused("soft labels are for classification; task stsb is regression", task="stsb")
+  refused(r"distill_alpha=1.5 \(0..1\)", distill_alpha=1.5)
+
+
+@pytest.mark.slow   # two fine-tuning runs, the second with two networks (~140 s, shared CPU)
 def test_a_bert_teacher_distils_a_distilbert_student_in_finetune(tmp_path, pretrained, capsys):
   """A BERT fine-tuned on the task (one step: the plumbing) teaches the DistilBERT student:
   the teacher runs frozen in the step, the loss is the distillation loss, each part logged."""
@@ -197,20 +226,6 @@ def test_a_bert_teacher_distils_a_distilbert_student_in_finetune(tmp_path, pretr
   assert soft > 0 and "train/teacher_agreement" in scalars
   params, _, _ = ckpt_lib.load_params(summary["best_checkpoint"])
   assert set(params) == {"bert", "pre_classifier", "classifier"}   # the student alone
-
-  # Refused before compute, in one line: another task's data, no training, no task head.
-  def refused(match, **kw):
-    c = finetune_test._config("glue_sst2", (path, vocab_file), tmp_path,  # pylint: disable=protected-access
-                              distill_teacher=teacher["best_checkpoint"])
-    for k, v in kw.items():
-      setattr(c, k, v)
-    with pytest.raises(finetune.ConfigError, match=match):
-      finetune.load_distill_teacher(c, finetune.ft.build_task(c), finetune.load_init_checkpoint(
-          c)[0])
-  refused("with do_train=false: the teacher only teaches a training run", do_train=False)
-  refused(r"is not a fine-tuning export \(no task head\)", distill_teacher=path)
-  refused(r"fine-tuned on 'sst2', not 'cola'", task="cola")
-  refused("soft labels are for classification; task stsb is regression", task="stsb")
 
 
 # ----------------------------------------------------------------------------------------------
