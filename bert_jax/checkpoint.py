@@ -34,6 +34,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 
 from absl import logging
 import jax
@@ -138,6 +139,10 @@ class Manager:
     if code not in _WRITE_ERRNOS:
       raise e
     _QUIET.reported = True
+    # The failed save leaves Orbax's per-fragment write coroutines unawaited; Python warns of each
+    # when it collects them at exit (2 stderr lines each, same cause as the line below).
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                            category=RuntimeWarning)
     kept = sorted(int(p.name) for p in self._manager.directory.iterdir()
                   if p.name.isdigit() and int(p.name) != step)   # committed steps only
     raise CheckpointError(
