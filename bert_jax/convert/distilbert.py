@@ -32,6 +32,7 @@ import numpy as np
 from bert_jax import model as model_lib
 from bert_jax.convert import formats
 from bert_jax.convert import names
+from bert_jax.convert import writing
 from bert_jax.convert.formats import ConversionError
 
 # HF DistilBERT's activation names <-> our hidden_act.
@@ -131,7 +132,6 @@ def config_from_json(d, path):
 # ----------------------------------------------------------------------------------------------
 def import_hf(path):
   """(params tree, BertConfig, meta) from a DistilBertForMaskedLM / DistilBertModel folder."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
   config_json, raw, _, tokenizer_config = _read(path)
   config_file = os.path.join(path, "config.json")
   config = config_from_json(config_json, config_file)
@@ -164,8 +164,8 @@ def import_hf(path):
                           f"({len(missing)} missing); n_layers or the layout does not match.")
   rng = np.random.default_rng(0)
   for s in missing:   # a bare DistilBertModel: the MLM head as model.py initialises it
-    flat[s.path] = convert._fresh(s, config.initializer_range, rng)  # pylint: disable=protected-access
-  tokenizer_meta = convert.read_tokenizer_meta(path, None, config, config_file, path,
+    flat[s.path] = writing.fresh_param(s, config.initializer_range, rng)
+  tokenizer_meta = writing.read_tokenizer_meta(path, None, config, config_file, path,
                                                tokenizer_config, None)
   meta = {"converted_from": {"format": "hf", "path": os.path.abspath(path),
                              "files": [os.path.basename(f) for f in raw.files]},
@@ -201,10 +201,9 @@ def _read(path):
 def convert_to_orbax(path, output):
   """A transformers DistilBERT folder -> an Orbax params export (+ its vocab.txt), usable by
   predict and as a student's --config.init_checkpoint. Returns meta."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  convert.check_new_output(output)
+  writing.check_new_output(output)
   params, config, meta = import_hf(path)
-  return convert.write_export(output, params, config, meta)
+  return writing.write_export(output, params, config, meta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +224,6 @@ def hf_state_dict(params, config):
 def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None, pad_token_id=0):
   """output/{model.safetensors, config.json} (+ tokenizer files with a vocab_file), atomically."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
   state, config_json = hf_state_dict(params, config), hf_config_json(config, pad_token_id)
 
   def write(tmp):
@@ -237,14 +235,13 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
       formats.write_tokenizer_files(tmp, vocab_file, do_lower_case,
                                     config.max_position_embeddings)
 
-  return convert._finish_atomically(output, write)  # pylint: disable=protected-access
+  return writing.finish_atomically(output, write)
 
 
 def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
   """An Orbax export, pre-training workdir or step directory of a DistilBERT -> transformers."""
   from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  convert.check_new_output(output)
+  writing.check_new_output(output)
   params, config, meta = ckpt_lib.load_params(checkpoint)
   if config.family != "distilbert":
     raise ConversionError(f"{checkpoint}: a {config.family} checkpoint; this exports DistilBERT "

@@ -31,6 +31,7 @@ from bert_jax import electra as electra_lib
 from bert_jax import model as model_lib
 from bert_jax.convert import formats
 from bert_jax.convert import names
+from bert_jax.convert import writing
 from bert_jax.convert.formats import ConversionError
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
@@ -291,7 +292,6 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
   (ElectraForMaskedLM), each model.safetensors + config.json (+ the tokenizer files when a
   vocab_file is given), atomically. Returns output."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
   states = hf_state_dicts(params, config)
   configs = hf_config_jsons(config, pad_token_id)
 
@@ -306,7 +306,7 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
         formats.write_tokenizer_files(d, vocab_file, do_lower_case,
                                       config.max_position_embeddings)
 
-  return convert._finish_atomically(output, write)  # pylint: disable=protected-access
+  return writing.finish_atomically(output, write)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,14 +353,13 @@ def convert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
   params export with the discriminator's vocab.txt bundled and its casing recorded, as
   bert_jax.convert.convert_to_orbax writes a BERT folder: what predict, extract_features and
   fine-tuning load (inference.from_hf_folder). Returns meta."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  convert.check_new_output(output)
+  writing.check_new_output(output)
   disc, gen = pair_folders(path)
   params, config, meta = import_hf(disc, gen)
-  meta.update(convert.read_tokenizer_meta(disc, vocab_file, config,
+  meta.update(writing.read_tokenizer_meta(disc, vocab_file, config,
                                           os.path.join(disc, "config.json"), disc,
                                           formats.read_hf(disc)[3], do_lower_case))
-  return convert.write_export(output, params, config, meta)
+  return writing.write_export(output, params, config, meta)
 
 
 def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
