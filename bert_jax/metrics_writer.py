@@ -109,6 +109,9 @@ def summary_lines(summary):
     lines.append(f"  final eval (step {s.get('final_eval_step', s['final_step'])}): "
                  + ", ".join(f"{k} {v:.4f}" for k, v in s["final_eval"].items()
                              if isinstance(v, (int, float))))
+  if s.get("pretrain_tflop") is not None:
+    lines.append(f"  compute: {s['final_step']:,} steps x {s['gflop_per_step']:.3g} GFLOP = "
+                 f"{s['pretrain_tflop']:.4g} TFLOP (analytic, train.step_flops)")
   if s.get("model"):
     lines.append(f"  model: {s['model']}")
   for k, v in (s.get("outputs") or {}).items():
@@ -125,7 +128,8 @@ def write_summary(workdir, summary, *, is_main=True):
 
   Fields: program (train|finetune), status (finished|stopped_early|nothing_to_do), workdir,
   wall_time_sec, start_step, final_step, total_steps, final_eval ({tag: value}, the naming
-  scheme above), final_eval_step, model (the path to load), outputs ({what: path}), next
+  scheme above), final_eval_step, gflop_per_step and pretrain_tflop (train: the analytic FLOPs
+  of one step and of all its steps so far), model (the path to load), outputs ({what: path}), next
   (commands to run next).
   """
   summary = dict(summary, workdir=workdir)

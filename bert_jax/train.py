@@ -503,6 +503,9 @@ def _train_and_evaluate(config, workdir):
       wall_time_sec=clock.seconds(), start_step=start_step, final_step=step,
       total_steps=total_steps, final_eval=last_eval,
       final_eval_step=history["eval"][-1][0] if history["eval"] else None,
+      # The analytic compute of the run so far (train.step_flops: matmuls of every network the
+      # step runs), the load-independent budget to compare families at equal compute.
+      gflop_per_step=flops_per_step / 1e9, pretrain_tflop=flops_per_step * step / 1e12,
       model=f"{workdir} (checkpoint {step})",
       outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
       next=next_commands(config, workdir, step, stopped)), is_main=is_main)

@@ -263,6 +263,10 @@ def test_summary_json_and_a_finished_workdir_is_a_no_op(tmp_path, capsys):
   assert summary["final_eval"] == pytest.approx(out["last_eval"])
   assert set(summary["final_eval"]) >= {"eval/mlm_accuracy", "eval/mlm_loss", "eval/nsp_loss"}
   assert summary["model"] == f"{workdir} (checkpoint 3)"
+  # The run's analytic compute: what families are compared at (docs/models.md, issue 21).
+  flops = train.step_flops(c, train.create_model_config(c, train.load_vocab(c)), None)
+  assert summary["pretrain_tflop"] == pytest.approx(3 * flops / 1e12)
+  assert f"compute: 3 steps x {flops / 1e9:.3g} GFLOP" in printed
   assert any(cmd.startswith("python -m bert_jax.predict") for cmd in summary["next"])
   assert "summary (train): finished: steps 0 -> 3 of 3" in printed
   assert f"this summary: {workdir}/summary.json" in printed
