@@ -52,7 +52,11 @@ def sh(args, log=None):
   return r.stdout
 
 
-def data(out, dupe_factor):
+KINDS = {"nsp": [], "sop": ["--sop"], "full": ["--no_nsp"]}   # records kind -> its flag
+
+
+def data(out, dupe_factor, kinds=None):
+  """Corpus, vocab, the records of each kind (default: those PRESETS use) and the task."""
   corpus = os.path.join(out, "corpus")
   if not os.path.exists(os.path.join(corpus, "stdlib-03-of-04.txt")):
     sh(["data_pipelines.stdlib_corpus", f"--output_dir={corpus}", "--num_files=4"])
@@ -61,7 +65,8 @@ def data(out, dupe_factor):
   if not os.path.exists(vocab):
     sh(["data_pipelines.build_vocab", f"--input_file={train_text}", "--vocab_size=5000",
         "--lower_case", f"--output={vocab}"])
-  for kind, flag in PRESETS.values():
+  for kind in kinds or sorted({k for k, _ in PRESETS.values()}):
+    flag = KINDS[kind]
     for split, text, dupe, shards in (("train", train_text, dupe_factor, 4),
                                       ("eval", os.path.join(corpus, "stdlib-03-of-04.txt"), 1, 1)):
       d = os.path.join(out, kind, split)
