@@ -104,7 +104,7 @@ def build_training(family, model_config, config, mesh, *, num_train_steps, warmu
   model = heads.create_model(family, model_config, num_labels=num_labels,
                              num_choices=num_choices)
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=num_train_steps,
-                                           warmup_steps=warmup_steps)
+                                           warmup_steps=warmup_steps, model_config=model_config)
   ids, mask, segments = heads.dummy_inputs(family, config.max_seq_length, num_choices)
   dummy = dict(input_ids=ids, input_mask=mask, segment_ids=segments)
   loss_fn, frozen = functools.partial(ft.loss_fn, family), None
@@ -420,6 +420,8 @@ def _finetune(config, workdir):
   tokenizer, pre, model_config = load_init_checkpoint(config)
   task = ft.build_task(config)
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", model_config)
+  lr_decay_line = optimizer_lib.check_layerwise_lr_decay(
+      config.get("layerwise_lr_decay", 1.0), model_config)
   teacher = load_distill_teacher(config, task, tokenizer)
   if teacher is not None and jax.process_index() == 0:
     print(teacher.line, flush=True)
@@ -436,6 +438,8 @@ def _finetune(config, workdir):
             flush=True)
     if hp_line and train is not None:
       print(hp_line, flush=True)
+    if lr_decay_line and train is not None:
+      print(lr_decay_line, flush=True)
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)

@@ -16,8 +16,13 @@ ways, both as HF's AdamW:
     10k / 1M) and the curve jumps there. Here the decay starts at the peak (continuous).
 optimizer="adamw_google" reproduces google's update (no bias correction) and schedule exactly,
 for runs that must match a TF1 google-research/bert run step for step.
+
+Fine-tuning may add ELECTRA's layer-wise learning-rate decay (layerwise_lr_decay < 1; the section
+at the end): lower rates for layers closer to the input, the final update of each parameter
+times decay^(L + 2 - depth).
 """
 
+import re
 from typing import NamedTuple
 
 import jax
@@ -124,12 +129,16 @@ def _lamb(schedule, b1, b2, eps, weight_decay, mask):
 
 
 def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer="adamw",
-                     weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0):
+                     weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
+                     layerwise_lr_decay=1.0, num_layers=0):
   """Returns (optax.GradientTransformation, schedule) for UNBOXED (plain array) params.
 
   One update per optimizer step: gradient accumulation happens before, inside the jitted train
   step (trainer_lib.train_step), so the schedule and Adam's count advance once per step.
+  layerwise_lr_decay < 1 (fine-tuning; num_layers = the encoder's L): ELECTRA's per-layer rates,
+  scale_by_layer_depth.
   """
+  _check_decay_value(layerwise_lr_decay)
   schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
   if optimizer == "adamw_google":
     # google-research/bert optimization.py: update = m / (sqrt(v) + eps) + decay * param, times
@@ -148,13 +157,121 @@ def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer=
                          "'adamw_google' (google-research/bert's update and schedule, exactly).")
   if clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+  # Only when on: at 1.0 the chain (and so opt_state's tree, which checkpoints store) is
+  # exactly the one without the feature, and a run resumes from a checkpoint saved before it.
+  if layerwise_lr_decay != 1.0:
+    tx = optax.chain(tx, scale_by_layer_depth(layerwise_lr_decay, num_layers))
   return tx, schedule
 
 
-def from_config(config, *, num_train_steps, warmup_steps):
-  """create_optimizer with the config's optimizer fields (pre-training and fine-tuning alike)."""
+def from_config(config, *, num_train_steps, warmup_steps, model_config=None):
+  """create_optimizer with the config's optimizer fields (pre-training and fine-tuning alike).
+
+  model_config (a BertConfig): its depth for fine-tuning's config.layerwise_lr_decay, a field
+  pre-training configs do not have (absent = 1.0, off).
+  """
+  decay = config.get("layerwise_lr_decay", 1.0)
+  if decay != 1.0:
+    check_layerwise_lr_decay(decay, model_config)
   return create_optimizer(
       learning_rate=config.learning_rate, warmup_steps=warmup_steps,
       num_train_steps=num_train_steps, optimizer=config.optimizer,
       weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
-      clip_norm=config.clip_norm)
+      clip_norm=config.clip_norm, layerwise_lr_decay=decay,
+      num_layers=model_config.num_layers if model_config is not None else 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# ELECTRA's layer-wise learning-rate decay (Clark et al. 2020; fine-tuning only).
+# ----------------------------------------------------------------------------------------------
+# google-research/electra model/optimization.py `_get_layer_lrs(learning_rate, layer_decay,
+# n_layers)`: key_to_depths = {"/embeddings/": 0, "/embeddings_project/": 0, "task_specific/":
+# n_layers + 2, "encoder/layer_{i}/": i + 1} and a variable's rate is
+# `learning_rate * (layer_decay ** (n_layers + 2 - depth))`, its key matched by substring (a
+# variable no key matches is a ValueError there). Their configure_finetuning.py uses 0.8, and 0.9
+# for large. ELECTRA-base (L=12) at 0.8: embeddings x0.8^14 = 0.044, layer_0 x0.8^13 = 0.055,
+# layer_11 x0.8^2 = 0.64, the head x1.
+#
+# Depth n_layers + 1 has no key there: ELECTRA has no pooler (modeling.py: `self.pooled_output =
+# self.sequence_output[:, 0]`; our ELECTRA fine-tunes without one too, heads.py). BERT's
+# pre-trained tanh pooler (bert/pooler, the family's only layer between encoder and head) takes
+# that free slot here: one step above the last layer, x decay, below the fresh head's x1.
+#
+# ELECTRA's AdamWeightDecayOptimizer updates by lr x (adam + wd x param), so a per-variable rate
+# scales the decoupled weight decay as well: multiplying each parameter's final update (after
+# the schedule and weight decay, any optimizer= here) is that, exactly.
+_LAYER = re.compile(r"layer_(\d+)")
+
+
+def _check_decay_value(decay):
+  if not (isinstance(decay, (int, float)) and 0 < decay <= 1):
+    raise OptimizerError(f"config.layerwise_lr_decay={decay!r}: must be in (0, 1]; ELECTRA "
+                         "fine-tunes with 0.8 (small, base) or 0.9 (large), 1.0 turns it off.")
+
+
+def layer_depth(names, num_layers) -> int:
+  """ELECTRA's depth of the parameter at path `names` ("bert", "encoder", "layer_3", ...): 0 the
+  embeddings (with ELECTRA-small's / ALBERT's E -> H projection, as their "/embeddings_project/"),
+  i + 1 bert/encoder/layer_i, num_layers + 1 bert/pooler, num_layers + 2 a task head (every
+  top-level module but `bert`, as their "task_specific/")."""
+  if not names or names[0] != "bert":
+    return num_layers + 2
+  part = names[1] if len(names) > 1 else ""
+  if part == "embeddings":
+    return 0
+  if part == "pooler":
+    return num_layers + 1
+  m = _LAYER.fullmatch(names[2]) if part == "encoder" and len(names) > 2 else None
+  if m and int(m.group(1)) < num_layers:
+    return int(m.group(1)) + 1
+  raise OptimizerError(f"config.layerwise_lr_decay: parameter {'/'.join(names)} has no depth (expected "
+                       f"bert/embeddings/..., bert/encoder/layer_{{0..{num_layers - 1}}}/..., "
+                       "bert/pooler/... or a head outside bert/); set "
+                       "--config.layerwise_lr_decay=1.0.")
+
+
+def layerwise_lr_multipliers(params, decay, num_layers):
+  """Pytree of Python floats like `params` (arrays or ShapeDtypeStructs; only the paths are
+  read): decay ** (num_layers + 2 - depth), the factor on each parameter's learning rate."""
+  _check_decay_value(decay)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: float(decay) ** (num_layers + 2 - layer_depth(_path_names(path),
+                                                                     num_layers)), params)
+
+
+def scale_by_layer_depth(decay, num_layers) -> optax.GradientTransformation:
+  """The last link of the chain: each update times its parameter's layerwise_lr_multipliers
+  factor. Stateless (optax.EmptyState: nothing to checkpoint); the factors are trace-time
+  constants read off the updates' paths, so the compiled step only gains one multiply a leaf."""
+  if num_layers <= 0:
+    raise OptimizerError(f"config.layerwise_lr_decay={decay}: needs the encoder's depth "
+                         f"(num_layers={num_layers}); pass from_config's model_config, or set "
+                         "--config.layerwise_lr_decay=1.0.")
+
+  def scale(updates, params=None):
+    del params
+    factors = layerwise_lr_multipliers(updates, decay, num_layers)
+    return jax.tree.map(lambda u, f: u * jnp.asarray(f, u.dtype), updates, factors)
+  return optax.stateless(scale)
+
+
+def check_layerwise_lr_decay(decay, model_config) -> str:
+  """Fine-tuning's set-up check of config.layerwise_lr_decay against the model (one-line
+  OptimizerError before any compute); returns the start-up line naming the factors ("" at 1.0)."""
+  _check_decay_value(decay)
+  if decay == 1.0:
+    return ""
+  if model_config is None:
+    raise OptimizerError(f"config.layerwise_lr_decay={decay}: needs the model's depth; pass "
+                         "from_config's model_config, or set --config.layerwise_lr_decay=1.0.")
+  if model_config.share_layers not in ("none", ""):
+    raise OptimizerError(f"config.layerwise_lr_decay={decay} with share_layers="
+                         f"{model_config.share_layers!r} (ALBERT): one shared layer runs at every "
+                         "depth, so there is no per-layer rate to give it; set "
+                         "--config.layerwise_lr_decay=1.0.")
+  n = model_config.num_layers
+  last = f" ... layer_{n - 1} x{decay ** 2:.3g}" if n > 1 else ""
+  pooler = (f", pooler x{decay:g}" if model_config.family not in ("electra", "distilbert")
+            else "")
+  return (f"layer-wise learning-rate decay {decay:g} (ELECTRA): embeddings "
+          f"x{decay ** (n + 2):.3g}, layer_0 x{decay ** (n + 1):.3g}{last}{pooler}, head x1")

@@ -176,3 +176,184 @@ def test_unknown_optimizer_names_the_choices():
   with pytest.raises(opt_lib.OptimizerError, match="'adamw_google'"):
     opt_lib.create_optimizer(learning_rate=1e-4, warmup_steps=0, num_train_steps=10,
                              optimizer="adam")
+
+
+# ELECTRA's layer-wise learning-rate decay (google-research/electra model/optimization.py).
+def _electra_reference_lr(name, lr, layer_decay, n_layers):
+  """google-research/electra `_get_layer_lrs` + `apply_gradients`' substring lookup, verbatim
+  but for the names: our heads (top-level modules but `bert`) are their "task_specific/<task>/"
+  scope. None where no key matches (a ValueError there)."""
+  key_to_depths = {"/embeddings/": 0, "/embeddings_project/": 0, "task_specific/": n_layers + 2}
+  for layer in range(n_layers):
+    key_to_depths["encoder/layer_" + str(layer) + "/"] = layer + 1
+  lrs = {key: lr * (layer_decay ** (n_layers + 2 - depth)) for key, depth in key_to_depths.items()}
+  name = name if name.startswith("bert/") else "task_specific/glue/" + name
+  hits = [v for k, v in lrs.items() if k in name]
+  assert len(hits) <= 1, name   # one group per variable, or it would be updated twice
+  return hits[0] if hits else None
+
+
+def _head_params(preset, family="classification"):
+  from bert_jax import heads
+  config = model_lib.get_bert_config(preset, vocab_size=50)
+  model = heads.create_model(family, config)
+  ids, mask, segments = heads.dummy_inputs(family, 8)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask, segments,
+                                             deterministic=True))   # paths only: no compute
+  return config, nn.meta.unbox(shapes["params"])
+
+
+def _by_name(tree):
+  return {jax.tree_util.keystr(k, simple=True, separator="/"): v
+          for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.parametrize("preset,family", [("electra-small", "classification"),
+                                           ("electra-small", "span"),
+                                           ("tiny", "classification"),
+                                           ("distilbert-mini", "classification")])
+def test_layerwise_multipliers_equal_electras_get_layer_lrs(preset, family):
+  config, params = _head_params(preset, family)
+  n, d = config.num_layers, 0.8
+  got = _by_name(opt_lib.layerwise_lr_multipliers(params, d, n))
+  for name, factor in got.items():
+    want = _electra_reference_lr(name, 1.0, d, n)
+    if name.startswith("bert/pooler/"):   # BERT only: ELECTRA has no pooler, so no key
+      assert want is None and factor == d, name
+    else:
+      assert want is not None, name
+      np.testing.assert_allclose(factor, want, rtol=1e-12, err_msg=name)
+  if preset == "electra-small":   # L=12 (layer_1 vs layer_10/11: their trailing '/')
+    assert got["bert/embeddings/word_embeddings/embedding"] == pytest.approx(0.8 ** 14)
+    assert got["bert/embeddings/projection/kernel"] == pytest.approx(0.8 ** 14)  # E=128 -> H
+    assert got["bert/encoder/layer_0/attention/query/kernel"] == pytest.approx(0.8 ** 13)
+    assert got["bert/encoder/layer_1/output/bias"] == pytest.approx(0.8 ** 12)
+    assert got["bert/encoder/layer_11/intermediate/kernel"] == pytest.approx(0.8 ** 2)
+    head = "classifier/dense/kernel" if family == "classification" else "qa_outputs/kernel"
+    assert got[head] == 1.0
+  assert not any(v > 1 for v in got.values())
+
+
+def _layered_toy():
+  """A 2-layer {bert: embeddings, encoder/layer_{0,1}, pooler; classifier} tree and grads."""
+  rng = np.random.default_rng(0)
+  shapes = {"bert": {"embeddings": {"word_embeddings": {"embedding": (5, 3)},
+                                    "layer_norm": {"scale": (3,), "bias": (3,)}},
+                     "encoder": {f"layer_{i}": {"intermediate": {"kernel": (3, 4), "bias": (4,)},
+                                                "output_layer_norm": {"scale": (3,)}}
+                                 for i in range(2)},
+                     "pooler": {"kernel": (3, 3), "bias": (3,)}},
+            "classifier": {"kernel": (3, 2), "bias": (2,)}}
+  is_shape = lambda x: isinstance(x, tuple)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s), jnp.float32), shapes,
+                        is_leaf=is_shape)
+  grads = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s) * 3, jnp.float32), shapes,
+                       is_leaf=is_shape)
+  return params, grads
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_google", "lamb"])
+def test_layerwise_decay_scales_each_update_by_its_factor(optimizer):
+  params, grads = _layered_toy()
+  kw = dict(learning_rate=1e-2, warmup_steps=0, num_train_steps=10, optimizer=optimizer,
+            weight_decay=0.1)
+  plain, _ = opt_lib.create_optimizer(**kw)
+  decayed, _ = opt_lib.create_optimizer(**kw, layerwise_lr_decay=0.8, num_layers=2)
+  state_p, state_d = plain.init(params), decayed.init(params)
+  for _ in range(2):   # the second step's Adam moments are the plain run's too
+    up, state_p = plain.update(grads, state_p, params)
+    ud, state_d = decayed.update(grads, state_d, params)
+    u_p, u_d = _by_name(up), _by_name(ud)
+    for name, factor in [("bert/embeddings/word_embeddings/embedding", 0.8 ** 4),
+                         ("bert/embeddings/layer_norm/bias", 0.8 ** 4),
+                         ("bert/encoder/layer_0/intermediate/kernel", 0.8 ** 3),
+                         ("bert/encoder/layer_1/intermediate/kernel", 0.8 ** 2),
+                         ("bert/encoder/layer_1/output_layer_norm/scale", 0.8 ** 2),
+                         ("bert/pooler/kernel", 0.8), ("classifier/kernel", 1.0)]:
+      np.testing.assert_allclose(u_d[name], u_p[name] * factor, rtol=1e-6, err_msg=name)
+      assert not np.allclose(u_p[name], 0), name
+
+
+def test_layerwise_decay_one_electra_step_by_hand():
+  # ELECTRA's AdamWeightDecayOptimizer (no bias correction, google's schedule: lr at step 0
+  # with warmup 0) at the layer's rate: p - lr x 0.8^(L+1-i) x (m / (sqrt(v) + eps) + wd x p),
+  # after clip_by_global_norm(1.0). The decoupled weight decay is scaled too.
+  params, grads = _layered_toy()
+  lr, wd, eps = 1e-2, 0.1, 1e-6
+  tx, _ = opt_lib.create_optimizer(learning_rate=lr, warmup_steps=0, num_train_steps=10,
+                                   optimizer="adamw_google", weight_decay=wd,
+                                   layerwise_lr_decay=0.8, num_layers=2)
+  new = _by_name(optax.apply_updates(params, tx.update(grads, tx.init(params), params)[0]))
+  norm = np.sqrt(sum(float((g ** 2).sum()) for g in jax.tree.leaves(grads)))
+  p0, g0 = _by_name(params), _by_name(grads)
+  for name in ["bert/encoder/layer_0/intermediate/kernel", "bert/encoder/layer_1/intermediate/bias",
+               "bert/embeddings/word_embeddings/embedding"]:
+    p, g = np.asarray(p0[name], np.float64), np.asarray(g0[name], np.float64) / max(norm, 1.0)
+    m, v = 0.1 * g, 0.001 * g ** 2
+    update = m / (np.sqrt(v) + eps) + (0.0 if name.endswith("bias") else wd * p)
+    rate = _electra_reference_lr(name, lr, 0.8, 2)
+    np.testing.assert_allclose(new[name], p - rate * update, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_layerwise_decay_one_is_bit_identical_to_the_plain_optimizer():
+  params, grads = _layered_toy()
+  kw = dict(learning_rate=1e-2, warmup_steps=2, num_train_steps=10, weight_decay=0.01)
+  plain, _ = opt_lib.create_optimizer(**kw)
+  same, _ = opt_lib.create_optimizer(**kw, layerwise_lr_decay=1.0, num_layers=2)
+  s1, s2 = plain.init(params), same.init(params)
+  # The same opt_state tree: checkpoints saved before the flag existed still resume.
+  assert jax.tree.structure(s1) == jax.tree.structure(s2)
+  for _ in range(3):
+    u1, s1 = plain.update(grads, s1, params)
+    u2, s2 = same.update(grads, s2, params)
+    for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_from_config_wires_layerwise_lr_decay():
+  import ml_collections
+  from bert_jax.configs import finetune as finetune_configs
+  assert finetune_configs.get_config("glue_mrpc").layerwise_lr_decay == 1.0   # off by default
+  params, grads = _layered_toy()
+  model_config = model_lib.get_bert_config("tiny", vocab_size=50)   # L=2, as _layered_toy
+  c = ml_collections.ConfigDict(dict(learning_rate=1e-2, optimizer="adamw", weight_decay=0.0,
+                                     b1=0.9, b2=0.999, eps=1e-6, clip_norm=0.0,
+                                     layerwise_lr_decay=0.5))
+  tx, _ = opt_lib.from_config(c, num_train_steps=10, warmup_steps=0, model_config=model_config)
+  u = _by_name(tx.update(grads, tx.init(params), params)[0])
+  adam = -1e-2 * np.sign(np.asarray(grads["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]))
+  np.testing.assert_allclose(u["bert/encoder/layer_0/intermediate/kernel"], 0.5 ** 3 * adam,
+                             rtol=1e-4)
+  with pytest.raises(opt_lib.OptimizerError, match="needs the model's depth"):
+    opt_lib.from_config(c, num_train_steps=10, warmup_steps=0)
+
+
+def test_layerwise_decay_refuses_albert_shared_layers():
+  albert = model_lib.get_bert_config("albert-tiny", vocab_size=50)   # share_layers="all"
+  with pytest.raises(opt_lib.OptimizerError,
+                     match=r"layerwise_lr_decay=0.8 with share_layers='all'.*"
+                           r"--config.layerwise_lr_decay=1.0\.$"):
+    opt_lib.check_layerwise_lr_decay(0.8, albert)
+  assert opt_lib.check_layerwise_lr_decay(1.0, albert) == ""   # off: nothing to refuse
+  # Without the config check, the shared layer's path itself has no depth.
+  _, params = _head_params("albert-tiny")
+  with pytest.raises(opt_lib.OptimizerError, match="bert/encoder/layer_shared/.* has no depth"):
+    opt_lib.layerwise_lr_multipliers(params, 0.8, albert.num_layers)
+  line = opt_lib.check_layerwise_lr_decay(0.8, model_lib.get_bert_config("electra-base"))
+  assert line == ("layer-wise learning-rate decay 0.8 (ELECTRA): embeddings x0.044, layer_0 "
+                  "x0.055 ... layer_11 x0.64, head x1")
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, None])
+def test_layerwise_decay_refuses_values_outside_0_1(bad):
+  tiny = model_lib.get_bert_config("tiny", vocab_size=50)
+  for call in (lambda: opt_lib.check_layerwise_lr_decay(bad, tiny),
+               lambda: opt_lib.create_optimizer(learning_rate=1e-4, warmup_steps=0,
+                                                num_train_steps=10, layerwise_lr_decay=bad,
+                                                num_layers=2)):
+    with pytest.raises(opt_lib.OptimizerError,
+                       match=rf"^config.layerwise_lr_decay={bad!r}: must be in \(0, 1\]"):
+      call()
+  with pytest.raises(opt_lib.OptimizerError, match="num_layers=0"):
+    opt_lib.create_optimizer(learning_rate=1e-4, warmup_steps=0, num_train_steps=10,
+                             layerwise_lr_decay=0.8)

@@ -114,6 +114,11 @@ def _optimizer_and_run_fields(c):
   c.b2 = 0.999
   c.eps = 1e-6
   c.clip_norm = 1.0
+  # ELECTRA's layer-wise learning-rate decay (google-research/electra optimization.py
+  # _get_layer_lrs): depth d learns at lr x decay^(L + 2 - d); d = 0 embeddings, i + 1 encoder
+  # layer i, L + 1 BERT's pooler, L + 2 the head. ELECTRA: 0.8 small/base (base: embeddings
+  # x0.044, last layer x0.64), 0.9 large; 1.0 = off. Not for ALBERT's shared layers.
+  c.layerwise_lr_decay = 1.0
 
   # Run.
   c.do_train = True
