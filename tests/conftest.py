@@ -3,11 +3,21 @@ import glob
 import importlib.util
 import os
 import sys
+import tempfile
 
 # Must be set before jax is imported anywhere in the test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent JAX compilation cache for the whole run, shared by both xdist workers and every
+# subprocess a test starts (they inherit the environment): the suite compiles the same tiny-preset
+# programs in many tests and in every resumed run. Measured on this 2-core box: electra_test's
+# pretrain-and-resume test took 50.7 s without it, 36.7 s with an empty cache, 21.1 s warm.
+# JAX keys entries by program, flags and version, so a stale entry is never used.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"bert_jax_tests_jax_cache_{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))   # LRU-evicted beyond 2 GiB
 # requirements-test.txt installs libtpu (bert_jax.plan's TPU compiler). On a host without TPU
 # chips JAX would still try to start a TPU backend with it and print libtpu's errors; the tests
 # run on CPU devices (the plan tests compile for TPU topologies, which needs no backend).
