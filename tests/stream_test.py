@@ -142,20 +142,17 @@ def test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_each_other
   """electra-tiny on 1 host x 8 devices and on a 2 x 4 local pod: the same losses (generator MLM
   and replaced-token detection: the replacements are drawn from the step's key whatever the
   host count), and a run checkpointed at step 3 on either host count resumes on the other into
-  the uninterrupted losses."""
-  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  the uninterrupted losses. Five runs, not six: steps 1-3 of the run started on 2 hosts are the
+  2-host losses, steps 4-6 of the run resumed on 2 hosts the 2-host losses after a move."""
+  one = str(tmp_path / "one")
   _train(records, one, 6, hosts=1, preset="electra-tiny")
-  _train(records, two, 6, hosts=2, preset="electra-tiny")
-  for part in ("loss", "mlm_loss", "rtd_loss"):
-    want, got = _losses(one, part), _losses(two, part)
-    assert sorted(want) == [1, 2, 3, 4, 5, 6], part
-    np.testing.assert_allclose([got[s] for s in range(1, 7)], [want[s] for s in range(1, 7)],
-                               rtol=1e-5, err_msg=part)
   for first, then in ((2, 1), (1, 2)):
     moved = str(tmp_path / f"{first}to{then}")
     _train(records, moved, 3, hosts=first, preset="electra-tiny")
     out = _train(records, moved, 6, hosts=then, preset="electra-tiny")
     assert "resuming from step 3" in out, out[-3000:]
-    got, want = _losses(moved), _losses(one)
-    np.testing.assert_allclose([got[s] for s in range(4, 7)], [want[s] for s in range(4, 7)],
-                               rtol=1e-5, err_msg=f"electra-tiny: {first} -> {then} hosts")
+    for part in ("loss", "mlm_loss", "rtd_loss"):
+      got, want = _losses(moved, part), _losses(one, part)
+      assert sorted(want) == sorted(got) == [1, 2, 3, 4, 5, 6], part
+      np.testing.assert_allclose([got[s] for s in range(1, 7)], [want[s] for s in range(1, 7)],
+                                 rtol=1e-5, err_msg=f"{part}: {first} -> {then} hosts")
