@@ -33,9 +33,9 @@ def test_inference_speed_times_every_preset():
 
 def test_tables_report_the_kept_fraction_and_each_seed():
   dev = lambda *xs: ed.dev_summary([dict(best=x + 0.01, last=x) for x in xs])  # noqa: E731
-  run = lambda **kw: dict(dict(final_eval={"eval/mlm_accuracy": 0.09}, pretrain_tflop=18.1,  # noqa: E731
-                               gflop_per_step=45.3, steps=400, sec_per_step=1.5,
-                               params=4_621_312), **kw)
+  base = dict(final_eval={"eval/mlm_accuracy": 0.09}, pretrain_tflop=18.1, gflop_per_step=45.3,
+              steps=400, sec_per_step=1.5, params=4_621_312)
+  run = lambda **kw: dict(base, **kw)  # noqa: E731
   rows = {"mini": run(dev=dev(0.8, 0.7)), "electra-mini": run(steps=377, dev=dev(0.6, 0.7))}
   args = argparse.Namespace(batch_size=16, ft_learning_rate=5e-4, ft_epochs=8, seeds="0,1",
                             student_steps=1500, speed_batch=32, teacher="tiny",
