@@ -185,6 +185,11 @@ def compile_step(config, model_config, devices):
   start = time.perf_counter()
   with trainer_lib.mesh_rules(mesh):
     lowered = t.train_step.lower(t.abstract_state, batch)
+  # Not through JAX's persistent compilation cache (a user's JAX_COMPILATION_CACHE_DIR): a TPU
+  # program compiled for a topology without chips cannot be loaded back ("PjRtCompiler must be
+  # constructed with a Client"), so each lookup warned and wrote an entry nothing could read.
+  cache_was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
@@ -193,6 +198,8 @@ def compile_step(config, model_config, devices):
     return Compiled(False, time.perf_counter() - start,
                     error=" ".join(str(e).split()).rstrip("."), attention=attention,
                     num_params=_num_params(t.abstract_state["params"]))
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache_was)
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -362,12 +369,17 @@ def largest_batch(config, compile_fn, chips, hbm, *, mesh_shape, remat, need, lo
   `need`: larger ones take longer to compile and are not asked for) is then compiled to confirm
   it, halving while it does not fit, doubling while twice it still does.
   """
+  seen = {}   # batch -> (fits, result): the doubling loop asks again for a batch the line
+  # overshot to (fsdp on tiny v5e: 16 compiled twice, 13 s each; the second time libtpu crashed)
+
   def fits(b):
-    c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
-    r = compile_fn(c)
-    log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else r.error[:120] or "out of "
-                                     "memory") + f" ({r.compile_seconds:.0f} s to compile)")
-    return r.fits and r.total <= hbm, r
+    if b not in seen:
+      c = _with(config, mesh_shape=mesh_shape, remat=remat, per_chip=b, chips=chips)
+      r = compile_fn(c)
+      log(f"  per-chip batch {b}: " + (f"{_gib(r.total)}" if r.fits else r.error[:120] or
+                                       "out of memory") + f" ({r.compile_seconds:.0f} s to compile)")
+      seen[b] = (r.fits and r.total <= hbm, r)
+    return seen[b]
 
   ok1, one = fits(1)
   if not ok1:

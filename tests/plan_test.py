@@ -179,3 +179,22 @@ def test_search_finds_settings_that_fit(tmp_path):
   assert result["search"]["largest_per_chip_batch"]["data parallel"][0] < 16
   assert "--config.grad_accum_steps=" in result["search"]["train_flags"]
   assert "flags for bert_jax.train: --config.batch_size=64" in p.stdout
+
+
+def test_largest_batch_compiles_each_batch_once():
+  """A fake compiler whose memory jumps past the line two small compiles predict: the search
+  halves from the overshoot, then the doubling loop must not compile the refused batch again
+  (it did: fsdp on tiny v5e compiled per-chip batch 16 twice)."""
+  asked = []
+
+  def compile_fn(c):
+    b = c.batch_size // 4
+    asked.append(b)
+    total = 10 + b if b <= 8 else 10 + 10 * b          # linear to 8, then far over
+    return plan_lib.Compiled(fits=True, compile_seconds=0.0, total=total)
+
+  found, predicted = plan_lib.largest_batch(config(batch=64), compile_fn, 4, hbm=30,
+                                            mesh_shape=(1, -1, 1), remat=False, need=16,
+                                            log=lambda _: None)
+  assert (found, predicted) == (8, 20)
+  assert sorted(asked) == sorted(set(asked)) == [1, 2, 8, 16], asked
