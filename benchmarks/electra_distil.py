@@ -3,7 +3,7 @@ r"""Issue 21's two figures on the quick-start corpus (stdlib docstrings), on wha
 1. ELECTRA vs BERT at equal pre-training compute: BERT (--bert, MLM only, on the same full-
    sentence records as ELECTRA, so the objective is the only difference) for --bert_steps, ELECTRA
    (--electra) for as many steps as make the same analytic FLOPs (train.step_flops: generator,
-   discriminator and both heads; summary.json's pretrain_tflop, checked equal within one step).
+   discriminator and both heads; summary.json's pretrain_tflop, printed for each run).
    Then each is fine-tuned on the docstring task (benchmarks/docstring_task.py: which of six
    stdlib packages a sentence is from) with every seed in --seeds; ELECTRA from its discriminator.
 2. DistilBERT from the quick-start teacher: the teacher is scripts/quickstart_pretrain.sh's run
@@ -32,53 +32,6 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import families_side_by_side as fam  # noqa: E402  pylint: disable=g-import-not-at-top
-
-
-def step_flops(preset, batch_size, vocab_size, teacher_preset=None, objectives=None):
-  """Analytic FLOPs of one `runlocal` optimizer step (packed rows), as train.py logs them."""
-  from bert_jax import model as m, train  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
-  config = pretrain.get_config(f"{preset},runlocal")
-  config.batch_size = batch_size
-  overrides = dict(objectives=objectives) if objectives else {}
-  teacher = None
-  if teacher_preset:
-    class _T:   # train.step_flops reads teacher.model_config only
-      model_config = m.get_bert_config(teacher_preset, vocab_size=vocab_size)
-    teacher = _T
-  return train.step_flops(config, m.get_bert_config(preset, vocab_size=vocab_size, **overrides),
-                          dict(pack=True), teacher)
-
-
-def train_run(out, name, preset, kind, vocab, steps, batch_size, extra=()):
-  """One `python -m bert_jax.train` run (skipped when its summary says it finished); returns
-  {summary fields, sec_per_step, workdir}."""
-  workdir = os.path.join(out, f"work_{name}")
-  log = os.path.join(out, f"pretrain_{name}.log")
-  path = os.path.join(workdir, "summary.json")
-  if not (os.path.exists(path) and json.load(open(path)).get("final_step") == steps
-          and os.path.exists(log)):
-    fam.sh(["bert_jax.train", f"--config=bert_jax/configs/pretrain.py:{preset},runlocal",
-            f"--workdir={workdir}", f"--config.train_input_files={out}/{kind}/train/*.tfrecord",
-            f"--config.eval_input_files={out}/{kind}/eval/*.tfrecord",
-            f"--config.vocab_file={vocab}", f"--config.num_train_steps={steps}",
-            f"--config.batch_size={batch_size}", f"--config.warmup_steps={steps // 10}",
-            f"--config.log_every={max(steps // 10, 1)}", f"--config.eval_every={steps}",
-            f"--config.checkpoint_every={steps}", "--config.eval_steps=30", *extra], log=log)
-  s = json.load(open(path))
-  return dict(final_eval=s["final_eval"], pretrain_tflop=s["pretrain_tflop"],
-              gflop_per_step=s["gflop_per_step"], steps=steps, workdir=workdir,
-              sec_per_step=fam.seconds_per_step(log, batch_size),
-              wall_time_sec=s["wall_time_sec"])
-
-
-def encoder_params(preset, vocab_size):
-  """Parameters of the encoder a fine-tuning starts from (ELECTRA: the discriminator)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as m  # pylint: disable=g-import-not-at-top
-  c = m.get_bert_config(preset, vocab_size=vocab_size)
-  return m.count_params(jax.eval_shape(
-      lambda: m.init_params(c, jax.random.key(0), model_cls=m.BertModel)))
 
 
 def inference_speed(presets, vocab_size, batch, reps, seq=128):
@@ -140,25 +93,25 @@ def main():
       out, name, workdir, vocab, task, s, args.ft_learning_rate, args.ft_epochs) for s in seeds])
 
   # 1. ELECTRA vs BERT at equal compute.
-  f_bert = step_flops(args.bert, args.batch_size, v, objectives="mlm")
-  f_electra = step_flops(args.electra, args.batch_size, v)
+  f_bert = fam.step_flops(args.bert, args.batch_size, v, objectives="mlm")
+  f_electra = fam.step_flops(args.electra, args.batch_size, v)
   electra_steps = round(args.bert_steps * f_bert / f_electra)
   rows = {}
-  rows[args.bert] = train_run(out, args.bert, args.bert, "full", vocab, args.bert_steps,
-                              args.batch_size, ["--config.model.objectives=mlm"])
-  rows[args.electra] = train_run(out, args.electra, args.electra, "full", vocab, electra_steps,
-                                 args.batch_size)
-  for name, r in rows.items():
-    r["params"] = encoder_params(args.bert if name == args.bert else args.electra, v)
+  rows[args.bert] = fam.train_run(out, args.bert, args.bert, "full", vocab, args.bert_steps,
+                                  args.batch_size, ["--config.model.objectives=mlm"])
+  rows[args.electra] = fam.train_run(out, args.electra, args.electra, "full", vocab,
+                                     electra_steps, args.batch_size)
+  for name, r in rows.items():   # each row is named by its preset
+    r["params"] = fam.count_params(name, v)["params"]   # the encoder; ELECTRA: the discriminator
     r["dev"] = ft(name, r["workdir"])
     print(f"{name}: {json.dumps(r)}", flush=True)
 
   # 2. DistilBERT from the quick-start teacher.
-  teacher = train_run(out, "teacher", args.teacher, "nsp", vocab, 1500, 32)
-  student = train_run(out, "student", args.student, "full", vocab, args.student_steps, 32,
-                      [f"--config.teacher_checkpoint={teacher['workdir']}"])
+  teacher = fam.train_run(out, "teacher", args.teacher, "nsp", vocab, 1500, 32)
+  student = fam.train_run(out, "student", args.student, "full", vocab, args.student_steps, 32,
+                          [f"--config.teacher_checkpoint={teacher['workdir']}"])
   for name, r, preset in (("teacher", teacher, args.teacher), ("student", student, args.student)):
-    r["params"] = encoder_params(preset, v)
+    r["params"] = fam.count_params(preset, v)["params"]
     r["dev"] = ft(name, r["workdir"])
     print(f"{name}: {json.dumps(r)}", flush=True)
   speed = inference_speed([args.teacher, args.student], v, args.speed_batch, args.speed_reps)

@@ -82,11 +82,13 @@ def data(out, dupe_factor, kinds=None):
   return vocab, task
 
 
-def pretrain(out, preset, vocab, steps, batch_size):
-  """{params, params_with_heads, eval..., sec_per_step} of one pre-training run."""
-  kind = PRESETS[preset][0]
-  workdir = os.path.join(out, f"work_{preset}")
-  log = os.path.join(out, f"pretrain_{preset}.log")
+def train_run(out, name, preset, kind, vocab, steps, batch_size, extra=()):
+  """One `python -m bert_jax.train` run of `preset` (`runlocal`) on the `kind` records, in
+  out/work_{name} (skipped when its summary says it finished); returns {final_eval,
+  pretrain_tflop and gflop_per_step (None in a summary written before train.py recorded them),
+  steps, workdir, sec_per_step, wall_time_sec}."""
+  workdir = os.path.join(out, f"work_{name}")
+  log = os.path.join(out, f"pretrain_{name}.log")
   summary_path = os.path.join(workdir, "summary.json")
   done = (os.path.exists(summary_path) and
           json.load(open(summary_path)).get("final_step") == steps and os.path.exists(log))
@@ -98,12 +100,18 @@ def pretrain(out, preset, vocab, steps, batch_size):
         f"--config.batch_size={batch_size}",
         f"--config.warmup_steps={steps // 10}", f"--config.log_every={max(steps // 10, 1)}",
         f"--config.eval_every={steps}", f"--config.checkpoint_every={steps}",
-        "--config.eval_steps=30"], log=log)
+        "--config.eval_steps=30", *extra], log=log)
   summary = json.load(open(summary_path))
-  sec = seconds_per_step(log, batch_size)
-  return dict(final_eval=summary["final_eval"], sec_per_step=sec,
-              wall_time_sec=summary["wall_time_sec"], workdir=workdir,
-              gflop_per_step=step_flops(preset, batch_size, vocab_size(vocab)) / 1e9,
+  return dict(final_eval=summary["final_eval"], pretrain_tflop=summary.get("pretrain_tflop"),
+              gflop_per_step=summary.get("gflop_per_step"), steps=steps, workdir=workdir,
+              sec_per_step=seconds_per_step(log, batch_size),
+              wall_time_sec=summary["wall_time_sec"])
+
+
+def pretrain(out, preset, vocab, steps, batch_size):
+  """{params, params_with_heads, eval..., sec_per_step} of one pre-training run."""
+  r = train_run(out, preset, preset, PRESETS[preset][0], vocab, steps, batch_size)
+  return dict(r, gflop_per_step=step_flops(preset, batch_size, vocab_size(vocab)) / 1e9,
               **count_params(preset, vocab_size(vocab)))
 
 
@@ -138,16 +146,22 @@ def vocab_size(vocab):
     return sum(1 for _ in f)   # 4,939 pieces here: build_vocab's 5,000 is an upper bound
 
 
-def step_flops(preset, batch_size, vocab_size):
+def step_flops(preset, batch_size, vocab_size, objectives=None, teacher_preset=None):
   """The step's analytic FLOPs (train.step_flops: the model's matmuls, packed rows of the
-  runlocal recipe): the load-independent cost of a step."""
+  runlocal recipe): the load-independent cost of a step. `objectives` overrides the preset's
+  (e.g. "mlm"); `teacher_preset` adds a DistilBERT teacher's forward."""
   sys.path.insert(0, ROOT)
   from bert_jax import model as m, train  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
   config = pretrain.get_config(f"{preset},runlocal")
   config.batch_size = batch_size
-  return train.step_flops(config, m.get_bert_config(preset, vocab_size=vocab_size),
-                          dict(pack=True))
+  overrides = dict(objectives=objectives) if objectives else {}
+  teacher = None
+  if teacher_preset:   # train.step_flops reads only the teacher's model_config
+    teacher = argparse.Namespace(model_config=m.get_bert_config(teacher_preset,
+                                                                vocab_size=vocab_size))
+  return train.step_flops(config, m.get_bert_config(preset, vocab_size=vocab_size, **overrides),
+                          dict(pack=True), teacher)
 
 
 def count_params(preset, vocab_size):

@@ -7,14 +7,15 @@ import statistics
 import pytest
 
 from benchmarks import electra_distil as ed
+from benchmarks import families_side_by_side as fam
 from bert_jax import electra
 from bert_jax import model as model_lib
 
 
 def test_step_flops_are_the_runs_and_electra_steps_spend_berts_compute():
   v = 4939
-  bert = ed.step_flops("mini", 16, v, objectives="mlm")
-  electra_step = ed.step_flops("electra-mini", 16, v)
+  bert = fam.step_flops("mini", 16, v, objectives="mlm")
+  electra_step = fam.step_flops("electra-mini", 16, v)
   # ELECTRA's step: both networks (electra.flops_per_sequence, packed runlocal rows: 20 slots).
   c = model_lib.get_bert_config("electra-mini", vocab_size=v)
   assert electra_step == pytest.approx(16 * electra.flops_per_sequence(c, 128, 20), rel=0.05)
@@ -22,8 +23,8 @@ def test_step_flops_are_the_runs_and_electra_steps_spend_berts_compute():
   steps = round(400 * bert / electra_step)
   assert abs(steps * electra_step - 400 * bert) <= electra_step / 2   # equal within half a step
   # DistilBERT's step adds the teacher's forward to the student's training.
-  student = ed.step_flops("distilbert-tiny", 32, v, teacher_preset="tiny")
-  assert student > ed.step_flops("distilbert-tiny", 32, v)
+  student = fam.step_flops("distilbert-tiny", 32, v, teacher_preset="tiny")
+  assert student > fam.step_flops("distilbert-tiny", 32, v)
 
 
 def test_inference_speed_times_every_preset():
