@@ -498,17 +498,10 @@ def _train_and_evaluate(config, workdir):
   manager.close()
   writer.close()
   stopped = step < total_steps
-  summary = metrics_writer.write_summary(workdir, dict(
-      program="train", status="stopped_early" if stopped else "finished",
-      wall_time_sec=clock.seconds(), start_step=start_step, final_step=step,
-      total_steps=total_steps, final_eval=last_eval,
-      final_eval_step=history["eval"][-1][0] if history["eval"] else None,
-      # The analytic compute of the run so far (train.step_flops: matmuls of every network the
-      # step runs), the load-independent budget to compare families at equal compute.
-      gflop_per_step=flops_per_step / 1e9, pretrain_tflop=flops_per_step * step / 1e12,
-      model=f"{workdir} (checkpoint {step})",
-      outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
-      next=next_commands(config, workdir, step, stopped)), is_main=is_main)
+  summary = metrics_writer.write_summary(workdir, run_summary(
+      config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
+      total_steps=total_steps, history=history, last_eval=last_eval,
+      flops_per_step=flops_per_step), is_main=is_main)
   return dict(history=history, final_step=step, last_eval=last_eval, stopped_early=stopped,
               summary=summary)
 
@@ -516,6 +509,23 @@ def _train_and_evaluate(config, workdir):
 # ----------------------------------------------------------------------------------------------
 # The end of a run: what it did and what to run next.
 # ----------------------------------------------------------------------------------------------
+def run_summary(config, workdir, *, seconds, start_step, step, total_steps, history, last_eval,
+                flops_per_step):
+  """What a run did, for metrics_writer.write_summary (summary.json and the closing lines)."""
+  stopped = step < total_steps
+  return dict(
+      program="train", status="stopped_early" if stopped else "finished",
+      wall_time_sec=seconds, start_step=start_step, final_step=step,
+      total_steps=total_steps, final_eval=last_eval,
+      final_eval_step=history["eval"][-1][0] if history["eval"] else None,
+      # The analytic compute of the run so far (train.step_flops: matmuls of every network the
+      # step runs), the load-independent budget to compare families at equal compute.
+      gflop_per_step=flops_per_step / 1e9, pretrain_tflop=flops_per_step * step / 1e12,
+      model=f"{workdir} (checkpoint {step})",
+      outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
+      next=next_commands(config, workdir, step, stopped))
+
+
 def next_commands(config, workdir, step, stopped):
   """The commands a user runs next on this workdir (printed and in summary.json)."""
   if stopped:
