@@ -1,6 +1,4 @@
 """Shared test set-up: 8 fake CPU devices for mesh tests, and TF kept off accelerators."""
-import glob
-import importlib.util
 import os
 import sys
 import tempfile
@@ -18,12 +16,13 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"bert_jax_tests_jax_cache_{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))   # LRU-evicted beyond 2 GiB
-# requirements-test.txt installs libtpu (bert_jax.plan's TPU compiler). On a host without TPU
-# chips JAX would still try to start a TPU backend with it and print libtpu's errors; the tests
-# run on CPU devices (the plan tests compile for TPU topologies, which needs no backend).
-if (importlib.util.find_spec("libtpu") is not None and not glob.glob("/dev/accel*")
-    and not glob.glob("/dev/vfio/[0-9]*") and not glob.glob("/dev/nvidia[0-9]*")):
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+# requirements-test.txt installs libtpu (bert_jax.plan's TPU compiler). On a host without TPU
+# chips JAX would still try to start a TPU backend with it and print libtpu's errors: the
+# programs' own start-up rule (bert_jax_core/platforms.py), applied here before any test imports
+# jax; the plan tests compile for TPU topologies, which needs no backend.
+from bert_jax_core import platforms  # noqa: E402  pylint: disable=g-import-not-at-top
+
+platforms.choose_jax_platforms()
