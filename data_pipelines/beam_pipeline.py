@@ -88,7 +88,8 @@ class ReadSource(beam.DoFn):
     cfg = self._cfg
     self._encode = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
                                               spm_model_file=cfg.spm_model_file or None,
-                                              do_lower_case=cfg.do_lower_case).encode
+                                              do_lower_case=cfg.do_lower_case,
+                                              tokenizer_json=cfg.tokenizer_json or None).encode
 
   def process(self, source):
     stats = records_lib.Stats()

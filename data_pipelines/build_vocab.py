@@ -1,9 +1,9 @@
-"""Learns a WordPiece vocab.txt or a SentencePiece model from raw text files.
+"""Learns a WordPiece vocab.txt, a SentencePiece model or a Hugging Face tokenizer.json.
 
   python -m data_pipelines.build_vocab --input_file='data/corpus/*.txt' --vocab_size=8000 \\
       --output=data/vocab.txt [--[no]lower_case] [--model_type=wordpiece|unigram|bpe] \\
       [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab] \\
-      [--hangul_coverage=auto|ksx1001|none]
+      [--hangul_coverage=auto|ksx1001|none] [--[no]byte_level]
 
 WordPiece: words come from the same in-graph BERT basic tokenizer that tokenization.py uses (so
 the vocab is learned on exactly the words it will see), then tensorflow_text's WordPiece learner
@@ -15,6 +15,15 @@ SentencePiece (unigram or bpe): the sentencepiece trainer with [PAD]=0 and [UNK]
 unk pieces and [CLS] [SEP] [MASK] as user-defined symbols (ids 2, 3, 4); --lower_case trains with
 the `nmt_nfkc_cf` rule, so the model itself case-folds. --character_coverage, --byte_fallback
 (rare characters become <0xNN> byte pieces instead of [UNK]) are the trainer's own options.
+
+tokenizer.json (--output ending in .json, --model_type=bpe or unigram): the `tokenizers` library
+learns it (tokenizer_json.learn): byte-level BPE as ModernBERT's (the 256 bytes as alphabet,
+never [UNK]; the default for BPE on a Latin-script corpus) or, with --nobyte_level / unigram /
+by default on a Hangul/CJK-heavy corpus, NFKC + Metaspace over whole characters, so a Hangul
+syllable is never cut into bytes. Specials [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0..4 (ModernBERT's
+spelling). Cased unless --lower_case (ModernBERT and RoBERTa are cased; a byte-level tokenizer
+loses nothing by keeping case), and lower-casing there is a Lowercase normalizer with no NFD, so
+Hangul stays whole.
 
 Corpora larger than memory: --input_sentence_size=N trains on a uniform sample of N lines
 (reservoir sampling with --seed, as sentencepiece's own input_sentence_size), for both kinds.
@@ -49,6 +58,7 @@ from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from data_pipelines import pretokenize
 from data_pipelines import tokenization
+from data_pipelines import tokenizer_json
 from data_pipelines import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
 
@@ -306,11 +316,44 @@ def choose_casing(lower_case, shares):
   return True, f"default: uncased as BERT's English models ({mix or 'no'} letters)"
 
 
-def choose_hangul_coverage(mode, shares, lower_case, model_type):
-  """(mode, reason): "ksx1001" or "none", from --hangul_coverage (auto = from the script mix)."""
+def choose_byte_level(byte_level, model_type, shares):
+  """(byte_level, reason) for a tokenizer.json: the flag, else bytes for BPE on a corpus that is
+  not Hangul/CJK-heavy (ModernBERT's kind) and whole characters otherwise."""
+  if byte_level is not None:
+    if byte_level and model_type != "bpe":
+      raise BuildVocabError(f"--byte_level with --model_type={model_type}: byte-level is a BPE "
+                            "alphabet (ModernBERT's); pass --model_type=bpe or --nobyte_level.")
+    return bool(byte_level), "--byte_level" if byte_level else "--nobyte_level"
+  if model_type != "bpe":
+    return False, f"default: characters for --model_type={model_type}"
+  mix = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v >= 0.005)
+  if pretokenize.is_cjk_heavy(shares):
+    return False, (f"default: whole characters for a Hangul/CJK-heavy corpus ({mix} of letters): "
+                   "byte-level BPE would cut syllables into UTF-8 bytes")
+  return True, f"default: byte-level as ModernBERT's ({mix or 'no'} letters)"
+
+
+def choose_hangul_coverage(mode, shares, lower_case, model_type, alphabet=None):
+  """(mode, reason): "ksx1001" or "none", from --hangul_coverage (auto = from the script mix).
+
+  alphabet: None for vocab.txt / .model, "bytes" or "characters" for a tokenizer.json (whose
+  Lowercase normalizer, unlike BERT's NFD, keeps syllables whole).
+  """
   if mode not in HANGUL_COVERAGE:
     raise BuildVocabError(f"--hangul_coverage={mode}: expected auto, ksx1001 or none.")
   hangul = f"hangul {shares.get('hangul', 0):.0%} of letters"
+  if alphabet == "bytes":
+    if mode == "ksx1001":
+      raise BuildVocabError("--hangul_coverage=ksx1001 with a byte-level tokenizer.json: its "
+                            "alphabet is the 256 bytes, so no syllable is ever [UNK] (but each "
+                            "can be cut into bytes); pass --nobyte_level to keep syllables whole.")
+    return "none", "byte-level: every syllable is covered as UTF-8 bytes"
+  if alphabet == "characters":
+    if mode != "auto":
+      return mode, f"--hangul_coverage={mode}"
+    if shares.get("hangul", 0) < pretokenize.CJK_HEAVY:
+      return "none", f"default: off, not a Hangul-heavy corpus ({hangul})"
+    return "ksx1001", f"default: on for a Hangul-heavy corpus ({hangul})"
   if mode == "ksx1001":
     if model_type != "wordpiece":
       raise BuildVocabError(
@@ -341,14 +384,37 @@ def _warn_jamo(shares, lower_case, model_type):
           "them whole.", file=sys.stderr)
 
 
+def _check_json_flags(output, model_type, byte_level, character_coverage, byte_fallback):
+  """One-line errors for flags that do not go with the output's kind; True for a tokenizer.json."""
+  if not output.endswith(".json"):
+    if byte_level is not None:
+      raise BuildVocabError(f"--[no]byte_level is for a tokenizer.json output, not {output}; "
+                            "pass --output=PATH.json.")
+    return False
+  if model_type == "wordpiece":
+    raise BuildVocabError(f"--output={output} is a tokenizer.json: pass --model_type=bpe "
+                          "(byte-level, ModernBERT's) or unigram; WordPiece writes a vocab.txt.")
+  if byte_fallback or character_coverage != SentencePieceOptions.character_coverage:
+    raise BuildVocabError("--byte_fallback and --character_coverage are SentencePiece options; "
+                          f"a tokenizer.json ({output}) keeps every character it sees, and "
+                          "--byte_level covers every byte.")
+  return True
+
+
 def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece",
           num_unused=0, input_sentence_size=0, seed=0, character_coverage=0.9995,
-          byte_fallback=False, pretokenizer="none", hangul_coverage="auto"):
-  """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta)."""
+          byte_fallback=False, pretokenizer="none", hangul_coverage="auto", byte_level=None):
+  """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta).
+
+  An output ending in .json is a Hugging Face tokenizer.json (byte_level: None = from the
+  corpus, choose_byte_level).
+  """
   if model_type not in ("wordpiece", "unigram", "bpe"):
     raise BuildVocabError(f"--model_type={model_type}: expected wordpiece, unigram or bpe.")
   if not output:
-    raise BuildVocabError("--output is empty: pass the vocab.txt or .model path to write.")
+    raise BuildVocabError("--output is empty: pass the vocab.txt, .model or tokenizer.json path "
+                          "to write.")
+  is_json = _check_json_flags(output, model_type, byte_level, character_coverage, byte_fallback)
   check_writable(output)
   if not 0.9 <= character_coverage <= 1.0:
     raise BuildVocabError(f"--character_coverage={character_coverage}: expected a share in "
@@ -363,11 +429,26 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
                           "special tokens alone fill it; use thousands (BERT uses 30522).")
   paths = corpus_paths(input_file)
   shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
-  lower_case, reason = choose_casing(lower_case, shares)
+  alphabet = alphabet_reason = None
+  if is_json:
+    byte_level, alphabet_reason = choose_byte_level(byte_level, model_type, shares)
+    alphabet = "bytes" if byte_level else "characters"
+    if byte_level and vocab_size < len(reserved) + 256 + MIN_LEARNED_PIECES:
+      raise BuildVocabError(
+          f"--vocab_size={vocab_size} is too small for a byte-level tokenizer.json: "
+          f"{len(reserved)} special + 256 byte pieces + {MIN_LEARNED_PIECES:,} learned pieces "
+          f"need {len(reserved) + 256 + MIN_LEARNED_PIECES:,} (ModernBERT has 50,368).")
+  if is_json and lower_case is None:  # ModernBERT, RoBERTa and GPT-2 are cased
+    lower_case, reason = False, "default: cased as ModernBERT's tokenizer.json"
+  else:
+    lower_case, reason = choose_casing(lower_case, shares)
   _warn_jamo(shares, lower_case, model_type)
   coverage, coverage_reason = choose_hangul_coverage(hangul_coverage, shares, lower_case,
-                                                     model_type)
-  always = hangul_pieces() if coverage == "ksx1001" else []
+                                                     model_type, alphabet)
+  if coverage != "ksx1001":
+    always = []
+  else:  # a tokenizer.json's alphabet takes the syllables; WordPiece reserves 가 and ##가
+    always = ksx1001_syllables() if is_json else hangul_pieces()
   # Checked again after counting, with the corpus' other characters (learn_wordpiece).
   need = len(reserved) + len(always) + MIN_LEARNED_PIECES
   if always and need > vocab_size:
@@ -399,14 +480,24 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   else:
     lines = sample.lines if pre is None else [
         l for b in _batches(sample.lines) for l in pre(b)]
+  if is_json:
+    text, size = tokenizer_json.learn(lines, vocab_size, model_type=model_type,
+                                      byte_level=byte_level, lower_case=lower_case,
+                                      initial_alphabet=always)
+    data = text.encode("utf-8")
+    normalization = ("" if byte_level else "nfkc_") + ("lowercase" if lower_case else "")
+    normalization = normalization.rstrip("_") or "none"
+  elif model_type != "wordpiece":
     options = SentencePieceOptions(model_type, character_coverage, byte_fallback)
     data = train_sentencepiece(lines, vocab_size, lower_case, options)
     size = vocab_size
+    normalization = "nmt_nfkc_cf" if lower_case else "nmt_nfkc"
+  else:
+    normalization = "bert_uncased" if lower_case else "bert_cased"
   meta = {
-      "vocab_kind": "wordpiece" if model_type == "wordpiece" else "sentencepiece",
-      "do_lower_case": lower_case, "casing_reason": reason,
-      "normalization": ("bert_uncased" if lower_case else "bert_cased")
-      if model_type == "wordpiece" else ("nmt_nfkc_cf" if lower_case else "nmt_nfkc"),
+      "vocab_kind": "tokenizer_json" if is_json else
+                    "wordpiece" if model_type == "wordpiece" else "sentencepiece",
+      "do_lower_case": lower_case, "casing_reason": reason, "normalization": normalization,
       "pretokenizer": pretokenizer or "none", "scripts": shares,
       "hangul_coverage": coverage, "hangul_coverage_reason": coverage_reason,
       "sample": {"input_sentence_size": input_sentence_size, "seed": seed,
@@ -415,7 +506,10 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
       "vocab_size": size, "vocab_sha256": hashlib.sha256(data).hexdigest(),
       "input_files": len(paths), "created_by": "data_pipelines.build_vocab",
   }
-  if model_type != "wordpiece":
+  if is_json:
+    meta["tokenizer_json"] = {"model_type": model_type, "alphabet": alphabet,
+                              "alphabet_reason": alphabet_reason}
+  elif model_type != "wordpiece":
     meta["sentencepiece"] = dataclasses.asdict(options)
   files_lib.write_atomic(output, data)
   vocab_lib.write_settings(output, meta)
@@ -431,8 +525,9 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("input_file", None, "Glob(s) of UTF-8 text files, comma-separated.", **fv)
   flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary size (WordPiece may stop short "
                        "when the corpus has fewer useful pieces).", **fv)
-  flags.DEFINE_string("output", None, "vocab.txt (wordpiece) or .model (unigram/bpe) to write; "
-                      "its settings go to <output>.meta.json.", **fv)
+  flags.DEFINE_string("output", None, "vocab.txt (wordpiece), .model (SentencePiece unigram/bpe) "
+                      "or *.json (a Hugging Face tokenizer.json, bpe/unigram) to write; its "
+                      "settings go to <output>.meta.json.", **fv)
   flags.DEFINE_bool("lower_case", None, "Lower-case and strip accents (BERT uncased). Unset: "
                     "cased when Hangul/CJK/kana are half the letters, else uncased.", **fv)
   flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "unigram", "bpe"],
@@ -450,6 +545,9 @@ def define_flags(flag_values=flags.FLAGS):
                     "2,350 KS X 1001 Hangul syllables as 가 and ##가 (4,700 pieces of "
                     "--vocab_size) so no common syllable makes a word [UNK]. auto: on for a "
                     "cased vocab of a Hangul-heavy corpus.", **fv)
+  flags.DEFINE_bool("byte_level", None, "tokenizer.json BPE: the 256-byte alphabet of "
+                    "ModernBERT (never [UNK], but Hangul syllables are cut into bytes). Unset: "
+                    "byte-level unless Hangul/CJK/kana are half the letters.", **fv)
   flags.DEFINE_enum("pretokenizer", "none", list(vocab_lib.PRETOKENIZERS), "Split text before "
                     "learning (mecab: Korean morphemes); recorded so every tool applies it.", **fv)
 
@@ -462,7 +560,7 @@ def main(argv):
         FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "", FLAGS.lower_case,
         FLAGS.model_type, FLAGS.num_unused, FLAGS.input_sentence_size, FLAGS.seed,
         FLAGS.character_coverage, FLAGS.byte_fallback, FLAGS.pretokenizer,
-        FLAGS.hangul_coverage)
+        FLAGS.hangul_coverage, FLAGS.byte_level)
   except tf.errors.OpError as e:
     raise BuildVocabError(f"--input_file={FLAGS.input_file}: {str(e).splitlines()[0]}") from e
   sample = meta["sample"]
@@ -470,7 +568,10 @@ def main(argv):
         f"{num_files} file(s) ({sample['sentences_used']:,} of {sample['sentences_seen']:,} "
         f"lines) in {time.time() - start:.1f} s; do_lower_case={meta['do_lower_case']} "
         f"({meta['casing_reason']}); hangul_coverage={meta['hangul_coverage']} "
-        f"({meta['hangul_coverage_reason']}); settings in {vocab_lib.meta_path(FLAGS.output)}")
+        f"({meta['hangul_coverage_reason']})"
+        + (f"; alphabet={meta['tokenizer_json']['alphabet']} "
+           f"({meta['tokenizer_json']['alphabet_reason']})" if "tokenizer_json" in meta else "")
+        + f"; settings in {vocab_lib.meta_path(FLAGS.output)}")
 
 
 if __name__ == "__main__":

@@ -173,12 +173,16 @@ def output_guard(cfg):
 
 def vocab_metadata(cfg, vocab):
   """The vocab fields of dataset_info.json (computed once, before any worker starts)."""
-  path = cfg.vocab_file or cfg.spm_model_file
+  path = cfg.vocab_file or cfg.spm_model_file or cfg.tokenizer_json
   # Casing and pre-tokenizer as the tokenizer resolved them from the vocab's settings (a
   # contradicting --do_lower_case has already failed in get_tokenizer).
   settings = vocab_lib.resolve_settings(cfg.vocab_file or None, cfg.spm_model_file or None,
-                                        cfg.do_lower_case)
+                                        cfg.do_lower_case,
+                                        tokenizer_json=cfg.tokenizer_json or None)
+  # The ids the records' [CLS]/[SEP] carry and masking must use, as the tokenizer gave them
+  # (a tokenizer.json has them anywhere: ModernBERT's [CLS] is 50281).
   return {"vocab_file": path, "vocab_kind": vocab.kind, "vocab_size": vocab.size,
+          "special_ids": vocab.special_ids,
           "vocab_sha256": files_lib.sha256_file(path), "do_lower_case": settings["do_lower_case"],
           "casing_source": settings["casing_source"], "pretokenizer": settings["pretokenizer"],
           "word_boundaries": cfg.word_boundaries,
@@ -228,7 +232,8 @@ def resolve_word_boundaries(cfg):
   """cfg with word_boundaries auto resolved from the vocab's pre-tokenizer (call before prepare)."""
   validate_config(cfg)
   return dataclasses.replace(cfg, word_boundaries=word_boundaries_lib.resolve(
-      cfg.word_boundaries, cfg.vocab_file, cfg.spm_model_file, cfg.do_lower_case))
+      cfg.word_boundaries, cfg.vocab_file, cfg.spm_model_file, cfg.do_lower_case,
+      cfg.tokenizer_json))
 
 
 def prepare(cfg, nsp_sampling=None):
@@ -243,7 +248,8 @@ def prepare(cfg, nsp_sampling=None):
     raise ValueError("prepare() needs resolve_word_boundaries(cfg) first (a bug in the caller).")
   tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
                                    spm_model_file=cfg.spm_model_file or None,
-                                   do_lower_case=cfg.do_lower_case)
+                                   do_lower_case=cfg.do_lower_case,
+                                   tokenizer_json=cfg.tokenizer_json or None)
   params = instances_lib.InstanceParams(cfg.max_seq_length, cfg.short_seq_prob, tok.vocab.cls_id,
                                         tok.vocab.sep_id)
   sources = text_sources.resolve_sources(cfg)
@@ -319,6 +325,8 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
   flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
                       **fv)
+  flags.DEFINE_string("tokenizer_json", None, "Hugging Face tokenizer.json, e.g. ModernBERT's "
+                      "byte-level BPE (instead of --vocab_file).", **fv)
   flags.DEFINE_bool("do_lower_case", d.do_lower_case, "Default: the vocab's casing (its "
                     ".meta.json, or inferred for google/HF vocabs); a contradiction is an error.",
                     **fv)

@@ -30,6 +30,7 @@ class Config:
   output_dir: str = ""
   vocab_file: str = ""
   spm_model_file: str = ""
+  tokenizer_json: str = ""  # a Hugging Face tokenizer.json (data_pipelines/tokenizer_json.py)
   do_lower_case: bool | None = None  # None: the vocab's casing (<vocab>.meta.json; vocab.py)
   sentence_splitter: str = "auto"  # JSONL/TFDS text: auto | regex | kss | pysbd (text_sources)
   max_seq_length: int = 128
@@ -179,7 +180,8 @@ def worker():
 def init_worker(cfg, params, part_dir, progress_queue):
   tok = tokenization.get_tokenizer(vocab_file=cfg.vocab_file or None,
                                    spm_model_file=cfg.spm_model_file or None,
-                                   do_lower_case=cfg.do_lower_case)
+                                   do_lower_case=cfg.do_lower_case,
+                                   tokenizer_json=cfg.tokenizer_json or None)
   _WORKER.update(cfg=cfg, encode=tok.encode, params=params, part_dir=part_dir,
                  queue=progress_queue)
 

@@ -269,8 +269,8 @@ class SentencePieceTokenizer:
     return [self.tokens[int(i)] for i in ids]
 
 
-# One name for either kind; both have the same interface (vocab, do_lower_case, tokenize, encode,
-# id_to_token).
+# One name for either in-graph kind; tokenizer_json.JsonTokenizer has the same interface (vocab,
+# do_lower_case, tokenize, encode, id_to_token).
 Tokenizer = WordPieceTokenizer | SentencePieceTokenizer
 
 
@@ -290,20 +290,23 @@ def _encode(fn, texts, pretokenizer=None):
 
 def get_tokenizer(vocab_file=None, spm_model_file=None, do_lower_case=None,
                   max_chars_per_word=MAX_CHARS_PER_WORD, pretokenizer=None, recorded=None,
-                  flag="--do_lower_case"):
-  """WordPiece from `vocab_file` or SentencePiece from `spm_model_file` (exactly one).
+                  flag="--do_lower_case", tokenizer_json=None):
+  """WordPiece from `vocab_file`, SentencePiece from `spm_model_file` or a Hugging Face
+  tokenizer.json (tokenizer_json.JsonTokenizer) from `tokenizer_json`: exactly one.
 
   Casing and pre-tokenizer come from the vocab's settings (vocab.resolve_settings): None takes
   them; a value that contradicts them, or `recorded` = (records'/checkpoint's settings, where),
   is a one-line CasingMismatchError. The result's `settings` holds what was used and why.
   """
-  if bool(vocab_file) == bool(spm_model_file):
-    raise vocab_lib.VocabError("pass exactly one of --vocab_file (WordPiece vocab.txt) or "
-                               "--spm_model_file (SentencePiece .model).")
+  if sum(map(bool, (vocab_file, spm_model_file, tokenizer_json))) != 1:
+    raise vocab_lib.VocabError(vocab_lib.ONE_OF)
   settings = vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case, pretokenizer,
-                                        flag, recorded)
+                                        flag, recorded, tokenizer_json)
   if vocab_file:
     tok = WordPieceTokenizer(vocab_file, settings["do_lower_case"], max_chars_per_word)
+  elif tokenizer_json:
+    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    tok = tj.JsonTokenizer(tokenizer_json)
   else:
     tok = SentencePieceTokenizer(spm_model_file)
   tok.settings = settings

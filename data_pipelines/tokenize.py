@@ -2,6 +2,7 @@
 
   echo "Hello, world!" | python -m data_pipelines.tokenize --vocab_file=data/vocab.txt
   python -m data_pipelines.tokenize --spm_model_file=data/spm.model < text.txt
+  python -m data_pipelines.tokenize --tokenizer_json=data/tokenizer.json --tokens < text.txt
 
 For inspecting a vocabulary and as the command-line surface of the parity tests against
 `transformers.BertTokenizer`. Bytes that are not valid UTF-8 are decoded with replacement
@@ -24,6 +25,8 @@ def define_flags(flag_values=flags.FLAGS):
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.", **fv)
   flags.DEFINE_string("spm_model_file", None, "SentencePiece .model (instead of --vocab_file).",
                       **fv)
+  flags.DEFINE_string("tokenizer_json", None, "Hugging Face tokenizer.json (instead of "
+                      "--vocab_file).", **fv)
   flags.DEFINE_bool("do_lower_case", None, "Default: the vocab's casing (its .meta.json, or "
                     "inferred for google/HF vocabs); a contradicting value is an error.", **fv)
   flags.DEFINE_integer("max_chars_per_word", tokenization.MAX_CHARS_PER_WORD,
@@ -34,7 +37,8 @@ def define_flags(flag_values=flags.FLAGS):
 def main(argv):
   del argv
   tokenizer = tokenization.get_tokenizer(FLAGS.vocab_file, FLAGS.spm_model_file,
-                                         FLAGS.do_lower_case, FLAGS.max_chars_per_word)
+                                         FLAGS.do_lower_case, FLAGS.max_chars_per_word,
+                                         tokenizer_json=FLAGS.tokenizer_json)
   text, num_replaced = tokenization.decode_utf8(sys.stdin.buffer.read())
   if num_replaced:
     print(f"tokenize: {num_replaced} invalid UTF-8 byte sequence(s) on stdin were replaced "

@@ -1,9 +1,11 @@
 """Vocabulary files and the special-token contract shared by every pipeline.
 
-Two kinds of vocabulary are supported:
+Three kinds of vocabulary are supported:
   * WordPiece `vocab.txt` (google-research/bert format: one token per line, id = line number,
     continuation pieces start with "##").
   * SentencePiece `.model` (unigram or BPE), where a piece starting with "\u2581" starts a word.
+  * Hugging Face `tokenizer.json` (byte-level BPE as ModernBERT's, or any model of the
+    `tokenizers` library): tokenizer_json.py, with its special-token roles.
 
 `VocabInfo` is the small, framework-free summary the rest of the code needs: the size, the ids of
 [CLS]/[SEP]/[MASK]/[PAD]/[UNK], and for whole-word masking a boolean per id saying whether the
@@ -41,7 +43,7 @@ class VocabInfo:
   # [MASK], [UNK] and any other "[...]" control token such as [unused0]).
   is_special: np.ndarray
   path: str = ""
-  kind: str = "wordpiece"  # or "sentencepiece"
+  kind: str = "wordpiece"  # or "sentencepiece" or "tokenizer_json"
 
   @property
   def special_ids(self):
@@ -153,13 +155,19 @@ def sentencepiece_info(path, flag="--spm_model_file"):
                    kind="sentencepiece")
 
 
-def load_vocab_info(vocab_file=None, spm_model_file=None):
-  """Exactly one of the two paths must be given."""
-  if bool(vocab_file) == bool(spm_model_file):
-    raise VocabError("pass exactly one of --vocab_file (WordPiece vocab.txt) or "
-                     "--spm_model_file (SentencePiece .model).")
+ONE_OF = ("pass exactly one of --vocab_file (WordPiece vocab.txt), --spm_model_file "
+          "(SentencePiece .model) or --tokenizer_json (Hugging Face tokenizer.json).")
+
+
+def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None):
+  """Exactly one of the three paths must be given."""
+  if sum(map(bool, (vocab_file, spm_model_file, tokenizer_json))) != 1:
+    raise VocabError(ONE_OF)
   if vocab_file:
     return wordpiece_info(vocab_file)
+  if tokenizer_json:
+    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    return tj.info(tokenizer_json)
   return sentencepiece_info(spm_model_file)
 
 
@@ -170,7 +178,7 @@ def load_vocab_info(vocab_file=None, spm_model_file=None):
 # the casing from there (a contradicting flag is a one-line error), records copy the fields into
 # dataset_info.json and checkpoints into their metadata. Fields (names shared with
 # dataset_info.json and checkpoint metadata):
-#   vocab_kind      "wordpiece" | "sentencepiece"
+#   vocab_kind      "wordpiece" | "sentencepiece" | "tokenizer_json"
 #   do_lower_case   bool (SentencePiece: whether the model's normalizer case-folds)
 #   normalization   "bert_uncased" (NFD, marks stripped, lower-cased) | "bert_cased" | the
 #                   SentencePiece normalizer rule ("nmt_nfkc", "nmt_nfkc_cf", ...)
@@ -181,6 +189,9 @@ def load_vocab_info(vocab_file=None, spm_model_file=None):
 #   sample          {"input_sentence_size": N or 0 (= all), "seed": S, "sentences_seen": M,
 #                    "sentences_used": K}
 #   sentencepiece   {"model_type", "character_coverage", "byte_fallback"} (SentencePiece only)
+#   tokenizer_json  {"model_type": "bpe" | "unigram", "alphabet": "bytes" | "characters",
+#                    "alphabet_reason"} (tokenizer.json only; its normalization is "none",
+#                   "lowercase", "nfkc" or "nfkc_lowercase")
 #   hangul_coverage "ksx1001" (the 2,350 KS X 1001 syllables reserved as 가 and ##가) | "none",
 #                   with hangul_coverage_reason; absent from files written before it existed
 # ----------------------------------------------------------------------------------------------
@@ -282,17 +293,22 @@ def sentencepiece_lower_case(path):
 
 
 def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
-                     pretokenizer=None, flag="--do_lower_case", recorded=None):
+                     pretokenizer=None, flag="--do_lower_case", recorded=None,
+                     tokenizer_json=None):
   """The tokenizer settings to use: the vocab's own, checked against the flags.
 
   do_lower_case / pretokenizer: None = take the vocab's. `recorded` = (settings dict, where)
   from records or a checkpoint, checked too. A contradiction is a CasingMismatchError naming both
   sides. Returns a dict with vocab_kind, do_lower_case, pretokenizer and casing_source.
   """
-  path = vocab_file or spm_model_file
+  path = vocab_file or spm_model_file or tokenizer_json
   settings = read_settings(path)
   if settings is not None:
     value, source = settings["do_lower_case"], meta_path(path)
+  elif tokenizer_json:  # an HF tokenizer.json: ask its normalizer
+    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    value, how = tj.lower_case(tokenizer_json)
+    source = f"{tokenizer_json} ({how})"
   elif spm_model_file:
     _check_file(spm_model_file, "--spm_model_file")
     value, how = sentencepiece_lower_case(spm_model_file)
@@ -331,5 +347,6 @@ def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
                               f"{meta_path(path) if settings else path} "
                               f"(pretokenizer={recorded_pre}); drop --pretokenizer or rebuild "
                               "the vocab with it.")
-  return {"vocab_kind": "wordpiece" if vocab_file else "sentencepiece",
+  kind = "wordpiece" if vocab_file else "sentencepiece" if spm_model_file else "tokenizer_json"
+  return {"vocab_kind": kind,
           "do_lower_case": bool(value), "pretokenizer": recorded_pre, "casing_source": source}

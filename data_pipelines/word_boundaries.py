@@ -21,17 +21,18 @@ WORD_CONT = 1 << 30
 MODES = ("auto", "none", "jieba")
 
 
-def resolve(mode, vocab_file, spm_model_file, do_lower_case):
+def resolve(mode, vocab_file, spm_model_file, do_lower_case, tokenizer_json=None):
   """--word_boundaries (one of MODES, checked by create_pretraining_data.validate_config) ->
   "none" | "jieba"; auto = jieba when the vocab's pre-tokenizer is."""
   if mode == "auto":
     settings = vocab_lib.resolve_settings(vocab_file or None, spm_model_file or None,
-                                          do_lower_case)
+                                          do_lower_case, tokenizer_json=tokenizer_json or None)
     mode = "jieba" if settings["pretokenizer"] == "jieba" else "none"
-  if mode == "jieba" and spm_model_file:
+  if mode == "jieba" and (spm_model_file or tokenizer_json):
+    flag = "--spm_model_file" if spm_model_file else "--tokenizer_json"
     raise text_sources.PretrainingDataError(
-        "--word_boundaries=jieba needs a WordPiece --vocab_file: SentencePiece pieces can span "
-        "jieba words; pass --word_boundaries=none with --spm_model_file.")
+        "--word_boundaries=jieba needs a WordPiece --vocab_file: SentencePiece and BPE pieces "
+        f"can span jieba words; pass --word_boundaries=none with {flag}.")
   if mode == "jieba":
     pretokenize.get_pretokenizer("jieba")  # a missing package fails now, not in a worker
   return mode

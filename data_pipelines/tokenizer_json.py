@@ -1,0 +1,317 @@
+"""Hugging Face `tokenizer.json` files (the `tokenizers` library): learn one, read one, encode.
+
+The third vocabulary kind beside WordPiece `vocab.txt` and SentencePiece `.model`; what ModernBERT
+(byte-level BPE, 50,368 ids), RoBERTa and most models since 2020 ship. Every tool takes it as
+`--tokenizer_json=PATH`; `vocab.py` names the kind "tokenizer_json".
+
+Ids: `encode` runs the file through the `tokenizers` library itself (the Rust code that
+transformers' PreTrainedTokenizerFast runs), with add_special_tokens=False as for the other kinds
+([CLS]/[SEP] are placed by the record builders). tests/bpe_tokenizer_test.py checks the ids
+against PreTrainedTokenizerFast on the standard library's docstrings and on Korean.
+
+Special tokens: read from the file, never assumed. A role (pad, unk, cls, sep, mask) is the token
+that `tokenizer_config.json` beside the file names (`mask_token`, ...: an HF model folder), else
+the first of its two usual spellings that the file holds as a special added token: BERT/ModernBERT
+`[PAD] [UNK] [CLS] [SEP] [MASK]` or RoBERTa `<pad> <unk> <s> </s> <mask>`. ModernBERT's own file
+has them at ids 50283, 50280, 50281, 50282, 50284; what `build_vocab` learns has them at 0..4.
+
+What `build_vocab` learns (--output=*.json; `learn` below):
+  * byte-level BPE (--model_type=bpe, the default alphabet for a Latin-script corpus): the GPT-2 /
+    RoBERTa / ModernBERT kind. Its alphabet is the 256 bytes, so no text is ever [UNK], but a
+    piece is a run of UTF-8 bytes: a Hangul syllable is 3 bytes and the learned merges cut across
+    syllables (on tests/data/korean with 2,000 ids, 'ĠëĮĢíķ' 'ľë¯¼' is "대한민" cut after the first
+    byte of 민). Pieces are not characters, so no syllable guarantee holds.
+  * character-level BPE or Unigram (--model_type=unigram, or --nobyte_level; the default for a
+    Hangul/CJK-heavy corpus): NFKC + the Metaspace pre-tokenizer, as SentencePiece. Pieces are
+    whole characters, so a syllable is never split; a character the corpus never had is [UNK]
+    (--hangul_coverage=ksx1001 puts the 2,350 common syllables in the alphabet first).
+  Special tokens as ModernBERT's: [PAD] [UNK] [CLS] [SEP] [MASK] (here ids 0..4), [MASK] with
+  lstrip as in ModernBERT's file (the space before it belongs to the mask), a TemplateProcessing
+  post-processor "[CLS] $A [SEP]" / "[CLS] $A [SEP] $B [SEP]" as ModernBERT's. One difference:
+  the byte-level pre-tokenizer adds a prefix space (ModernBERT's does not), so a sentence encoded
+  on its own (create_pretraining_data encodes sentence by sentence) starts "ĠThe" as it would
+  mid-document, and every word's first piece carries the word-start mark whole-word masking reads.
+
+Whole-word masking (VocabInfo.is_continuation): a piece continues a word unless it starts with
+the pre-tokenizer's word-start mark ("Ġ" byte-level, as fairseq's RoBERTa whole-word mask; "▁"
+Metaspace), or, for a WordPiece model, when it starts with its "##". With a byte-level file that
+adds no prefix space (ModernBERT's), a sentence's first word has no mark and is joined to the
+token before it when that token is a candidate.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from data_pipelines import vocab as vocab_lib
+
+FLAG = "--tokenizer_json"
+# role -> accepted spellings, first preferred (BERT/ModernBERT, then RoBERTa's).
+ROLES = (("pad", ("[PAD]", "<pad>")), ("unk", ("[UNK]", "<unk>")), ("cls", ("[CLS]", "<s>")),
+         ("sep", ("[SEP]", "</s>")), ("mask", ("[MASK]", "<mask>")))
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # what `learn` writes, ids 0..4
+BYTE_SPACE = "\u0120"  # "Ġ": the byte-level alphabet's stand-in for the space byte
+META_SPACE = "\u2581"  # "▁": Metaspace's (and SentencePiece's) word-start mark
+_BATCH = 1024  # strings per encode_batch call
+
+
+class TokenizerJsonError(vocab_lib.VocabError):
+  """A tokenizer.json is missing, not a tokenizer, or lacks a special token MLM needs."""
+
+
+def _parse(path, flag=FLAG):
+  """(tokenizers.Tokenizer, the file's JSON dict); one-line errors for a bad file."""
+  from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+  vocab_lib._check_file(path, flag)  # pylint: disable=protected-access
+  raw = vocab_lib._read_bytes(path)  # pylint: disable=protected-access
+  try:
+    spec = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise TokenizerJsonError(f"{flag}={path}: not a JSON file ({e}); pass a Hugging Face "
+                             "tokenizer.json or build one with `python -m data_pipelines."
+                             "build_vocab --model_type=bpe --output=tokenizer.json`.") from None
+  if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+    raise TokenizerJsonError(f"{flag}={path}: JSON without a tokenizer \"model\" section (is it a "
+                             "tokenizer_config.json or config.json?); pass the folder's "
+                             "tokenizer.json.")
+  try:
+    tok = Tokenizer.from_str(raw.decode("utf-8"))
+  except Exception as e:  # pylint: disable=broad-except
+    # tokenizers reports every deserialisation failure as a bare Exception (PyO3's default);
+    # anything more specific is not a bad file and keeps its traceback.
+    if type(e) is not Exception:  # pylint: disable=unidiomatic-typecheck
+      raise
+    raise TokenizerJsonError(f"{flag}={path}: the tokenizers library cannot read it "
+                             f"({str(e).splitlines()[0]}); re-save it with tokenizers "
+                             "or rebuild it with build_vocab.") from None
+  return tok, spec
+
+
+def _role_tokens(path):
+  """role -> token text from tokenizer_config.json beside the file, or {} (none there)."""
+  config = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+  if "://" in path or not os.path.isfile(config):
+    return {}
+  try:
+    with open(config, encoding="utf-8") as f:
+      data = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise TokenizerJsonError(f"{config}: not valid JSON ({e}); fix it or remove it (the special "
+                             f"tokens are then read from {path}).") from None
+  out = {}
+  for role, _ in ROLES:
+    value = data.get(f"{role}_token") if isinstance(data, dict) else None
+    if isinstance(value, dict):  # {"content": "[MASK]", "lstrip": true, ...}
+      value = value.get("content")
+    if isinstance(value, str):
+      out[role] = value
+  return out
+
+
+def _word_start(spec):
+  """How pieces mark a word's start: ("prefix", "Ġ"|"▁"), ("continuation", "##") or (None, '')."""
+  def find(node):
+    if isinstance(node, dict):
+      if node.get("type") == "ByteLevel":
+        return ("prefix", BYTE_SPACE)
+      if node.get("type") == "Metaspace":
+        return ("prefix", node.get("replacement", META_SPACE))
+      for child in node.get("pretokenizers", ()) or ():
+        found = find(child)
+        if found:
+          return found
+    return None
+  found = find(spec.get("pre_tokenizer"))
+  if found:
+    return found
+  if spec["model"].get("type") == "WordPiece":
+    return ("continuation", spec["model"].get("continuing_subword_prefix") or "##")
+  return (None, "")
+
+
+@dataclasses.dataclass
+class Loaded:
+  tokenizer: object  # tokenizers.Tokenizer
+  info: vocab_lib.VocabInfo
+  tokens: list  # id -> token text ("" for an id the file does not use)
+  alphabet: str  # "bytes" | "characters": whether pieces are byte runs (byte-level pre-tokenizer)
+
+
+def load(path, flag=FLAG):
+  """The tokenizer and its VocabInfo, special ids read from the file; one-line errors."""
+  tok, spec = _parse(path, flag)
+  vocab = tok.get_vocab(with_added_tokens=True)  # token -> id
+  size = max(vocab.values()) + 1 if vocab else 0
+  if size == 0:
+    raise TokenizerJsonError(f"{flag}={path}: the tokenizer has no token.")
+  tokens = [""] * size
+  for t, i in vocab.items():
+    tokens[i] = t
+  added = tok.get_added_tokens_decoder()  # id -> AddedToken
+  special_added = {a.content: i for i, a in added.items() if a.special}
+  named = _role_tokens(path)
+  ids, missing = {}, []
+  for role, spellings in ROLES:
+    if role in named:
+      text = named[role]
+      if text not in special_added:
+        raise TokenizerJsonError(
+            f"{flag}={path}: tokenizer_config.json names {role}_token {text!r}, which is not a "
+            "special added token of tokenizer.json; fix one of the two files.")
+      ids[role] = special_added[text]
+      continue
+    found = [s for s in spellings if s in special_added]
+    if found:
+      ids[role] = special_added[found[0]]
+    else:
+      missing.append(" or ".join(spellings))
+  if missing:
+    raise TokenizerJsonError(
+        f"{flag}={path}: no special token {', '.join(missing)}; masked-LM pre-training needs "
+        "[PAD] [UNK] [CLS] [SEP] [MASK] (or <pad> <unk> <s> </s> <mask>) as special added "
+        "tokens: learn one with build_vocab --output=tokenizer.json, or add them with "
+        "tokenizers' add_special_tokens.")
+  if len(set(ids.values())) < len(ids):
+    raise TokenizerJsonError(f"{flag}={path}: special roles share an id ({ids}); pad, unk, cls, "
+                             "sep and mask each need their own token.")
+  is_special = np.array([t == "" for t in tokens], dtype=bool)  # unused ids: never drawn
+  is_special[list(special_added.values())] = True
+  is_special[list(ids.values())] = True
+  how, mark = _word_start(spec)
+  if how == "prefix":
+    is_cont = np.array([not t.startswith(mark) for t in tokens], dtype=bool)
+  elif how == "continuation":
+    is_cont = np.array([t.startswith(mark) and len(t) > len(mark) for t in tokens], dtype=bool)
+  else:  # no word marks: every piece is its own word for whole-word masking
+    is_cont = np.zeros(size, dtype=bool)
+  is_cont &= ~is_special
+  info = vocab_lib.VocabInfo(size=size, pad_id=ids["pad"], unk_id=ids["unk"], cls_id=ids["cls"],
+                             sep_id=ids["sep"], mask_id=ids["mask"], is_continuation=is_cont,
+                             is_special=is_special, path=path, kind="tokenizer_json")
+  alphabet = "bytes" if mark == BYTE_SPACE and how == "prefix" else "characters"
+  return Loaded(tok, info, tokens, alphabet)
+
+
+def info(path, flag=FLAG):
+  return load(path, flag).info
+
+
+def lower_case(path):
+  """(whether the file's normalizer lower-cases, how that was seen): asks the normalizer."""
+  tok, _ = _parse(path)
+  if tok.normalizer is None:
+    return False, "it has no normalizer (cased)"
+  folds = tok.normalizer.normalize_str("ABCXYZ") == tok.normalizer.normalize_str("abcxyz")
+  return folds, "its normalizer lower-cases" if folds else "its normalizer keeps case"
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoding.
+# ----------------------------------------------------------------------------------------------
+def _text(t):
+  """str or bytes -> str the Rust side accepts: invalid UTF-8 and lone surrogates -> U+FFFD."""
+  if isinstance(t, str):
+    try:
+      t.encode("utf-8")
+      return t
+    except UnicodeEncodeError:
+      t = t.encode("utf-8", errors="surrogatepass")
+  return bytes(t).decode("utf-8", errors="replace")
+
+
+class JsonTokenizer:
+  """A tokenizer.json; the interface of tokenization.WordPieceTokenizer (vocab, do_lower_case,
+  tokenize, encode, id_to_token)."""
+
+  def __init__(self, path, flag=FLAG):
+    loaded = load(path, flag)
+    self._tok = loaded.tokenizer
+    self.vocab = loaded.info
+    self.tokens = loaded.tokens
+    self.alphabet = loaded.alphabet
+    self.do_lower_case, _ = lower_case(path)
+    self.pretokenizer = None  # list[str] -> list[str], set by get_tokenizer from the settings
+
+  def _ids(self, texts):
+    encodings = self._tok.encode_batch_fast([_text(t) for t in texts], add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def encode(self, texts):
+    """list[str | bytes] -> list[list[int]], after the pre-tokenizer; no [CLS]/[SEP] added."""
+    if isinstance(texts, (str, bytes)):
+      raise TypeError("encode takes a list of strings; wrap a single string in a list.")
+    out = []
+    for start in range(0, len(texts), _BATCH):
+      batch = [_text(t) for t in texts[start:start + _BATCH]]
+      if self.pretokenizer is not None:
+        batch = self.pretokenizer(batch)
+      out.extend(self._ids(batch))
+    return out
+
+  def tokenize(self, texts):
+    """tf.Tensor[string] [N] -> tf.RaggedTensor int32 [N, (tokens)].
+
+    Not TF ops, unlike the other kinds: the `tokenizers` library runs in a tf.py_function (its
+    Rust code is the reference; no tensorflow-text op reads a tokenizer.json), so a graph that
+    uses it cannot be saved as a SavedModel. The pre-tokenizer is not applied (as the others).
+    """
+    from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+
+    def ids(texts):
+      rows = self._ids([bytes(t) for t in texts.numpy()])
+      flat = np.fromiter((i for r in rows for i in r), np.int32)
+      return flat, np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    values, splits = tf.py_function(ids, [tf.convert_to_tensor(texts, tf.string)],
+                                    [tf.int32, tf.int64])
+    values.set_shape([None])
+    splits.set_shape([None])
+    return tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+
+  def id_to_token(self, ids):
+    return [self.tokens[int(i)] for i in ids]
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning (build_vocab --output=*.json).
+# ----------------------------------------------------------------------------------------------
+def learn(lines, vocab_size, *, model_type, byte_level, lower_case, initial_alphabet=()):
+  """Learns a tokenizer.json from `lines`; returns (its text, its number of ids).
+
+  model_type "bpe" | "unigram"; byte_level (BPE only): the 256-byte alphabet and the ByteLevel
+  pre-tokenizer, else NFKC + Metaspace over characters. lower_case adds a Lowercase normalizer
+  (no NFD and no accent stripping, so Hangul stays whole either way).
+  """
+  from tokenizers import AddedToken, Tokenizer  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+  specials = [AddedToken(t, special=True, lstrip=(t == "[MASK]")) for t in SPECIALS]
+  steps = [] if byte_level else [normalizers.NFKC()]
+  steps += [normalizers.Lowercase()] if lower_case else []
+  if model_type == "bpe":
+    tok = Tokenizer(models.BPE(unk_token=None if byte_level else "[UNK]"))
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else list(initial_alphabet)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=alphabet, show_progress=False)
+  elif model_type == "unigram" and not byte_level:
+    tok = Tokenizer(models.Unigram())
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                      unk_token="[UNK]", initial_alphabet=list(initial_alphabet),
+                                      show_progress=False)
+  else:
+    raise ValueError(f"learn(model_type={model_type!r}, byte_level={byte_level}): a bug in "
+                     "the caller (build_vocab checks the flags).")
+  if steps:
+    tok.normalizer = normalizers.Sequence(steps) if len(steps) > 1 else steps[0]
+  if byte_level:
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+  else:
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SPACE, prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement=META_SPACE, prepend_scheme="always")
+  tok.train_from_iterator(lines, trainer, length=len(lines))
+  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1",
+      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  return tok.to_str(), tok.get_vocab_size(with_added_tokens=True)
