@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import cli
-from bert_jax import electra
+from bert_jax import families
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import inference
@@ -149,11 +149,8 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
     raise ExtractError(f"--max_seq_length={max_seq_length} exceeds the model's "
                        f"max_position_embeddings={model_config.max_position_embeddings}.")
   arrays, per_line, truncated = build_inputs(inputs, tokenizer, max_seq_length)
-  if model_config.family == "electra":   # the discriminator's body: BertModel's, no pooler
-    model = electra.ElectraBody(model_config)
-    method = model.model_outputs
-  else:
-    model, method = model_lib.BertModel(model_config), None
+  # The family's body (BertModel; ELECTRA's discriminator body, no pooler) and its method.
+  model, method = families.get(model_config.family).features_model(model_config)
 
   @jax.jit
   def forward(params, input_ids, input_mask, segment_ids):
@@ -259,13 +256,9 @@ def main(argv):
                                    spm_model_file=FLAGS.spm_model_file,
                                    do_lower_case=FLAGS.do_lower_case)
   print(f"loaded {m.description}", flush=True)
-  if m.config.family == "electra":
-    print(f"ELECTRA: features of the discriminator (params['bert']: {m.config.num_layers} "
-          f"layers of width {m.config.hidden_size}); the generator is not used", flush=True)
-  elif m.config.family == "distilbert":   # BertModel without token types: segment ids unused
-    print(f"DistilBERT: features of params['bert'] ({m.config.num_layers} layers of width "
-          f"{m.config.hidden_size}; no token types: a pair's segment_ids are recorded, not "
-          "embedded)", flush=True)
+  note = families.get(m.config.family).describe(m.config, "features")
+  if note:   # which network the features come from (ELECTRA: the discriminator)
+    print(note, flush=True)
   cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
   layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,

@@ -4,12 +4,10 @@ r"""Fine-tuning BERT end to end on GLUE, SQuAD, CoNLL-2003 NER or SWAG: one loop
       --config.init_checkpoint=gs://BUCKET/bert-base --config.vocab_file=vocab.txt \
       --config.data_dir=glue_data/MRPC --workdir=runs/mrpc
 
---config.init_checkpoint may be an ELECTRA (its pre-training workdir, a converted pair, or a
-transformers discriminator folder): the discriminator is fine-tuned (params["bert"], no pooler;
-[CLS] tasks get ELECTRA's dense + GELU head, heads.ElectraClassificationHead), and the run says
-so. A DistilBERT (its distillation workdir, an export, or a transformers DistilBertForMaskedLM /
-DistilBertModel folder) fine-tunes params["bert"] (no token types, no pooler); [CLS] tasks get
-transformers' pre_classifier + ReLU + classifier head (heads._distilbert_cls_logits).
+--config.init_checkpoint may be any family's checkpoint (its pre-training workdir, an export or a
+transformers folder): params["bert"] is fine-tuned under the family's head on [CLS]
+(bert_jax/families/<name>.py: an ELECTRA's discriminator gets transformers' dense + GELU head, a
+DistilBERT transformers' pre_classifier + ReLU + classifier), and the run says so.
 Task-specific distillation (classification): --config.distill_teacher=RUN/best_epoch{N} (a
 fine-tuned teacher of the same task and vocab, e.g. BERT-base teaching a DistilBERT) adds its
 soft labels (--config.distill_temperature, --config.distill_alpha; ft.distill_loss_fn); the
@@ -47,6 +45,7 @@ import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
+from bert_jax import families
 from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
@@ -231,40 +230,13 @@ def load_init_checkpoint(config):
                       f"(top-level keys {sorted(pre.params_meta)}).")
   if jax.process_index() == 0:
     print(f"init_checkpoint: {found.description}", flush=True)
-    if found.config.family == "electra":
-      print(electra_line(found.config, pre, config.do_train), flush=True)
-    elif found.config.family == "distilbert":
-      print(distilbert_line(found.config, pre, config.do_train), flush=True)
+    note = families.get(found.config.family).describe(found.config, "finetune",
+                                                      tuple(pre.params_meta), config.do_train)
+    if note:   # what of the checkpoint the family fine-tunes (ELECTRA: the discriminator)
+      print(note, flush=True)
   return (found.tokenizer, pre._replace(path=config.init_checkpoint),
           ckpt_lib.config_from_checkpoint(found.config, overrides,
                                           f"init_checkpoint={config.init_checkpoint}"))
-
-
-def electra_line(model_config, pre, do_train):
-  """What fine-tuning takes from an ELECTRA checkpoint: the discriminator (heads.py)."""
-  if not do_train:   # evaluating a fine-tuned export: body and head as they are
-    return (f"ELECTRA: evaluating the discriminator with its fine-tuned head "
-            f"({', '.join(sorted(set(pre.params_meta) - {'bert'}))})")
-  rest = sorted(set(pre.params_meta) - {"bert"})
-  return (f"ELECTRA: fine-tuning the discriminator: params['bert'] (embeddings + "
-          f"{model_config.num_layers} layers of width {model_config.hidden_size}; ELECTRA has no "
-          "pooler)" + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task "
-          "gets ELECTRA's head, new (dense + GELU on [CLS], then the output layer: "
-          "heads.ElectraClassificationHead)")
-
-
-def distilbert_line(model_config, pre, do_train):
-  """What fine-tuning takes from a DistilBERT checkpoint: its BertModel body (heads.py)."""
-  rest = sorted(set(pre.params_meta) - {"bert"})
-  if not do_train:   # evaluating a fine-tuned export: body and head as they are
-    return f"DistilBERT: evaluating params['bert'] with its fine-tuned head ({', '.join(rest)})"
-  return (f"DistilBERT: fine-tuning params['bert'] (embeddings + {model_config.num_layers} "
-          f"layers of width {model_config.hidden_size}; no token types: a pair is [CLS] a [SEP] "
-          "b [SEP] without segment embeddings; no pooler)"
-          + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task gets "
-          "DistilBERT's head, new (pre_classifier dense + ReLU on [CLS], dropout "
-          f"{heads.DISTILBERT_SEQ_CLASSIF_DROPOUT:g}, "
-          "classifier: as transformers' DistilBertForSequenceClassification)")
 
 
 def load_splits(task, tokenizer, config):

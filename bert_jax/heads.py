@@ -8,18 +8,11 @@
   multiple_choice   [B, C, T] flattened to [B*C, T], dropout  [B, C] logits (one score per
                     + dense(1) on each pooled [CLS]          choice, softmax over choices)
 
-ELECTRA (config.family == "electra") fine-tunes its discriminator: `bert` is the discriminator's
-body (electra.ElectraBody: embeddings + encoder, no pooler, exactly params["bert"] of an ELECTRA
-pre-training checkpoint), and the heads that read [CLS] use ElectraClassificationHead instead of
-BERT's pooler + dense (see its docstring); span and tagging heads are BERT's, as transformers'
-ElectraForQuestionAnswering / ElectraForTokenClassification.
-
-DistilBERT (config.family == "distilbert") fine-tunes its BertModel body (no token-type table,
-no pooler: exactly params["bert"] of a distillation checkpoint); the heads that read [CLS] are
-transformers' DistilBertForSequenceClassification / ForMultipleChoice head ("pre_classifier"
-dense + ReLU, dropout, "classifier": `_distilbert_cls_logits`); span and tagging heads are BERT's.
-Segment ids are passed but unused (type_vocab_size=0): a pair is [CLS] a [SEP] b [SEP] with no
-segment embedding, as transformers' DistilBERT.
+The body and the head on [CLS] are the model family's (bert_jax/families/<name>.py: Family.encode
+and Family.cls_logits): BERT's pooled [CLS] under dropout + dense; ELECTRA's discriminator body
+(no pooler) under transformers' ElectraClassificationHead; DistilBERT's body (no token types, no
+pooler) under transformers' pre_classifier + ReLU + classifier. Span and tagging heads read the
+sequence output, the same for every family.
 
 Parameter trees are {"bert": <BertModel>, "<head>": {kernel, bias}}, so `params["bert"]` is
 exactly what pre-training (params["bert"] of BertForPreTraining) or conversion provides; the
@@ -31,94 +24,26 @@ compute dtype, for a stable loss.
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax import electra as electra_lib
+from bert_jax import families
 from bert_jax import model as model_lib
+from bert_jax.families import bert as families_bert
 
 # The house Dense (truncated-normal init, logical axes, compute dtype) and activation of model.py.
 _dense = model_lib._dense            # pylint: disable=protected-access
 _activation = model_lib._activation  # pylint: disable=protected-access
-
-
-def _head_dense(config, features, name):
-  return nn.Dense(
-      features, dtype=jnp.float32, param_dtype=config.param_dtype,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.truncated_normal(config.initializer_range), ("embed", "classes")),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",)),
-      name=name)
+_head_dense = families_bert.head_dense
 
 
 def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
-  """The pre-trained body, named "bert", on the inputs: BertModel's outputs (sequence_output,
-  pooled_output, cls_output; DistilBERT's pooled_output is None), or for ELECTRA the
-  discriminator's (sequence_output, cls_output: no pooler).
-  Called inside a head's compact __call__, so the body is that head's submodule."""
-  if config.family == "electra":
-    return electra_lib.ElectraBody(config, name="bert").model_outputs(
-        input_ids, input_mask, segment_ids, **kwargs)
-  return model_lib.BertModel(config, name="bert")(input_ids, input_mask, segment_ids, **kwargs)
-
-
-class ElectraClassificationHead(nn.Module):
-  """ELECTRA's head on [CLS] for sentence (pair) classification, regression and multiple choice:
-  dropout, dense H -> H, GELU, dropout, dense H -> L, on the discriminator's last layer at [CLS].
-
-  ELECTRA pre-trains no pooler (the discriminator's loss is per token), so BERT's tanh pooler
-  would start from random weights; instead this is transformers' ElectraClassificationHead
-  (names `dense`, `out_proj` kept), which ElectraForSequenceClassification fine-tunes, and its
-  ElectraForMultipleChoice head is the same shape (SequenceSummary: [CLS], dense H -> H, GELU,
-  dropout, then dense -> 1). google-research/electra's own fine-tuning puts dropout + one dense
-  on [CLS] (modeling.py pooled_output = sequence_output[:, 0]); transformers' extra H x H layer
-  is the one released ELECTRA classifiers carry, so we follow it. GELU always, as transformers.
-  """
-  config: model_lib.BertConfig
-  num_labels: int
-
-  @nn.compact
-  def __call__(self, cls, deterministic):
-    c = self.config
-    x = nn.Dropout(c.hidden_dropout_prob)(cls, deterministic=deterministic)     # [B, (K,) H]
-    x = _dense(c, c.hidden_size, ("embed", "embed2"), "dense")(x)              # [B, (K,) H]
-    x = _activation("gelu")(x)
-    x = nn.Dropout(c.hidden_dropout_prob)(x, deterministic=deterministic)       # [B, (K,) H]
-    return _head_dense(c, self.num_labels, "out_proj")(x)                       # [B, (K,) L]
-
-
-# transformers' DistilBertConfig.seq_classif_dropout default: the dropout between
-# pre_classifier and classifier in DistilBertForSequenceClassification / ForMultipleChoice (the
-# released DistilBERT classifiers, e.g. distilbert-base-uncased-finetuned-sst-2, are trained with
-# it). Not hidden_dropout_prob (0.1): HF keeps the two apart, and so do we.
-DISTILBERT_SEQ_CLASSIF_DROPOUT = 0.2
-
-
-def _distilbert_cls_logits(config, cls, num_labels, deterministic):
-  """DistilBERT's head on [CLS], as transformers' DistilBertForSequenceClassification:
-  pre_classifier dense H -> H, ReLU, dropout, classifier dense H -> L; the names are HF's, so a
-  fine-tuned tree reads {"bert", "pre_classifier", "classifier"} like HF's {distilbert, ...}.
-
-  Why not BERT's head: DistilBERT has no pooler (Sanh et al. drop it with the token types), so
-  BERT's dropout + dense on the tanh-pooled [CLS] has nothing pre-trained to read; transformers
-  puts this fresh H x H + ReLU layer in the pooler's place (ReLU, not tanh, as HF), and every
-  released DistilBERT classifier carries it. No dropout before pre_classifier, as HF.
-  Called inside the head's compact __call__, so both layers are that head's submodules.
-  """
-  x = _dense(config, config.hidden_size, ("embed", "embed2"), "pre_classifier")(cls)  # [B,(K,)H]
-  x = nn.relu(x)
-  x = nn.Dropout(DISTILBERT_SEQ_CLASSIF_DROPOUT)(x, deterministic=deterministic)     # [B,(K,)H]
-  return _head_dense(config, num_labels, "classifier")(x)                            # [B,(K,)L]
+  """The family's pre-trained body, named "bert", on the inputs (sequence_output, cls_output and,
+  with a pooler, pooled_output). Called inside a head's compact __call__, so the body is that
+  head's submodule."""
+  return families.get(config.family).encode(config, input_ids, input_mask, segment_ids, **kwargs)
 
 
 def _cls_logits(config, out, num_labels, deterministic):
-  """Logits from [CLS]: BERT's dropout + dense "classifier" on the pooled output, ELECTRA's
-  ElectraClassificationHead (also named "classifier") on the last layer's [CLS], or DistilBERT's
-  pre_classifier + ReLU + classifier on the last layer's [CLS] (no pooler either)."""
-  if config.family == "electra":
-    return ElectraClassificationHead(config, num_labels, name="classifier")(
-        out["cls_output"], deterministic)
-  if config.family == "distilbert":
-    return _distilbert_cls_logits(config, out["cls_output"], num_labels, deterministic)
-  x = nn.Dropout(config.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
-  return _head_dense(config, num_labels, "classifier")(x)
+  """Logits from [CLS] by the family's head (its submodules named as transformers names them)."""
+  return families.get(config.family).cls_logits(config, out, num_labels, deterministic)
 
 
 class BertForSequenceClassification(nn.Module):

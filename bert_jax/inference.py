@@ -47,6 +47,7 @@ import os
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax_core import errors
+from bert_jax import families
 from bert_jax_core import files as files_lib
 from bert_jax import model as model_lib
 
@@ -105,35 +106,11 @@ def _parent(path):
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-ELECTRA_PAIR = ("discriminator", "generator")   # python -m bert_jax.convert.electra's output
-
-
-def _is_one_hf_folder(path):
-  files = set(os.listdir(path))
-  return ("config.json" in files and bool(files & set(HF_WEIGHTS))
-          and ckpt_lib.CONFIG_NAME not in files)
-
-
 def is_hf_folder(path):
-  """A local `save_pretrained` folder: config.json beside the weights (and no bert_jax files);
-  or an ELECTRA pair exported by bert_jax.convert.electra (discriminator/ + generator/)."""
-  path = str(path)
-  if "://" in path or not os.path.isdir(path):
-    return False
-  return _is_one_hf_folder(path) or all(
-      os.path.isdir(os.path.join(path, d)) and _is_one_hf_folder(os.path.join(path, d))
-      for d in ELECTRA_PAIR)
-
-
-def _hf_model_type(path):
-  """config.json's model_type of HF folder `path` (an ELECTRA pair: 'electra'), or None."""
-  if all(os.path.isdir(os.path.join(path, d)) for d in ELECTRA_PAIR):
-    path = os.path.join(path, ELECTRA_PAIR[0])
-  try:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-      return json.load(f).get("model_type")
-  except (OSError, ValueError):
-    return None   # the converter reports an unreadable config.json in one line
+  """A local transformers folder some family reads: a save_pretrained folder (config.json beside
+  the weights, no bert_jax files) or a family's set of them (ELECTRA's discriminator/ +
+  generator/); bert_jax/families/."""
+  return families.is_hf_folder(path)
 
 
 def hf_cache_dir(path, *settings):
@@ -162,61 +139,22 @@ def from_hf_folder(path, *, vocab_file=None, do_lower_case=None):
     print(f"{path}: a Hugging Face folder; using its converted copy {target}", flush=True)
     return target
   os.makedirs(os.path.dirname(target), exist_ok=True)
-  if _hf_model_type(path) == "electra":
-    # An ELECTRA discriminator folder (ElectraForPreTraining / ElectraModel), or the pair
-    # folder convert.electra exports: bert_jax/convert/electra.py, discriminator alone if so.
-    from bert_jax.convert import electra as convert_electra  # pylint: disable=g-import-not-at-top
-    meta = convert_electra.convert_for_inference(path, target, vocab_file=vocab_file,
-                                                 do_lower_case=do_lower_case)
-    what = ("an ELECTRA discriminator + generator" if meta["converted_from"]["generator"] else
-            "an ELECTRA discriminator (no generator)")
-    print(f"{path}: a Hugging Face folder, {what}; converted to Orbax in {target} (reused next "
-          "time; bert_jax.convert.electra)", flush=True)
-    return target
-  if _hf_model_type(path) == "distilbert":
-    # DistilBertForMaskedLM / DistilBertModel (bert_jax/convert/distilbert.py); a bare
-    # DistilBertModel gets a fresh MLM head, which the line names (fill-mask would be noise).
-    meta = convert_distilbert_for_inference(path, target, vocab_file=vocab_file,
-                                            do_lower_case=do_lower_case)
-    fresh = meta["initialized_randomly"]
-    what = ("a DistilBertModel (no MLM head: initialised randomly, fill-mask is meaningless; "
-            "fine-tuning and extract_features use its body)" if fresh else
-            "a DistilBertForMaskedLM")
-    print(f"{path}: a Hugging Face folder, {what}; converted to Orbax in {target} (reused next "
-          "time; bert_jax.convert.distilbert)", flush=True)
-    return target
-  convert.convert_to_orbax(path, target, "hf", vocab_file=vocab_file,
-                           do_lower_case=do_lower_case)
-  print(f"{path}: a Hugging Face folder; converted to Orbax in {target} (reused next time; "
-        "`python -m bert_jax.convert` does the same by hand)", flush=True)
+  try:
+    family = families.for_hf_folder(path)
+  except ValueError as e:
+    raise InferenceLoadError(str(e)) from None
+  meta = convert.convert_to_orbax(path, target, "hf", vocab_file=vocab_file,
+                                  do_lower_case=do_lower_case)
+  notes = [family.name]
+  if any(p.startswith("mlm_head/") for p in meta.get("initialized_randomly") or ()):
+    notes.append("no MLM head: initialised randomly, fill-mask is meaningless; fine-tuning and "
+                 "extract_features use its body")
+  if meta.get("generator"):   # ELECTRA's discriminator alone
+    notes.append("no generator: fill-mask needs the discriminator + generator pair")
+  what = f" ({'; '.join(notes)})" if family.name != "bert" or notes[1:] else ""
+  print(f"{path}: a Hugging Face folder{what}; converted to Orbax in {target} "
+        "(reused next time; `python -m bert_jax.convert` does the same by hand)", flush=True)
   return target
-
-
-def convert_distilbert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
-  """A transformers DistilBERT folder -> an Orbax params export with its vocab bundled and its
-  casing recorded (what predict, extract_features and fine-tuning load), as
-  convert.electra.convert_for_inference does for ELECTRA. convert.distilbert.import_hf reads the
-  folder's own tokenizer files; --vocab_file / --do_lower_case, when given, replace what it
-  found (checked against the model's vocab_size by the same reader). Returns meta."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top  (convert imports us)
-  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
-  convert.check_new_output(output)
-  own = os.path.isfile(os.path.join(path, VOCAB_NAME)) or glob.glob(os.path.join(path,
-                                                                               "*.model"))
-  if not own:
-    raise InferenceLoadError(
-        f"{path}: a transformers DistilBERT folder without its tokenizer ({VOCAB_NAME}); save "
-        "the tokenizer into it too (tokenizer.save_pretrained(folder))"
-        + (f", or copy {vocab_file} there as {VOCAB_NAME}." if vocab_file else "."))
-  params, config, meta = convert_distilbert.import_hf(path)
-  if vocab_file or do_lower_case is not None:
-    tok = os.path.join(path, "tokenizer_config.json")
-    meta.update(convert.read_tokenizer_meta(
-        path, vocab_file, config, os.path.join(path, "config.json"), path,
-        formats.read_json(tok, "tokenizer config") if os.path.isfile(tok) else None,
-        do_lower_case))
-  return convert.write_export(output, params, config, meta)
 
 
 def enable_compilation_cache():

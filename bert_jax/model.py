@@ -42,7 +42,6 @@ from flax import linen as nn
 from bert_jax import attention as attention_lib
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
-FAMILIES = ("bert", "albert", "spanbert", "electra", "distilbert")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
 OBJECTIVES = ("mlm", "nsp", "sop", "sbo", "rtd")
 GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
@@ -103,49 +102,52 @@ class BertConfig:
     if self.attention not in attention_lib.BACKENDS:
       raise ValueError(f"BertConfig: attention={self.attention!r} is not one of "
                        f"{attention_lib.BACKENDS}.")
-    if self.family not in FAMILIES:
-      raise ValueError(f"BertConfig: family={self.family!r} is not one of {FAMILIES}.")
+    family = _family(self.family)   # bert_jax/families/: what this family may set
     if self.share_layers not in SHARE_LAYERS:
       raise ValueError(f"BertConfig: share_layers={self.share_layers!r} is not one of "
                        f"{SHARE_LAYERS}.")
     if self.embedding_size < 0:
       raise ValueError(f"BertConfig: embedding_size={self.embedding_size}; expected >= 0 "
                        "(0 = hidden_size, no projection).")
-    if self.family not in ("albert", "electra") and self.embedding_size:
+    if self.embedding_size and not family.factorised_embeddings:
       raise ValueError(f"BertConfig: family={self.family!r} with embedding_size="
-                       f"{self.embedding_size}; factorised embeddings are ALBERT's and "
-                       "ELECTRA's: set family='albert' (or 'electra').")
-    if self.family != "albert" and self.share_layers != "none":
+                       f"{self.embedding_size}; factorised embeddings are "
+                       f"{_families_with('factorised_embeddings')}.")
+    if self.share_layers != "none" and not family.shared_layers:
       raise ValueError(f"BertConfig: family={self.family!r} with share_layers="
-                       f"{self.share_layers!r}; shared layers are ALBERT's: set family='albert'.")
+                       f"{self.share_layers!r}; shared layers are "
+                       f"{_families_with('shared_layers')}.")
     generator = [getattr(self, f) for f in GENERATOR_FIELDS]
-    if (self.family == "electra") != all(g > 0 for g in generator) or (
-        self.family != "electra" and any(generator)):
+    if family.generator != all(g > 0 for g in generator) or (
+        not family.generator and any(generator)):
       raise ValueError(f"BertConfig: family={self.family!r} with generator sizes {generator} "
-                       f"({', '.join(GENERATOR_FIELDS)}); ELECTRA needs all four > 0, every "
-                       "other family none.")
-    if self.family == "electra" and self.generator_hidden_size % self.generator_num_heads:
-      raise ValueError(f"BertConfig: generator_hidden_size={self.generator_hidden_size} is not "
-                       f"divisible by generator_num_heads={self.generator_num_heads}.")
-    if (self.family == "distilbert") != (self.type_vocab_size == 0) or self.type_vocab_size < 0:
+                       f"({', '.join(GENERATOR_FIELDS)}); the generator is "
+                       f"{_families_with('generator')}, with all four > 0; every other family "
+                       "has none.")
+    if family.token_types != (self.type_vocab_size != 0) or self.type_vocab_size < 0:
+      without = [f for f in _families().REGISTRY.values() if not f.token_types]
       raise ValueError(f"BertConfig: family={self.family!r} with type_vocab_size="
-                       f"{self.type_vocab_size}; DistilBERT has no token types (exactly 0), "
-                       "every other family >= 1.")
-    if self.family == "distilbert" and self.objectives != "mlm":
-      raise ValueError(f"BertConfig: family='distilbert' with objectives={self.objectives!r}; "
-                       "DistilBERT has no pooler and trains MLM only ('mlm'; the distillation "
-                       "parts are bert_jax/distil.py's).")
+                       f"{self.type_vocab_size}; {'/'.join(f.display for f in without)} has no "
+                       f"token types (exactly 0: family={without[0].name!r}), every other "
+                       "family >= 1.")
     parts = self.objective_list
     unknown = [o for o in parts if o not in OBJECTIVES]
     sentence = [o for o in parts if o in ("nsp", "sop")]
     if unknown or "mlm" not in parts or len(sentence) > 1 or len(set(parts)) != len(parts):
       raise ValueError(f"BertConfig: objectives={self.objectives!r}; expected 'mlm' plus at "
                        "most one of nsp/sop, optionally sbo, comma-separated (e.g. 'mlm,sop').")
-    if (self.family == "electra") != ("rtd" in parts) or (
-        self.family == "electra" and set(parts) != {"mlm", "rtd"}):
+    if family.exact_objectives and set(parts) != set(family.exact_objectives):
       raise ValueError(f"BertConfig: family={self.family!r} with objectives="
-                       f"{self.objectives!r}; ELECTRA is exactly 'mlm,rtd' (generator MLM + "
-                       "replaced-token detection) and rtd is ELECTRA's alone.")
+                       f"{self.objectives!r}; {family.display} is exactly "
+                       f"{','.join(family.exact_objectives)!r}.")
+    foreign = [(o, f) for f in _families().REGISTRY.values() if f.name != self.family
+               for o in f.own_objectives if o in parts]
+    if foreign:
+      raise ValueError(f"BertConfig: family={self.family!r} with objectives="
+                       f"{self.objectives!r}; {foreign[0][0]} is {foreign[0][1].display}'s "
+                       f"alone (family={foreign[0][1].name!r}).")
+    if family.check_config:
+      family.check_config(self)
 
   @property
   def objective_list(self) -> tuple:
@@ -158,8 +160,8 @@ class BertConfig:
 
   @property
   def has_pooler(self) -> bool:
-    """DistilBERT has none (its classifier reads the [CLS] hidden state)."""
-    return self.family != "distilbert"
+    """The family's (DistilBERT and ELECTRA have none: their heads read the [CLS] state)."""
+    return _family(self.family).pooler
 
   @property
   def factorised(self) -> bool:
@@ -196,78 +198,44 @@ class BertConfig:
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(BertConfig)}
 
 
-def _miniatures():
-  # The 24 BERT miniatures (Turc et al., 2019): L layers, H hidden, H/64 heads, 4H FFN.
-  return {f"L-{l}_H-{h}": dict(num_layers=l, hidden_size=h, num_heads=h // 64,
-                               intermediate_size=4 * h)
-          for l in (2, 4, 6, 8, 10, 12) for h in (128, 256, 512, 768)}
+def _families():
+  # The registry imports this module (its families build our modules), so we import it lazily.
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
+  return families
 
 
-_ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectives="mlm,sop",
-               hidden_act="gelu_tanh", hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
-_SPANBERT = dict(family="spanbert", objectives="mlm,sbo")
-_DISTILBERT = dict(family="distilbert", objectives="mlm", type_vocab_size=0)
-
-def _electra(layers, hidden, embed, generator_hidden):
-  """ELECTRA (Clark et al. 2020, Table 6; google-research/electra training_utils.get_bert_config
-  and run_pretraining.get_generator_config): a BERT encoder without pooler, H/64 heads, 4H FFN,
-  embeddings E (small: 128 -> H=256; base, large: E=H); the generator has the same depth and
-  1/4 (small, large) or 1/3 (base: round(768/3) = 256) of the width, 4x FFN, max(1, H/64)
-  heads, and shares the embeddings."""
-  return dict(family="electra", objectives="mlm,rtd", num_layers=layers, hidden_size=hidden,
-              num_heads=hidden // 64, intermediate_size=4 * hidden,
-              embedding_size=0 if embed == hidden else embed,
-              generator_hidden_size=generator_hidden, generator_num_layers=layers,
-              generator_num_heads=max(1, generator_hidden // 64),
-              generator_intermediate_size=4 * generator_hidden)
+def _family(name):
+  try:
+    return _families().get(name)
+  except ValueError as e:
+    raise ValueError(f"BertConfig: family={name!r}: {e}") from None
 
 
-PRESETS = {
-    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
-    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
-    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
-    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),
-    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
-    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
-    **_miniatures(),
-    # ALBERT (Lan et al. 2019, Table 1): E=128, all layers shared, SOP; gelu_tanh and no dropout
-    # as the released v2 configs. Parameters at a 30k vocab (AlbertModel = transformers' count
-    # for the same AlbertConfig, tests/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M,
-    # xxlarge 222.6M against the paper's 12M / 18M / 60M / 235M (docs/models.md: the first three
-    # round to it, xxlarge is 5.3% below).
-    **{f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_heads=n,
-                              intermediate_size=4 * h)
-       for name, l, h, n in (("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("base", 12, 768, 12),
-                             ("large", 24, 1024, 16), ("xlarge", 24, 2048, 16),
-                             ("xxlarge", 12, 4096, 64))},
-    # SpanBERT (Joshi et al. 2019): BERT's encoder, span masking, one segment, no NSP, SBO head.
-    "spanbert": dict(_SPANBERT, num_layers=12, hidden_size=768, num_heads=12,
-                     intermediate_size=3072),
-    "spanbert-large": dict(_SPANBERT, num_layers=24, hidden_size=1024, num_heads=16,
-                           intermediate_size=4096),
-    "spanbert-tiny": dict(_SPANBERT, num_layers=2, hidden_size=128, num_heads=2,
-                          intermediate_size=512),
-    "spanbert-mini": dict(_SPANBERT, num_layers=4, hidden_size=256, num_heads=4,
-                          intermediate_size=1024),
-    # DistilBERT (Sanh et al. 2019; bert_jax/distil.py): BERT-base halved in depth, no token types,
-    # no pooler; 66,362,880 parameters (DistilBertModel), 66,985,530 with the MLM head
-    # (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/distil_test.py).
-    # tiny / mini: the tiny / mini BERT presets halved in depth (students of those teachers).
-    **{f"distilbert-{name}": dict(_DISTILBERT, num_layers=l, hidden_size=h, num_heads=h // 64,
-                                  intermediate_size=4 * h)
-       for name, l, h in (("tiny", 1, 128), ("mini", 2, 256), ("base", 6, 768))},
-    # ELECTRA (bert_jax/electra.py): electra-{tiny,mini,small,base,large}.
-    **{f"electra-{name}": _electra(*sizes) for name, sizes in (
-        ("tiny", (2, 128, 64, 32)), ("mini", (4, 256, 128, 64)), ("small", (12, 256, 128, 64)),
-        ("base", (12, 768, 768, 256)), ("large", (24, 1024, 1024, 256)))},
-}
+def _families_with(field, value=True):
+  """ "albert's: set family='albert'" (or "... (or 'electra')"): the families with `field`."""
+  found = [f.name for f in _families().REGISTRY.values() if getattr(f, field) == value]
+  if not found:
+    return "no family's"
+  more = f" (or {', '.join(repr(n) for n in found[1:])})" if found[1:] else ""
+  return f"{'/'.join(found)}'s: set family={found[0]!r}{more}"
+
+
+def __getattr__(name):
+  """PRESETS and FAMILIES, read from the registry each time (a registered family's presets are
+  in it): bert_jax/families/<name>.py declares them."""
+  if name == "PRESETS":
+    return _families().presets()
+  if name == "FAMILIES":
+    return _families().names()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_bert_config(name: str, **overrides) -> BertConfig:
   """A preset by name ("base", "large", "tiny", ..., "L-4_H-256"), with field overrides."""
-  if name not in PRESETS:
-    raise ValueError(f"Unknown BERT model {name!r}; known: {', '.join(PRESETS)}.")
-  return BertConfig(**{**PRESETS[name], **overrides})
+  presets = _families().presets()
+  if name not in presets:
+    raise ValueError(f"Unknown BERT model {name!r}; known: {', '.join(presets)}.")
+  return BertConfig(**{**presets[name], **overrides})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -271,7 +271,6 @@ def check_layerwise_lr_decay(decay, model_config) -> str:
                          "--config.layerwise_lr_decay=1.0.")
   n = model_config.num_layers
   last = f" ... layer_{n - 1} x{decay ** 2:.3g}" if n > 1 else ""
-  pooler = (f", pooler x{decay:g}" if model_config.family not in ("electra", "distilbert")
-            else "")
+  pooler = f", pooler x{decay:g}" if model_config.has_pooler else ""
   return (f"layer-wise learning-rate decay {decay:g} (ELECTRA): embeddings "
           f"x{decay ** (n + 2):.3g}, layer_0 x{decay ** (n + 1):.3g}{last}{pooler}, head x1")

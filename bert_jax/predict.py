@@ -27,10 +27,9 @@ from absl import flags
 from absl import logging
 
 from bert_jax import cli
-from bert_jax import electra
 from bert_jax_core import errors
+from bert_jax import families
 from bert_jax import inference
-from bert_jax import model as model_lib
 
 
 class PredictError(errors.UserError):
@@ -47,34 +46,9 @@ def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
                                            do_lower_case=do_lower_case, python_tokenizer=True)
-  config = predictor.config
-  if config.family == "electra":
-    # ELECTRA's MLM is its generator (the discriminator only tells replaced tokens): fill-mask
-    # runs the generator on the shared embeddings.
-    missing = [k for k in ("bert", "generator", "mlm_head") if k not in predictor.params]
-    if missing:
-      why = predictor.meta.get("generator") or (
-          f"top-level parameters {sorted(predictor.params)}")
-      raise PredictError(f"--init_checkpoint={checkpoint}: an ELECTRA without its generator "
-                         f"({why}); fill-mask needs the generator: pass the pre-training "
-                         "workdir, or the discriminator/ + generator/ folder that python -m "
-                         "bert_jax.convert.electra exports.")
-    predictor.params = jax.tree.map(jnp.asarray, predictor.params)
-    return predictor
-  sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT, DistilBERT)
-  heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
-  if any(h not in predictor.params for h in heads):
-    raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads "
-                       f"({', '.join(heads)}); fill-mask needs a BertForPreTraining checkpoint.")
-  # A converted model whose MLM head was not in its files (a transformers DistilBertModel or
-  # BertModel: convert starts it from random weights and lists it) would fill masks with noise.
-  fresh = [p for p in predictor.meta.get("initialized_randomly") or ()
-           if p.startswith("mlm_head/")]
-  if fresh:
-    raise PredictError(f"--init_checkpoint={checkpoint}: its MLM head was initialised randomly "
-                       f"at conversion ({fresh[0]}, ...: the source had none, e.g. a "
-                       "DistilBertModel); fill-mask needs the ...ForMaskedLM folder or a "
-                       "pre-training workdir.")
+  # What fill-mask needs of this family's checkpoint (BERT: the MLM and sentence heads; ELECTRA:
+  # its generator): bert_jax/families/<name>.py.
+  families.get(predictor.config.family).check_fill_mask(predictor, checkpoint)
   predictor.params = jax.tree.map(jnp.asarray, predictor.params)
   return predictor
 
@@ -100,13 +74,9 @@ def encode(predictor, text_a, text_b=None):
 
 @functools.partial(jax.jit, static_argnums=1)
 def _probabilities(params, config, ids, mask, segments, positions):
-  if config.family == "electra":   # the generator's MLM logits [1, P, V]; no sentence head
-    model = electra.ElectraForPreTraining(config)
-    mlm = model.apply({"params": params}, ids, mask, segments, positions,
-                      method=model.generator_logits)
-    return jax.nn.softmax(mlm, axis=-1), None
-  mlm, nsp = model_lib.BertForPreTraining(config).apply(
-      {"params": params}, ids, mask, segments, positions)
+  # The family's MLM network (ELECTRA: the generator) and sentence head (None without one).
+  mlm, nsp = families.get(config.family).mlm_logits(params, config, ids, mask, segments,
+                                                     positions)
   # [1, P, V], [1, 2]; a model without a sentence head (SpanBERT) has no second output. ALBERT's
   # is sentence order: label 0 = B follows A, as NSP's IsNext.
   return jax.nn.softmax(mlm, axis=-1), None if nsp is None else jax.nn.softmax(nsp, axis=-1)
@@ -176,15 +146,9 @@ def main(argv):
   predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
                    FLAGS.spm_model_file)
   print(f"loaded {predictor.description}")
-  if predictor.config.family == "electra":
-    c = predictor.config
-    print(f"ELECTRA: fill-mask with the generator (the MLM network: {c.generator_num_layers} "
-          f"layers of width {c.generator_hidden_size} on the shared embeddings); the "
-          "discriminator is not used")
-  elif predictor.config.family == "distilbert":
-    c = predictor.config
-    print(f"DistilBERT: fill-mask with its MLM head ({c.num_layers} layers of width "
-          f"{c.hidden_size}; no token types, no sentence-pair head)")
+  note = families.get(predictor.config.family).describe(predictor.config, "predict")
+  if note:   # what of the model fill-mask uses (ELECTRA: the generator)
+    print(note)
   print(format_prediction(predict(predictor, argv[2], FLAGS.text_b, FLAGS.top_k)))
 
 

@@ -25,9 +25,9 @@ import numpy as np
 from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
+from bert_jax import families
+from bert_jax.families import bert as families_bert
 from bert_jax import cli
-from bert_jax import distil
-from bert_jax import electra
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import guard
@@ -100,13 +100,12 @@ def build_training(config, model_config, mesh, teacher=None,
   its teacher, distil.load_teacher's, loaded here once onto the mesh: Steps.frozen)."""
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=config.num_train_steps,
                                            warmup_steps=config.warmup_steps)
-  model, fwd, weights, frozen = model_lib.BertForPreTraining(model_config), forward, None, None
-  if model_config.family == "electra":   # generator + discriminator, one optimizer (electra.py)
-    model, fwd = electra.ElectraForPreTraining(model_config), electra.forward
-  if model_config.family == "distilbert":   # the student; its frozen teacher in the step
-    teacher = teacher or distil.load_teacher(config, model_config)
-    fwd, weights = distil.student_forward(config), distil.loss_weights(config)
-    frozen = distil.frozen_teacher(teacher, dummy_batch(config), mesh, rules)
+  # What the family trains (bert_jax/families/<name>.py): its network, the step's forward, the
+  # loss weights (None: the objectives') and a frozen network in the step (DistilBERT's teacher).
+  family = families.get(model_config.family)
+  model = family.pretraining_model(model_config)
+  fwd, weights, frozen = family.step_parts(config, model_config, teacher, dummy_batch(config),
+                                           mesh, rules)
   loss_fn = functools.partial(pretraining_loss, weights=weights)
   return trainer_lib.build_steps(
       model=model, forward=fwd, loss_fn=loss_fn, eval_fn=lambda out, b: loss_fn(out, b)[1],
@@ -123,29 +122,9 @@ PEAK_TFLOPS = {**{g.device_kind: g.peak_bf16_tflops for g in tpu_specs.GENERATIO
                "NVIDIA H100": 989, "NVIDIA H200": 989, "NVIDIA A100": 312}
 
 
-def model_flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1):
-  """Analytic training FLOPs per sequence: the matmuls, forward + backward = 3 x forward
-  (2 FLOPs a multiply-add); element-wise work (LayerNorm, softmax, GeLU) is not counted.
-
-  Per token: 6 x the L layers' matmul parameters (a shared ALBERT layer is applied L times and
-  costs L times), + attention scores/context 12 x L x T x H, + ALBERT's E -> H embedding
-  projection 6 x E x H. On the masked positions only: the MLM head (transform H -> E, tied
-  decoder E -> V; E = H for BERT) and SpanBERT's SBO head (3H -> H, H -> E, tied decoder). The
-  pooler and the NSP/SOP dense on each of `num_nsp` [CLS] slots (a packed row has K), only when
-  the model has a sentence objective (without one the pooler feeds no loss: XLA drops it).
-  tests/families_train_test.py checks it against the dot products of the traced training step.
-  """
-  h, l, t, i = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size
-  e, v = cfg.embed_dim, cfg.vocab_size
-  per_layer = 4 * h * h + 2 * h * i                         # q,k,v,o + two FFN matrices
-  dense = 6 * l * per_layer * t
-  attention = 12 * l * t * t * h
-  projection = 6 * t * e * h if cfg.factorised else 0   # ALBERT: [E, H]
-  mlm_head = 6 * num_predictions * (h * e + e * v)
-  objectives = cfg.objective_list
-  sbo_head = 6 * num_predictions * (3 * h * h + h * e + e * v) if "sbo" in objectives else 0
-  pooler_nsp = 6 * num_nsp * (h * h + 2 * h) if cfg.sentence_objective else 0
-  return dense + attention + projection + mlm_head + sbo_head + pooler_nsp
+# Analytic training FLOPs per sequence of BERT-style encoders (families/bert.py, where the
+# accounting is written out); a family's own count is its Family.flops_per_sequence.
+model_flops_per_sequence = families_bert.flops_per_sequence
 
 
 def step_flops(config, model_config, layout, teacher=None):
@@ -154,12 +133,10 @@ def step_flops(config, model_config, layout, teacher=None):
   preds, nsp = config.max_predictions_per_seq, 1
   if layout and layout.get("pack"):
     nsp, preds = input_source.packed_widths(config, layout)
-  if model_config.family == "electra":   # both networks
-    return electra.flops_per_sequence(model_config, config.seq_length, preds) * config.batch_size
-  if teacher:   # DistilBERT: the student trained, the teacher's forward
-    return distil.flops_per_sequence(model_config, teacher.model_config, config.seq_length, preds,
-                                     model_flops_per_sequence) * config.batch_size
-  return model_flops_per_sequence(model_config, config.seq_length, preds, nsp) * config.batch_size
+  # Every network the step runs (ELECTRA's two; DistilBERT's student + its teacher's forward).
+  flops = families.get(model_config.family).flops_per_sequence(
+      model_config, config.seq_length, preds, nsp, teacher.model_config if teacher else None)
+  return flops * config.batch_size
 
 
 def device_peak_tflops(devices=None):
@@ -241,8 +218,9 @@ def restore_or_init(manager, t, config, model_config, workdir, latest, teacher=N
   state = t.init_state(jax.random.PRNGKey(config.seed))
   if config.init_checkpoint:
     state = init_from_checkpoint(state, t, config.init_checkpoint, model_config)
-  elif teacher:
-    state = distil.init_student(state, t, config, teacher, model_config.num_layers)
+  elif teacher:   # DistilBERT: the student starts from its teacher's layers
+    state = families.get(model_config.family).init_from_teacher(state, t, config, teacher,
+                                                                 model_config.num_layers)
   return state, 0
 
 
@@ -261,7 +239,7 @@ def check_same_run(manager, latest, model_config, workdir, config, vocab_hash, t
 
 def _check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher):
   meta = ckpt_lib.read_meta(manager, latest)
-  distil.check_teacher(meta, teacher, workdir)
+  families.get(model_config.family).check_teacher(meta, teacher, workdir)
   stored = meta["model_config"]
   if stored != model_config.to_dict():
     diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
@@ -346,7 +324,7 @@ def validate_inputs(config, workdir):
   check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
   vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
-  teacher = distil.load_teacher(config, model_config)
+  teacher = families.get(model_config.family).load_teacher(config, model_config)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
   note = print if jax.process_index() == 0 else (lambda _: None)
   preflight.check_data_contract(train_files, "train_input_files", config, vocab, note,
@@ -535,16 +513,14 @@ def next_commands(config, workdir, step, stopped):
   name = (parts[-2] if parts[-1] == "workdir" and len(parts) > 1 else parts[-1]) or "model"
   further = (f"train further: the same command with --config.num_train_steps={more} (resumes "
              f"from step {step}; the learning-rate decay is stretched to the new total)")
-  family = model_lib.PRESETS.get(config.model_name, {}).get("family")
-  # ELECTRA: fill-mask runs the generator, fine-tuning the discriminator; both networks export
-  # as a pair. DistilBERT exports with its own names and trains further with its teacher.
-  convert = {"electra": "bert_jax.convert.electra", "distilbert": "bert_jax.convert.distilbert"}
-  if family == "distilbert":
-    further += " and the same --config.teacher_checkpoint"
+  # One converter for every family; what a family adds to "train further" (DistilBERT: the
+  # same teacher) is its train_further_note.
+  family = families.of_preset(config.model_name) or families.get("bert")
+  further += family.train_further_note
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
-      f"python -m {convert.get(family, 'bert_jax.convert')} --input={workdir} --output=hf/{name}",
+      f"python -m bert_jax.convert --input={workdir} --output=hf/{name}",
       f"python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
       f"--config.init_checkpoint={workdir} --config.data_dir=DATA --workdir=runs/{name}-ft",
       further,

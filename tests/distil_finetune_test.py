@@ -257,7 +257,7 @@ def test_hf_folders_convert_on_the_fly_and_our_head_is_transformers(tmp_path, mo
   torch, hf_classifier, body_dir, mlm_dir = _hf_folders(tmp_path)
   m = inference.load_for_inference(body_dir)
   printed = capsys.readouterr().out
-  assert "a DistilBertModel (no MLM head: initialised randomly" in printed
+  assert "a Hugging Face folder (distilbert; no MLM head: initialised randomly" in printed
   assert m.config.family == "distilbert" and m.config.type_vocab_size == 0
   # Our classification head with the HF head's weights gives DistilBertForSequenceClassification's
   # logits (torch Linear [out, in] -> our kernel [in, out]).

@@ -82,7 +82,7 @@ def test_distilbert_has_no_token_types_and_no_pooler():
     model_lib.get_bert_config("distilbert-tiny", type_vocab_size=2)
   with pytest.raises(ValueError, match="DistilBERT has no token types"):
     model_lib.get_bert_config("tiny", type_vocab_size=0)
-  with pytest.raises(ValueError, match="trains MLM only"):
+  with pytest.raises(ValueError, match="DistilBERT is exactly 'mlm'"):
     model_lib.get_bert_config("distilbert-tiny", objectives="mlm,nsp")
 
 
@@ -328,7 +328,7 @@ def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
   np.testing.assert_allclose(losses([first, second]), losses([full]), rtol=1e-5)
   last = full["history"]["train"][-1][1]
   assert {"distill_ce_loss", "mlm_loss", "distill_cos_loss"} <= set(last)
-  assert "convert.distilbert" in " ".join(full["summary"]["next"])
+  assert "python -m bert_jax.convert --input=" in " ".join(full["summary"]["next"])
   # The checkpoint: the student alone, the teacher by path and manifest hash.
   d = ckpt_lib.describe(str(tmp_path / "full"))
   assert d.config.family == "distilbert"

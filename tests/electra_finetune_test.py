@@ -138,7 +138,7 @@ def test_predict_fills_masks_with_the_generator(pretrained):
   with pytest.raises(predict.PredictError, match="has no sentence-pair head"):
     predict.predict(predictor, "the cat sat .", "the dog ran .")
   with pytest.raises(predict.PredictError, match="an ELECTRA without its generator .*none: a "
-                                                 "discriminator imported alone.*convert.electra"):
+                                                 "discriminator imported alone.*bert_jax.convert exports"):
     predict.load(alone, vocab_file=vocab_file)
 
 

@@ -39,8 +39,9 @@ def get_config(arg="base"):
     raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
                      "PRESET[,phase2][,fast][,runlocal].")
 
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  family = model_lib.PRESETS.get(preset, {})   # an unknown preset is train's one-line error
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
+  family = families.presets().get(preset, {})   # an unknown preset is train's one-line error
+  recipe = families.of_preset(preset) or families.get("bert")   # bert_jax/families/<name>.py
   c = ml_collections.ConfigDict()
   c.model_name = preset            # see model.get_bert_config: tiny..large or L-{L}_H-{H}
   # Overrides of BertConfig fields (vocab_size is taken from the vocab file when left None).
@@ -65,48 +66,16 @@ def get_config(arg="base"):
   ))
 
   _input_fields(c)
-  c.masking = {"albert": "ngram", "spanbert": "span"}.get(family.get("family"), "token")
-  c.whole_word_masking = family.get("family") in ("albert", "spanbert")  # n-grams / spans of words
+  c.masking = recipe.masking                        # token (BERT) | ngram (ALBERT) | span
+  c.whole_word_masking = recipe.whole_word_masking  # ALBERT's n-grams / SpanBERT's spans of words
   _optimizer_and_loop_fields(c)
   # DistilBERT's teacher (bert_jax/distil.py): a BERT workdir, export or Hugging Face folder;
   # its path and manifest hash go into every checkpoint's meta and resuming checks them.
   c.teacher_checkpoint = ""
-  if family.get("family") == "electra":
-    _electra_recipe(c, preset)
-  if family.get("family") == "distilbert":
-    _distilbert_recipe(c)
+  if recipe.recipe:   # the paper's values of that family (e.g. ELECTRA's Table 6)
+    recipe.recipe(c, preset)
   _apply_variants(c, preset, variants)
   return c
-
-
-def _electra_recipe(c, preset):
-  """ELECTRA's recipe (Clark et al. 2020, Table 6; google-research/electra
-  configure_pretraining.py): small 128 x 128 tokens, lr 5e-4, 1M steps; base 256 x 512, lr 2e-4,
-  766k steps; large 2048 x 512, lr 2e-4, 400k steps, 25% masking. Predictions per sequence as
-  google's int((mask_prob + 0.005) * seq_length): 19 at 128, 79 at 512 (15%), 130 at 512 (25%).
-  The loss weights (MLM 1, RTD 50) are objectives.WEIGHTS."""
-  size = preset.split("-", 1)[1]
-  if size in ("base", "large"):
-    c.seq_length, c.learning_rate = 512, 2e-4
-    c.batch_size, c.num_train_steps = (256, 766_000) if size == "base" else (2048, 400_000)
-    c.masked_lm_prob = 0.15 if size == "base" else 0.25
-  else:   # small, and the test sizes tiny / mini
-    c.seq_length, c.learning_rate, c.batch_size, c.num_train_steps = 128, 5e-4, 128, 1_000_000
-  c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
-
-
-def _distilbert_recipe(c):
-  """DistilBERT (Sanh et al. 2019; transformers examples/research_projects/distillation, train.py
-  and its README's command): the loss 5 x KL at T=2 + 2 x MLM + 1 x cosine, lr 5e-4, no NSP
-  (records from create_pretraining_data --no_nsp), token masking."""
-  c.alpha_ce = 5.0                 # KL(teacher/T || student/T) x T^2 on the masked positions
-  c.alpha_mlm = 2.0                # the student's own MLM cross-entropy
-  c.alpha_cos = 1.0                # 1 - cos(student, teacher) last hidden states, real tokens
-  c.temperature = 2.0              # T of the soft targets
-  # Teacher layer of each student layer, comma-separated; "" = every other one (0, 2, 4, ...;
-  # the paper). HF's extract_distilbert.py took 0,2,4,7,9,11 of BERT-base.
-  c.teacher_layers = ""
-  c.learning_rate = 5e-4
 
 
 def _input_fields(c):

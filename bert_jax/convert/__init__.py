@@ -12,6 +12,7 @@ ignored source variable and every parameter the source lacked (initialised like 
 Outputs are built in a temp directory and renamed into place only when complete.
 """
 
+import collections
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import re
 import numpy as np
 
 from bert_jax import checkpoint as ckpt_lib
-from bert_jax.convert import albert
+from bert_jax import families
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert import sentencepiece_export
@@ -38,11 +39,12 @@ def detect_source(path):
   """
   if os.path.isfile(path + ".index"):
     return "tf"
+  if "," in path and not os.path.exists(path):   # two transformers folders (an ELECTRA pair)
+    return "hf"
   if "://" not in path and not os.path.isdir(path):
     raise ConversionError(f"--input={path}: no such directory or TF checkpoint prefix.")
   files = set(os.listdir(path)) if "://" not in path else set()
-  if "config.json" in files and files & {"model.safetensors", "model.safetensors.index.json",
-                                         "pytorch_model.bin"}:
+  if families.is_hf_folder(path):   # one save_pretrained folder, or a family's pair of them
     return "hf"
   tf_index = any(f.endswith(".index") for f in files)  # google's bert_model.ckpt.index
   # google's TF releases also hold a bert_config.json: an export is bert_config.json + params/.
@@ -63,59 +65,34 @@ def detect_source(path):
 # Source variables -> Flax parameters.
 # ----------------------------------------------------------------------------------------------
 def specs_for(config):
-  """The name table of a model: BERT's (names.py) or ALBERT's (albert.py)."""
-  return albert.specs(config) if config.family == "albert" else names.specs(config)
+  """The name table of a model: its family's (BERT's names.py, ALBERT's albert.py, ...)."""
+  return families.get(config.family).name_table(config)
 
 
-def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
-  """(flat {path: float32 array} for every BertForPreTraining param, report dict).
+def family_of_folder(path):
+  """The family that reads transformers folder `path` (or "DISC,GEN" folders), by model_type."""
+  first = path.split(",", 1)[0] if "," in path and not os.path.exists(path) else path
+  try:
+    return families.for_hf_folder(first)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
 
-  Every source variable is mapped, ignored for a stated reason, or a one-line error.
-  """
-  table = specs_for(config)
-  by_name = {(s.hf if kind == "hf" else s.tf): s for s in table}
-  ignored, casts, flat = {}, {}, {}
-  for name in sorted(source.shapes):
-    shape = source.shapes[name]
-    why = formats.tf_ignored(name) if kind == "tf" else None
-    if why is None and ignore and re.search(ignore, name):
-      why = f"--ignore={ignore}"
-    if why:
-      ignored[name] = why
-      continue
-    spec = by_name.get(name)
-    if spec is None:
-      raise ConversionError(
-          f"{where}: variable {name} (shape {shape}) has no place in BertForPreTraining "
-          "(a fine-tuned head or another architecture?); skip it with --ignore='<regex>'.")
-    expected = spec.source_shape(kind)
-    if shape != expected:
-      raise ConversionError(
-          f"{where}: variable {name} has shape {shape} but {config_file} gives {expected} "
-          f"(hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
-          f"vocab_size={config.vocab_size}); use the config that belongs to this checkpoint.")
-    flat[spec.path] = names.to_flax(spec, formats.as_float32(source.get(name), name, casts),
-                                    kind)
-  for tied_name, (target, get) in source.tied.items():
-    if target in source.shapes and not np.array_equal(get(tied_name), source.get(target)):
-      raise ConversionError(f"{where}: {tied_name} differs from {target}; this model ties the "
-                            "MLM decoder to the word embeddings (and its bias), as BERT does.")
 
-  missing = [s for s in table if s.path not in flat]
-  fatal = [s for s in missing if s.path.startswith("bert/") and not s.path.startswith(
-      "bert/pooler/")]
-  if fatal:
-    s = fatal[0]
-    raise ConversionError(
-        f"{where}: variable {s.hf if kind == 'hf' else s.tf} (expected shape "
-        f"{s.source_shape(kind)} from {config_file}) is missing ({len(fatal)} encoder variables "
-        "missing); num_layers or the layout does not match the checkpoint.")
-  rng = np.random.default_rng(seed)
-  for s in missing:  # pooler (BertForMaskedLM) and heads (BertModel): a fresh init
-    flat[s.path] = fresh_param(s, config.initializer_range, rng)
-  report = {"ignored_variables": ignored, "initialized_randomly": [s.path for s in missing],
-            "cast_to_float32_from": casts, "num_mapped": len(table) - len(missing)}
-  return flat, report
+def family_of_config(config_json, config_file):
+  """The family of a config without a folder to look at (a google TF release): its model_type,
+  else its file name (albert_config.json), else a key only that family writes, else BERT."""
+  kind = config_json.get("model_type")
+  if kind:
+    for f in families.REGISTRY.values():
+      if kind in f.hf_model_types:
+        return f
+    raise ConversionError(f"{config_file}: model_type={kind!r} is not a family bert_jax "
+                          "converts (bert_jax/families/).")
+  for f in families.REGISTRY.values():
+    if any(k in config_json for k in f.config_marker_keys):
+      return f
+  return next((f for f in families.REGISTRY.values()
+               if os.path.basename(config_file) in f.tf_config_names), families.get("bert"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,14 +101,21 @@ def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
 def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=None,
                       do_lower_case=None, gelu="auto", ignore=None, seed=0):
   """Reads a google TF or HF checkpoint; returns (params tree, BertConfig, meta). Writes nothing."""
-  kind = detect_source(path) if source == "auto" else source
+  two = "," in path and not os.path.exists(path)   # an ELECTRA pair: DISC,GEN
+  kind = ("hf" if two else detect_source(path)) if source == "auto" else source
   tokenizer_config = None
+  if kind == "hf":
+    family = family_of_folder(path)
+    if family.import_hf:   # its own names, folders and tokenizer reading (ELECTRA, DistilBERT)
+      return family.import_hf(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
   if kind == "tf":
     prefix = formats.find_tf_checkpoint(path)
     base = os.path.dirname(prefix)
-    config_file = bert_config_file or os.path.join(base, "bert_config.json")
-    if not bert_config_file and os.path.isfile(os.path.join(base, "albert_config.json")):
-      config_file = os.path.join(base, "albert_config.json")   # google-research/albert's name
+    config_file = bert_config_file
+    if not config_file:   # bert_config.json, or a family's own name (albert_config.json)
+      names_here = [n for f in families.REGISTRY.values() for n in f.tf_config_names
+                    if os.path.isfile(os.path.join(base, n))]
+      config_file = os.path.join(base, names_here[-1] if names_here else "bert_config.json")
     config_json = formats.read_json(config_file, "--bert_config_file")
     src = formats.read_tf(prefix)
     where, pre_ignored = prefix, {}
@@ -143,26 +127,14 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     where = os.path.join(path, where) if len(src.files) == 1 else f"{path} ({where})"
   else:
     raise ConversionError(f"--source={kind}: import reads 'tf' or 'hf' checkpoints.")
-  if config_json.get("model_type") == "electra":   # two folders: not this one-input path yet
-    raise ConversionError(f"{config_file}: an ELECTRA network; its discriminator and generator "
-                          "convert together (python -m bert_jax.convert.electra --discriminator=D "
-                          "--generator=G --output=OUT, i.e. convert_to_orbax), and predict, "
-                          "extract_features and finetune read a discriminator folder as it is.")
-  if config_json.get("model_type") == "distilbert":   # its own names (convert/distilbert.py)
-    if kind != "hf":
-      raise ConversionError(f"{config_file}: a DistilBERT config in a TF checkpoint; DistilBERT "
-                            "converts from transformers folders only.")
-    from bert_jax.convert import distilbert  # pylint: disable=g-import-not-at-top
-    return distilbert.import_hf(path)
-  if config_json.get("model_type") == "albert" or "embedding_size" in config_json:
-    # transformers' AlbertModel / AlbertForPreTraining, or google-research/albert's
-    # albert_config.json: the ALBERT table.
-    config, numerics = albert.config_from_json(config_json, config_file, kind)
-    if kind == "hf":
-      src, more = albert.normalise_hf_names(src)
-      pre_ignored = {**pre_ignored, **more}
-  else:
-    config, numerics = formats.bert_config_from_json(config_json, config_file, kind, gelu)
+  family = family_of_config(config_json, config_file)
+  if family.import_hf:   # a TF checkpoint of a family that converts from transformers only
+    raise ConversionError(f"{config_file}: a {family.name} config in a TF checkpoint; "
+                          f"{family.name} converts from transformers folders only.")
+  config, numerics = family.config_from_json(config_json, config_file, kind, gelu)
+  if kind == "hf":   # e.g. ALBERT's transformers names onto the table's
+    src, more = family.normalise_hf_names(src)
+    pre_ignored = {**pre_ignored, **more}
 
   tokenizer_meta = read_tokenizer_meta(base, vocab_file, config, config_file,
                                        where if kind == "tf" else path, tokenizer_config,
@@ -178,10 +150,35 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
 
 
 def convert_to_orbax(path, output, source="auto", **kwargs):
-  """google TF / HF checkpoint -> Orbax params export + vocab.txt. Returns meta."""
+  """google TF / HF checkpoint (any family's; an ELECTRA pair also as "DISC,GEN") -> Orbax params
+  export + its vocab. Returns meta."""
   check_new_output(output)  # before the (slow) read
   params, config, meta = import_checkpoint(path, source, **kwargs)
   return write_export(output, params, config, meta)
+
+
+def summary(meta, config=None):
+  """What a conversion did, in a few lines (the one summary every family's import prints)."""
+  numerics = meta.get("numerics") or {}
+  act = (f"; hidden_act={numerics['hidden_act']} ({numerics.get('hidden_act_note', '')})"
+         if numerics.get("hidden_act") else
+         (f"; hidden_act={config.hidden_act}" if config is not None else ""))
+  mapped = meta.get("num_mapped")
+  lines = [f"  {'mapped ' + str(mapped) + ' parameters; ' if mapped is not None else ''}"
+           f"do_lower_case={meta.get('do_lower_case')} "
+           f"({meta.get('casing_inferred_from', 'not recorded')}){act}"]
+  reasons = collections.Counter((meta.get("ignored_variables") or {}).values())
+  for why, n in sorted(reasons.items()):
+    lines.append(f"  ignored {n} variables: {why}")
+  if meta.get("initialized_randomly"):
+    lines.append(f"  not in the source, initialised randomly: "
+                 f"{', '.join(meta['initialized_randomly'])}")
+  if meta.get("cast_to_float32_from"):
+    dtypes = collections.Counter(meta["cast_to_float32_from"].values())
+    lines.append(f"  cast to float32: {dict(dtypes)}")
+  if meta.get("generator"):   # a note a family's import leaves (ELECTRA without its generator)
+    lines.append(f"  generator: {meta['generator']}")
+  return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,13 +202,9 @@ def export_model_to_hf(m, output, checkpoint):
   """A loaded inference.InferenceModel (from `checkpoint`) -> HF folder `output`."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   check_new_output(output)
-  if m.config.family == "electra":   # two networks, two folders: the pair converter
-    raise ConversionError(f"--input={checkpoint} is an ELECTRA (generator + discriminator); "
-                          f"export it with python -m bert_jax.convert.electra --input={checkpoint} "
-                          f"--output={output}.")
-  if m.config.family == "distilbert":   # DistilBERT's own names and config.json
-    raise ConversionError(f"--input={checkpoint} is a DistilBERT; export it with python -m "
-                          f"bert_jax.convert.distilbert --input={checkpoint} --output={output}.")
+  family = families.get(m.config.family)
+  if family.export_hf:   # its own names and folders (ELECTRA: two networks, two folders)
+    return family.export_hf(m, output)
   state = hf_state_dict(m.params, m.config, checkpoint)
   pad_id = m.tokenizer.vocab.pad_id
 
@@ -224,8 +217,7 @@ def export_model_to_hf(m, output, checkpoint):
     os.umask(umask)
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~umask)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-      hf_config = (albert.hf_config_json if m.config.family == "albert" else
-                   formats.hf_config_json)(m.config, pad_id)
+      hf_config = family.hf_config_json(m.config, pad_id)
       json.dump(hf_config, f, indent=2, sort_keys=True)
     if m.spm_model_file:  # tokenizer.json (PreTrainedTokenizerFast) with the same ids
       sentencepiece_export.write_tokenizer_files(tmp, m.spm_model_file,

@@ -6,23 +6,30 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   python -m bert_jax.convert --input=hf/bert-base-uncased --output=ckpt/bert_base_hf
   # Orbax export, pre-training workdir or step directory (local or gs://) -> Hugging Face
   python -m bert_jax.convert --input=ckpt/bert_base --output=hf/exported
+  # ELECTRA's two transformers folders (or their parent folder) -> one Orbax tree, and back
+  python -m bert_jax.convert --input=hf/electra-disc,hf/electra-gen --output=ckpt/electra
+  python -m bert_jax.convert --input=runs/electra --output=hf/electra   # discriminator/ + generator/
+
+Every family converts through this one command (bert_jax/families/<name>.py says how);
+bert_jax.convert.electra and bert_jax.convert.distilbert remain as aliases.
 
 The direction follows from --input (auto-detected; --source overrides). Every user error is one
 line on stderr and exit code 2 (bert_jax_core.errors).
 """
-
-import collections
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from bert_jax import convert
+from bert_jax import families
 from bert_jax import cli
 from bert_jax_core import errors
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, HF dir, Orbax export or workdir.")
+flags.DEFINE_string("input", None, "TF checkpoint dir/prefix, transformers folder of any family "
+                    "(an ELECTRA pair: its parent folder or DISCRIMINATOR_DIR,GENERATOR_DIR), "
+                    "Orbax export or workdir.")
 flags.DEFINE_string("output", None, "New directory to write (must not exist).")
 flags.DEFINE_enum("source", "auto", ["auto", "tf", "hf", "orbax"], "Format of --input.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the one beside --input).")
@@ -41,22 +48,6 @@ flags.DEFINE_string("ignore", None, "Regex of extra source variables to skip (re
 flags.DEFINE_integer("seed", 0, "Init seed for parameters the source lacks (pooler/heads).")
 
 
-def _summary(meta):
-  lines = [f"  mapped {meta['num_mapped']} parameters; do_lower_case={meta['do_lower_case']} "
-           f"({meta['casing_inferred_from']}); hidden_act={meta['numerics']['hidden_act']} "
-           f"({meta['numerics']['hidden_act_note']})"]
-  reasons = collections.Counter(meta["ignored_variables"].values())
-  for why, n in sorted(reasons.items()):
-    lines.append(f"  ignored {n} variables: {why}")
-  if meta["initialized_randomly"]:
-    lines.append(f"  not in the source, initialised randomly: "
-                 f"{', '.join(meta['initialized_randomly'])}")
-  if meta["cast_to_float32_from"]:
-    dtypes = collections.Counter(meta["cast_to_float32_from"].values())
-    lines.append(f"  cast to float32: {dict(dtypes)}")
-  return "\n".join(lines)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
@@ -72,14 +63,14 @@ def main(argv):
                                      do_lower_case=FLAGS.do_lower_case)
     print(f"loaded {m.description}", flush=True)   # the step and path, as every loader says
     out = convert.export_model_to_hf(m, FLAGS.output, FLAGS.input)
-    print(f"wrote Hugging Face BertForPreTraining to {out}")
+    print(f"wrote Hugging Face {families.get(m.config.family).hf_class} to {out}")
     return
   print(f"loading the {source} checkpoint {FLAGS.input}", flush=True)
   meta = convert.convert_to_orbax(
       FLAGS.input, FLAGS.output, source, vocab_file=FLAGS.vocab_file,
       bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
       gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
-  print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{_summary(meta)}")
+  print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{convert.summary(meta)}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ no token types and no pooler, as ours.
 """
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -132,6 +133,10 @@ def config_from_json(d, path):
 # ----------------------------------------------------------------------------------------------
 def import_hf(path):
   """(params tree, BertConfig, meta) from a DistilBertForMaskedLM / DistilBertModel folder."""
+  return _import_hf(path, None, None)
+
+
+def _import_hf(path, vocab_file, do_lower_case):
   config_json, raw, _, tokenizer_config = _read(path)
   config_file = os.path.join(path, "config.json")
   config = config_from_json(config_json, config_file)
@@ -165,8 +170,8 @@ def import_hf(path):
   rng = np.random.default_rng(0)
   for s in missing:   # a bare DistilBertModel: the MLM head as model.py initialises it
     flat[s.path] = writing.fresh_param(s, config.initializer_range, rng)
-  tokenizer_meta = writing.read_tokenizer_meta(path, None, config, config_file, path,
-                                               tokenizer_config, None)
+  tokenizer_meta = writing.read_tokenizer_meta(path, vocab_file, config, config_file, path,
+                                               tokenizer_config, do_lower_case)
   meta = {"converted_from": {"format": "hf", "path": os.path.abspath(path),
                              "files": [os.path.basename(f) for f in raw.files]},
           **tokenizer_meta, "ignored_variables": ignored,
@@ -198,12 +203,37 @@ def _read(path):
           formats.read_json(tok, "tokenizer config") if os.path.isfile(tok) else None)
 
 
-def convert_to_orbax(path, output):
+def convert_to_orbax(path, output, *, vocab_file=None, do_lower_case=None):
   """A transformers DistilBERT folder -> an Orbax params export (+ its vocab.txt), usable by
   predict and as a student's --config.init_checkpoint. Returns meta."""
   writing.check_new_output(output)
-  params, config, meta = import_hf(path)
+  params, config, meta = import_with_tokenizer(path, vocab_file=vocab_file,
+                                               do_lower_case=do_lower_case)
   return writing.write_export(output, params, config, meta)
+
+
+def import_with_tokenizer(path, *, vocab_file=None, do_lower_case=None):
+  """import_hf, with --vocab_file / --do_lower_case (when given) replacing the tokenizer the
+  folder's own files name (checked against the model's vocab_size by the same reader)."""
+  own = os.path.isfile(os.path.join(path, writing.VOCAB_NAME)) or glob.glob(
+      os.path.join(path, "*.model"))
+  if not own and not vocab_file:
+    raise ConversionError(
+        f"{path}: a transformers DistilBERT folder without its tokenizer ({writing.VOCAB_NAME}); "
+        "save the tokenizer into it too (tokenizer.save_pretrained(folder)), or pass "
+        "--vocab_file.")
+  if not own:   # import_hf reads the folder's own tokenizer: only the flag's here
+    params, config, meta = _import_hf(path, vocab_file, do_lower_case)
+  else:
+    params, config, meta = import_hf(path)
+    if vocab_file or do_lower_case is not None:
+      tok = os.path.join(path, "tokenizer_config.json")
+      meta.update(writing.read_tokenizer_meta(
+          path, vocab_file, config, os.path.join(path, "config.json"), path,
+          formats.read_json(tok, "tokenizer config") if os.path.isfile(tok) else None,
+          do_lower_case))
+  meta["num_mapped"] = len(specs(config)) - len(meta["initialized_randomly"])
+  return params, config, meta
 
 
 # ----------------------------------------------------------------------------------------------

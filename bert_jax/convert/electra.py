@@ -312,13 +312,36 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
 # ----------------------------------------------------------------------------------------------
 # Orbax (the checkpoints bert_jax trains from and writes).
 # ----------------------------------------------------------------------------------------------
-def convert_to_orbax(discriminator_dir, generator_dir, output):
-  """A transformers pair -> an Orbax params export (checkpoint.save_params layout) usable as
-  --config.init_checkpoint of an electra-* pre-training. Returns meta."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  params, config, meta = import_hf(discriminator_dir, generator_dir)
-  ckpt_lib.save_params(output, params, config, meta)
-  return meta
+def convert_to_orbax(discriminator_dir, generator_dir, output, *, vocab_file=None,
+                     do_lower_case=None):
+  """A transformers pair -> an Orbax params export (checkpoint.save_params layout, the
+  discriminator's vocab bundled) usable as --config.init_checkpoint of an electra-* pre-training,
+  by predict, extract_features and fine-tuning. Returns meta."""
+  writing.check_new_output(output)
+  params, config, meta = import_with_tokenizer(f"{discriminator_dir},{generator_dir}",
+                                               vocab_file=vocab_file, do_lower_case=do_lower_case)
+  return writing.write_export(output, params, config, meta)
+
+
+def import_with_tokenizer(path, *, vocab_file=None, do_lower_case=None):
+  """import_hf of `path`: "DISC,GEN" (two folders), a pair folder (discriminator/ + generator/)
+  or a discriminator folder alone, with the discriminator's tokenizer (its vocab.txt, or
+  --vocab_file, and its casing) recorded as every converted export records it."""
+  if "," in path and not os.path.exists(path):
+    disc, gen = (p.strip() for p in path.split(",", 1))
+    for d in (disc, gen):
+      if not os.path.isfile(os.path.join(d, "config.json")):
+        raise ConversionError(f"--input={path}: {d} is not a transformers folder (no "
+                              "config.json); give DISCRIMINATOR_DIR,GENERATOR_DIR.")
+  else:
+    disc, gen = pair_folders(path)
+  params, config, meta = import_hf(disc, gen)
+  meta.update(writing.read_tokenizer_meta(disc, vocab_file, config,
+                                          os.path.join(disc, "config.json"), disc,
+                                          formats.read_hf(disc)[3], do_lower_case))
+  meta["num_mapped"] = sum(len(t) for t in specs(config).values()) - len(
+      meta["initialized_randomly"])
+  return params, config, meta
 
 
 def pair_folders(path):
@@ -354,11 +377,8 @@ def convert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
   bert_jax.convert.convert_to_orbax writes a BERT folder: what predict, extract_features and
   fine-tuning load (inference.from_hf_folder). Returns meta."""
   writing.check_new_output(output)
-  disc, gen = pair_folders(path)
-  params, config, meta = import_hf(disc, gen)
-  meta.update(writing.read_tokenizer_meta(disc, vocab_file, config,
-                                          os.path.join(disc, "config.json"), disc,
-                                          formats.read_hf(disc)[3], do_lower_case))
+  params, config, meta = import_with_tokenizer(path, vocab_file=vocab_file,
+                                               do_lower_case=do_lower_case)
   return writing.write_export(output, params, config, meta)
 
 
@@ -398,9 +418,10 @@ def main(argv):
           f"(ElectraForMaskedLM)" + ("" if vocab else "; no vocab recorded: pass --vocab_file "
                                      "to write the tokenizer files"))
   else:
-    meta = convert_to_orbax(f.discriminator, f.generator, f.output)
-    print(f"wrote {f.output} (one ELECTRA tree, usable as --config.init_checkpoint); "
-          f"initialised randomly: {meta['initialized_randomly'] or 'nothing'}")
+    meta = convert_to_orbax(f.discriminator, f.generator, f.output, vocab_file=f.vocab_file)
+    print(f"wrote {f.output} (one ELECTRA tree and its {meta.get('vocab_file', 'vocab')}, usable "
+          f"as --config.init_checkpoint); initialised randomly: "
+          f"{meta['initialized_randomly'] or 'nothing'}")
 
 
 def define_flags():

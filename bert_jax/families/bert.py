@@ -1,0 +1,196 @@
+"""BERT (Devlin et al. 2018): the family every other one starts from.
+
+Its record holds the default of every hook (families/__init__.py: a family that leaves a hook None
+gets BERT's): BertForPreTraining trained on MLM + NSP, BertModel's pooled [CLS] under a dropout +
+dense head, fill-mask through the tied MLM head, google TF and transformers `bert` checkpoints by
+the name table of convert/names.py. The RoBERTa recipe is BERT with --config.model.objectives=mlm
+on --no_nsp records (docs/models.md), not a family of its own.
+"""
+
+import os
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bert_jax import families
+from bert_jax import model as model_lib
+
+
+def _miniatures():
+  # The 24 BERT miniatures (Turc et al., 2019): L layers, H hidden, H/64 heads, 4H FFN.
+  return {f"L-{l}_H-{h}": dict(num_layers=l, hidden_size=h, num_heads=h // 64,
+                               intermediate_size=4 * h)
+          for l in (2, 4, 6, 8, 10, 12) for h in (128, 256, 512, 768)}
+
+
+PRESETS = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+    **_miniatures(),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs (train.py's TFLOP/s and MFU, plan's estimates, the benchmarks' equal-compute budgets).
+# ----------------------------------------------------------------------------------------------
+def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
+  """Analytic training FLOPs per sequence: the matmuls, forward + backward = 3 x forward
+  (2 FLOPs a multiply-add); element-wise work (LayerNorm, softmax, GeLU) is not counted.
+
+  Per token: 6 x the L layers' matmul parameters (a shared ALBERT layer is applied L times and
+  costs L times), + attention scores/context 12 x L x T x H, + ALBERT's E -> H embedding
+  projection 6 x E x H. On the masked positions only: the MLM head (transform H -> E, tied
+  decoder E -> V; E = H for BERT) and SpanBERT's SBO head (3H -> H, H -> E, tied decoder). The
+  pooler and the NSP/SOP dense on each of `num_nsp` [CLS] slots (a packed row has K), only when
+  the model has a sentence objective (without one the pooler feeds no loss: XLA drops it).
+  tests/families_train_test.py checks it against the dot products of the traced training step.
+  """
+  del teacher_config
+  h, l, t, i = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size
+  e, v = cfg.embed_dim, cfg.vocab_size
+  per_layer = 4 * h * h + 2 * h * i                         # q,k,v,o + two FFN matrices
+  dense = 6 * l * per_layer * t
+  attention = 12 * l * t * t * h
+  projection = 6 * t * e * h if cfg.factorised else 0   # ALBERT: [E, H]
+  mlm_head = 6 * num_predictions * (h * e + e * v)
+  objectives = cfg.objective_list
+  sbo_head = 6 * num_predictions * (3 * h * h + h * e + e * v) if "sbo" in objectives else 0
+  pooler_nsp = 6 * num_nsp * (h * h + 2 * h) if cfg.sentence_objective else 0
+  return dense + attention + projection + mlm_head + sbo_head + pooler_nsp
+
+
+# ----------------------------------------------------------------------------------------------
+# The pre-training step: no frozen network unless the family distils (bert_jax/distil.py checks
+# that a --config.teacher_checkpoint is not given to a family that does not).
+# ----------------------------------------------------------------------------------------------
+def load_teacher(config, model_config):
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  return distil.load_teacher(config, model_config)
+
+
+def check_teacher(meta, teacher, workdir):
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  distil.check_teacher(meta, teacher, workdir)
+
+
+def init_from_teacher(state, steps, config, teacher, num_layers):
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  return distil.init_student(state, steps, config, teacher, num_layers)
+
+
+def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
+  """(forward, loss weights, frozen network): BERT's forward, the objectives' own weights."""
+  del config, teacher, dummy_batch, mesh, rules
+  return families.get(model_config.family).forward, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Fine-tuning, features and fill-mask.
+# ----------------------------------------------------------------------------------------------
+def head_dense(config, features, name):
+  """A task head's output layer: float32 logits, truncated-normal(0.02) kernel, zero bias."""
+  return nn.Dense(
+      features, dtype=jnp.float32, param_dtype=config.param_dtype,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.truncated_normal(config.initializer_range), ("embed", "classes")),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",)),
+      name=name)
+
+
+def encode(config, input_ids, input_mask, segment_ids, **kwargs):
+  """BertModel, named "bert", in the calling head's compact __call__: sequence_output,
+  pooled_output, cls_output."""
+  return model_lib.BertModel(config, name="bert")(input_ids, input_mask, segment_ids, **kwargs)
+
+
+def cls_logits(config, out, num_labels, deterministic):
+  """BERT's head on [CLS]: dropout + dense "classifier" on the pooled output (BERT paper 4.1)."""
+  x = nn.Dropout(config.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+  return head_dense(config, num_labels, "classifier")(x)
+
+
+def features_model(config):
+  return model_lib.BertModel(config), None
+
+
+def check_fill_mask(predictor, checkpoint):
+  """fill-mask needs the trained MLM head (and the sentence head a pair asks for)."""
+  from bert_jax.predict import PredictError  # pylint: disable=g-import-not-at-top
+  config = predictor.config
+  sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT, DistilBERT)
+  heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
+  if any(h not in predictor.params for h in heads):
+    raise PredictError(f"--init_checkpoint={checkpoint}: has no pre-training heads "
+                       f"({', '.join(heads)}); fill-mask needs a BertForPreTraining checkpoint.")
+  # A converted model whose MLM head was not in its files (a transformers DistilBertModel or
+  # BertModel: convert starts it from random weights and lists it) would fill masks with noise.
+  fresh = [p for p in predictor.meta.get("initialized_randomly") or ()
+           if p.startswith("mlm_head/")]
+  if fresh:
+    raise PredictError(f"--init_checkpoint={checkpoint}: its MLM head was initialised randomly "
+                       f"at conversion ({fresh[0]}, ...: the source had none, e.g. a "
+                       "DistilBertModel); fill-mask needs the ...ForMaskedLM folder or a "
+                       "pre-training workdir.")
+
+
+def mlm_logits(params, config, ids, mask, segments, positions):
+  """(MLM logits [1, P, V], sentence logits [1, 2] or None) of BertForPreTraining."""
+  pretraining = families.get(config.family).pretraining_model(config)
+  return pretraining.apply({"params": params}, ids, mask, segments, positions)
+
+
+def describe(config, purpose, params_keys=(), do_train=True):
+  """An extra line a loader prints about what it uses (None: the load line says it all)."""
+  del config, purpose, params_keys, do_train
+  return None
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers / google TF checkpoints (convert/__init__.py's one-folder import and export).
+# ----------------------------------------------------------------------------------------------
+def hf_config_file(path):
+  """config.json of a transformers save_pretrained folder (weights beside it, no bert_jax
+  export files), or None."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  path = str(path)
+  if "://" in path or not os.path.isdir(path):
+    return None
+  files = set(os.listdir(path))
+  weights = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"}
+  if "config.json" in files and files & weights and ckpt_lib.CONFIG_NAME not in files:
+    return os.path.join(path, "config.json")
+  return None
+
+
+def config_from_json(d, path, kind, gelu="auto"):
+  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
+  return formats.bert_config_from_json(d, path, kind, gelu)
+
+
+def name_table(config):
+  from bert_jax.convert import names  # pylint: disable=g-import-not-at-top
+  return names.specs(config)
+
+
+def hf_config_json(config, pad_token_id=0):
+  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
+  return formats.hf_config_json(config, pad_token_id)
+
+
+FAMILY = families.register(families.Family(
+    name="bert", presets=PRESETS, title="BERT",
+    summary="BERT (Devlin et al. 2018): post-LN encoder, MLM + NSP; the RoBERTa recipe is "
+            "objectives=mlm on --no_nsp records",
+    pretraining_model=model_lib.BertForPreTraining, forward=model_lib.pretraining_outputs,
+    flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
+    check_teacher=check_teacher, init_from_teacher=init_from_teacher, step_parts=step_parts,
+    encode=encode, cls_logits=cls_logits, features_model=features_model,
+    check_fill_mask=check_fill_mask, mlm_logits=mlm_logits, describe=describe,
+    hf_model_types=("bert",), hf_config_file=hf_config_file,
+    tf_config_names=("bert_config.json",), config_from_json=config_from_json,
+    name_table=name_table, normalise_hf_names=lambda source: (source, {}),
+    hf_config_json=hf_config_json))

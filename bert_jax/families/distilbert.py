@@ -1,0 +1,128 @@
+"""DistilBERT (Sanh et al. 2019): a student BERT (half the depth, no token types, no pooler)
+distilled from a frozen teacher in the same step (bert_jax/distil.py holds the teacher, the loss
+parts and the student's initialisation).
+
+What the family declares: its presets and recipe (HF's distillation command), the student's step
+with its frozen teacher and their FLOPs, transformers' DistilBertForSequenceClassification head on
+[CLS], and transformers' DistilBERT names (convert/distilbert.py).
+"""
+
+import dataclasses
+
+from flax import linen as nn
+
+from bert_jax import families
+from bert_jax import model as model_lib
+from bert_jax.families import bert
+
+_DISTILBERT = dict(family="distilbert", objectives="mlm", type_vocab_size=0)
+
+# DistilBERT (Sanh et al. 2019; bert_jax/distil.py): BERT-base halved in depth, no token types, no
+# pooler; 66,362,880 parameters (DistilBertModel), 66,985,530 with the MLM head
+# (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/distil_test.py).
+# tiny / mini: the tiny / mini BERT presets halved in depth (students of those teachers).
+PRESETS = {f"distilbert-{name}": dict(_DISTILBERT, num_layers=l, hidden_size=h, num_heads=h // 64,
+                                      intermediate_size=4 * h)
+           for name, l, h in (("tiny", 1, 128), ("mini", 2, 256), ("base", 6, 768))}
+
+
+def recipe(c, preset):
+  """DistilBERT (Sanh et al. 2019; transformers examples/research_projects/distillation, train.py
+  and its README's command): the loss 5 x KL at T=2 + 2 x MLM + 1 x cosine, lr 5e-4, no NSP
+  (records from create_pretraining_data --no_nsp), token masking."""
+  del preset
+  c.alpha_ce = 5.0                 # KL(teacher/T || student/T) x T^2 on the masked positions
+  c.alpha_mlm = 2.0                # the student's own MLM cross-entropy
+  c.alpha_cos = 1.0                # 1 - cos(student, teacher) last hidden states, real tokens
+  c.temperature = 2.0              # T of the soft targets
+  # Teacher layer of each student layer, comma-separated; "" = every other one (0, 2, 4, ...;
+  # the paper). HF's extract_distilbert.py took 0,2,4,7,9,11 of BERT-base.
+  c.teacher_layers = ""
+  c.learning_rate = 5e-4
+
+
+def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
+  """The student's forward at the config's temperature, the alpha_* weights, and the teacher's
+  parameters loaded once onto the mesh (trainer_lib.build_steps(frozen=))."""
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  teacher = teacher or distil.load_teacher(config, model_config)
+  return (distil.student_forward(config), distil.loss_weights(config),
+          distil.frozen_teacher(teacher, dummy_batch, mesh, rules))
+
+
+def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
+  """The student's training FLOPs plus, with a teacher, the teacher's forward."""
+  if teacher_config is None:
+    return bert.flops_per_sequence(cfg, seq_length, num_predictions, num_nsp)
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
+                                   bert.flops_per_sequence)
+
+
+# transformers' DistilBertConfig.seq_classif_dropout default: the dropout between
+# pre_classifier and classifier in DistilBertForSequenceClassification / ForMultipleChoice (the
+# released DistilBERT classifiers, e.g. distilbert-base-uncased-finetuned-sst-2, are trained with
+# it). Not hidden_dropout_prob (0.1): HF keeps the two apart, and so do we.
+SEQ_CLASSIF_DROPOUT = 0.2
+
+
+def cls_logits(config, out, num_labels, deterministic):
+  """DistilBERT's head on [CLS], as transformers' DistilBertForSequenceClassification:
+  pre_classifier dense H -> H, ReLU, dropout, classifier dense H -> L; the names are HF's, so a
+  fine-tuned tree reads {"bert", "pre_classifier", "classifier"} like HF's {distilbert, ...}.
+
+  Why not BERT's head: DistilBERT has no pooler (Sanh et al. drop it with the token types), so
+  BERT's dropout + dense on the tanh-pooled [CLS] has nothing pre-trained to read; transformers
+  puts this fresh H x H + ReLU layer in the pooler's place (ReLU, not tanh, as HF), and every
+  released DistilBERT classifier carries it. No dropout before pre_classifier, as HF.
+  Called inside the head's compact __call__, so both layers are that head's submodules.
+  """
+  x = model_lib._dense(config, config.hidden_size, ("embed", "embed2"),   # [B, (K,) H]
+                       "pre_classifier")(out["cls_output"])
+  x = nn.relu(x)
+  x = nn.Dropout(SEQ_CLASSIF_DROPOUT)(x, deterministic=deterministic)     # [B, (K,) H]
+  return bert.head_dense(config, num_labels, "classifier")(x)             # [B, (K,) L]
+
+
+def describe(config, purpose, params_keys=(), do_train=True):
+  if purpose == "predict":
+    return (f"DistilBERT: fill-mask with its MLM head ({config.num_layers} layers of width "
+            f"{config.hidden_size}; no token types, no sentence-pair head)")
+  if purpose == "features":   # BertModel without token types: segment ids unused
+    return (f"DistilBERT: features of params['bert'] ({config.num_layers} layers of width "
+            f"{config.hidden_size}; no token types: a pair's segment_ids are recorded, not "
+            "embedded)")
+  rest = sorted(set(params_keys) - {"bert"})
+  if not do_train:   # evaluating a fine-tuned export: body and head as they are
+    return f"DistilBERT: evaluating params['bert'] with its fine-tuned head ({', '.join(rest)})"
+  return (f"DistilBERT: fine-tuning params['bert'] (embeddings + {config.num_layers} "
+          f"layers of width {config.hidden_size}; no token types: a pair is [CLS] a [SEP] "
+          "b [SEP] without segment embeddings; no pooler)"
+          + (f"; not loaded: {', '.join(rest)}" if rest else "") + "; a [CLS] task gets "
+          f"DistilBERT's head, new (pre_classifier dense + ReLU on [CLS], dropout "
+          f"{SEQ_CLASSIF_DROPOUT:g}, "
+          "classifier: as transformers' DistilBertForSequenceClassification)")
+
+
+def import_hf(path, vocab_file=None, do_lower_case=None):
+  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
+  return convert_distilbert.import_with_tokenizer(path, vocab_file=vocab_file,
+                                                  do_lower_case=do_lower_case)
+
+
+def export_hf(m, output):
+  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
+  return convert_distilbert.export_to_hf(
+      m.params, m.config, output, vocab_file=m.vocab_file, do_lower_case=m.do_lower_case,
+      pad_token_id=m.tokenizer.vocab.pad_id)
+
+
+FAMILY = families.register(dataclasses.replace(
+    bert.FAMILY, name="distilbert", presets=PRESETS, title="DistilBERT",
+    summary="DistilBERT (Sanh et al. 2019): a half-depth student distilled from a frozen teacher",
+    token_types=False, pooler=False, exact_objectives=("mlm",), recipe=recipe,
+    step_parts=step_parts, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
+    describe=describe, hf_model_types=("distilbert",), tf_config_names=(),
+    config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,
+    hf_class="DistilBertForMaskedLM",
+    train_further_note=" and the same --config.teacher_checkpoint"))
