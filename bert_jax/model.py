@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bert_jax import attention as attention_lib
+from bert_jax.families import registry as families_registry
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 SHARE_LAYERS = ("none", "all", "attention", "ffn")
@@ -125,7 +126,7 @@ class BertConfig:
                        f"{_families_with('generator')}, with all four > 0; every other family "
                        "has none.")
     if family.token_types != (self.type_vocab_size != 0) or self.type_vocab_size < 0:
-      without = [f for f in _families().REGISTRY.values() if not f.token_types]
+      without = [f for f in _families().registered() if not f.token_types]
       raise ValueError(f"BertConfig: family={self.family!r} with type_vocab_size="
                        f"{self.type_vocab_size}; {'/'.join(f.display for f in without)} has no "
                        f"token types (exactly 0: family={without[0].name!r}), every other "
@@ -140,7 +141,7 @@ class BertConfig:
       raise ValueError(f"BertConfig: family={self.family!r} with objectives="
                        f"{self.objectives!r}; {family.display} is exactly "
                        f"{','.join(family.exact_objectives)!r}.")
-    foreign = [(o, f) for f in _families().REGISTRY.values() if f.name != self.family
+    foreign = [(o, f) for f in _families().registered() if f.name != self.family
                for o in f.own_objectives if o in parts]
     if foreign:
       raise ValueError(f"BertConfig: family={self.family!r} with objectives="
@@ -199,9 +200,9 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(BertConfig)}
 
 
 def _families():
-  # The registry imports this module (its families build our modules), so we import it lazily.
-  from bert_jax import families  # pylint: disable=g-import-not-at-top
-  return families
+  # The table of families (bert_jax/families/registry.py imports nothing of ours; the family
+  # modules import this one and register themselves, loaded by name on the first lookup).
+  return families_registry
 
 
 def _family(name):
@@ -213,7 +214,7 @@ def _family(name):
 
 def _families_with(field, value=True):
   """ "albert's: set family='albert'" (or "... (or 'electra')"): the families with `field`."""
-  found = [f.name for f in _families().REGISTRY.values() if getattr(f, field) == value]
+  found = [f.name for f in _families().registered() if getattr(f, field) == value]
   if not found:
     return "no family's"
   more = f" (or {', '.join(repr(n) for n in found[1:])})" if found[1:] else ""

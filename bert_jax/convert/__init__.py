@@ -83,15 +83,15 @@ def family_of_config(config_json, config_file):
   else its file name (albert_config.json), else a key only that family writes, else BERT."""
   kind = config_json.get("model_type")
   if kind:
-    for f in families.REGISTRY.values():
+    for f in families.registered():
       if kind in f.hf_model_types:
         return f
     raise ConversionError(f"{config_file}: model_type={kind!r} is not a family bert_jax "
                           "converts (bert_jax/families/).")
-  for f in families.REGISTRY.values():
+  for f in families.registered():
     if any(k in config_json for k in f.config_marker_keys):
       return f
-  return next((f for f in families.REGISTRY.values()
+  return next((f for f in families.registered()
                if os.path.basename(config_file) in f.tf_config_names), families.get("bert"))
 
 
@@ -113,7 +113,7 @@ def import_checkpoint(path, source="auto", *, vocab_file=None, bert_config_file=
     base = os.path.dirname(prefix)
     config_file = bert_config_file
     if not config_file:   # bert_config.json, or a family's own name (albert_config.json)
-      names_here = [n for f in families.REGISTRY.values() for n in f.tf_config_names
+      names_here = [n for f in families.registered() for n in f.tf_config_names
                     if os.path.isfile(os.path.join(base, n))]
       config_file = os.path.join(base, names_here[-1] if names_here else "bert_config.json")
     config_json = formats.read_json(config_file, "--bert_config_file")

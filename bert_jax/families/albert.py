@@ -7,7 +7,7 @@ the presets, the recipe's masking, and the checkpoint names (convert/albert.py).
 
 import dataclasses
 
-from bert_jax import families
+from bert_jax.families import registry as families
 from bert_jax.families import bert
 
 _ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectives="mlm,sop",

@@ -12,7 +12,7 @@ import os
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax import families
+from bert_jax.families import registry as families
 from bert_jax import model as model_lib
 
 

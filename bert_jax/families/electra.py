@@ -13,7 +13,7 @@ import os
 from flax import linen as nn
 
 from bert_jax import electra as electra_lib
-from bert_jax import families
+from bert_jax.families import registry as families
 from bert_jax import model as model_lib
 from bert_jax.families import bert
 

@@ -3,7 +3,7 @@ span-boundary objective (model.SpanBoundaryHead); converts and exports with BERT
 
 import dataclasses
 
-from bert_jax import families
+from bert_jax.families import registry as families
 from bert_jax.families import bert
 
 _SPANBERT = dict(family="spanbert", objectives="mlm,sbo")
