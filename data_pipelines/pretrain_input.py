@@ -336,6 +336,46 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     masked_lm_weights, [batch] int32 next_sentence_labels. Packed: packing.PACKED_KEYS. Every
     shape static.
   """
+  _check_arguments(batch_size=batch_size, seq_length=seq_length,
+                   max_predictions_per_seq=max_predictions_per_seq, start_batch=start_batch,
+                   process_index=process_index, process_count=process_count)
+  # expanded=True: file_pattern is expand_file_pattern's list already (the trainer globs once).
+  all_files = list(file_pattern) if expanded else drop_empty_files(
+      expand_file_pattern(file_pattern))[0]
+  global_batch = batch_size * process_count
+  num_shards = num_logical_shards_for(len(all_files), global_batch, num_logical_shards)
+  check_layout(num_shards, num_files=len(all_files), global_batch=global_batch,
+               process_count=process_count)
+  shards = host_shards(num_shards, process_index, process_count)
+  files = [f for j in shards for f in all_files[j::num_shards]]
+  found_premasked, word_boundaries = _records_format(
+      files, seq_length, max_predictions_per_seq, premasked=premasked,
+      masked_lm_prob=masked_lm_prob, whole_word_masking=whole_word_masking,
+      masking_scheme=masking_scheme)
+  cfg = None
+  if not found_premasked:
+    cfg = masking.mask_config_from_vocab(
+        vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
+        whole_word_masking=whole_word_masking, scheme=masking_scheme)
+  s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
+              premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
+              shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
+              rows=global_batch // num_shards, word_boundaries=word_boundaries)
+  if pack:
+    k = max_instances_per_pack or packing.default_max_instances(seq_length)
+    q = (max_predictions_per_seq * k if found_premasked else
+         packing.max_predictions_per_pack(seq_length, k, masked_lm_prob))
+    s = dataclasses.replace(s, pack=True, max_instances=k, max_preds=q, chunk=pack_chunk_size)
+  per_shard = [s.shard_batches(all_files[j::num_shards], j, start_batch) for j in shards]
+  ds = _host_batches(per_shard, span_boundaries)
+  _DATASET_INFO[ds] = dict(files=files, seq_length=seq_length, premasked=found_premasked,
+                           max_predictions_per_seq=max_predictions_per_seq)
+  return ds
+
+
+def _check_arguments(*, batch_size, seq_length, max_predictions_per_seq, start_batch,
+                     process_index, process_count):
+  """One-line errors for sizes and host indices no stream can have (before any file is read)."""
   for name, value in (("batch_size", batch_size), ("seq_length", seq_length),
                       ("max_predictions_per_seq", max_predictions_per_seq)):
     if int(value) < 1:
@@ -349,15 +389,11 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   if not 0 <= process_index < process_count:
     raise InputPipelineError(f"process_index={process_index}, process_count={process_count}: "
                              "expected 0 <= process_index < process_count (jax.process_index()).")
-  # expanded=True: file_pattern is expand_file_pattern's list already (the trainer globs once).
-  all_files = list(file_pattern) if expanded else drop_empty_files(
-      expand_file_pattern(file_pattern))[0]
-  global_batch = batch_size * process_count
-  num_shards = num_logical_shards_for(len(all_files), global_batch, num_logical_shards)
-  check_layout(num_shards, num_files=len(all_files), global_batch=global_batch,
-               process_count=process_count)
-  shards = host_shards(num_shards, process_index, process_count)
-  files = [f for j in shards for f in all_files[j::num_shards]]
+
+
+def _records_format(files, seq_length, max_predictions_per_seq, *, premasked, masked_lm_prob,
+                    whole_word_masking, masking_scheme):
+  """(pre-masked, word boundaries) of this host's records, refusing flags they contradict."""
   found_premasked, word_boundaries = inspect_files(files, seq_length, max_predictions_per_seq)
   if word_boundaries and not whole_word_masking:
     # Records made for whole-word masking and trained without it would mask single Chinese
@@ -379,21 +415,11 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
         f"{files[0]}: records are pre-masked (google-research/bert's create_pretraining_data "
         f"fixed their masks), so --config.{', --config.'.join(ignored)} would be ignored; drop "
         "it, or make unmasked records with python -m data_pipelines.create_pretraining_data.")
-  cfg = None
-  if not found_premasked:
-    cfg = masking.mask_config_from_vocab(
-        vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
-        whole_word_masking=whole_word_masking, scheme=masking_scheme)
-  s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
-              premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
-              shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
-              rows=global_batch // num_shards, word_boundaries=word_boundaries)
-  if pack:
-    k = max_instances_per_pack or packing.default_max_instances(seq_length)
-    q = (max_predictions_per_seq * k if found_premasked else
-         packing.max_predictions_per_pack(seq_length, k, masked_lm_prob))
-    s = dataclasses.replace(s, pack=True, max_instances=k, max_preds=q, chunk=pack_chunk_size)
-  per_shard = [s.shard_batches(all_files[j::num_shards], j, start_batch) for j in shards]
+  return found_premasked, word_boundaries
+
+
+def _host_batches(per_shard, span_boundaries):
+  """This host's batches: its shards' batches side by side (+ SpanBERT's boundaries)."""
   # Host batch = its shards' rows in shard order; hosts hold consecutive shards, so the global
   # batch (hosts in process order) is the same for every host count.
   ds = tf.data.Dataset.zip(tuple(per_shard)).map(_concat_rows)
@@ -402,10 +428,7 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   ds = ds.prefetch(tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.deterministic = True
-  ds = ds.with_options(options)
-  _DATASET_INFO[ds] = dict(files=files, seq_length=seq_length, premasked=found_premasked,
-                           max_predictions_per_seq=max_predictions_per_seq)
-  return ds
+  return ds.with_options(options)
 
 
 @tf.autograph.experimental.do_not_convert
