@@ -22,6 +22,22 @@ Backends (`--config.model.attention=...`):
   auto        the fastest of the above that supports the batch's mask on this platform, else xla
               (`select_backend` returns the choice and the reason for the start-up line).
 
+Sliding-window (local) attention, `window=W` (ModernBERT's local layers, W = 128): each query sees
+the keys with |i - j| <= W // 2 (64), on top of the padding/packing mask, exactly as transformers'
+ModernBERT (config.sliding_window = local_attention // 2; masking_utils'
+sliding_window_bidirectional_overlay: abs(q_idx - kv_idx) <= sliding_window). Instances are
+contiguous in a row, so row distance is distance within the instance. Where it runs:
+  xla         T > 3 x W/2: `local_attention`, blocked (query blocks of W/2 see 3 key blocks), so
+              FLOPs and memory grow as T x 1.5 W rather than T^2 (8,192 tokens, W = 128: 2.3% of
+              the full T x T); shorter rows: the full attention with the window in its mask (the
+              blocked one would compute more). Dropout works on both.
+  splash      LocalMask((T, T), (W/2, W/2)) with the SegmentIds: the kernel skips the
+              128 x 128 tiles the window leaves empty (3 of T/128 per query tile).
+  cudnn       refused: jax.nn.dot_product_attention's cuDNN window in JAX 0.10.2 is left-only
+              (causal models); a two-sided one raises.
+  pallas_gpu  refused: the Pallas GPU mha of JAX 0.10.2 has no window argument.
+A refused window is a one-line AttentionError, never a silent full attention.
+
 What a padding query sees differs between kernels (xla: every real key of a padded row, nothing in
 a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a
 real token (keys are masked) or the loss (heads read real positions only), so the outputs at real
@@ -74,9 +90,22 @@ def platform():
 # ----------------------------------------------------------------------------------------------
 # Choosing a backend (at start-up: every refusal is a one-line error before any compute).
 # ----------------------------------------------------------------------------------------------
+def check_window(window):
+  """None, or ModernBERT's local_attention span: an even number of tokens >= 2 (half each side)."""
+  if window is None:
+    return
+  if isinstance(window, bool) or not isinstance(window, int) or window < 2 or window % 2:
+    raise AttentionError(f"attention window={window!r}: must be an even number of tokens >= 2 "
+                         "(each query sees window/2 keys either side; ModernBERT: 128), or None "
+                         "for global attention.")
+
+
 def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropout,
-                       allow_interpret=False):
-  """None if `backend` can run this configuration, else why not (one phrase)."""
+                       allow_interpret=False, window=None):
+  """None if `backend` can run this configuration, else why not (one phrase).
+
+  window: the local layers' span (see the module docstring), None for global attention.
+  """
   dtype = jnp.dtype(dtype)
   if backend == "xla":
     return None
@@ -88,6 +117,12 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
   interpretable = backend != "cudnn" and platform_name == "cpu" and allow_interpret
   if not (native or interpretable):
     return f"{backend} runs on {'/'.join(_PLATFORMS[backend])}, this is {platform_name}"
+  if window is not None and backend == "cudnn":
+    return (f"a two-sided window ({window} tokens) is not in cuDNN's sliding window through "
+            "jax.nn.dot_product_attention of JAX 0.10.2 (left side only, for causal models)")
+  if window is not None and backend == "pallas_gpu":
+    return (f"a local window ({window} tokens) is not in the Pallas GPU kernel of JAX 0.10.2 "
+            "(jax.experimental.pallas.ops.gpu.attention.mha takes segment ids and causal only)")
   if backend == "cudnn":
     if packed:
       return ("cudnn takes per-row lengths only (no segment ids in jax.nn.dot_product_attention "
@@ -107,21 +142,24 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
 
 
 def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=None,
-                   allow_interpret=False) -> Choice:
-  """The backend to run and why. `dropout` is the attention dropout in force (0 at eval).
+                   allow_interpret=False, window=None) -> Choice:
+  """The backend to run and why. `dropout` is the attention dropout in force (0 at eval);
+  `window` the local layers' span (None: global attention).
 
   An explicit backend that cannot run is an AttentionError; `auto` falls back and says why.
   """
   if requested not in BACKENDS:
     raise AttentionError(f"config.model.attention={requested!r}: use one of {', '.join(BACKENDS)}.")
+  check_window(window)
   platform_name = platform_name or platform()
   why = functools.partial(unsupported_reason, platform_name=platform_name, packed=packed,
                           dtype=dtype, seq_len=seq_len, dropout=dropout,
-                          allow_interpret=allow_interpret)
+                          allow_interpret=allow_interpret, window=window)
   if requested != "auto":
     reason = why(requested)
     if reason:
-      raise AttentionError(f"config.model.attention={requested}: {reason}.")
+      where = f" on the local layers (window {window})" if window is not None else ""
+      raise AttentionError(f"config.model.attention={requested}{where}: {reason}.")
     return Choice(requested, "requested")
   # Preference per platform. GPU: cuDNN's flash kernel first for padded rows (NVIDIA's fused
   # kernel; the Pallas/Triton one is the portable fallback), the Pallas kernel for packed rows
@@ -139,83 +177,156 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   return Choice("xla", "auto fell back: " + "; ".join(refusals))
 
 
-def startup_line(model_config, *, packed, seq_len, platform_name=None):
-  """"attention: <kernel> in training (<why>)[, <kernel> in evaluation (<why>)]" for the log.
+def startup_line(model_config, *, packed, seq_len, platform_name=None, window=None):
+  """"attention: <kernel> in training (<why>)[, <kernel> in evaluation (<why>)]" for the log,
+  then "; local layers (window W): ..." the same for the windowed layers if `window` is set.
 
   Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
   platform_name: the chips the step runs on (default: this host's, see `platform`).
+  window: the local layers' span (ModernBERT's local_attention), None if every layer is global.
   """
   kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
             platform_name=platform_name)
-  train = select_backend(model_config.attention, dropout=model_config.attention_dropout_prob, **kw)
-  evaluation = select_backend(model_config.attention, dropout=0.0, **kw)
-  line = f"attention: {train.backend} in training ({train.reason})"
-  if evaluation.backend != train.backend:
-    line += f", {evaluation.backend} in evaluation ({evaluation.reason})"
+
+  def choices(w):
+    train = select_backend(model_config.attention, dropout=model_config.attention_dropout_prob,
+                           window=w, **kw)
+    evaluation = select_backend(model_config.attention, dropout=0.0, window=w, **kw)
+    text = f"{train.backend} in training ({train.reason})"
+    if evaluation.backend != train.backend:
+      text += f", {evaluation.backend} in evaluation ({evaluation.reason})"
+    return text
+
+  line = "attention: " + choices(None)
+  if window is not None:
+    line += f"; local layers (window {window}): " + choices(window)
   return line
 
 
 # ----------------------------------------------------------------------------------------------
 # The function.
 # ----------------------------------------------------------------------------------------------
-def dot_product_attention(q, k, v, ids, *, packed, backend="xla", dropout_rate=0.0,
+def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, dropout_rate=0.0,
                           dropout_rng=None, deterministic=True, interpret=None):
   """softmax(q k^T / sqrt(D), masked by `ids`) v.  q/k/v [B, T, N, D], ids [B, T] -> [B, T, N, D].
 
+  `window` (an even number of tokens, ModernBERT's 128): also mask keys with |i - j| > window/2.
   `backend` must be concrete (resolve "auto" with `select_backend`). Dropout on the attention
   probabilities (rate `dropout_rate`, key `dropout_rng`) runs when not `deterministic`; only
   `xla` has it, and a fused backend asked for it is an AttentionError, never a silent skip.
   `interpret` (default: on CPU) runs the Pallas kernels in interpret mode (for tests).
   """
   dropout = 0.0 if deterministic else float(dropout_rate)
+  check_window(window)
   if backend == "auto":
     raise AttentionError("dot_product_attention: resolve backend='auto' with select_backend() "
                          "first, so the start-up line can say which kernel runs.")
   if backend == "xla":
-    return xla_attention(q, k, v, ids, packed=packed, dropout_rate=dropout,
+    return xla_attention(q, k, v, ids, packed=packed, window=window, dropout_rate=dropout,
                          dropout_rng=dropout_rng)
   reason = unsupported_reason(backend, platform_name=platform(), packed=packed, dtype=q.dtype,
-                              seq_len=q.shape[1], dropout=dropout, allow_interpret=True)
+                              seq_len=q.shape[1], dropout=dropout, allow_interpret=True,
+                              window=window)
   if reason:
     raise AttentionError(f"attention backend {backend}: {reason}.")
   interpret = platform() == "cpu" if interpret is None else interpret
   kernel = {"cudnn": _cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
-            "splash": functools.partial(_splash, interpret=interpret)}[backend]
+            "splash": functools.partial(_splash, interpret=interpret, window=window)}[backend]
   return _per_shard(kernel, q, k, v, ids)
 
 
-def attention_mask(ids, packed):
+def attention_mask(ids, packed, window=None):
   """Boolean mask broadcastable to [B, N, T, S] (True = may attend).
 
   Padded: [B, 1, 1, S], the key padding mask (exactly the mask model.py always used).
   Packed: [B, 1, T, S], block diagonal: a real query sees the real keys of its own instance; a
   padding query sees nothing and gets uniform weights (finite, and never read: see the module
   docstring).
+  window: also |i - j| <= window // 2 (a [B, 1, T, S] mask either way).
   """
   key_real = ids != 0                                                     # [B, S]
   if not packed:
-    return key_real[:, None, None, :]
-  same = ids[:, :, None] == ids[:, None, :]                               # [B, T, S]
-  return (same & key_real[:, None, :])[:, None]
+    mask = key_real[:, None, None, :]                                     # [B, 1, 1, S]
+  else:
+    same = ids[:, :, None] == ids[:, None, :]                             # [B, T, S]
+    mask = (same & key_real[:, None, :])[:, None]                         # [B, 1, T, S]
+  if window is not None:
+    pos = jnp.arange(ids.shape[1])
+    mask = mask & (jnp.abs(pos[:, None] - pos[None, :]) <= window // 2)   # [B, 1, T, S]
+  return mask
 
 
-def xla_attention(q, k, v, ids, *, packed, dropout_rate=0.0, dropout_rng=None):
+def xla_attention(q, k, v, ids, *, packed, window=None, dropout_rate=0.0, dropout_rng=None,
+                  blocked=None):
   """The reference path. Without dropout: jax.nn.dot_product_attention's XLA implementation
   (scale 1/sqrt(D), float32 softmax). With dropout: the same maths spelt out, so the
-  probabilities can be dropped (as google-research/bert's attention_probs_dropout_prob)."""
-  mask = attention_mask(ids, packed)
+  probabilities can be dropped (as google-research/bert's attention_probs_dropout_prob).
+
+  With a `window`: `local_attention` (blocked) where it computes less than the full T x S, i.e.
+  T > 3 x window/2; `blocked` True/False forces one or the other (tests)."""
+  if dropout_rate > 0 and dropout_rng is None:
+    raise AttentionError("xla attention: dropout_rate > 0 needs a dropout_rng.")
+  if window is not None and (blocked if blocked is not None else
+                             q.shape[1] > 3 * (window // 2)):
+    return local_attention(q, k, v, ids, packed=packed, window=window, dropout_rate=dropout_rate,
+                           dropout_rng=dropout_rng)
+  mask = attention_mask(ids, packed, window)
   if dropout_rate == 0:
     return jax.nn.dot_product_attention(q, k, v, mask=mask)               # [B, T, N, D]
-  if dropout_rng is None:
-    raise AttentionError("xla attention: dropout_rate > 0 needs a dropout_rng.")
   logits = jnp.einsum("BTND,BSND->BNTS", q, k,
                       preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
   logits = jnp.where(mask, logits, _MASK_VALUE)                           # [B, N, T, S]
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  keep_prob = 1.0 - dropout_rate                                          # as flax nn.Dropout
-  keep = jax.random.bernoulli(dropout_rng, p=keep_prob, shape=probs.shape)
-  probs = jax.lax.select(keep, probs / keep_prob, jnp.zeros_like(probs))
+  probs = _dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype), dropout_rate, dropout_rng)
   return jnp.einsum("BNTS,BSND->BTND", probs, v)                         # [B, T, N, D]
+
+
+def _dropout(probs, rate, rng):
+  if rate == 0:
+    return probs
+  keep_prob = 1.0 - rate                                                  # as flax nn.Dropout
+  keep = jax.random.bernoulli(rng, p=keep_prob, shape=probs.shape)
+  return jax.lax.select(keep, probs / keep_prob, jnp.zeros_like(probs))
+
+
+def local_attention(q, k, v, ids, *, packed, window, dropout_rate=0.0, dropout_rng=None):
+  """Sliding-window attention computed block by block: O(T x window), not O(T^2).
+
+  The row is cut into K = ceil(T / W) query blocks of W = window // 2 tokens (ModernBERT: 64);
+  the keys a block's queries can reach (|i - j| <= W) lie in the block and its two neighbours,
+  so each block scores 3W keys: [B, N, K, W, 3W] logits instead of [B, N, T, T]. At T = 8,192
+  and window 128 that is 192 keys per query instead of 8,192 (2.3%). Same mask as
+  `attention_mask(ids, packed, window)` on those keys, float32 logits and softmax as
+  jax.nn.dot_product_attention; a padding query that sees no key gets uniform weights over its
+  3W slots (never read, as the module docstring says).
+  """
+  b, t, n, d = q.shape
+  w = window // 2                                                         # block = half-window
+  nk = -(-t // w)                                                         # K blocks
+  tp = nk * w                                                             # T rounded up to K x W
+  pad = lambda x, lo, hi: jnp.pad(x, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+  q = pad(q, 0, tp - t).reshape(b, nk, w, n, d)                          # [B, K, W, N, D]
+
+  def neighbours(x):
+    """x [B, T, ...] -> [B, K, 3W, ...]: for block i, positions (i - 1) W ... (i + 2) W - 1
+    (out of range: zeros, id 0 = padding, so masked)."""
+    x = pad(x, w, tp - t + w)                                             # [B, W + Tp + W, ...]
+    blocks = [x[:, s * w:s * w + tp].reshape((b, nk, w) + x.shape[2:]) for s in range(3)]
+    return jnp.concatenate(blocks, axis=2)
+
+  k, v, key_ids = neighbours(k), neighbours(v), neighbours(ids)          # [B, K, 3W, (N, D)]
+  q_ids = pad(ids, 0, tp - t).reshape(b, nk, w)                          # [B, K, W]
+  q_pos = jnp.arange(tp).reshape(nk, w)                                  # [K, W]
+  k_pos = q_pos[:, :1] - w + jnp.arange(3 * w)                           # [K, 3W]
+  mask = (jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= w)[None]     # [1, K, W, 3W]
+  mask = mask & (key_ids != 0)[:, :, None, :]                            # [B, K, W, 3W]
+  if packed:
+    mask = mask & (q_ids[:, :, :, None] == key_ids[:, :, None, :])
+  logits = jnp.einsum("BKqND,BKsND->BNKqs", q, k,
+                      preferred_element_type=jnp.float32) / math.sqrt(d)  # [B, N, K, W, 3W]
+  logits = jnp.where(mask[:, None], logits, _MASK_VALUE)
+  probs = _dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype), dropout_rate, dropout_rng)
+  ctx = jnp.einsum("BNKqs,BKsND->BKqND", probs, v)                       # [B, K, W, N, D]
+  return ctx.reshape(b, tp, n, d)[:, :t]                                  # [B, T, N, D]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,18 +357,31 @@ def _pallas_gpu(q, k, v, ids, *, interpret):
                            block_sizes=sizes, interpret=interpret)
 
 
-def _splash(q, k, v, ids, *, interpret):
+def splash_kernel(t, n, *, window=None, interpret=False):
+  """The splash kernel for rows of `t` tokens and `n` heads (its fwd_mask_info.block_mask says
+  which tiles it computes: 0 = skipped)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
-  _, t, n, d = q.shape
-  # 512-wide tiles at seq 512 (one tile per row: the whole T x T block per head), 128 otherwise.
-  blk = 512 if t % 512 == 0 else 128
+  # 512-wide tiles at seq 512 (one tile per row: the whole T x T block per head), 128 otherwise,
+  # and 128 with a window (the finer the tiles, the more of them the window leaves empty).
+  blk = 512 if t % 512 == 0 and window is None else 128
   sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                             block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
                             block_kv_dq=blk)
-  # The static mask is full (bidirectional); SegmentIds carry padding and packing.
-  mask = splash.MultiHeadMask([splash.FullMask((t, t)) for _ in range(n)])
-  kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=interpret)
+  # The static mask is full (bidirectional) or the local window, |i - j| <= window // 2 (the
+  # kernel skips tiles it leaves empty); SegmentIds carry padding and packing on top.
+  if window is None:
+    head = splash.FullMask((t, t))
+  else:
+    head = splash.LocalMask((t, t), window_size=(window // 2, window // 2), offset=0)
+  mask = splash.MultiHeadMask([head for _ in range(n)])
+  return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
+
+
+def _splash(q, k, v, ids, *, interpret, window=None):
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  _, t, n, d = q.shape
+  kernel = splash_kernel(t, n, window=window, interpret=interpret)
   # Splash does not scale the logits; it takes one example, heads first: [N, T, D].
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)                              # [b, n, T, D]
   q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)

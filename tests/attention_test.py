@@ -261,3 +261,176 @@ def test_pallas_gpu_lengths_must_fit_its_tiles(seq_len, ok):
   reason = attention.unsupported_reason("pallas_gpu", platform_name="gpu", packed=True,
                                         dtype="bfloat16", seq_len=seq_len, dropout=0.0)
   assert (reason is None) == ok, reason
+
+
+# ----------------------------------------------------------------------------------------------
+# Sliding-window (local) attention: ModernBERT's local layers (window 128: |i - j| <= 64).
+# ----------------------------------------------------------------------------------------------
+def _brute_force(q, k, v, ids, packed, window):
+  """softmax over the keys each real query may see, one query at a time (float64 numpy)."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  ids = np.asarray(ids)
+  out = np.zeros_like(q)
+  for b, i in zip(*np.nonzero(ids > 0)):
+    j = np.arange(ids.shape[1])
+    sees = (ids[b] > 0) & (np.abs(i - j) <= window // 2)
+    if packed:
+      sees &= ids[b] == ids[b, i]
+    logits = np.einsum("ND,SND->NS", q[b, i], k[b, sees]) / np.sqrt(q.shape[-1])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    out[b, i] = np.einsum("NS,SND->ND", p / p.sum(-1, keepdims=True), v[b, sees])
+  return out
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked", "masked"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_xla_window_equals_brute_force(packed, blocked):
+  # T = 46 is not a multiple of the 4-token blocks (window 8): the last block is padded.
+  t, window = 46, 8
+  q, k, v, _ = _qkv(t, jnp.float32)
+  ids = _ids(t, packed)
+  out = attention.dot_product_attention(q, k, v, ids, packed=packed, window=window) if (
+      blocked) else attention.xla_attention(q, k, v, ids, packed=packed, window=window,
+                                            blocked=False)
+  real = np.asarray(ids > 0)
+  expected = _brute_force(q, k, v, ids, packed, window)
+  np.testing.assert_allclose(np.asarray(out)[real], expected[real], atol=1e-5, rtol=1e-5)
+  # The window matters here: full attention differs.
+  full = attention.dot_product_attention(q, k, v, ids, packed=packed)
+  assert not np.allclose(np.asarray(full)[real], expected[real], atol=1e-3)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_blocked_window_gradients_equal_the_masked_full_attention(packed):
+  t, window = 46, 8
+  q, k, v, cot = _qkv(t, jnp.float32)
+  ids = _ids(t, packed)
+  real = (ids > 0)[:, :, None, None]
+
+  def grads(blocked):
+    loss = lambda q, k, v: jnp.sum(jnp.where(real, attention.xla_attention(
+        q, k, v, ids, packed=packed, window=window, blocked=blocked) * cot, 0.0))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  for name, g, r in zip("qkv", grads(True), grads(False)):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+def test_blocked_window_dropout_drops_probabilities():
+  q, k, v, _ = _qkv(46, jnp.float32)
+  ids = _ids(46, True)
+  kw = dict(packed=True, window=8, dropout_rate=0.5, deterministic=False)
+  a = attention.dot_product_attention(q, k, v, ids, dropout_rng=jax.random.PRNGKey(0), **kw)
+  b = attention.dot_product_attention(q, k, v, ids, dropout_rng=jax.random.PRNGKey(0), **kw)
+  plain = attention.dot_product_attention(q, k, v, ids, packed=True, window=8)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, plain)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_splash_window_equals_xla_float32(packed):
+  # 384 tokens in 128-token tiles with a 32-token window: tiles fully inside, partly inside and
+  # outside the window (skipped), padding and instance boundaries inside windows.
+  t, window = 384, 32
+  q, k, v, cot = _qkv(t, jnp.float32)
+  ids = _ids(t, packed)
+  real = (ids > 0)[:, :, None, None]
+
+  def run(backend):
+    def loss(q, k, v):
+      out = attention.dot_product_attention(q, k, v, ids, packed=packed, backend=backend,
+                                            window=window)
+      return jnp.sum(jnp.where(real, out * cot, 0.0)), out
+    (_, out), g = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    return np.asarray(jnp.where(real, out, 0.0)), g
+
+  out, grads = run("splash")
+  ref, ref_grads = run("xla")
+  np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+  for name, g, r in zip("qkv", grads, ref_grads):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+def _flops(fn, *args):
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
+
+
+def test_windowed_xla_flops_grow_linearly_in_length():
+  # XLA's cost analysis of the compiled attention: the blocked local path scores 3 x 64 keys per
+  # query whatever T (x2 per doubling of T); the full one T keys (x4 per doubling). The masked
+  # full attention with the window in its mask would count the same as full: masking saves no
+  # FLOPs, which is why xla switches to the blocked path.
+  n, d = 2, 16
+  flops = {}
+  for t in (1024, 2048, 4096):
+    x = jnp.zeros((1, t, n, d), jnp.float32)
+    ids = jnp.ones((1, t), jnp.int32)
+    for window in (128, None):
+      flops[t, window] = _flops(lambda q, k, v, i, w=window: attention.dot_product_attention(
+          q, k, v, i, packed=True, window=w), x, x, x, ids)
+  for t in (1024, 2048):
+    assert 1.9 < flops[2 * t, 128] / flops[t, 128] < 2.1, flops
+    assert 3.8 < flops[2 * t, None] / flops[t, None] < 4.2, flops
+  # At 4,096 tokens: the two score einsums, 2 x 2 x T x 192 x N x D, plus the softmax.
+  analytic = 2 * 2 * 4096 * 192 * n * d
+  assert analytic < flops[4096, 128] < 1.3 * analytic, (flops[4096, 128], analytic)
+  assert flops[4096, None] / flops[4096, 128] > 15
+
+
+def test_splash_window_skips_the_tiles_outside_it():
+  # The kernel's static block mask: with window 128 each 128-row query tile reaches 3 key tiles
+  # (2 at the ends), so the computed tiles grow as 3 T / 128, not (T / 128)^2.
+  for t in (1024, 2048, 4096):
+    info = attention.splash_kernel(t, 1, window=128).fwd_mask_info
+    computed = int(np.count_nonzero(np.asarray(info.block_mask)))
+    assert computed == 3 * (t // 128) - 2, (t, computed)
+    full = attention.splash_kernel(t, 1).fwd_mask_info
+    blk = t // np.asarray(full.block_mask).shape[1]
+    assert int(np.count_nonzero(np.asarray(full.block_mask))) * blk ** 2 == t * t
+
+
+@pytest.mark.parametrize("backend,match", [
+    ("cudnn", "left side only"),
+    ("pallas_gpu", "segment ids and causal only"),
+])
+def test_a_gpu_kernel_without_a_two_sided_window_is_refused(backend, match):
+  with pytest.raises(attention.AttentionError, match=match) as e:
+    attention.select_backend(backend, packed=False, dtype="bfloat16", seq_len=512, dropout=0.0,
+                             platform_name="gpu", window=128)
+  assert "\n" not in str(e.value) and "local layers (window 128)" in str(e.value)
+  # And at the call, never a silent full attention (pallas_gpu runs here in interpret mode).
+  q, k, v, _ = _qkv(32, jnp.float32)
+  if backend == "pallas_gpu":
+    with pytest.raises(attention.AttentionError, match=match):
+      attention.dot_product_attention(q, k, v, _ids(32, False), packed=False,
+                                      backend=backend, window=8)
+
+
+@pytest.mark.parametrize("platform,packed,expected", [
+    ("gpu", False, "xla"), ("gpu", True, "xla"), ("tpu", True, "splash"), ("cpu", True, "xla")])
+def test_auto_with_a_window(platform, packed, expected):
+  choice = attention.select_backend("auto", packed=packed, dtype="bfloat16", seq_len=1024,
+                                    dropout=0.0, platform_name=platform, window=128)
+  assert choice.backend == expected, choice
+
+
+@pytest.mark.parametrize("window", [0, 1, 127, -2, 64.0, True])
+def test_a_bad_window_is_a_one_line_error(window):
+  q, k, v, _ = _qkv(32, jnp.float32)
+  with pytest.raises(attention.AttentionError, match=f"window={window!r}: must be an even"):
+    attention.dot_product_attention(q, k, v, _ids(32, True), packed=True, window=window)
+
+
+def test_startup_line_names_the_local_layers_kernel():
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16",
+                                  attention_dropout_prob=0.0)
+  line = attention.startup_line(cfg, packed=True, seq_len=1024, platform_name="gpu", window=128)
+  assert line.startswith("attention: pallas_gpu in training (auto: fastest kernel for packed "
+                         "rows on gpu); local layers (window 128): xla in training (auto fell "
+                         "back: "), line
+  cfg = model_lib.get_bert_config("tiny", attention="cudnn", dtype="bfloat16",
+                                  attention_dropout_prob=0.0)
+  with pytest.raises(attention.AttentionError, match="cudnn on the local layers"):
+    attention.startup_line(cfg, packed=False, seq_len=1024, platform_name="gpu", window=128)
