@@ -274,3 +274,99 @@ def check_layerwise_lr_decay(decay, model_config) -> str:
   pooler = f", pooler x{decay:g}" if model_config.has_pooler else ""
   return (f"layer-wise learning-rate decay {decay:g} (ELECTRA): embeddings "
           f"x{decay ** (n + 2):.3g}, layer_0 x{decay ** (n + 1):.3g}{last}{pooler}, head x1")
+
+
+# ----------------------------------------------------------------------------------------------
+# ModernBERT's recipe (issue 30): StableAdamW and the warmup-stable-decay schedule, 1-sqrt decay.
+# ----------------------------------------------------------------------------------------------
+# StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale
+# vision-language models", Alg. 2) is AdamW whose step is divided, tensor by tensor, by
+# max(1, RMS_t), RMS_t = sqrt(mean(g_t^2 / max(v_hat_t, eps^2))): AdaFactor's update clipping,
+# which replaces global gradient clipping. ModernBERT trains with optimi's StableAdamW
+# (answerdotai/ModernBERT src/optimizer.py, "decoupled_stableadamw" = decouple_lr=True), per
+# tensor and step t, with lr_t the scheduled rate and max_lr the peak:
+#   m_hat, v_hat = Adam's bias-corrected moments (optimi folds the correction into its betas)
+#   lr' = lr_t / max(1, sqrt(mean(g^2 / max(v_hat, eps^2))))
+#   p <- p * (1 - lr' / max_lr * wd)          fully decoupled decay (decouple_lr=True), or
+#   p <- p * (1 - lr' * wd)                   decoupled (AdamW's, decouple_lr=False)
+#   p <- p - lr' * m_hat / (sqrt(v_hat) + eps)
+# As optax: -lr_t / max(1, RMS) x (scale_by_adam + wd' x p), wd' = wd / max_lr or wd. The clip
+# wraps optax's own scale_by_adam + add_decayed_weights and reads v_hat from Adam's state, so the
+# optimizer state is Adam's (no second copy of v). ModernBERT's repo yamls: betas (0.9, 0.98),
+# eps 1e-6, weight decay 1e-5, none on biases and norms (filter_bias_norm_wd); peak lr 8e-4 for
+# base (its paper).
+class _StableState(NamedTuple):
+  inner: optax.OptState        # (ScaleByAdamState, add_decayed_weights' state)
+
+
+def scale_by_stable_adam(b1, b2, eps, weight_decay, mask) -> optax.GradientTransformation:
+  """Adam's bias-corrected m_hat / (sqrt(v_hat) + eps) plus weight_decay x param (masked), the
+  sum divided per tensor by max(1, sqrt(mean(g^2 / max(v_hat, eps^2)))): StableAdamW's update
+  before the learning rate (chain optax.scale_by_learning_rate after it)."""
+  inner = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+                      optax.add_decayed_weights(weight_decay, mask=mask))
+
+  def init(params):
+    return _StableState(inner.init(params))
+
+  def update(grads, state, params=None):
+    updates, new_inner = inner.update(grads, state.inner, params)
+    adam = new_inner[0]                                        # ScaleByAdamState(count, mu, nu)
+    correction = 1.0 - b2 ** adam.count.astype(jnp.float32)    # count: steps including this one
+
+    def clip(u, g, nu):
+      v_hat = nu.astype(jnp.float32) / correction
+      g = g.astype(jnp.float32)
+      rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v_hat, eps * eps)))
+      return (u / jnp.maximum(1.0, rms)).astype(u.dtype)
+    return jax.tree.map(clip, updates, grads, adam.nu), _StableState(new_inner)
+  return optax.GradientTransformation(init, update)
+
+
+def stable_adamw(schedule, *, peak_learning_rate, b1=0.9, b2=0.98, eps=1e-6, weight_decay=1e-5,
+                 decouple_lr=True, mask=decay_mask_fn) -> optax.GradientTransformation:
+  """ModernBERT's optimizer (see the section comment). decouple_lr=True (ModernBERT's): the
+  decay is wd x lr_t / peak_learning_rate per step (the schedule's shape, not its size), so
+  wd=1e-5 means 1e-5 of each weight per step at the peak."""
+  if peak_learning_rate <= 0:
+    raise OptimizerError(f"learning_rate={peak_learning_rate}: must be > 0.")
+  decay = weight_decay / peak_learning_rate if decouple_lr else weight_decay
+  return optax.chain(scale_by_stable_adam(b1, b2, eps, decay, mask),
+                     optax.scale_by_learning_rate(schedule))
+
+
+def create_wsd_schedule(learning_rate: float, warmup_steps: int, decay_steps: int,
+                        num_train_steps: int, final_fraction: float = 0.0) -> optax.Schedule:
+  """Warmup-stable-decay (trapezoidal) with 1-sqrt decay (Hägele et al. 2024), as ModernBERT:
+  linear 0 -> lr over warmup_steps, lr until num_train_steps - decay_steps, then
+  lr x (f + (1 - f)(1 - sqrt(n / decay_steps))) over the last decay_steps (n counted from the
+  decay's start; f = final_fraction), f x lr after (ModernBERT's OneMinusSqrtScheduler).
+
+  E.g. lr 8e-4, warmup 100, decay 400, 1,000 steps, f 0: step 50 -> 4e-4, 100 ... 600 -> 8e-4,
+  700 -> 8e-4 x (1 - sqrt(1/4)) = 4e-4, 1,000 -> 0.
+  """
+  if learning_rate <= 0:
+    raise OptimizerError(f"learning_rate={learning_rate}: must be > 0.")
+  if (num_train_steps <= 0 or warmup_steps < 0 or decay_steps < 0
+      or warmup_steps + decay_steps > num_train_steps):
+    raise OptimizerError(f"warmup_steps={warmup_steps}, decay_steps={decay_steps}, "
+                         f"num_train_steps={num_train_steps}: need warmup_steps + decay_steps <= "
+                         "num_train_steps, none negative, num_train_steps > 0.")
+  if not 0.0 <= final_fraction <= 1.0:
+    raise OptimizerError(f"final_fraction={final_fraction}: the decay ends at this fraction of "
+                         "the peak learning rate, in [0, 1].")
+
+  def decay(n):
+    frac = jnp.clip(jnp.asarray(n, jnp.float32) / max(decay_steps, 1), 0.0, 1.0)
+    return learning_rate * (final_fraction + (1.0 - final_fraction) * (1.0 - jnp.sqrt(frac)))
+
+  stable_end = num_train_steps - decay_steps
+  pieces, boundaries = [], []
+  if warmup_steps:
+    pieces.append(optax.linear_schedule(0.0, learning_rate, warmup_steps))
+    boundaries.append(warmup_steps)
+  pieces.append(optax.constant_schedule(learning_rate))
+  if decay_steps:
+    boundaries.append(stable_end)
+    pieces.append(decay)
+  return optax.join_schedules(pieces, boundaries) if boundaries else pieces[0]
