@@ -434,3 +434,19 @@ def test_startup_line_names_the_local_layers_kernel():
                                   attention_dropout_prob=0.0)
   with pytest.raises(attention.AttentionError, match="cudnn on the local layers"):
     attention.startup_line(cfg, packed=False, seq_len=1024, platform_name="gpu", window=128)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_blocked_window_bfloat16_is_close_to_float32(packed):
+  # bf16 q/k/v (float32 logits and softmax inside, as jax.nn.dot_product_attention) against the
+  # float32 brute force, at real tokens.
+  t, window = 46, 8
+  q, k, v, _ = _qkv(t, jnp.bfloat16)
+  ids = _ids(t, packed)
+  out = attention.dot_product_attention(q, k, v, ids, packed=packed, window=window)
+  assert out.dtype == jnp.bfloat16
+  real = np.asarray(ids > 0)
+  expected = _brute_force(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                          ids, packed, window)
+  np.testing.assert_allclose(np.asarray(out, np.float32)[real], expected[real], atol=BF16_TOL,
+                             rtol=BF16_TOL)
