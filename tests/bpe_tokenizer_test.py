@@ -369,3 +369,13 @@ def test_cli_tokenizer_json_errors_are_one_line(english, tmp_path):
   tok = tokenization.get_tokenizer(tokenizer_json=english["path"])
   assert result.stdout == " ".join(tok.id_to_token(tok.encode(["Returns the value."])[0])) + "\n"
   assert result.stderr == ""
+
+
+def test_bpe_learning_is_deterministic(korean, tmp_path):
+  train = f"{DATA}/korean/1809890.txt,{DATA}/korean/1809891.txt"
+  for name in ("bytes", "chars"):
+    path, meta = korean[name]
+    again = str(tmp_path / f"{name}.json")
+    _, _, meta2 = build_vocab.build(train, 4000, again, model_type="bpe",
+                                    byte_level=name == "bytes")
+    assert meta2["vocab_sha256"] == meta["vocab_sha256"] == files_lib.sha256_file(path)
