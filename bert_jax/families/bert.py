@@ -82,6 +82,12 @@ def init_from_teacher(state, steps, config, teacher, num_layers):
   return distil.init_student(state, steps, config, teacher, num_layers)
 
 
+def planning_teacher(config, model_config):
+  """The teacher bert_jax.plan compiles the step with (shapes only), or None."""
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  return distil.planning_teacher(config, model_config)
+
+
 def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   """(forward, loss weights, frozen network): BERT's forward, the objectives' own weights."""
   del config, teacher, dummy_batch, mesh, rules
@@ -187,7 +193,8 @@ FAMILY = families.register(families.Family(
             "objectives=mlm on --no_nsp records",
     pretraining_model=model_lib.BertForPreTraining, forward=model_lib.pretraining_outputs,
     flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
-    check_teacher=check_teacher, init_from_teacher=init_from_teacher, step_parts=step_parts,
+    check_teacher=check_teacher, init_from_teacher=init_from_teacher,
+    planning_teacher=planning_teacher, step_parts=step_parts,
     encode=encode, cls_logits=cls_logits, features_model=features_model,
     check_fill_mask=check_fill_mask, mlm_logits=mlm_logits, describe=describe,
     hf_model_types=("bert",), hf_config_file=hf_config_file,

@@ -58,6 +58,7 @@ class Family:
   load_teacher: Callable = None         # (config, model_config) -> teacher or None
   check_teacher: Callable = None        # (checkpoint meta, teacher, workdir) -> None
   init_from_teacher: Callable = None    # (state, steps, config, teacher, num_layers) -> state
+  planning_teacher: Callable = None     # (config, model_config) -> teacher as shapes, or None
   step_parts: Callable = None           # (config, model_config, teacher, dummy, mesh, rules)
                                         #   -> (forward, loss weights or None, frozen or None)
 
