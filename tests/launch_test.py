@@ -269,7 +269,8 @@ def test_remote_run_refuses_a_second_start_and_restart_replaces_it(tmp_path):
   assert second.returncode == 1 and f"already running (pid {pid})" in second.stderr
   third = run(*base, "--restart", "--", "true")
   assert third.returncode == 0, third.stderr
-  for _ in range(100):  # the replaced process group is gone, the new command ends with 0
+  for _ in range(600):  # the replaced group is gone, the new command ends with 0 (600 polls: a
+    # loaded box may take seconds; the old 100 polls of 0.1 s were a wall-clock bound)
     if run("bash", script, "status", f"--logdir={tmp_path / 'logs'}").stdout.strip() == "exited 0":
       break
     time.sleep(0.1)
