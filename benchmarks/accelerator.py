@@ -2,8 +2,10 @@ r"""Accelerator throughput of a full pre-training step: real tokens/s, sequences
 
   python -m benchmarks.accelerator                      # both cases, every backend of this chip
   python -m benchmarks.accelerator --cases=large512 --backends=splash --packing=packed
-  python -m benchmarks.accelerator --profile_dir=/tmp/prof   # + a trace of one step
+  python -m benchmarks.accelerator --profile_dir=/tmp/prof   # + traces and where the time went
+  python -m benchmarks.accelerator --peer=torch         # + transformers/PyTorch on the same rows
   python -m benchmarks.accelerator --smoke              # tiny config on CPU, seconds
+  bash benchmarks/gpu_session.sh                        # the H100 session's one call
 
 Cases (bfloat16 compute, float32 parameters and Adam state, AdamW as the presets):
   base128    BERT-base, phase 1: seq 128, global batch 256, 20 predictions per instance
@@ -26,10 +28,21 @@ Printed per run:
   XLA/analytic the compiled step's FLOPs (XLA cost analysis) / the analytic FLOPs of the slots it
                computes (padding included). Fused attention kernels are custom calls that XLA's cost
                analysis does not count, so their runs read low by the attention share.
+The first line gives the date, commit and versions (jax, jaxlib, flax, optax, torch, transformers).
+
+--profile_dir: per run, a trace of --profile_steps steps and the table of where the step's time
+goes (matmuls, attention, LayerNorm/GELU/dropout/softmax fusions, heads, optimizer, copies, idle):
+benchmarks/profile_table.py.
+--peer=torch: transformers' BertForPreTraining trained on the same rows (benchmarks/torch_peer.py,
+its own process, run before ours since JAX holds the GPU's memory once started); its line, and
+the ratios (ours packed / the peer as a user runs it; ours unpacked / the peer: row for row).
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -118,9 +131,9 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
 # ----------------------------------------------------------------------------------------------
 # One run: a case, a packing mode, a backend.
 # ----------------------------------------------------------------------------------------------
-def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None):
-  """The pre-training config, model config, mesh and jitted steps of one run."""
-  from bert_jax import attention, sharding as sharding_lib, train
+def model_config(case, *, packed, dtype, remat, batch, hidden_dropout=None, attention="xla"):
+  """The pre-training config and model config of one run (no device touched)."""
+  from bert_jax import train
   from bert_jax.configs import pretrain
   c = pretrain.get_config(case["model"])
   c.train_input_files = "synthetic"
@@ -129,20 +142,35 @@ def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropo
   c.model.dtype = dtype
   c.model.remat = remat
   c.model.attention_dropout_prob = 0.0
+  c.model.attention = attention
   if hidden_dropout is not None:   # --hidden_dropout: what the dropout masks cost
     c.model.hidden_dropout_prob = hidden_dropout
   if "pack" in c:
     c.pack = packed
+  return c, train.create_model_config(c, train.load_vocab(c))
+
+
+def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None):
+  """The pre-training config, model config, mesh and jitted steps of one run."""
+  from bert_jax import attention, sharding as sharding_lib, train
   choice = attention.select_backend(backend, packed=packed, dtype=dtype, seq_len=case["seq"],
                                     dropout=0.0, allow_interpret=interpret)
-  c.model.attention = choice.backend
-  mc = train.create_model_config(c, train.load_vocab(c))
+  c, mc = model_config(case, packed=packed, dtype=dtype, remat=remat, batch=batch,
+                       hidden_dropout=hidden_dropout, attention=choice.backend)
   mesh = sharding_lib.create_mesh((-1, 1, 1))
   return c, mc, mesh, train.build_training(c, mc, mesh), choice
 
 
+def real_flops(mc, contents, used):
+  """Analytic model FLOPs of the real instances in the batches `used` (each at its own length
+  and predictions), the numerator of MFU for both frameworks."""
+  from bert_jax import train
+  return sum(sum(train.model_flops_per_sequence(mc, int(n), int(p))
+                 for n, p in zip(*contents[i])) for i in used)
+
+
 def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
-        seed=0, hidden_dropout=None):
+        seed=0, hidden_dropout=None, profile_steps_n=3):
   import jax
   from bert_jax import sharding as sharding_lib, train
   c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
@@ -156,29 +184,31 @@ def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret,
     compiled = t.train_step.lower(state, batches[0]).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    seconds, used = time_steps(compiled, state, batches, warmup=warmup, steps=steps)
+    # The step donates its state: carry on with the one the timed steps returned.
+    seconds, used, state = time_steps(compiled, state, batches, warmup=warmup, steps=steps)
+    profile = None
     if profile_dir:
-      state = profile_one_step(compiled, state, batches[0], profile_dir)
+      state, profile = profile_steps(compiled, state, batches, profile_dir, steps=profile_steps_n)
   real_tokens = sum(int(contents[i][0].sum()) for i in used)
   instances = sum(len(contents[i][0]) for i in used)
-  real_flops = sum(sum(train.model_flops_per_sequence(mc, int(n), int(p))
-                       for n, p in zip(*contents[i])) for i in used)
+  flops = real_flops(mc, contents, used)
   width = host[0]["masked_lm_positions"].shape[1]
   slot_flops = train.model_flops_per_sequence(mc, case["seq"], width) * batch
   peak = train.device_peak_tflops()
   return dict(backend=choice.backend, reason=choice.reason, packed=packed, batch=batch,
               fill=real_tokens / (len(used) * batch * case["seq"]),
               tokens_per_s=real_tokens / seconds, seqs_per_s=instances / seconds,
-              mfu=(real_flops / seconds / 1e12 / peak) if peak else None,
+              mfu=(flops / seconds / 1e12 / peak) if peak else None,
               # The cost analysis is of one device's SPMD program: x devices for the step.
               xla_flops=float(cost.get("flops", 0.0)) * mesh.size if cost else 0.0,
-              slot_flops=slot_flops,
-              step_ms=1e3 * seconds / len(used))
+              slot_flops=slot_flops, real_flops=flops / len(used),
+              step_ms=1e3 * seconds / len(used), profile=profile)
 
 
 def time_steps(step, state, batches, *, warmup, steps):
-  """Seconds for `steps` steps cycling over `batches` (after `warmup`), and the batch indices
-  used; a device sync on both sides of the timed window."""
+  """Seconds for `steps` steps cycling over `batches` (after `warmup`), the batch indices used
+  and the last state (the step donates its input state); a device sync on both sides of the timed
+  window."""
   import jax
   m = None
   for i in range(warmup):
@@ -189,18 +219,30 @@ def time_steps(step, state, batches, *, warmup, steps):
   for i in used:
     state, m = step(state, batches[i])
   jax.block_until_ready((state, m))
-  return time.perf_counter() - t0, used
+  return time.perf_counter() - t0, used, state
 
 
-def profile_one_step(step, state, batch, profile_dir):
+def profile_steps(step, state, batches, profile_dir, *, steps=3):
+  """Traces `steps` steps into profile_dir (with the compiled step's HLO beside the trace, which
+  benchmarks/profile_table.py reads to name each op) and prints the table of where the time
+  went. Returns the state and the table's data."""
   import jax
+  from benchmarks import profile_table
+  os.makedirs(profile_dir, exist_ok=True)
+  hlo = step.as_text()
+  module = hlo.split(None, 2)[1].rstrip(",")          # "HloModule jit_train_step, ..."
+  with open(os.path.join(profile_dir, f"{module}.hlo.txt"), "w") as f:
+    f.write(hlo)
+  m = None
   jax.profiler.start_trace(profile_dir)
-  state, m = step(state, batch)
+  for i in range(steps):
+    state, m = step(state, batches[i % len(batches)])
   jax.block_until_ready((state, m))
   jax.profiler.stop_trace()
-  print(f"profile of one step written to {profile_dir} (open with TensorBoard or Perfetto)",
-        flush=True)
-  return state
+  table = profile_table.profile_table(profile_dir, module=module)
+  print(f"trace of {steps} steps in {profile_dir} (TensorBoard's profile plugin or Perfetto)\n"
+        + profile_table.format_table(table, title=os.path.basename(profile_dir)), flush=True)
+  return state, table
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,7 +272,20 @@ def parse_args(argv=None):
   p.add_argument("--remat", action="store_true", help="rematerialise each layer")
   p.add_argument("--hidden_dropout", type=float, default=None,
                  help="hidden dropout (default: the preset's 0.1); 0 measures what dropout costs")
-  p.add_argument("--profile_dir", default="", help="write a jax.profiler trace of one step")
+  p.add_argument("--profile_dir", default="", help="trace --profile_steps steps per run into "
+                 "DIR/<case>-<packing>-<backend>/ and print where the time went "
+                 "(benchmarks/profile_table.py)")
+  p.add_argument("--profile_steps", type=int, default=3, help="steps per trace")
+  p.add_argument("--peer", default="none", choices=("none", "torch"),
+                 help="also train transformers' BertForPreTraining (PyTorch, SDPA, bf16 autocast, "
+                 "fused AdamW) on the same rows, in its own process first, and print the ratio")
+  p.add_argument("--peer_sdpa", default="default", help="comma list: default (PyTorch picks the "
+                 "SDPA kernel), cudnn (forces cuDNN's; GPU only)")
+  p.add_argument("--peer_compile", action=argparse.BooleanOptionalAction, default=None,
+                 help="torch.compile the peer (default: on, off with --smoke: compiling BERT on "
+                 "CPU takes minutes)")
+  p.add_argument("--peer_steps", type=int, default=0, help="peer's timed steps (0: --steps)")
+  p.add_argument("--peer_warmup", type=int, default=5, help="peer's warm-up steps (compilation)")
   p.add_argument("--interpret", action="store_true", help="allow Pallas kernels in CPU "
                  "interpret mode (for checking the plumbing; slow)")
   p.add_argument("--smoke", action="store_true", help="tiny config, 3 steps: checks the "
@@ -241,18 +296,118 @@ def parse_args(argv=None):
     p.error(f"--cases: unknown {sorted(unknown)}; use {', '.join(CASES)}")
   if a.smoke:
     a.cases, a.steps, a.warmup = "smoke", 3, 1
+    a.peer_warmup = min(a.peer_warmup, 1)
+  if a.peer_compile is None:
+    a.peer_compile = not a.smoke
   return a
+
+
+def provenance():
+  """One line for every figure: date, commit, the packages' versions (read without importing)."""
+  from importlib import metadata
+  def version(name):
+    try:
+      return metadata.version(name)
+    except metadata.PackageNotFoundError:
+      return "-"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
+                       capture_output=True, text=True)
+  pkgs = " ".join(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "torch",
+                                                  "transformers"))
+  return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
+          f"{git.stdout.strip() or 'unknown'}, python {sys.version.split()[0]}, {pkgs}")
+
+
+def run_peer(name, case, a, batch, sdpa):
+  """The torch peer in its own process (before JAX takes the GPU's memory): its RESULT dict with
+  the case's name, or None after printing why it failed."""
+  from benchmarks import common
+  _, mc = model_config(case, packed=False, dtype=a.dtype, remat=False, batch=batch,
+                       hidden_dropout=a.hidden_dropout)
+  # The same model in transformers' terms (our erf "gelu" is HF's "gelu").
+  hf = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
+            num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
+            intermediate_size=mc.intermediate_size, hidden_act=mc.hidden_act,
+            max_position_embeddings=mc.max_position_embeddings,
+            type_vocab_size=mc.type_vocab_size, hidden_dropout_prob=mc.hidden_dropout_prob,
+            attention_probs_dropout_prob=0.0, layer_norm_eps=mc.layer_norm_eps)
+  compile_flag = ("--compile" if a.peer_compile else "--nocompile")
+  r = common.run_isolated("benchmarks.torch_peer", [
+      f"--case={name}", f"--config_json={json.dumps(hf)}", f"--batch={batch}",
+      f"--steps={a.peer_steps or a.steps}", f"--warmup={a.peer_warmup}", f"--sdpa={sdpa}",
+      compile_flag], f"torch peer {name} sdpa={sdpa}")
+  if r is not None:
+    r.update(case=name, mc=mc, batch=batch)
+    print(f"torch peer {name} sdpa={sdpa} compile={r['compiled']}: done "
+          f"({r['real_tokens'] / r['seconds']:.0f} real tok/s; {r['versions']})", flush=True)
+  return r
+
+
+def peer_row(r, seed=0):
+  """The peer's figures in our row's terms: real tokens/s, instances/s, ms/step and MFU (the same
+  analytic FLOPs of the same real instances: the batches are ours, remade from the seed)."""
+  import jax
+  from bert_jax import train
+  case = CASES[r["case"]]
+  _, contents = make_batches(np.random.default_rng(seed), count=4, rows=r["batch"],
+                             seq=case["seq"], preds=case["preds"], vocab=r["mc"].vocab_size,
+                             packed=False)
+  peak = train.device_peak_tflops(jax.devices()[:1])
+  seconds = r["seconds"]
+  return dict(tokens_per_s=r["real_tokens"] / seconds, seqs_per_s=r["instances"] / seconds,
+              step_ms=1e3 * seconds / len(r["used"]),
+              mfu=(real_flops(r["mc"], contents, r["used"]) / seconds / 1e12 / peak)
+              if peak else None)
+
+
+def format_peer(r, row):
+  mfu = f"{row['mfu']:6.1%}" if row["mfu"] is not None else "   n/a"
+  peak = f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""
+  return (f"{r['case']:9s} unpacked torch sdpa={r['sdpa']} compile={r['compiled']} "
+          f"amp={r['amp']} "
+          f"batch {r['batch']:4d} | {row['tokens_per_s']:10.0f} real tok/s "
+          f"{row['seqs_per_s']:8.1f} seq/s {row['step_ms']:8.1f} ms/step | MFU {mfu} | "
+          f"loss {r['loss']:.2f}{peak} | {r['versions']}")
+
+
+def compare(name, ours, peers, chips):
+  """The ratio lines of one case: ours packed (best) and ours unpacked (best) over the peer's
+  best, per chip (the peer runs on one)."""
+  lines = []
+  best_peer = max(peers, key=lambda p: p[1]["tokens_per_s"], default=None)
+  if best_peer is None:
+    return lines
+  peer_rate = best_peer[1]["tokens_per_s"]
+  for packed, what in ((True, "ours packed / torch as a user runs it"),
+                       (False, "row for row, packing off")):
+    mine = [r for r in ours if r["case"] == name and r["packed"] == packed]
+    if mine:
+      best = max(mine, key=lambda r: r["tokens_per_s"])
+      lines.append(f"ratio {name}: {what}: {best['tokens_per_s'] / chips / peer_rate:.2f}x real "
+                   f"tok/s per chip (ours {best['backend']}, torch sdpa={best_peer[0]['sdpa']})")
+  return lines
 
 
 def main(argv=None):
   a = parse_args(argv)
+  print(provenance(), flush=True)
+  cases = a.cases.split(",")
+  peers = []
+  if a.peer == "torch":   # first: JAX keeps 75% of the GPU's memory from its first step on
+    for name in cases:
+      batch = a.batch or CASES[name]["batch"]           # one chip's rows
+      for sdpa in a.peer_sdpa.split(","):
+        r = run_peer(name, CASES[name], a, batch, sdpa)
+        if r is not None:
+          peers.append(r)
   import jax
   from bert_jax import attention
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)
   results = []
-  for name in a.cases.split(","):
+  for name in cases:
     case = CASES[name]
     batch = a.batch or case["batch"] * (jax.device_count() if case["per_chip"] else 1)
     for packed in {"both": (False, True), "packed": (True,), "unpacked": (False,)}[a.packing]:
@@ -260,12 +415,21 @@ def main(argv=None):
                                      interpret=a.interpret):
         r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
                 warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
-                hidden_dropout=a.hidden_dropout,
+                hidden_dropout=a.hidden_dropout, profile_steps_n=a.profile_steps,
                 profile_dir=a.profile_dir and os.path.join(
                     a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{backend}"))
         r["case"] = name
         results.append(r)
         print(format_row(r), flush=True)
+  for name in cases:
+    rows = [(p, peer_row(p)) for p in peers if p["case"] == name]
+    for p, row in rows:
+      p["row"] = row
+      print(format_peer(p, row), flush=True)
+    for line in compare(name, results, rows, jax.device_count()):
+      print(line, flush=True)
+  if a.peer == "torch":
+    return results, peers
   return results
 
 

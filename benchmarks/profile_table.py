@@ -1,0 +1,373 @@
+r"""Where a training step's time goes: a jax.profiler trace as a table of categories.
+
+  python -m benchmarks.profile_table /tmp/prof/large512-packed-pallas_gpu   # a profiled run's dir
+
+`benchmarks.accelerator --profile_dir=DIR` traces a few steps per run into DIR/<run>/ and prints
+this table after each run; the module also reads such a directory later. It needs two files the
+benchmark writes there: the trace (`plugins/profile/<time>/<host>.xplane.pb`, JAX's profiler
+output, read with jax's own reader `jax.profiler.ProfileData`) and the compiled step's HLO
+(`<module>.hlo.txt`, `compiled.as_text()`), which says what each traced op is.
+
+How the table is made, so a reader can check it:
+  1. Events: every trace event that names an HLO op of the step's module (its `hlo_op` and
+     `hlo_module` stats), on the first device: on a GPU the kernels on the `/device:GPU:0` plane
+     (CUPTI attaches the launching op's annotation to each kernel); on CPU, where no device
+     plane exists, the thunks of device 0 on the `/host:CPU` worker threads. Kernels on the
+     device plane without an HLO op (a stray memset, a library's own kernel) count as `other`.
+  2. Categories: each op is looked up in the HLO (a fusion by everything it contains) and put in
+     the first category that fits, in this order: a fused attention custom call (cuDNN, Pallas,
+     splash) -> `attention kernel`; a dot/convolution/GEMM call in the MLM head -> `MLM head +
+     losses`, in attention's QK^T/PV einsums -> `matmul: attention QK/PV`, else `matmul: dense`;
+     nothing but moves (copy, transpose, convert, slice, concatenate...) -> `copies/transposes/
+     casts`; then by the source path JAX writes in each op's metadata (`op_name`): the
+     optimizer's update (outside the gradient: no `jvp(`/`transpose(` in the path), the MLM/NSP
+     heads and the loss, dropout's random bits, LayerNorm (with whatever residual add or
+     dropout mask XLA fused into it), softmax, GELU, dropout masks, bias and residual adds,
+     embedding gathers/scatters, and `other`.
+  3. Time: the step is the span from the first traced op to the last, over the steps traced
+     (the op that ran fewest times gives the step count). A nested event (a loop and its body, on
+     CPU) gives its time to the innermost op; ops running at once on several threads or streams
+     share each instant equally. So the categories plus `idle` (no op running) add up to the
+     span exactly; the test checks it.
+"""
+
+import collections
+import glob
+import os
+import re
+import sys
+
+from bert_jax_core import errors
+
+STEP_MODULE = "jit_train_step"
+
+HEADS = "MLM/NSP heads, loss"       # the heads' matmuls included; metrics too
+CATEGORIES = (
+    "matmul: dense", "matmul: attention QK/PV", "attention kernel", "softmax", "LayerNorm",
+    "GELU", "dropout: random bits", "dropout: masks", "bias/residual adds", HEADS,
+    "embeddings", "optimizer update", "copies/transposes/casts", "other", "idle")
+
+# Opcodes that only move or re-type data.
+MOVES = frozenset((
+    "copy", "copy-start", "copy-done", "transpose", "convert", "bitcast", "bitcast-convert",
+    "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
+    "parameter", "constant", "tuple", "get-tuple-element", "iota", "reverse"))
+STRUCTURAL = frozenset(("parameter", "constant", "tuple", "get-tuple-element"))
+# cuDNN flash attention (`__cudnn$fmha...`), Pallas-GPU/Triton (`__gpu$xla.gpu.triton`, in an
+# attention path), TPU Mosaic (`tpu_custom_call`, splash).
+ATTENTION_CALL = re.compile(r"fmha|flash|mha|tpu_custom_call|mosaic", re.I)
+GEMM_CALL = re.compile(r"gemm|matmul|cublas", re.I)
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_COMP = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?\s*->.*\{\s*$")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)="
+                    r"(\{[^}]*\}|%?[\w.\-]+)")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_FUSION_KIND = re.compile(r'"kind"\s*:\s*"([^"]+)"')
+
+
+class ProfileError(errors.UserError):
+  pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The HLO: what each op is.
+# ----------------------------------------------------------------------------------------------
+def _opcode(rest):
+  """`f32[8,128]{1,0} fusion(%a), kind=...` -> ('fusion', attributes). The type may be a tuple
+  `(s32[], u32[8]{0})` with spaces inside, so skip it by matching brackets."""
+  i, depth = 0, 0
+  if rest.startswith("("):
+    for i, ch in enumerate(rest):
+      depth += {"(": 1, ")": -1}.get(ch, 0)
+      if depth == 0:
+        break
+    i += 1
+  m = re.compile(r"\s*\S*?\s*([a-z][\w\-]*)\(").match(rest, i)
+  return (m.group(1) if m else "?"), rest
+
+
+def parse_hlo(text):
+  """{computation: [(name, opcode, op_name, callees, custom-call target or fusion kind)]}, and
+  {instruction name: that tuple}. Reads the text `compiled.as_text()` prints."""
+  comps, index, current = {}, {}, None
+  for line in text.splitlines():
+    m = _COMP.match(line)
+    if m and not line.startswith(" "):
+      current = m.group(1)
+      comps[current] = []
+      continue
+    if current is None or line.strip() == "}":
+      continue
+    m = _INSTR.match(line)
+    if not m:
+      continue
+    name, rest = m.groups()
+    opcode, attrs = _opcode(rest)
+    callees = []
+    for group in _CALLS.findall(attrs):
+      callees += [c.strip(" {}%") for c in group.split(",") if c.strip(" {}")]
+    target = _TARGET.search(attrs) or _FUSION_KIND.search(attrs)
+    op_name = _OP_NAME.search(attrs)
+    inst = (name, opcode, op_name.group(1) if op_name else "", callees,
+            target.group(1) if target else "")
+    comps[current].append(inst)
+    index[name] = inst
+  return comps, index
+
+
+def _contents(name, comps, index):
+  """Every (opcode, op_name, target) an instruction runs: itself and, for a fusion or call, the
+  computations it calls, recursively (a while loop's body is traced as its own events, so a
+  `while` contributes itself only)."""
+  if name not in index:
+    return []
+  out, stack, seen = [], [index[name]], set()
+  while stack:
+    inst = stack.pop()
+    _, opcode, op_name, callees, target = inst
+    out.append((opcode, op_name, target))
+    if opcode in ("while", "conditional"):
+      continue
+    for c in callees:
+      if c not in seen and c in comps:
+        seen.add(c)
+        stack.extend(comps[c])
+  return out
+
+
+def _path(op_name):
+  return op_name.split("/", 1)[1] if op_name.startswith("jit(") else op_name
+
+
+def classify(contents):
+  """The category of one op from its contents [(opcode, op_name, target)] (see the docstring)."""
+  work = [(o, _path(n), t) for o, n, t in contents if o not in STRUCTURAL]
+  if not work:
+    return "other"
+  names = [n for _, n, _ in work]
+  text = "\n".join(names)
+  in_mlm = any(k in text for k in ("mlm_head", "lm_head", "predictions"))
+  for o, n, t in work:
+    if o == "custom-call" and (ATTENTION_CALL.search(t) or (
+        "triton" in t and "attention" in n and not GEMM_CALL.search(t))):
+      return "attention kernel"
+  if any(o in ("dot", "convolution") or (o == "custom-call" and GEMM_CALL.search(t))
+         for o, _, t in work):
+    if in_mlm:
+      return HEADS
+    dots = [n for o, n, _ in work if o in ("dot", "convolution", "custom-call")]
+    # The xla path's scores `BTNH,BSNH->BNTS` and weighted sum `BNTS,BSNH->BTNH` (a vmap inside
+    # the attention module); the Q/K/V/output projections are `BTH,HND->BTND` and kin.
+    if any("BNTS" in n or "attention/vmap(" in n for n in dots):
+      return "matmul: attention QK/PV"
+    return "matmul: dense"
+  if all(o in MOVES or o in ("fusion", "call") for o, _, _ in work):
+    return "copies/transposes/casts"
+  if not any(n.startswith(("jvp(", "transpose(")) for n in names):
+    # Outside the gradient: the optimizer (Adam moments, clipping's norm, the update), or the
+    # step's metrics (MLM accuracy: argmax and compares on the logits).
+    if re.search(r"argmax|(^|/)eq$", text, re.M) and not re.search(
+        r"(^|/)(sqrt|rsqrt|pow|integer_pow)$", text, re.M):
+      return HEADS
+    return "optimizer update"
+  if in_mlm or "nsp_head" in text or any(n.startswith(("jvp()", "transpose(jvp())"))
+                                         for n in names):
+    return HEADS                       # jvp() with no module: the loss function around the model
+  if re.search(r"bernoulli|threefry|random_bits|_uniform|rng", text):
+    return "dropout: random bits"
+  if re.search(r"layer_?norm|LayerNorm", text):
+    return "LayerNorm"
+  if "attention/vmap()" in text or "softmax" in text:
+    return "softmax"
+  # GELU: erf/tanh by name, or the element-wise maths a layer does outside its submodules (the
+  # residual add aside: jax lowers the erf GELU to exp/mul/neg at `layer_N/`).
+  if "pooler" not in text and (
+      re.search(r"/(erf|erfc|gelu|tanh)$|gelu", text, re.M) or any(
+          re.search(r"layer_\d+/(exp|mul|neg|square|erf|erfc|tanh|integer_pow|sub|div)$", n)
+          for n in names)):
+    return "GELU"
+  if re.search(r"[Dd]ropout", text):
+    return "dropout: masks"
+  if any(o in ("gather", "scatter") for o, _, _ in work) or "embeddings" in text:
+    return "embeddings"
+  # Bias adds, residual adds, and the bias gradients (column sums of the output gradient).
+  if all(re.search(r"(^|/)(add|add_any|reduce_sum|convert_element_type)$", n) for n in names if n):
+    return "bias/residual adds"
+  return "other"
+
+
+def where(contents):
+  """The source path most of an op's instructions come from, primitive dropped:
+  `transpose(jvp(BertForPreTraining))/bert/encoder/layer_3/intermediate` (for the table)."""
+  paths = collections.Counter(_path(n).rsplit("/", 1)[0] for o, n, _ in contents
+                              if n and o not in STRUCTURAL)
+  return paths.most_common(1)[0][0] if paths else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# The trace: events, and their time.
+# ----------------------------------------------------------------------------------------------
+def find_files(profile_dir):
+  """(xplane.pb, hlo.txt) of a profiled run's directory; one line naming the missing one."""
+  planes = sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.xplane.pb")))
+  if not planes:
+    raise ProfileError(f"{profile_dir}: no plugins/profile/*/*.xplane.pb; give the directory a "
+                       "profiled run wrote (benchmarks.accelerator --profile_dir=DIR writes "
+                       "DIR/<case>-<packing>-<backend>/)")
+  hlos = sorted(glob.glob(os.path.join(profile_dir, "*.hlo.txt")))
+  if not hlos:
+    raise ProfileError(f"{profile_dir}: no <module>.hlo.txt beside the trace; the benchmark "
+                       "writes the compiled step's HLO there (compiled.as_text())")
+  return planes[-1], hlos[0]
+
+
+def trace_events(xplane_path, module=STEP_MODULE):
+  """[(line key, start ns, end ns, hlo op or None)] of the step's ops on its first device: the
+  first device plane that has any (`/device:GPU:0`), else the host's thunks of device ordinal 0
+  (CPU; with several CPU devices each runs its own copy of every op on the same threads)."""
+  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+  data = ProfileData.from_file(xplane_path)
+  device_planes, host = {}, collections.defaultdict(list)
+  for plane in data.planes:
+    is_device = plane.name.startswith("/device:")
+    if not (is_device or plane.name == "/host:CPU"):
+      continue
+    for line in plane.lines:
+      xla_ops_line = line.name == "XLA Ops"    # TPU: the op is the event's name
+      for e in line.events:
+        stats = dict(e.stats)
+        op = stats.get("hlo_op") or (e.name if xla_ops_line else None)
+        if op is not None and stats.get("hlo_module", module) != module:
+          continue
+        if (op is None and not is_device) or e.duration_ns <= 0:
+          continue                            # host bookkeeping (python, dispatch): not the step
+        event = ((plane.name, line.name), e.start_ns, e.start_ns + e.duration_ns, op)
+        if is_device:
+          device_planes.setdefault(plane.name, []).append(event)
+        else:
+          host[stats.get("device_ordinal", 0)].append(event)
+  with_ops = [name for name in sorted(device_planes) if any(ev[3] for ev in device_planes[name])]
+  events = device_planes[with_ops[0]] if with_ops else host[min(host)] if host else []
+  if not any(op for *_, op in events):
+    raise ProfileError(f"{xplane_path}: no event of HLO module {module!r} in the trace (was the "
+                       "step run while the profiler was on?)")
+  return events
+
+
+def _innermost(events):
+  """Per line, nested events -> non-overlapping segments, each owned by the innermost event
+  open at that time (a CPU `while` gives way to its body's ops)."""
+  by_line = collections.defaultdict(list)
+  for key, s, e, op in events:
+    by_line[key].append((s, -e, op))
+  segments = []
+  for key, evs in by_line.items():
+    evs.sort()
+    stack = []                                   # [(end, op)] of open events, innermost last
+    cursor = None
+    for s, neg_e, op in evs:
+      e = -neg_e
+      while stack and stack[-1][0] <= s:         # close what ended before s
+        end, top = stack.pop()
+        if cursor < end:
+          segments.append((key, cursor, end, top))
+          cursor = end
+      if stack and cursor < s:
+        segments.append((key, cursor, s, stack[-1][1]))
+      cursor = s
+      stack.append((min(e, stack[-1][0]) if stack else e, op))
+    while stack:
+      end, top = stack.pop()
+      if cursor < end:
+        segments.append((key, cursor, end, top))
+        cursor = end
+  return segments
+
+
+def attribute(events):
+  """{op (or None): ns}, busy ns, span (start, end): each instant of the span is split equally
+  among the segments running then; instants with none are idle."""
+  segments = _innermost(events)
+  points = []
+  for i, (_, s, e, _) in enumerate(segments):
+    points += [(s, 1, i), (e, -1, i)]
+  points.sort()
+  active, per_op, busy, last = set(), collections.Counter(), 0.0, None
+  for t, kind, i in points:
+    if active and last is not None and t > last:
+      share = (t - last) / len(active)
+      for j in active:
+        per_op[segments[j][3]] += share
+      busy += t - last
+    last = t
+    (active.add if kind == 1 else active.discard)(i)
+  start = min(s for _, s, _, _ in segments)
+  end = max(e for _, _, e, _ in segments)
+  return per_op, busy, (start, end)
+
+
+def profile_table(profile_dir, *, module=STEP_MODULE, top=12):
+  """The table's data: {category: ms per step}, steps traced, ms per step (first op to last),
+  busy ms per step, and the `top` ops [(op, category, ms per step, source path)]."""
+  xplane, hlo_path = find_files(profile_dir)
+  with open(hlo_path) as f:
+    comps, index = parse_hlo(f.read())
+  events = trace_events(xplane, module)
+  counts = collections.Counter(op for *_, op in events if op)
+  # Each top-level op runs once per step; ops inside loops run more often.
+  steps = min(counts.values())
+  # Kernels with no HLO op count only inside the step's span (the batch's copy-in before it, say,
+  # is not the step).
+  lo = min(s for _, s, _, op in events if op)
+  hi = max(e for _, _, e, op in events if op)
+  events = [(k, max(s, lo), min(e, hi), op) for k, s, e, op in events
+            if op or (s < hi and e > lo)]
+  per_op, busy, (start, end) = attribute(events)
+  span = end - start
+  cats = collections.Counter()
+  ops = []
+  cache = {}                                     # op -> (category, where)
+  for op, ns in per_op.items():
+    if op not in cache:
+      contents = _contents(op, comps, index)
+      cache[op] = (classify(contents), where(contents)) if contents else ("other", "")
+    cat, src = cache[op]
+    cats[cat] += ns
+    ops.append((op or "(kernel with no HLO op)", cat, ns / steps / 1e6, src))
+  cats["idle"] += span - busy
+  ops.sort(key=lambda r: -r[2])
+  return dict(categories={c: cats[c] / steps / 1e6 for c in CATEGORIES},
+              steps=steps, step_ms=span / steps / 1e6, busy_ms=busy / steps / 1e6,
+              unknown_ops=sorted(op for op in cache if op and op not in index), top=ops[:top])
+
+
+def format_table(t, title=""):
+  step = t["step_ms"]
+  lines = [f"profile{': ' + title if title else ''} ({t['steps']} step(s) traced, "
+           f"{step:.2f} ms/step from first to last op)",
+           f"  {'category':26s} {'ms/step':>9s} {'share':>7s}"]
+  for cat, ms in t["categories"].items():
+    if ms > 0 or cat == "idle":
+      lines.append(f"  {cat:26s} {ms:9.3f} {ms / step:7.1%}")
+  lines.append(f"  {'total':26s} {sum(t['categories'].values()):9.3f} "
+               f"{sum(t['categories'].values()) / step:7.1%}")
+  lines.append("  largest ops:")
+  for op, cat, ms, src in t["top"]:
+    lines.append(f"    {ms:9.3f} ms  {cat:26s} {op:32s} {src}")
+  if t["unknown_ops"]:
+    lines.append(f"  ops missing from the HLO (counted as other): {len(t['unknown_ops'])}, e.g. "
+                 f"{t['unknown_ops'][:3]}")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  if len(argv) != 1 or argv[0].startswith("-"):
+    raise ProfileError("usage: python -m benchmarks.profile_table PROFILED_RUN_DIR")
+  print(format_table(profile_table(argv[0]), title=argv[0]))
+
+
+if __name__ == "__main__":
+  errors.run_main(main, None)
