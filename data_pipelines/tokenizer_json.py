@@ -45,7 +45,7 @@ import os
 
 import numpy as np
 
-from data_pipelines import vocab as vocab_lib
+from data_pipelines import vocab_base as vocab_lib
 
 FLAG = "--tokenizer_json"
 # role -> accepted spellings, first preferred (BERT/ModernBERT, then RoBERTa's).
