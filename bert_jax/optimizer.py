@@ -130,7 +130,8 @@ def _lamb(schedule, b1, b2, eps, weight_decay, mask):
 
 def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer="adamw",
                      weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
-                     layerwise_lr_decay=1.0, num_layers=0):
+                     layerwise_lr_decay=1.0, num_layers=0, schedule="linear", decay_steps=0,
+                     final_lr_fraction=0.0):
   """Returns (optax.GradientTransformation, schedule) for UNBOXED (plain array) params.
 
   One update per optimizer step: gradient accumulation happens before, inside the jitted train
@@ -139,8 +140,19 @@ def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer=
   scale_by_layer_depth.
   """
   _check_decay_value(layerwise_lr_decay)
-  schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
-  if optimizer == "adamw_google":
+  if schedule == "linear":   # BERT's: linear warmup, linear decay to 0 at num_train_steps
+    schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
+  elif schedule == "wsd":    # ModernBERT's warmup-stable-decay, 1-sqrt decay over decay_steps
+    schedule = create_wsd_schedule(learning_rate, warmup_steps, decay_steps, num_train_steps,
+                                   final_lr_fraction)
+  else:
+    raise OptimizerError(f"config.schedule={schedule!r}: unknown; use 'linear' (BERT) or 'wsd' "
+                         "(warmup-stable-decay with 1-sqrt decay, ModernBERT).")
+  if optimizer == "stable_adamw":
+    # ModernBERT's StableAdamW: per-tensor update clipping (scale_by_stable_adam below).
+    tx = stable_adamw(schedule, peak_learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
+                      weight_decay=weight_decay)
+  elif optimizer == "adamw_google":
     # google-research/bert optimization.py: update = m / (sqrt(v) + eps) + decay * param, times
     # the learning rate, on the clipped gradient; no bias correction, google's schedule.
     schedule = create_google_schedule(learning_rate, warmup_steps, num_train_steps)
@@ -153,8 +165,9 @@ def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer=
   elif optimizer == "lamb":
     tx = _lamb(schedule, b1, b2, eps, weight_decay, decay_mask_fn)
   else:
-    raise OptimizerError(f"config.optimizer={optimizer!r}: unknown; use 'adamw', 'lamb' or "
-                         "'adamw_google' (google-research/bert's update and schedule, exactly).")
+    raise OptimizerError(f"config.optimizer={optimizer!r}: unknown; use 'adamw', 'lamb', "
+                         "'stable_adamw' (ModernBERT) or 'adamw_google' (google-research/bert's "
+                         "update and schedule, exactly).")
   if clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
   # Only when on: at 1.0 the chain (and so opt_state's tree, which checkpoints store) is
@@ -178,7 +191,10 @@ def from_config(config, *, num_train_steps, warmup_steps, model_config=None):
       num_train_steps=num_train_steps, optimizer=config.optimizer,
       weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
       clip_norm=config.clip_norm, layerwise_lr_decay=decay,
-      num_layers=model_config.num_layers if model_config is not None else 0)
+      num_layers=model_config.num_layers if model_config is not None else 0,
+      # Absent from a config (fine-tuning's, older ones): BERT's linear schedule.
+      schedule=config.get("schedule", "linear"), decay_steps=config.get("decay_steps", 0),
+      final_lr_fraction=config.get("final_lr_fraction", 0.0))
 
 
 # ----------------------------------------------------------------------------------------------

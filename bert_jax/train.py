@@ -169,17 +169,21 @@ def expand_files(pattern, field):
 
 
 def load_vocab(config):
-  if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file):
+  tokenizer_json = config.get("tokenizer_json") or None   # a Hugging Face tokenizer.json
+  if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file
+                                                      or tokenizer_json):
     return input_source_vocab(config.model.vocab_size or 30522)
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
-                                   spm_model_file=config.spm_model_file or None)
+                                   spm_model_file=config.spm_model_file or None,
+                                   tokenizer_json=tokenizer_json)
   # Casing from the vocab's own settings (None takes them; a contradiction is a one-line error),
   # recorded in the config so the records' check and the checkpoints carry the real value.
   settings = vocab_lib.resolve_settings(config.vocab_file or None,
                                         config.spm_model_file or None,
                                         config.get("do_lower_case"),
-                                        flag="--config.do_lower_case")
+                                        flag="--config.do_lower_case",
+                                        tokenizer_json=tokenizer_json)
   config.do_lower_case = settings["do_lower_case"]
   return info
 
@@ -251,9 +255,10 @@ def _check_same_run(manager, latest, model_config, workdir, config, vocab_hash, 
   recorded = meta.get("vocab_hash")
   if recorded and vocab_hash and not (files_lib.same_sha256(recorded, vocab_hash) or
                                        files_lib.same_sha256(vocab_hash, recorded)):  # prefixes
-    was = (meta.get("config") or {}).get("vocab_file") or (meta.get("config") or {}).get(
-        "spm_model_file")
-    now = config.vocab_file or config.spm_model_file
+    stored = meta.get("config") or {}
+    was = (stored.get("vocab_file") or stored.get("spm_model_file")
+           or stored.get("tokenizer_json"))
+    now = config.vocab_file or config.spm_model_file or config.get("tokenizer_json")
     raise ConfigError(f"--workdir={workdir} was trained with the vocab {was} (sha256 "
                       f"{recorded[:16]}) but this run has {now} (sha256 {vocab_hash[:16]}); "
                       "resume with the run's own vocab, or use a new --workdir.")

@@ -379,3 +379,25 @@ def test_bpe_learning_is_deterministic(korean, tmp_path):
     _, _, meta2 = build_vocab.build(train, 4000, again, model_type="bpe",
                                     byte_level=name == "bytes")
     assert meta2["vocab_sha256"] == meta["vocab_sha256"] == files_lib.sha256_file(path)
+
+
+@pytest.mark.slow
+def test_pretraining_reads_tokenizer_json_records(english, records, tmp_path):
+  """--config.tokenizer_json trains on the records made with it (the vocab found by content, its
+  special ids from the file), and another tokenizer.json is refused before compute."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import pretrain as pretrain_config  # pylint: disable=g-import-not-at-top
+  out, _ = records
+  c = pretrain_config.get_config("tiny,runlocal")
+  c.train_input_files, c.tokenizer_json = str(out / "*"), english["path"]
+  c.model.objectives = "mlm,nsp"
+  c.seq_length, c.max_predictions_per_seq, c.batch_size = SEQ, 20, 8
+  c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 2, 1, 1, 2
+  c.eval_every, c.async_checkpointing = 1000, False
+  summary = train.train_and_evaluate(c, str(tmp_path / "run"))
+  assert summary["final_step"] == 2
+  other = str(tmp_path / "other.json")
+  build_vocab.build(english["glob"], 1500, other, model_type="bpe")
+  c.tokenizer_json = other
+  with pytest.raises(Exception, match="other.json"):
+    train.train_and_evaluate(c, str(tmp_path / "run2"))

@@ -139,3 +139,26 @@ def test_wsd_schedule_errors(kwargs, match):
   with pytest.raises(opt_lib.OptimizerError, match=match) as e:
     opt_lib.create_wsd_schedule(1e-3, **kwargs)
   assert "\n" not in str(e.value)
+
+
+def test_from_config_builds_stable_adamw_on_the_wsd_schedule():
+  """--config.optimizer=stable_adamw --config.schedule=wsd: the same updates as the pieces built
+  by hand; an unknown schedule is one OptimizerError naming the field."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = ml_collections.ConfigDict(dict(
+      learning_rate=8e-4, optimizer="stable_adamw", weight_decay=1e-5, b1=0.9, b2=0.98,
+      eps=1e-6, clip_norm=0.0, schedule="wsd", decay_steps=4, final_lr_fraction=0.1))
+  tx, schedule = opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)
+  want_schedule = opt_lib.create_wsd_schedule(8e-4, 2, 4, 10, 0.1)
+  for step in (0, 1, 3, 7, 9, 10):
+    np.testing.assert_allclose(schedule(step), want_schedule(step), rtol=1e-6)
+  ref = opt_lib.stable_adamw(want_schedule, peak_learning_rate=8e-4, b1=0.9, b2=0.98,
+                               eps=1e-6, weight_decay=1e-5)
+  params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)}}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  a, _ = tx.update(grads, tx.init(params), params)
+  b, _ = ref.update(grads, ref.init(params), params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+  c.schedule = "cosine"
+  with pytest.raises(opt_lib.OptimizerError, match="config.schedule='cosine'"):
+    opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)

@@ -84,6 +84,7 @@ def _input_fields(c):
   c.eval_input_files = ""          # held-out records; empty = no evaluation
   c.vocab_file = ""                # WordPiece vocab.txt ...
   c.spm_model_file = ""            # ... or a SentencePiece model
+  c.tokenizer_json = ""            # ... or a Hugging Face tokenizer.json (BPE/Unigram)
   # None: the vocab's casing (its .meta.json from build_vocab, or inferred for google/HF
   # vocabs); true/false is checked against it and against the records (one-line error).
   c.do_lower_case = config_dict.placeholder(bool)
@@ -123,6 +124,11 @@ def _optimizer_and_loop_fields(c):
   c.b2 = 0.999
   c.eps = 1e-6
   c.clip_norm = 1.0
+  # linear (BERT: warmup, then linear decay to 0) | wsd (ModernBERT: warmup, constant, then a
+  # 1-sqrt decay over the last decay_steps to final_lr_fraction x learning_rate).
+  c.schedule = "linear"
+  c.decay_steps = 0
+  c.final_lr_fraction = 0.0
 
   # Parallelism: axes (data, fsdp, tensor); -1 = all remaining devices.
   c.mesh_shape = (-1, 1, 1)
