@@ -145,10 +145,29 @@ def test_a_generator_of_another_discriminator_is_refused(hf_pair, tmp_path):
     convert_electra.import_hf(hf_pair[0], str(tmp_path / "bert"))
 
 
-def test_the_one_folder_converter_names_the_pair_converter(hf_pair, tmp_path):
+def test_the_one_converter_reads_a_pair_both_ways_and_bundles_its_vocab(hf_pair, tmp_path):
+  """python -m bert_jax.convert (every family's entry point): DISC,GEN -> one Orbax tree with the
+  discriminator's vocab.txt (was: no vocab, extract_features needed --vocab_file) and one summary;
+  that export -> the two transformers folders; a discriminator folder alone converts too, and
+  says it has no generator."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  run = lambda *a: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "bert_jax.convert", *a], capture_output=True, text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=False)
+  imported = run(f"--input={hf_pair[0]},{hf_pair[1]}", f"--output={tmp_path / 'orbax'}")
+  assert imported.returncode == 0, imported.stderr
+  assert imported.stderr == ""
+  assert "mapped " in imported.stdout and "do_lower_case=" in imported.stdout
+  assert os.path.isfile(tmp_path / "orbax" / "vocab.txt")
+  exported = run(f"--input={tmp_path / 'orbax'}", f"--output={tmp_path / 'hf'}")
+  assert exported.returncode == 0, exported.stderr
+  assert "ElectraForPreTraining (discriminator/) + ElectraForMaskedLM" in exported.stdout
+  for net in ("discriminator", "generator"):
+    assert os.path.isfile(tmp_path / "hf" / net / "vocab.txt")
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ConversionError, match="convert_to_orbax"):
-    convert.convert_to_orbax(hf_pair[0], str(tmp_path / "out"))
+  meta = convert.convert_to_orbax(hf_pair[0], str(tmp_path / "alone"))
+  assert meta["generator"].startswith("none") and "generator: none" in convert.summary(meta)
 
 
 def test_cli_imports_a_pair_and_refuses_a_half_pair_in_one_line(hf_pair, tmp_path):
