@@ -53,9 +53,10 @@ MOVES = frozenset((
     "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
     "parameter", "constant", "tuple", "get-tuple-element", "iota", "reverse"))
 STRUCTURAL = frozenset(("parameter", "constant", "tuple", "get-tuple-element"))
-# cuDNN flash attention (`__cudnn$fmha...`), Pallas-GPU/Triton (`__gpu$xla.gpu.triton`, in an
-# attention path), TPU Mosaic (`tpu_custom_call`, splash).
-ATTENTION_CALL = re.compile(r"fmha|flash|mha|tpu_custom_call|mosaic", re.I)
+# The model's only custom kernels are attention's: cuDNN flash attention (`__cudnn$fmha...`),
+# Pallas on GPU (`__gpu$xla.gpu.triton`, or `triton_kernel_call_ffi`; Mosaic GPU), splash on TPU
+# (`tpu_custom_call`). XLA's own Triton GEMMs are fusions, not custom calls.
+ATTENTION_CALL = re.compile(r"fmha|flash|mha|triton|mosaic|tpu_custom_call", re.I)
 GEMM_CALL = re.compile(r"gemm|matmul|cublas", re.I)
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -150,8 +151,7 @@ def classify(contents):
   text = "\n".join(names)
   in_mlm = any(k in text for k in ("mlm_head", "lm_head", "predictions"))
   for o, n, t in work:
-    if o == "custom-call" and (ATTENTION_CALL.search(t) or (
-        "triton" in t and "attention" in n and not GEMM_CALL.search(t))):
+    if o == "custom-call" and ATTENTION_CALL.search(t) and not GEMM_CALL.search(t):
       return "attention kernel"
   if any(o in ("dot", "convolution") or (o == "custom-call" and GEMM_CALL.search(t))
          for o, _, t in work):
@@ -249,6 +249,11 @@ def trace_events(xplane_path, module=STEP_MODULE):
         else:
           host[stats.get("device_ordinal", 0)].append(event)
   with_ops = [name for name in sorted(device_planes) if any(ev[3] for ev in device_planes[name])]
+  if device_planes and not with_ops:
+    # The host's thunks would time kernel launches, not kernels: refuse rather than mislead.
+    raise ProfileError(f"{xplane_path}: the device planes {sorted(device_planes)} hold kernels but "
+                       "none names its HLO op (hlo_op); kernels replayed from CUDA graphs carry "
+                       "none: rerun with XLA_FLAGS=--xla_gpu_enable_command_buffer= to trace them")
   events = device_planes[with_ops[0]] if with_ops else host[min(host)] if host else []
   if not any(op for *_, op in events):
     raise ProfileError(f"{xplane_path}: no event of HLO module {module!r} in the trace (was the "
