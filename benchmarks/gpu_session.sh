@@ -25,7 +25,8 @@
 # anything else bert_jax imports (checked below, e.g. ml_collections) travels as wheels: here,
 # before the call,
 #   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl ml-collections==1.1.0
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#     ml-collections==1.1.0
 # and call the device tool with carry=[".whl"]; this script installs what it finds in .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -68,7 +69,8 @@ git log -1 --format='commit %h %cd' 2>/dev/null || true
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
     --format=csv
-  "$PY" -c "import torch; print('torch cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+  "$PY" -c "import torch; print('torch cuda', torch.version.cuda,
+                               'cudnn', torch.backends.cudnn.version())"
 else
   echo "nvidia-smi: not here (CPU)"
 fi
@@ -88,11 +90,13 @@ for case in $CASES; do
   sdpa_var="PEER_SDPA_$case"
   default_sdpa=default
   [ "$case" = large512 ] && default_sdpa=default,cudnn
-  echo "== $case: torch peer (sdpa ${!sdpa_var:-$default_sdpa}), then ours ($BACKEND, packed, profiled) $(elapsed)"
+  echo "== $case: torch peer (sdpa ${!sdpa_var:-$default_sdpa}), then ours ($BACKEND, packed," \
+       "profiled) $(elapsed)"
   timeout_var="TIMEOUT_$case"
   default_timeout=190
   [ "$case" = large512 ] && default_timeout=330
-  timeout "${!timeout_var:-$default_timeout}" "$PY" -m benchmarks.accelerator --cases="$case" --packing=packed \
+  timeout "${!timeout_var:-$default_timeout}" \
+    "$PY" -m benchmarks.accelerator --cases="$case" --packing=packed \
     --backends="$BACKEND" "${COMMON[@]}" --profile_dir="$PROF" --profile_steps=3 \
     --peer=torch --peer_sdpa="${!sdpa_var:-$default_sdpa}" --peer_timeout="${PEER_TIMEOUT:-100}" \
     2>&1 | tee "$OUT/$case.log"

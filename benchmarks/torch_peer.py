@@ -2,7 +2,7 @@ r"""The PyTorch peer of `benchmarks.accelerator`: transformers' BertForPreTraini
 PyTorch user would run it on the same chip, on the same rows.
 
   python -m benchmarks.accelerator --cases=large512 --peer=torch    # ours, then this, and the ratio
-  python -m benchmarks.torch_peer --case=smoke --config_json='{...}'  # one run (what the above calls)
+  python -m benchmarks.torch_peer --case=smoke --config_json='{...}' --batch=8  # what it calls
 
 What it runs (each a choice a PyTorch user makes for speed, as NVIDIA's and HF's guides say):
   - `BertForPreTraining` (random init) with `attn_implementation="sdpa"`: PyTorch's fused
