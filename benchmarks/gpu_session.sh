@@ -9,7 +9,8 @@
 #   SMOKE=1 PY=.venv/bin/python bash benchmarks/gpu_session.sh   # the same path on CPU (tiny model)
 #
 # Knobs (environment): CASES="large512 base128" (in this order: the target case first), BACKEND
-# (pallas_gpu), PEER_SDPA_large512 (default,cudnn), PEER_SDPA_base128 (default), STEPS (30),
+# (pallas_gpu), PACKING (packed; both adds ours unpacked and the row-for-row ratio, one more
+# compile per case: BACKEND=auto then picks cudnn for the padded rows), PEER_SDPA_large512 (default,cudnn), PEER_SDPA_base128 (default), STEPS (30),
 # TIMEOUT_large512 / TIMEOUT_base128 (s per case: 330 / 190), PEER_TIMEOUT (s per peer run,
 # torch.compile included: 100), OUT (where logs and the profiles' tarball go; the device tool's
 # $OUT brings them back). Worst case 330 + 190 s + start-up: call the tool with timeout_s=600.
@@ -96,7 +97,7 @@ for case in $CASES; do
   default_timeout=190
   [ "$case" = large512 ] && default_timeout=330
   timeout "${!timeout_var:-$default_timeout}" \
-    "$PY" -m benchmarks.accelerator --cases="$case" --packing=packed \
+    "$PY" -m benchmarks.accelerator --cases="$case" --packing="${PACKING:-packed}" \
     --backends="$BACKEND" "${COMMON[@]}" --profile_dir="$PROF" --profile_steps=3 \
     --peer=torch --peer_sdpa="${!sdpa_var:-$default_sdpa}" --peer_timeout="${PEER_TIMEOUT:-100}" \
     2>&1 | tee "$OUT/$case.log"
