@@ -5,7 +5,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh" requirements-test.txt
 set +e
 # Two worker processes (pytest-xdist), one test file per worker at a time: the tests are mostly
 # single-threaded Python, compiles and subprocesses, so two workers use both cores of a 2-core CI
-# machine. BERT_JAX_TEST_WORKERS=0 runs in this process (for pdb, or one test).
+# machine. The longest files and slow tests go first, a few long slow tests each on their own
+# (tests/xdist_order.py, chosen in tests/conftest.py for --dist loadfile), so that neither worker
+# idles while the other ends on a long file. BERT_JAX_TEST_WORKERS=0 runs in this process (for
+# pdb, or one test).
 workers=(-n "${BERT_JAX_TEST_WORKERS:-2}" --dist loadfile)
 [ "${BERT_JAX_TEST_WORKERS:-2}" = "0" ] && workers=()
 python -m pytest -q "${workers[@]}" -m "not slow" "$@"

@@ -3,6 +3,8 @@ import os
 import sys
 import tempfile
 
+import pytest
+
 # Must be set before jax is imported anywhere in the test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,3 +28,19 @@ if ROOT not in sys.path:
 from bert_jax_core import platforms  # noqa: E402  pylint: disable=g-import-not-at-top
 
 platforms.choose_jax_platforms()
+
+
+# The two xdist workers take the longest units first (tests/xdist_order.py says why and how).
+def pytest_collection_modifyitems(config, items):
+  del config
+  from tests import xdist_order  # pylint: disable=g-import-not-at-top
+  if xdist_order.under_xdist_worker():
+    xdist_order.longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's, absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+  from tests import xdist_order  # pylint: disable=g-import-not-at-top
+  if config.getvalue("dist") == "loadfile":
+    return xdist_order.make_scheduler(config, log)
+  return None
