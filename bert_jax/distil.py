@@ -28,6 +28,7 @@ missing teacher is a one-line error naming both (`check_teacher`).
 
 import functools
 import hashlib
+import math
 import os
 from typing import NamedTuple
 
@@ -49,7 +50,7 @@ TEACHER_FAMILIES = ("bert", "spanbert", "distilbert")   # a plain post-LN encode
 
 class Teacher(NamedTuple):
   path: str                        # --config.teacher_checkpoint as given
-  pretrained: trainer_lib.Pretrained
+  pretrained: trainer_lib.Pretrained   # None: shapes only, for bert_jax.plan (planning_teacher)
   model_config: model_lib.BertConfig   # the checkpoint's encoder, run dtype, MLM only
   record: dict                     # what the checkpoint meta stores (teacher_record)
 
@@ -79,6 +80,25 @@ def teacher_record(path, described):
               sha256=manifest_lib.sha256_file(os.path.join(directory, manifest_lib.NAME)))
 
 
+def check_loss_settings(config):
+  """The loss weights and the temperature in range, as task distillation checks its own
+  (finetune.load_distill_teacher): T = 0 divided the logits by zero (every step NaN, skipped,
+  and a run that ended with exit 0 and an untrained student); a negative weight rewards the
+  student for moving away from its teacher."""
+  t = config.get("temperature", 2.0)
+  if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+    raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 for the soft "
+                      "targets (the recipe's 2.0; 1.0 = the teacher's own distribution).")
+  weights = {k: config.get(k, 0.0) for k in ("alpha_ce", "alpha_mlm", "alpha_cos")}
+  for k, w in weights.items():
+    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+      raise ConfigError(f"config.{k}={w!r}: expected a loss weight >= 0 (the recipe's "
+                        "alpha_ce=5, alpha_mlm=2, alpha_cos=1).")
+  if not any(weights.values()):
+    raise ConfigError(f"config.alpha_ce, alpha_mlm and alpha_cos are all 0: the student would "
+                      "learn nothing; give at least one a positive weight (the recipe's 5, 2, 1).")
+
+
 def load_teacher(config, model_config) -> Teacher:
   """The teacher of a distilbert-* run: described and verified (no array read), checked against
   the student (vocab, width, depth), recorded. One-line ConfigError before any compute."""
@@ -89,6 +109,7 @@ def load_teacher(config, model_config) -> Teacher:
                         f"{config.model_name} is not a distilbert-* preset; drop the teacher or "
                         "pick --config=bert_jax/configs/pretrain.py:distilbert-base.")
     return None
+  check_loss_settings(config)
   if not path:
     raise ConfigError(f"config.model_name={config.model_name} distils from a teacher: pass "
                       "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
@@ -120,11 +141,39 @@ def load_teacher(config, model_config) -> Teacher:
     raise ConfigError(f"{where} has max_position_embeddings={t.max_position_embeddings} but the "
                       f"student {s.max_position_embeddings}; set --config.model."
                       f"max_position_embeddings={t.max_position_embeddings}.")
-  teacher_config = model_lib.BertConfig(**{
+  return Teacher(path, pre, _as_teacher(t, s), teacher_record(path, ckpt_lib.describe(
+      source, verify=False)))
+
+
+def _as_teacher(t, s):
+  """The teacher's encoder `t` as the step runs it: MLM only, in the student's (`s`) compute
+  dtype and attention kernel, without remat or dropout."""
+  return model_lib.BertConfig(**{
       **t.to_dict(), "objectives": "mlm", "dtype": s.dtype, "attention": s.attention,
       "remat": False, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0})
-  return Teacher(path, pre, teacher_config, teacher_record(path, ckpt_lib.describe(
-      source, verify=False)))
+
+
+def planning_teacher(config, model_config):
+  """The teacher bert_jax.plan compiles a distilbert-* step with, as shapes only (Teacher with
+  pretrained=None: frozen_teacher reads no array; the plan's devices are compile-only): the
+  --config.teacher_checkpoint's encoder, checked as load_teacher checks it for train; without
+  one, the BERT preset the student preset halves (distilbert-base -> base: bert_jax/model.py's
+  presets). None for other families."""
+  if model_config.family != "distilbert" or config.get("teacher_checkpoint", ""):
+    teacher = load_teacher(config, model_config)
+    return teacher._replace(pretrained=None) if teacher else None
+  check_loss_settings(config)
+  preset = str(config.model_name).removeprefix("distilbert-")
+  if preset == config.model_name or preset not in model_lib.PRESETS or \
+      model_lib.PRESETS[preset].get("family", "bert") not in TEACHER_FAMILIES:
+    raise ConfigError(f"config.model_name={config.model_name} distils from a teacher, and no "
+                      "BERT preset of its size is known to plan with: pass "
+                      "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
+  t = model_lib.get_bert_config(preset, vocab_size=model_config.vocab_size,
+                                max_position_embeddings=model_config.max_position_embeddings)
+  layer_map(config, t.num_layers, model_config.num_layers)
+  return Teacher(f"the {preset} preset (shapes only: no --config.teacher_checkpoint)", None,
+                 _as_teacher(t, model_config), None)
 
 
 def check_teacher(meta, teacher, workdir):
@@ -240,7 +289,8 @@ def student_forward(config):
 
 def frozen_teacher(teacher: Teacher, dummy_batch, mesh, rules) -> trainer_lib.Frozen:
   """The teacher's bert + mlm_head parameters read once into their shardings (the student's
-  logical-axis rules) and its outputs function: trainer_lib.build_steps(frozen=)."""
+  logical-axis rules) and its outputs function: trainer_lib.build_steps(frozen=). A planning
+  teacher (pretrained=None, planning_teacher) gives their shapes instead, nothing read."""
   model = model_lib.BertForPreTraining(teacher.model_config)
   return trainer_lib.load_frozen(teacher.pretrained, model, outputs, dummy_batch,
                                  ("bert", "mlm_head"), mesh,

@@ -32,7 +32,6 @@ E.g. the vectors of line 3: f = np.load(path); a, b = f["token_offsets"][3:5];
 f["features"][a:b].
 """
 
-import os
 
 from absl import flags
 from absl import logging
@@ -197,24 +196,12 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
       layers=np.asarray(layers, np.int32)), truncated
 
 
-def check_output_file(path):
-  """--output_file must be writable where it is: a missing directory or a read-only one is one
-  line before the model runs (issue 23, fault 7: a traceback after 64-86 s of compute)."""
-  parent = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(parent):
-    raise ExtractError(f"--output_file={path}: the directory {parent} does not exist; create it "
-                       "or choose another path.")
-  why = files_lib.unwritable_reason(path)
-  if why:
-    raise ExtractError(f"--output_file={path}: cannot be written ({why}); choose a writable path.")
-
-
 def save_npz(path, arrays):
-  """np.savez to a temporary name, then rename: no half-written file under the final name."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
+  """np.savez to a temporary name beside `path`, then renamed (files.atomic_path): no
+  half-written file under the final name, and none left behind when the write fails."""
+  with files_lib.atomic_path(path) as tmp:
+    with open(tmp, "wb") as f:
+      np.savez(f, **arrays)
 
 
 FLAGS = flags.FLAGS
@@ -239,11 +226,10 @@ def define_flags():
 
 def main(argv):
   del argv
-  if not FLAGS.output_file:
-    raise ExtractError("--output_file is empty: pass a path ending in .npz.")
   if not FLAGS.input_file:
     raise ExtractError("--input_file is empty: pass a text file with one text per line.")
-  check_output_file(FLAGS.output_file)   # before the model runs (it takes minutes on a big input)
+  # Before the model runs (it takes minutes on a big input): the one output check.
+  files_lib.check_output_file(FLAGS.output_file, "--output_file")
   if FLAGS.max_seq_length < MIN_SEQ_LENGTH:
     raise ExtractError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least "
                        f"{MIN_SEQ_LENGTH} ([CLS], one word piece, [SEP]); BERT's usual is 128.")

@@ -57,9 +57,13 @@ class MetricsWriter:
 def read_scalars(logdir):
   """{tag: [(step, value), ...]} from the event files in `logdir` (for tests and tools)."""
   from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
   out = {}
   for path in sorted(tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-    for event in tf.compat.v1.train.summary_iterator(path):
+    # The records read as TF's deprecation note says (tf.compat.v1.train.summary_iterator
+    # printed 4 lines of it on stderr in every `bert_jax.report`).
+    for record in tf.data.TFRecordDataset(path):
+      event = event_pb2.Event.FromString(record.numpy())
       for v in event.summary.value:
         if v.HasField("tensor") and v.metadata.plugin_data.plugin_name == "text":
           continue

@@ -36,6 +36,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import tpu_specs
 
 GiB = 1024 ** 3
@@ -603,19 +604,15 @@ def main(argv):
                     "pretrain.py:base --topology=v5litepod-16")
   if FLAGS.price_per_chip_hour is not None and FLAGS.price_per_chip_hour < 0:
     raise PlanError(f"--price_per_chip_hour={FLAGS.price_per_chip_hour}: expected >= 0 (USD).")
-  if FLAGS.json:
-    parent = os.path.dirname(os.path.abspath(FLAGS.json))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-      raise PlanError(f"--json={FLAGS.json}: directory {parent} does not exist or is not "
-                      "writable; choose another path.")
+  if FLAGS.json:   # the one output check (bert_jax_core.files), before any compile
+    files_lib.check_output_file(FLAGS.json, "--json")
   if FLAGS.hbm_gib is not None and FLAGS.hbm_gib <= 0:
     raise PlanError(f"--hbm_gib={FLAGS.hbm_gib}: expected a positive size in GiB.")
   result = plan(FLAGS.config, FLAGS.topology, search_settings=FLAGS.search,
                 price=FLAGS.price_per_chip_hour, hbm_gib=FLAGS.hbm_gib,
                 log=lambda line: print(line, flush=True))
   if FLAGS.json:
-    with open(FLAGS.json, "w") as f:
-      json.dump(result, f, indent=2, default=str)
+    files_lib.write_atomic(FLAGS.json, json.dumps(result, indent=2, default=str))
     print(f"wrote {FLAGS.json}", flush=True)
   if result["fits"]:
     print(f"next: create the slice (launch/create.sh with ACCELERATOR_TYPE={result['topology']}), "

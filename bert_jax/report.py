@@ -16,6 +16,7 @@ from absl import flags
 
 from bert_jax import cli
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import metrics_writer
 
 
@@ -71,7 +72,10 @@ def draw(scalars, output, title):
     drawn[name] = tags
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(output, dpi=100)
+  # format="png": the file is `output` exactly (matplotlib appends ".png" to a name without an
+  # extension, and wrote <dir>.png for an existing directory); renamed into place when complete.
+  with files_lib.atomic_path(output) as tmp:
+    fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
   return drawn
 
@@ -97,8 +101,12 @@ def main(argv):
   if len(argv) != 2:
     raise ReportError("usage: python -m bert_jax.report WORKDIR [--output=curves.png]")
   workdir = argv[1]
-  scalars, summary = load(workdir)
   output = FLAGS.output or os.path.join(workdir, "report.png")
+  if FLAGS.output:   # the one output check, before the event files are read
+    files_lib.check_output_file(output, "--output")
+  scalars, summary = load(workdir)
+  if not FLAGS.output:   # (the workdir exists now: load said so)
+    files_lib.check_output_file(output, "--output")
   drawn = draw(scalars, output, title=workdir)
   if summary:
     print("\n".join(metrics_writer.summary_lines(summary)))

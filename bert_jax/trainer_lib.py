@@ -316,7 +316,9 @@ def _restore(pre: Pretrained, item):
 def load_frozen(pre: Pretrained, model, forward, dummy_batch, keys, mesh, apply,
                 rules=sharding_lib.LOGICAL_AXIS_RULES) -> Frozen:
   """A Frozen network: `model`'s parameters `keys` read from `pre` once, each straight into the
-  sharding its logical axes give under `rules` (as the trained model's), shapes checked first."""
+  sharding its logical axes give under `rules` (as the trained model's), shapes checked first.
+  pre=None: shapes only (ShapeDtypeStructs with those shardings), nothing read: bert_jax.plan
+  compiles the step for a TPU slice's compile-only devices, where no array can live."""
   key = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
   def init(rng):
@@ -329,6 +331,8 @@ def load_frozen(pre: Pretrained, model, forward, dummy_batch, keys, mesh, apply,
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           nn.unbox(boxed), shardings)
   abstract, shardings = ({k: abstract[k] for k in keys}, {k: shardings[k] for k in keys})
+  if pre is None:
+    return Frozen(apply, abstract, shardings)
   for k in keys:
     stored = stored_subtree(pre, k)
     if stored is None:

@@ -7,6 +7,8 @@
                                a crash never leaves a complete-looking file under the final name
   atomic_path(path)            the same as a context manager, for writers that want a file name
                                (a TFRecordWriter, np.savez)
+  check_output_file(path, flag)  the one check every program makes of a file it will write,
+                               before any work: a one-line OutputPathError
 
 Local paths go through os (no TensorFlow import); a path with a scheme (gs://, ...) goes through
 tf.io.gfile, imported by tf_setup so TF never takes an accelerator.
@@ -16,6 +18,8 @@ import contextlib
 import hashlib
 import os
 import tempfile
+
+from bert_jax_core import errors
 
 CHUNK = 1 << 20  # 1 MiB reads: a 1 GB file hashes in constant memory
 # The shortest recorded hash accepted: the 16-character prefixes older checkpoints stored
@@ -113,3 +117,37 @@ def unwritable_reason(path):
   except OSError as e:
     return f"{parent}: {e.strerror}"
   return None
+
+
+class OutputPathError(errors.UserError):
+  """A file a program was asked to write cannot be written there."""
+
+
+def check_output_file(path, flag, *, make_parents=False):
+  """The one check of an output file (extract_features --output_file, report --output, plan
+  --json, build_vocab --output), made before any work so a mistake is one line, not a traceback
+  after the compute (issue 32: extract_features' model ran first; report wrote `<dir>.png` for a
+  directory and raised 47 lines for a missing one). Returns path.
+
+  Refused: an empty path; an existing directory, or a path ending in '/' (a directory name:
+  the writer needs a file name); a missing parent directory, unless `make_parents` (the writer
+  creates it, as write_atomic does: then its nearest existing ancestor is probed); a parent where
+  no file can be created (unwritable_reason). Remote (gs://) paths are left to the write.
+  """
+  path = str(path or "")
+  if not path:
+    raise OutputPathError(f"{flag} is empty: pass the file to write.")
+  if is_remote(path):
+    return path
+  if path.endswith(("/", os.sep)) or os.path.isdir(path):
+    what = "is a directory" if os.path.isdir(path) else "names a directory (it ends in '/')"
+    raise OutputPathError(f"{flag}={path}: {what}; name the file to write (e.g. "
+                          f"{flag}={os.path.join(path, 'NAME')}).")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not make_parents and not os.path.exists(parent):
+    raise OutputPathError(f"{flag}={path}: the directory {parent} does not exist; create it or "
+                          "choose another path.")
+  why = unwritable_reason(path)
+  if why:
+    raise OutputPathError(f"{flag}={path}: cannot be written ({why}); choose a writable path.")
+  return path

@@ -288,22 +288,10 @@ def train_sentencepiece(lines, vocab_size, lower_case, options=SentencePieceOpti
 
 
 def check_writable(output):
-  """Fails before learning anything (minutes on a large corpus) if `output` cannot be written.
-
-  Local paths only, and nothing is created: the nearest existing ancestor must be a writable
-  directory (object stores are checked by the write itself).
-  """
-  if "://" in output:
-    return
-  parent = os.path.dirname(os.path.abspath(output))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if os.path.isdir(output) or not os.path.isdir(parent) or \
-      not os.access(parent, os.W_OK | os.X_OK):
-    what = f"{output} is a directory" if os.path.isdir(output) else \
-        f"{parent} is not a writable directory"
-    raise BuildVocabError(f"--output={output}: cannot be written ({what}); choose a writable "
-                          "path.")
+  """Fails before learning anything (minutes on a large corpus) if `output` cannot be written:
+  the one output check (bert_jax_core.files.check_output_file); missing parent directories are
+  allowed, write_atomic creates them."""
+  files_lib.check_output_file(output, "--output", make_parents=True)
 
 
 def choose_casing(lower_case, shares):

@@ -74,6 +74,7 @@ def test_skip_tracker_counts_and_stops_after_max_consecutive():
 
 def test_build_vocab_refuses_an_unwritable_output_before_reading_the_corpus(tmp_path,
                                                                             monkeypatch):
+  from bert_jax_core import files as files_lib
   from data_pipelines import build_vocab
   (tmp_path / "corpus.txt").write_text("some words here\n" * 10)
   (tmp_path / "file").write_text("x")        # a path under a file: unwritable even for root
@@ -81,7 +82,7 @@ def test_build_vocab_refuses_an_unwritable_output_before_reading_the_corpus(tmp_
   def must_not_run(*args, **kwargs):
     raise AssertionError("the corpus was read before the output was checked")
   monkeypatch.setattr(build_vocab, "corpus_paths", must_not_run)
-  with pytest.raises(build_vocab.BuildVocabError, match="--output=.*cannot be written"):
+  with pytest.raises(files_lib.OutputPathError, match="--output=.*cannot be written"):
     build_vocab.build(str(tmp_path / "corpus.txt"), 100, str(tmp_path / "file" / "vocab.txt"))
 
 
@@ -408,21 +409,23 @@ def test_a_vocab_listing_a_token_twice_is_one_line_naming_it(tmp_path):
 def test_unwritable_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
   """extract_features --output_file in a missing or read-only directory and convert --output on
   a read-only filesystem: one line before the model runs or the checkpoint is read (fault 7:
-  tracebacks after 64-86 s). main() calls check_output_file before load_for_inference."""
+  tracebacks after 64-86 s). main() calls files.check_output_file before load_for_inference."""
   import errno
   import tempfile
-  from bert_jax import convert, extract_features
-  with pytest.raises(extract_features.ExtractError, match=r"--output_file=.*missing/f.npz: the "
+  from bert_jax import convert
+  from bert_jax_core import files as files_lib
+  check = lambda p: files_lib.check_output_file(p, "--output_file")  # noqa: E731  (main's call)
+  with pytest.raises(files_lib.OutputPathError, match=r"--output_file=.*missing/f.npz: the "
                      r"directory .*missing does not exist"):
-    extract_features.check_output_file(str(tmp_path / "missing" / "f.npz"))
-  extract_features.check_output_file(str(tmp_path / "f.npz"))      # a writable one passes
+    check(str(tmp_path / "missing" / "f.npz"))
+  check(str(tmp_path / "f.npz"))      # a writable one passes
 
   def read_only(*args, **kwargs):          # root writes through chmod; a read-only mount it can't
     raise OSError(errno.EROFS, "Read-only file system")
   monkeypatch.setattr(tempfile, "mkstemp", read_only)
-  with pytest.raises(extract_features.ExtractError, match=r"cannot be written \(.*: Read-only "
+  with pytest.raises(files_lib.OutputPathError, match=r"cannot be written \(.*: Read-only "
                      "file system\\); choose a writable path"):
-    extract_features.check_output_file(str(tmp_path / "f.npz"))
+    check(str(tmp_path / "f.npz"))
 
   def must_not_read(*args, **kwargs):
     raise AssertionError("the checkpoint was read before the output was checked")
