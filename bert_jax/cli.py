@@ -29,6 +29,7 @@ PROGRAMS = {
     "bert-jax-extract-features": ("bert_jax.extract_features", False),
     "bert-jax-convert": ("bert_jax.convert.__main__", False),
     "bert-jax-report": ("bert_jax.report", False),
+    "bert-jax-plan": ("bert_jax.plan", False),
     "bert-jax-build-vocab": ("data_pipelines.build_vocab", False),
     "bert-jax-create-pretraining-data": ("data_pipelines.create_pretraining_data", False),
     "bert-jax-stdlib-corpus": ("data_pipelines.stdlib_corpus", False),
@@ -69,6 +70,8 @@ def run_program(name):
   module_name, init_distributed = PROGRAMS[name]
   from absl import flags  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(module_name)
+  if hasattr(module, "prepare_environment"):   # before JAX starts (plan: on the CPU)
+    module.prepare_environment()
   if hasattr(module, "define_flags"):
     module.define_flags()
   # absl's --help lists the flags of the __main__ module (here the installed script) and prints
@@ -92,6 +95,7 @@ predict = _entry("bert-jax-predict")
 extract_features = _entry("bert-jax-extract-features")
 convert = _entry("bert-jax-convert")
 report = _entry("bert-jax-report")
+plan = _entry("bert-jax-plan")
 build_vocab = _entry("bert-jax-build-vocab")
 create_pretraining_data = _entry("bert-jax-create-pretraining-data")
 stdlib_corpus = _entry("bert-jax-stdlib-corpus")

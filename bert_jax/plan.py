@@ -620,7 +620,7 @@ def main(argv):
   return {True: 0, False: 1, None: 3}[result["fits"]]
 
 
-def _prepare_environment():
+def prepare_environment():
   """Before JAX starts a backend: the plan only compiles, so this process runs on the CPU even
   where libtpu is installed (whose TPU start-up would otherwise look for chips and print errors
   on a host that has none)."""
@@ -628,6 +628,6 @@ def _prepare_environment():
 
 
 if __name__ == "__main__":
-  _prepare_environment()
+  prepare_environment()
   define_flags()
   cli.run(main)   # absl exits with main's return value

@@ -302,3 +302,23 @@ def test_save_npz_leaves_no_temporary_file_when_the_write_fails(tmp_path, monkey
   with pytest.raises(OSError, match="No space left"):
     extract_features.save_npz(str(tmp_path / "f.npz"), {"a": np.zeros(2)})
   assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Case 9: `plan`, the README's command 6, has its console script.
+# ----------------------------------------------------------------------------------------------
+@needs_libtpu
+def test_bert_jax_plan_console_script_runs_the_planner():
+  """pyproject.toml names bert-jax-plan -> bert_jax.cli:plan (was: no such script); the entry
+  point runs plan's own start-up (JAX on the CPU) and its one-line errors, as `python -m`."""
+  import tomllib
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    assert tomllib.load(f)["project"]["scripts"]["bert-jax-plan"] == "bert_jax.cli:plan"
+  code = ("import sys; from bert_jax import cli; sys.argv[0] = 'bert-jax-plan'; cli.plan()")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  p = subprocess.run([sys.executable, "-c", code, "--config=bert_jax/configs/pretrain.py:tiny",
+                      "--topology=v5e:2x2", "--config.batch_size=6"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=300, check=False)
+  assert (p.returncode, p.stderr.splitlines()) == (2, [
+      "error: config.batch_size=6 (micro-batch 6) is not divisible by the data-parallel size 4 "
+      "(mesh {'data': 4, 'fsdp': 1, 'tensor': 1}); use a multiple of 4."]), p.stderr
