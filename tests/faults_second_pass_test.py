@@ -322,3 +322,55 @@ def test_bert_jax_plan_console_script_runs_the_planner():
   assert (p.returncode, p.stderr.splitlines()) == (2, [
       "error: config.batch_size=6 (micro-batch 6) is not divisible by the data-parallel size 4 "
       "(mesh {'data': 4, 'fsdp': 1, 'tensor': 1}); use a multiple of 4."]), p.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Case 5: DistilBERT's teacher and student share one vocabulary, compared by content.
+# ----------------------------------------------------------------------------------------------
+def _vocab_files(tmp_path, n=40):
+  words = [f"w{i}" for i in range(n - 5)]
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  a, b = tmp_path / "vocab.txt", tmp_path / "shuffled.txt"
+  a.write_text("\n".join(tokens + words) + "\n")
+  b.write_text("\n".join(tokens + words[::-1]) + "\n")     # same size, other ids
+  return str(a), str(b), n
+
+
+def _teacher_export(tmp_path, vocab_size, *, meta=None, bundle=None):
+  import shutil
+  import jax
+  import numpy as np
+  from flax import linen as nn
+  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, num_layers=2,
+                                  max_position_embeddings=64)
+  params = jax.tree.map(np.asarray, nn.unbox(jax.jit(
+      lambda r: model_lib.init_params(cfg, r))(jax.random.PRNGKey(0))))
+  path = ckpt_lib.save_params(str(tmp_path / "teacher"), params, cfg, meta=meta or {})
+  if bundle:
+    shutil.copyfile(bundle, os.path.join(path, "vocab.txt"))
+  return path
+
+
+@pytest.mark.parametrize("how", ["recorded_hash", "bundled_vocab"])
+def test_distillation_refuses_a_teacher_with_another_vocab_of_the_same_size(tmp_path, how):
+  """Before: only the sizes were compared, so a teacher trained on a shuffled vocab of the same
+  size distilled into the student (silently wrong: its logits index other tokens)."""
+  from bert_jax import distil
+  from bert_jax import model as model_lib
+  from bert_jax.configs import pretrain
+  from bert_jax_core import files as files_lib
+  vocab, shuffled, n = _vocab_files(tmp_path)
+  teacher = _teacher_export(
+      tmp_path, n, meta={"vocab_hash": files_lib.sha256_file(vocab)} if how == "recorded_hash"
+      else None, bundle=vocab if how == "bundled_vocab" else None)
+  c = pretrain.get_config("distilbert-tiny")
+  c.teacher_checkpoint = teacher
+  student = model_lib.get_bert_config("distilbert-tiny", vocab_size=n, max_position_embeddings=64)
+  c.vocab_file = shuffled
+  with pytest.raises(distil.ConfigError, match=r"teacher_checkpoint=.*teacher was trained with "
+                     r"another vocabulary .* than the student's --config.vocab_file=.*shuffled"):
+    distil.load_teacher(c, student)
+  c.vocab_file = vocab
+  assert distil.load_teacher(c, student).model_config.vocab_size == n   # its own: accepted
