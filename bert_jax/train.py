@@ -367,6 +367,40 @@ def input_line(layout, num_files, real_per_slot):
           + f": {real_per_slot:.3f} real tokens per slot over the first batches")
 
 
+def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
+  """This host's batches of `files` from batch `start` (train: the resumable stream of `layout`;
+  eval: one instance per row), behind a stall watchdog: no batch for input_stall_minutes is an
+  error naming the files, never a silent hang."""
+  it = input_source.make_batches(
+      config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
+      process_index=jax.process_index(), process_count=jax.process_count(), train=train,
+      layout=layout if train else None)
+  if files == "synthetic":
+    return it
+  from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
+  return input_watchdog.stall_watchdog(
+      it, files, config.get("input_stall_minutes", 10),
+      what="train_input_files" if train else "eval_input_files")
+
+
+def first_checked_batch(train_iter, config, vocab, layout, num_files, local_batch, is_main):
+  """The training stream with its first batch read and checked (preflight.first_batch), and the
+  input's start-up line (packing efficiency over the first batches)."""
+  train_iter, real_per_slot = input_source.peek(train_iter)
+  train_iter = preflight.first_batch(train_iter, "train_input_files", config, vocab, local_batch)
+  if is_main and layout:
+    print(input_line(layout, num_files, real_per_slot), flush=True)
+  return train_iter
+
+
+def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher):
+  """What a checkpoint records beside the state: the config, the vocab's hash, the model, where
+  the input stream is, its layout and (DistilBERT) the teacher; resuming checks them."""
+  return dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
+              model_config=model_config.to_dict(), input_position=step, step=step,
+              stream_layout=layout, teacher=teacher.record if teacher else None)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Runs (or resumes) pre-training; returns the last logged and evaluated metrics.
 
@@ -399,22 +433,9 @@ def _train_and_evaluate(config, workdir):
 
   # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
   # checked before the model exists (bad records: one line in seconds, not after compiling). ---
-  def batches(files, seed, start, train=True):
-    it = input_source.make_batches(
-        config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
-        process_index=jax.process_index(), process_count=jax.process_count(), train=train,
-        layout=layout if train else None)
-    if files == "synthetic":
-      return it
-    from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
-    # No batch for input_stall_minutes: an error naming the files, never a silent hang.
-    return input_watchdog.stall_watchdog(
-        it, files, config.get("input_stall_minutes", 10),
-        what="train_input_files" if train else "eval_input_files")
-  train_iter, real_per_slot = input_source.peek(batches(train_files, config.seed, latest or 0))
-  train_iter = preflight.first_batch(train_iter, "train_input_files", config, vocab, local_batch)
-  if is_main and layout:
-    print(input_line(layout, len(train_files), real_per_slot), flush=True)
+  batches = functools.partial(stream, config, vocab, layout, local_batch)
+  train_iter = first_checked_batch(batches(train_files, config.seed, latest or 0), config, vocab,
+                                   layout, len(train_files), local_batch, is_main)
 
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, model_config, mesh, teacher)   # DistilBERT: the teacher loaded
@@ -434,10 +455,8 @@ def _train_and_evaluate(config, workdir):
     return result
 
   def save(step, force=False):
-    meta = dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
-                model_config=model_config.to_dict(), input_position=step, step=step,
-                stream_layout=layout, teacher=teacher.record if teacher else None)
-    ckpt_lib.save(manager, step, state, meta, force=force)
+    ckpt_lib.save(manager, step, state, checkpoint_meta(config, step, vocab_hash, model_config,
+                                                        layout, teacher), force=force)
 
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:

@@ -95,6 +95,57 @@ def family_of_config(config_json, config_file):
                if os.path.basename(config_file) in f.tf_config_names), families.get("bert"))
 
 
+def map_source(source, kind, config, where, config_file, ignore=None, seed=0):
+  """(flat {path: float32 array} for every BertForPreTraining param, report dict).
+
+  Every source variable is mapped, ignored for a stated reason, or a one-line error.
+  """
+  table = specs_for(config)
+  by_name = {(s.hf if kind == "hf" else s.tf): s for s in table}
+  ignored, casts, flat = {}, {}, {}
+  for name in sorted(source.shapes):
+    shape = source.shapes[name]
+    why = formats.tf_ignored(name) if kind == "tf" else None
+    if why is None and ignore and re.search(ignore, name):
+      why = f"--ignore={ignore}"
+    if why:
+      ignored[name] = why
+      continue
+    spec = by_name.get(name)
+    if spec is None:
+      raise ConversionError(
+          f"{where}: variable {name} (shape {shape}) has no place in BertForPreTraining "
+          "(a fine-tuned head or another architecture?); skip it with --ignore='<regex>'.")
+    expected = spec.source_shape(kind)
+    if shape != expected:
+      raise ConversionError(
+          f"{where}: variable {name} has shape {shape} but {config_file} gives {expected} "
+          f"(hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
+          f"vocab_size={config.vocab_size}); use the config that belongs to this checkpoint.")
+    flat[spec.path] = names.to_flax(spec, formats.as_float32(source.get(name), name, casts),
+                                    kind)
+  for tied_name, (target, get) in source.tied.items():
+    if target in source.shapes and not np.array_equal(get(tied_name), source.get(target)):
+      raise ConversionError(f"{where}: {tied_name} differs from {target}; this model ties the "
+                            "MLM decoder to the word embeddings (and its bias), as BERT does.")
+
+  missing = [s for s in table if s.path not in flat]
+  fatal = [s for s in missing if s.path.startswith("bert/") and not s.path.startswith(
+      "bert/pooler/")]
+  if fatal:
+    s = fatal[0]
+    raise ConversionError(
+        f"{where}: variable {s.hf if kind == 'hf' else s.tf} (expected shape "
+        f"{s.source_shape(kind)} from {config_file}) is missing ({len(fatal)} encoder variables "
+        "missing); num_layers or the layout does not match the checkpoint.")
+  rng = np.random.default_rng(seed)
+  for s in missing:  # pooler (BertForMaskedLM) and heads (BertModel): a fresh init
+    flat[s.path] = fresh_param(s, config.initializer_range, rng)
+  report = {"ignored_variables": ignored, "initialized_randomly": [s.path for s in missing],
+            "cast_to_float32_from": casts, "num_mapped": len(table) - len(missing)}
+  return flat, report
+
+
 # ----------------------------------------------------------------------------------------------
 # Import (TF or HF) -> (params, BertConfig, meta).
 # ----------------------------------------------------------------------------------------------
