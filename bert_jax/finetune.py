@@ -53,6 +53,7 @@ from bert_jax import finetune_tasks as ft
 from bert_jax import guard
 from bert_jax import heads
 from bert_jax import inference
+from bert_jax import manifest as manifest_lib
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
@@ -124,6 +125,37 @@ class DistillTeacher(NamedTuple):
   model: Any                     # heads.BertForSequenceClassification of the teacher's config
   pretrained: trainer_lib.Pretrained
   line: str                      # what was loaded, for the start-up print
+  record: dict = None            # {path, directory, sha256}: the teacher by content (resume)
+
+
+def distill_teacher_record(path, directory):
+  """The teacher as the resume state records it: by content, the sha256 of its export's
+  manifest (which lists every file's sha256), so the same export under another spelling of its
+  path is the same teacher and another export behind the same path is not (issue 32: paths
+  were compared as strings; a trailing '/' was refused)."""
+  directory = str(directory)
+  manifest = os.path.join(directory, manifest_lib.NAME)
+  return dict(path=path, directory=directory,
+              sha256=manifest_lib.sha256_file(manifest) if manifest_lib.has_manifest(directory)
+              else None)
+
+
+def check_same_distill_teacher(was, now, workdir):
+  """A resumed run keeps its teacher: `was` (the resume state's record; a path string in runs
+  from before records) against `now` (this run's record or None); one line naming both."""
+  def same():
+    if not was or not now:
+      return not was and not now
+    if isinstance(was, dict) and was.get("sha256") and now.get("sha256"):
+      return was["sha256"] == now["sha256"]
+    old = was.get("directory") if isinstance(was, dict) else was    # no hash: where it lives
+    return os.path.realpath(str(old)) == os.path.realpath(now["directory"])
+  if not same():
+    side = lambda r: ("none" if not r else r if isinstance(r, str) else  # noqa: E731
+                      f"{r['path']} (sha256 {str(r.get('sha256'))[:16]})")
+    raise ConfigError(f"--workdir={workdir} holds a run distilled from {side(was)}, not "
+                      f"--config.distill_teacher={side(now)}; use the same teacher or a new "
+                      "workdir.")
 
 
 def load_distill_teacher(config, task, tokenizer):
@@ -174,7 +206,8 @@ def load_distill_teacher(config, task, tokenizer):
           f"{config.distill_temperature:g}: loss = {a:g} x T^2 x KL(teacher || student) + "
           f"{1 - a:g} x cross-entropy on the labels; the teacher runs frozen in every step "
           f"({c.dtype})")
-  return DistillTeacher(model, trainer_lib.read_pretrained(found.checkpoint), line)
+  return DistillTeacher(model, trainer_lib.read_pretrained(found.checkpoint), line,
+                        distill_teacher_record(path, found.directory))
 
 
 def teacher_frozen(teacher, dummy, mesh, rules):
@@ -371,6 +404,7 @@ class Run(NamedTuple):
   input_keys: tuple
   writer: Any
   is_main: bool
+  distill_teacher: dict = None   # DistillTeacher.record, or None
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str):
@@ -421,7 +455,7 @@ def _finetune(config, workdir):
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
             ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
-            jax.process_index() == 0)
+            jax.process_index() == 0, teacher.record if teacher else None)
 
   # --- State: pre-trained `bert` + a fresh head (or the export's head when only evaluating). ---
   with trainer_lib.mesh_rules(mesh):
@@ -521,7 +555,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
         task=run.task.name, num_train_steps=num_train_steps, step=step, history=history,
         best_score=float(best["score"]), best_epoch=best["epoch"], best_step=best["step"],
         best_dir=best["dir"], model_config=run.model_config.to_dict(), input_position=step,
-        distill_teacher=run.config.get("distill_teacher", "")),
+        distill_teacher=run.distill_teacher or ""),
         force=True)
     manager.wait_until_finished()
 
@@ -579,11 +613,7 @@ def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
     raise ConfigError(f"--workdir={run.workdir} holds a {meta['task']} run of "
                       f"{meta['num_train_steps']} steps, not {run.task.name} with "
                       f"{num_train_steps}; use a new workdir.")
-  teacher = run.config.get("distill_teacher", "")
-  if meta.get("distill_teacher", "") != teacher:
-    raise ConfigError(f"--workdir={run.workdir} holds a run with distill_teacher="
-                      f"{meta.get('distill_teacher') or 'none'}, not {teacher or 'none'}; use the "
-                      "same --config.distill_teacher or a new workdir.")
+  check_same_distill_teacher(meta.get("distill_teacher"), run.distill_teacher, run.workdir)
   history.extend(metrics_writer.eval_tags(h) for h in meta["history"])  # older names too
   best.update(score=meta["best_score"], epoch=meta["best_epoch"], step=meta.get("best_step"),
               dir=meta["best_dir"])

@@ -374,3 +374,34 @@ def test_distillation_refuses_a_teacher_with_another_vocab_of_the_same_size(tmp_
     distil.load_teacher(c, student)
   c.vocab_file = vocab
   assert distil.load_teacher(c, student).model_config.vocab_size == n   # its own: accepted
+
+
+# ----------------------------------------------------------------------------------------------
+# Case 8: a task-distillation run's teacher is identified by content on resume.
+# ----------------------------------------------------------------------------------------------
+def test_resumed_task_distillation_identifies_its_teacher_by_content(tmp_path):
+  """Before: the resume state held --config.distill_teacher as typed and compared strings: the
+  same export written with a trailing '/' was refused, and another export copied behind the
+  same path was accepted. Now the record is the export's manifest sha256."""
+  import shutil
+  from bert_jax import finetune
+  vocab, _, n = _vocab_files(tmp_path)
+  del vocab
+  export = _teacher_export(tmp_path, n)
+  was = finetune.distill_teacher_record(export, export)                 # the first run's
+  finetune.check_same_distill_teacher(was, finetune.distill_teacher_record(
+      export + "/", export + "/"), "wd")                                   # same teacher: resumes
+  finetune.check_same_distill_teacher(export + "/", was, "wd")             # an older run's path
+  finetune.check_same_distill_teacher(None, None, "wd")                    # no teacher either time
+  # Another teacher behind the same path (a re-export): refused, naming both.
+  (tmp_path / "elsewhere").mkdir()
+  other = _teacher_export(tmp_path / "elsewhere", n + 1)
+  shutil.rmtree(export)
+  shutil.copytree(other, export)
+  now = finetune.distill_teacher_record(export, export)
+  assert now["sha256"] != was["sha256"]
+  with pytest.raises(finetune.ConfigError, match=r"--workdir=wd holds a run distilled from "
+                     r".*teacher \(sha256 .*\), not --config.distill_teacher=.*teacher \(sha256"):
+    finetune.check_same_distill_teacher(was, now, "wd")
+  with pytest.raises(finetune.ConfigError, match=r"distilled from none, not"):
+    finetune.check_same_distill_teacher(None, now, "wd")
