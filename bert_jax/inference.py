@@ -231,12 +231,23 @@ def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=
   return found[0]
 
 
-def check_vocab_hash(meta, path, directory):
+def check_vocab_hash(meta, path, directory, own=None):
   """The training run recorded its vocab's sha256 (`vocab_hash`: the full digest, or a 16-character
-  prefix before 2026-11-25): refuse another."""
+  prefix before 2026-11-25): refuse another. Without a record (exports from before records), the
+  checkpoint's own vocab file (`own`: _candidates', bundled or named by its config) identifies it
+  by content; with neither, a note says the vocab was taken on its size alone (issue 32)."""
   recorded = meta.get("vocab_hash")
   if not recorded:
-    return
+    if own is None:   # the checkpoint's own file was taken: nothing to compare it with
+      return
+    mine = [v or m for v, m, _ in own if v or m]
+    if not mine:
+      print(f"note: {directory} records no vocabulary and bundles none; {path} is taken on "
+            "its size alone.", flush=True)
+      return
+    if any(os.path.realpath(str(f)) == os.path.realpath(str(path)) for f in mine):
+      return
+    recorded = files_lib.sha256_file(mine[0])
   actual = files_lib.sha256_file(path)
   if not files_lib.same_sha256(recorded, actual):
     raise InferenceLoadError(
@@ -286,7 +297,8 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   params = ckpt_lib.read_params(found) if with_params else None
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)
-  check_vocab_hash(meta, vocab_file or spm_model_file, directory)
+  check_vocab_hash(meta, vocab_file or spm_model_file, directory,
+                   _candidates(kind, directory, meta) if how == "given" else None)
   settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
   lower, casing = settings["do_lower_case"], settings["casing_source"]
   if python_tokenizer and vocab_file and settings.get("pretokenizer") in (None, "", "none"):

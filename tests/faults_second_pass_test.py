@@ -405,3 +405,34 @@ def test_resumed_task_distillation_identifies_its_teacher_by_content(tmp_path):
     finetune.check_same_distill_teacher(was, now, "wd")
   with pytest.raises(finetune.ConfigError, match=r"distilled from none, not"):
     finetune.check_same_distill_teacher(None, now, "wd")
+
+
+# ----------------------------------------------------------------------------------------------
+# Case 4: an export without a recorded vocab hash is identified by its own vocab file.
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["bundled", "recorded_path", "none"])
+def test_an_export_without_a_vocab_hash_refuses_a_shuffled_vocab(tmp_path, capsys, how):
+  """Before: an export that records no vocab_hash (written before issue 23's records) accepted
+  a shuffled vocab of the same size in extract_features, predict and finetune (all of them load
+  through inference.load_for_inference), exit 0 and other features. Now its own vocab (bundled,
+  or the file its meta names) is compared by content; with neither, a note says so."""
+  from bert_jax import inference
+  vocab, shuffled, n = _vocab_files(tmp_path)
+  meta = {"do_lower_case": True, "task": "sst2", "epoch": 1}   # a best_epochN of an old run
+  if how == "recorded_path":
+    meta["vocab_file"] = vocab
+  export = _teacher_export(tmp_path, n, meta=meta, bundle=vocab if how == "bundled" else None)
+  if how == "none":
+    m = inference.load_for_inference(export, vocab_file=shuffled, with_params=False)
+    assert m.vocab_file == shuffled
+    assert f"note: {export} records no vocabulary and bundles none; {shuffled} is taken on its " \
+           "size alone." in capsys.readouterr().out
+    return
+  with pytest.raises(inference.InferenceLoadError, match=r"shuffled.txt \(sha256 .*\) is not "
+                     r"the vocabulary .*teacher was trained with"):
+    inference.load_for_inference(export, vocab_file=shuffled, with_params=False)
+  import shutil
+  copy = str(tmp_path / "copy_of_vocab.txt")
+  shutil.copyfile(vocab, copy)              # the same content under another name: accepted
+  assert inference.load_for_inference(export, vocab_file=copy, with_params=False).vocab_file \
+      == copy
