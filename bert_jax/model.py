@@ -25,6 +25,12 @@ Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only):
 ALBERT adds bert/embeddings/projection and names its shared layer bert/encoder/layer_shared (or
 shared_attention / shared_ffn beside layer_{i}); sop_head replaces nsp_head; SpanBERT has
 sbo_head/{position_embeddings, dense_1, layer_norm_1, dense_2, layer_norm_2, output_bias}.
+The modern encoder's fields (ModernBERT, NeoBERT: bert_jax/families/modernbert.py) change the
+same tree: position_embedding="rope" drops position_embeddings (q and k turned instead, rope.py);
+ffn="geglu"/"swiglu" puts layer_{i}/mlp/{Wi [H, 2I], Wo [I, H]} (modern_layers.py) in place of
+intermediate/output; use_bias=False drops every bias but mlm_head/output_bias; norm= picks the
+norms' kind (layer_norm_no_bias, rms_norm: scale only); prenorm=True adds bert/encoder/final_norm
+and, after a normalised embedding, layer_0 has no attention_layer_norm (HF's Identity).
 
 Every parameter carries logical axis names and activations carry logical constraints; the rules
 table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside a mesh).
@@ -40,6 +46,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bert_jax import attention as attention_lib
+from bert_jax import modern_layers
+from bert_jax import rope as rope_lib
 from bert_jax.families import registry as families_registry
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -47,8 +55,13 @@ SHARE_LAYERS = ("none", "all", "attention", "ffn")
 OBJECTIVES = ("mlm", "nsp", "sop", "sbo", "rtd")
 GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
                     "generator_intermediate_size")
+# The modern encoder's fields (ModernBERT, NeoBERT): each a switch of one module, BERT's at default.
+MODERN_FIELDS = ("position_embedding", "rope_theta_global", "rope_theta_local", "local_window",
+                 "global_every", "ffn", "norm", "prenorm", "embedding_norm", "use_bias")
 FAMILY_FIELDS = ("family", "embedding_size", "share_layers", "objectives", "sbo_max_targets",
-                 *GENERATOR_FIELDS)
+                 *GENERATOR_FIELDS, *MODERN_FIELDS)
+POSITION_EMBEDDINGS = ("learned", "rope")
+FFNS = ("dense", "geglu", "swiglu")   # dense: act(x W1) W2 (BERT); gated: modern_layers.py
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,6 +102,19 @@ class BertConfig:
   generator_num_layers: int = 0
   generator_num_heads: int = 0
   generator_intermediate_size: int = 0
+  # The modern encoder (ModernBERT, Warner et al. 2024; NeoBERT, Breton et al. 2025). Defaults
+  # are BERT's (left out of to_dict() there, so older checkpoints compare equal).
+  position_embedding: str = "learned"   # learned: a [max_pos, E] table (BERT) | rope (rope.py)
+  rope_theta_global: float = 10_000.0   # RoPE theta of global layers (ModernBERT 160,000)
+  rope_theta_local: float = 10_000.0    # ... of local (windowed) layers (ModernBERT 10,000)
+  local_window: int = 0                 # local layers see |i - j| <= W/2 (ModernBERT 128); 0 none
+  global_every: int = 1                 # layer i is global when i % global_every == 0 (ModernBERT 3)
+  ffn: str = "dense"                    # dense (BERT) | geglu (ModernBERT) | swiglu (NeoBERT)
+  norm: str = "layer_norm"              # layer_norm | layer_norm_no_bias | rms_norm
+  prenorm: bool = False                 # x + f(norm(x)) and a final norm (post-LN when False)
+  embedding_norm: bool = True           # the embeddings' norm; prenorm with it: layer 0 has no
+                                        #   attention norm (ModernBERT), without: it has (NeoBERT)
+  use_bias: bool = True                 # biases in every dense of the body and MLM transform
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -147,8 +173,46 @@ class BertConfig:
       raise ValueError(f"BertConfig: family={self.family!r} with objectives="
                        f"{self.objectives!r}; {foreign[0][0]} is {foreign[0][1].display}'s "
                        f"alone (family={foreign[0][1].name!r}).")
+    self._check_modern_fields()
     if family.check_config:
       family.check_config(self)
+
+  def _check_modern_fields(self):
+    for f, allowed in (("position_embedding", POSITION_EMBEDDINGS), ("ffn", FFNS),
+                       ("norm", modern_layers.NORMS)):
+      if getattr(self, f) not in allowed:
+        raise ValueError(f"BertConfig: {f}={getattr(self, f)!r} is not one of {allowed}.")
+    for f in ("rope_theta_global", "rope_theta_local"):
+      if not getattr(self, f) > 1:
+        raise ValueError(f"BertConfig: {f}={getattr(self, f)!r}; RoPE's theta must be > 1 "
+                         "(ModernBERT: 160000 global, 10000 local).")
+    if self.local_window < 0 or self.local_window % 2:
+      raise ValueError(f"BertConfig: local_window={self.local_window}; an even number of tokens "
+                       "(each query sees window/2 either side; ModernBERT: 128), 0 for none.")
+    if self.local_window > self.max_position_embeddings:
+      raise ValueError(f"BertConfig: local_window={self.local_window} is larger than "
+                       f"max_position_embeddings={self.max_position_embeddings}; every layer "
+                       "would be global: set local_window=0.")
+    if self.global_every < 1:
+      raise ValueError(f"BertConfig: global_every={self.global_every}; >= 1 (1: every layer "
+                       "global; ModernBERT: 3).")
+    modern = [f for f in MODERN_FIELDS if getattr(self, f) != _DEFAULTS[f]]
+    if modern and (self.share_layers != "none" or self.factorised):
+      raise ValueError(f"BertConfig: {modern[0]}={getattr(self, modern[0])!r} with share_layers="
+                       f"{self.share_layers!r}, embedding_size={self.embedding_size}; the modern "
+                       "encoder's fields need share_layers='none' and embedding_size=0.")
+    if not self.embedding_norm and not self.prenorm:
+      raise ValueError("BertConfig: embedding_norm=False needs prenorm=True (a post-LN layer "
+                       "reads its input unnormalised only after a norm).")
+    if self.position_embedding == "rope" and self.head_dim % 2:
+      raise ValueError(f"BertConfig: position_embedding='rope' with head size {self.head_dim}; "
+                       "RoPE turns pairs of channels: pick heads so that H/heads is even.")
+
+  def layer_attention(self, i):
+    """(window or None, RoPE theta) of layer i: modern_layers.layer_attention of these fields."""
+    return modern_layers.layer_attention(
+        i, global_every=self.global_every, window=self.local_window or None,
+        global_theta=self.rope_theta_global, local_theta=self.rope_theta_local)
 
   @property
   def objective_list(self) -> tuple:
@@ -263,11 +327,15 @@ def _activation(name):
 def _dense(config, features, names, name, dtype=None):
   """Dense with kernel [in, out] named `names` and bias named names[1:]."""
   return nn.Dense(features, dtype=dtype or config.dtype, param_dtype=config.param_dtype,
-                  kernel_init=_init(config, names), bias_init=_zeros(names[1:]), name=name)
+                  use_bias=config.use_bias, kernel_init=_init(config, names),
+                  bias_init=_zeros(names[1:]), name=name)
 
 
 def _layer_norm(config, name):
   # Statistics and normalisation in float32 even under bfloat16 compute; callers cast back.
+  if config.norm != "layer_norm":   # ModernBERT's bias-free LayerNorm, NeoBERT's RMSNorm
+    return modern_layers.norm(config.norm, eps=config.layer_norm_eps, name=name,
+                              param_dtype=config.param_dtype)
   return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=jnp.float32,
                       param_dtype=config.param_dtype,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
@@ -297,6 +365,9 @@ class _HeadsDense(nn.Module):
   def __call__(self, x):
     c = self.config
     kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
+    if not c.use_bias:   # ModernBERT: attention_bias=False
+      x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=c.dtype)
+      return jnp.einsum(self.equation, x, kernel)
     bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=c.dtype)
     return jnp.einsum(self.equation, x, kernel) + bias
@@ -311,6 +382,8 @@ class BertEmbeddings(nn.Module):
 
   ALBERT (embedding_size E > 0): the tables are [., E], LayerNorm and dropout run at width E and
   a dense E -> H (`projection`, HF's encoder.embedding_hidden_mapping_in) follows.
+  position_embedding="rope" (ModernBERT, NeoBERT): no position table (the attention turns q and
+  k instead); embedding_norm=False (NeoBERT): no norm here (layer 0 normalises its input).
   """
   config: BertConfig
 
@@ -321,10 +394,12 @@ class BertEmbeddings(nn.Module):
                                       param_dtype=c.param_dtype,
                                       embedding_init=_init(c, names))
     self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"))
-    self.position_embeddings = embed(c.max_position_embeddings, ("pos", "embed"))
+    if c.position_embedding == "learned":
+      self.position_embeddings = embed(c.max_position_embeddings, ("pos", "embed"))
     if c.type_vocab_size:   # DistilBERT (0) has no segment table and ignores segment_ids
       self.token_type_embeddings = embed(c.type_vocab_size, ("type", "embed"))
-    self.layer_norm = _layer_norm(c, None)
+    if c.embedding_norm:
+      self.layer_norm = _layer_norm(c, None)
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
     if c.factorised:
       self.projection = _dense(c, c.hidden_size, ("embed2", "embed"), None)  # [E, H]
@@ -335,13 +410,16 @@ class BertEmbeddings(nn.Module):
     if seq_len > self.config.max_position_embeddings:
       raise ValueError(f"BertEmbeddings: sequence length {seq_len} exceeds "
                        f"max_position_embeddings={self.config.max_position_embeddings}.")
-    # Packed rows restart positions at each instance ([B, T]); unpacked rows count 0..T-1.
-    positions = (self.position_embeddings(jnp.arange(seq_len))[None]    # [1, T, E]
-                 if position_ids is None else self.position_embeddings(position_ids))  # [B, T, E]
-    x = self.word_embeddings(input_ids) + positions                      # [B, T, E]
+    x = self.word_embeddings(input_ids)                                  # [B, T, E]
+    if self.config.position_embedding == "learned":
+      # Packed rows restart positions at each instance ([B, T]); unpacked rows count 0..T-1.
+      x = x + (self.position_embeddings(jnp.arange(seq_len))[None]       # [1, T, E]
+               if position_ids is None else self.position_embeddings(position_ids))  # [B, T, E]
     if self.config.type_vocab_size:
       x = x + self.token_type_embeddings(segment_ids)                    # [B, T, E]
-    x = self.layer_norm(x).astype(self.config.dtype)
+    if self.config.embedding_norm:
+      x = self.layer_norm(x)
+    x = x.astype(self.config.dtype)
     x = self.dropout(x, deterministic=deterministic)
     if self.config.factorised and project:
       x = self.projection(x)                                             # [B, T, H]
@@ -354,11 +432,17 @@ attention_mask = attention_lib.attention_mask
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention over keys with the same id (see `attention_mask`)."""
+  """Multi-head self-attention over keys with the same id (see `attention_mask`).
+
+  position_embedding="rope": q and k turned by their positions (`position_ids` [B, T], each
+  instance's own in a packed row; None: 0..T-1) at layer `index`'s theta; a local layer
+  (config.layer_attention) also masks keys farther than local_window/2 (attention.py's window).
+  """
   config: BertConfig
+  index: int = 0   # the layer's, for its window and RoPE theta
 
   @nn.compact
-  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False, position_ids=None):
     c = self.config
     n, d = c.num_heads, c.head_dim
     qkv = lambda name: _HeadsDense(c, "BTH,HND->BTND", (c.hidden_size, n, d),
@@ -366,6 +450,10 @@ class SelfAttention(nn.Module):
     q = _constrain(qkv("query")(x), *BTND)   # [B, T, N, D]
     k = _constrain(qkv("key")(x), *BTND)     # [B, S, N, D]
     v = _constrain(qkv("value")(x), *BTND)   # [B, S, N, D]
+    window = None
+    if c.position_embedding == "rope":
+      window, theta = c.layer_attention(self.index)
+      q, k = rope_lib.apply_rope(q, k, position_ids, theta=theta)        # [B, T, N, D] each
 
     # Masking constant: google-research/bert adds -10000.0 to the logits; HF adds
     # finfo(dtype).min; jax.nn.dot_product_attention *replaces* them with -0.7 * float32 max.
@@ -378,44 +466,72 @@ class SelfAttention(nn.Module):
     backend = c.attention
     if backend == "auto":   # the same choice train.py's start-up line prints
       backend = attention_lib.select_backend("auto", packed=block_diagonal, dtype=c.dtype,
-                                             seq_len=x.shape[1], dropout=dropout).backend
+                                             seq_len=x.shape[1], dropout=dropout,
+                                             window=window).backend
     ctx = attention_lib.dot_product_attention(
         q, k, v, attention_ids, packed=block_diagonal, backend=backend, dropout_rate=dropout,
         dropout_rng=self.make_rng("dropout") if dropout > 0 else None,
-        deterministic=deterministic)                                      # [B, T, N, D]
+        deterministic=deterministic, window=window)                       # [B, T, N, D]
     ctx = _constrain(ctx, *BTND)
     out = _HeadsDense(c, "BTND,NDH->BTH", (n, d, c.hidden_size), ("heads", "kv", "embed"),
                       (c.hidden_size,), ("embed",), name="output")(ctx)
     return _constrain(out, *BTH)
 
 
-def _attention_block(c, x, attention_ids, deterministic, block_diagonal):
-  """x = LN(x + Attn(x)). Called inside a module's compact method: creates its `attention` and
-  `attention_layer_norm` there (BertLayer's names, or a shared block's)."""
-  y = SelfAttention(c, name="attention")(x, attention_ids, deterministic, block_diagonal)
+def _attention_block(c, x, attention_ids, deterministic, block_diagonal, position_ids=None,
+                     index=0):
+  """x = LN(x + Attn(x)), or pre-norm x + Attn(LN(x)). Called inside a module's compact method:
+  creates its `attention` and `attention_layer_norm` there (BertLayer's names, or a shared
+  block's). Pre-norm layer 0 after a normalised embedding has no norm (ModernBERT's Identity)."""
+  attention = SelfAttention(c, index, name="attention")
+  if c.prenorm:
+    h = x if index == 0 and c.embedding_norm else (
+        _layer_norm(c, "attention_layer_norm")(x).astype(c.dtype))
+    y = attention(h, attention_ids, deterministic, block_diagonal, position_ids)
+    y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
+    return _constrain(x + y, *BTH)                                       # [B, T, H]
+  y = attention(x, attention_ids, deterministic, block_diagonal, position_ids)
   y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
   x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
   return _constrain(x, *BTH)
 
 
-def _ffn_block(c, x, deterministic):
-  """x = LN(x + FFN(x)); creates `intermediate`, `output`, `output_layer_norm` in the caller."""
+def _ffn(c, x, deterministic):
+  """The feed-forward [B, T, H] -> [B, T, H]: BERT's `intermediate` + act + `output`, or the
+  gated GeGLU/SwiGLU `mlp` (Wi [H, 2I], Wo [I, H]; modern_layers.py), dropout on its output."""
+  if c.ffn != "dense":
+    return modern_layers.GatedFeedForward(
+        c.hidden_size, c.intermediate_size, c.hidden_act if c.ffn == "geglu" else "silu",
+        use_bias=c.use_bias, dropout_rate=c.hidden_dropout_prob, dtype=c.dtype,
+        param_dtype=c.param_dtype, kernel_init=nn.initializers.truncated_normal(
+            c.initializer_range), name="mlp")(x, deterministic)
   y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x)
   y = _constrain(_activation(c.hidden_act)(y),
                  "activation_batch", "activation_length", "activation_mlp")  # [B, T, I]
   y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)          # [B, T, H]
-  y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
-  x = _layer_norm(c, "output_layer_norm")(x + y).astype(c.dtype)
+  return nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
+
+
+def _ffn_block(c, x, deterministic):
+  """x = LN(x + FFN(x)), or pre-norm x + FFN(LN(x)); creates the FFN and `output_layer_norm`
+  in the caller."""
+  if c.prenorm:
+    h = _layer_norm(c, "output_layer_norm")(x).astype(c.dtype)
+    return _constrain(x + _ffn(c, h, deterministic), *BTH)
+  x = _layer_norm(c, "output_layer_norm")(x + _ffn(c, x, deterministic)).astype(c.dtype)
   return _constrain(x, *BTH)
 
 
 class BertLayer(nn.Module):
-  """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+  """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)); prenorm=True:
+  x = x + Attn(LN(x)); x = x + FFN(LN(x)) (ModernBERT, NeoBERT)."""
   config: BertConfig
+  index: int = 0   # the layer's place in the encoder (its window and RoPE theta)
 
   @nn.compact
-  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
-    x = _attention_block(self.config, x, attention_ids, deterministic, block_diagonal)
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False, position_ids=None):
+    x = _attention_block(self.config, x, attention_ids, deterministic, block_diagonal,
+                         position_ids, self.index)
     return _ffn_block(self.config, x, deterministic)
 
 
@@ -448,7 +564,7 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, attention_ids, deterministic, block_diagonal=False):
+  def __call__(self, x, attention_ids, deterministic, block_diagonal=False, position_ids=None):
     c = self.config
     # static_argnums counts `self` as 0: (x=1, attention_ids=2, deterministic=3,
     # block_diagonal=4), and for FFNBlock (x=1, deterministic=2). Static flags keep the Python
@@ -469,11 +585,15 @@ class BertEncoder(nn.Module):
       attns = [attn_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
       layers = [functools.partial(_two_blocks, attn, ffn) for attn in attns]
     else:
-      layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
+      layers = [layer_cls(c, i, name=f"layer_{i}") for i in range(c.num_layers)]
+    # RoPE reads each token's position ([B, T], per instance when packed; None: 0..T-1).
+    rope = (position_ids,) if c.position_embedding == "rope" else ()
     hidden_states = [x]
     for layer in layers:
-      x = layer(x, attention_ids, deterministic, block_diagonal)
+      x = layer(x, attention_ids, deterministic, block_diagonal, *rope)
       hidden_states.append(x)
+    if c.prenorm:   # pre-norm's final norm (hidden_states keep the layers' outputs, as HF's)
+      x = _layer_norm(c, "final_norm")(x).astype(c.dtype)
     return x, tuple(hidden_states)
 
 
@@ -506,7 +626,7 @@ class BertModel(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, T, H]
     # Attention ids in the contract of an attention backend: segment-ids style, 0 = padding.
     x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
-                                    packed)
+                                    packed, position_ids)
     cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
     pooled = (jnp.tanh(self.pooler(cls))                     # [B, H] or [B, K, H] from [CLS]
               if self.config.has_pooler else None)           # DistilBERT: no pooler

@@ -1,0 +1,185 @@
+"""ModernBERT (Warner et al. 2024, arXiv 2412.13663) and NeoBERT (Breton et al. 2025,
+arXiv 2502.19587): the modern encoder as presets of our one encoder (model.py's modern fields).
+
+What differs from BERT, each a BertConfig field (model.py) rather than a second model:
+  position_embedding="rope"  no position table; q, k turned (theta 160,000 global / 10,000 local)
+  local_window=128, global_every=3   layers 0, 3, 6, ... global, the others see |i - j| <= 64
+  ffn="geglu" (NeoBERT "swiglu")     Wi [H, 2I], Wo [I, H] (modern_layers.GatedFeedForward)
+  norm="layer_norm_no_bias" (NeoBERT "rms_norm"), eps 1e-5, prenorm with a final norm
+  use_bias=False              no bias in q/k/v/o, Wi/Wo or the MLM transform (the decoder keeps
+                              its bias, as HF's decoder_bias=True)
+  type_vocab_size=0, no pooler, MLM only (30%, no sentence objective)
+
+Parameter tree against transformers' ModernBertForMaskedLM (convert/modernbert.py maps them):
+  bert/embeddings/word_embeddings/embedding [V, H]    model.embeddings.tok_embeddings.weight
+  bert/embeddings/layer_norm/scale [H]                model.embeddings.norm.weight
+  bert/encoder/layer_{i}/attention/{query,key,value}/kernel [H, N, D]
+                                                      model.layers.{i}.attn.Wqkv.weight [3H, H]
+  bert/encoder/layer_{i}/attention/output/kernel [N, D, H]   model.layers.{i}.attn.Wo.weight
+  bert/encoder/layer_{i}/attention_layer_norm/scale   model.layers.{i}.attn_norm.weight (i > 0)
+  bert/encoder/layer_{i}/output_layer_norm/scale      model.layers.{i}.mlp_norm.weight
+  bert/encoder/layer_{i}/mlp/{Wi,Wo}/kernel           model.layers.{i}.mlp.{Wi,Wo}.weight
+  bert/encoder/final_norm/scale                       model.final_norm.weight
+  mlm_head/transform/kernel, transform_layer_norm     head.dense.weight, head.norm.weight
+  mlm_head/output_bias [V]                            decoder.bias (decoder.weight tied)
+A fine-tuned [CLS] head is HF's ModernBertForSequenceClassification's: head/{dense,norm} on the
+[CLS] state (classifier_pooling="cls"), dropout, classifier.
+"""
+
+import dataclasses
+
+from flax import linen as nn
+
+from bert_jax import model as model_lib
+from bert_jax.families import bert
+from bert_jax.families import registry as families
+
+# transformers' ModernBertConfig defaults (base): norm_eps 1e-5, no biases, dropout 0 everywhere
+# (embedding_dropout, attention_dropout, mlp_dropout, classifier_dropout), gelu (exact).
+_MODERNBERT = dict(
+    family="modernbert", objectives="mlm", type_vocab_size=0, position_embedding="rope",
+    rope_theta_global=160_000.0, rope_theta_local=10_000.0, local_window=128, global_every=3,
+    ffn="geglu", norm="layer_norm_no_bias", prenorm=True, use_bias=False, layer_norm_eps=1e-5,
+    hidden_dropout_prob=0.0, attention_dropout_prob=0.0, vocab_size=50_368,
+    max_position_embeddings=8_192, hidden_act="gelu")
+
+PRESETS = {
+    # 22 x 768, 12 heads, GeGLU 1,152: 149,014,272 parameters in ModernBertModel (transformers).
+    "modernbert-base": dict(_MODERNBERT, num_layers=22, hidden_size=768, num_heads=12,
+                            intermediate_size=1_152),
+    # 28 x 1,024, 16 heads, GeGLU 2,624: 394,781,696 (tests/modernbert_test.py counts both).
+    "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1_024, num_heads=16,
+                             intermediate_size=2_624),
+    # NeoBERT (its paper, Table 1; chandar-lab/NeoBERT): 28 x 768, 12 heads, SwiGLU of width
+    # swiglu_width(3,072) = 2,048, RMSNorm (eps 1e-5), RoPE theta 10,000 on every (global) layer,
+    # 4,096 context, no norm on the embeddings (layer 0 normalises its input), BERT's 30,522
+    # WordPiece vocab. Its HF port is remote code, not transformers: no converter here.
+    "neobert": dict(_MODERNBERT, num_layers=28, hidden_size=768, num_heads=12,
+                    intermediate_size=2_048, ffn="swiglu", norm="rms_norm", local_window=0,
+                    global_every=1, rope_theta_global=10_000.0, embedding_norm=False,
+                    max_position_embeddings=4_096, vocab_size=30_522),
+    # CPU sizes (tests, the quick start): ModernBERT's shape at BERT-tiny/mini widths, window 16.
+    "modernbert-tiny": dict(_MODERNBERT, num_layers=3, hidden_size=128, num_heads=2,
+                            intermediate_size=192, local_window=16, max_position_embeddings=1_024),
+    "modernbert-mini": dict(_MODERNBERT, num_layers=6, hidden_size=256, num_heads=4,
+                            intermediate_size=384, local_window=32, max_position_embeddings=1_024),
+}
+
+
+def check_config(config):
+  if config.position_embedding != "rope" or not config.prenorm or config.ffn == "dense":
+    raise ValueError(f"BertConfig: family={config.family!r} with position_embedding="
+                     f"{config.position_embedding!r}, prenorm={config.prenorm}, ffn="
+                     f"{config.ffn!r}; the modern encoder is rope, prenorm=True and a gated "
+                     "ffn (geglu | swiglu).")
+
+
+def recipe(c, preset):
+  """ModernBERT's pre-training (Warner et al. 2024, section 2.2): MLM at 30% with no sentence
+  objective (records from create_pretraining_data --no_nsp), 1,024-token rows in its first
+  phase. Predictions per row as google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024."""
+  del preset
+  c.masked_lm_prob = 0.3
+  c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
+
+
+def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
+  """Analytic training FLOPs per sequence (3 x forward, 2 a multiply-add), as BERT's
+  (families/bert.py): per token 6 x (4H^2 for q,k,v,o + 3HI for the gated FFN's Wi [H, 2I] and
+  Wo [I, H]); attention scores + context 12 x T x S x H per layer with S = T on global layers and
+  S = min(T, W + 1) keys on local ones (|i - j| <= W/2: what the blocked kernel's output depends
+  on, not the 3W/2 keys it computes); the MLM head (H -> H transform, tied H -> V decoder) on the
+  masked positions. No pooler, no sentence head, no position table."""
+  del num_nsp, teacher_config
+  h, l, t, i, v = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size, \
+      cfg.vocab_size
+  dense = 6 * l * (4 * h * h + 3 * h * i) * t
+  keys = [t if window is None else min(t, window + 1)
+          for window, _ in map(cfg.layer_attention, range(l))]
+  attention = sum(12 * t * s * h for s in keys)
+  mlm_head = 6 * num_predictions * (h * h + h * v)
+  return dense + attention + mlm_head
+
+
+class PredictionHead(nn.Module):
+  """transformers' ModernBertPredictionHead: dense H -> H (classifier_bias=False), act, norm
+  (bias-free LayerNorm): the transform a ModernBERT classifier reads [CLS] through."""
+  config: model_lib.BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    x = model_lib._dense(c, c.hidden_size, ("embed", "embed2"), "dense")(x)   # [B, (K,) H]
+    x = model_lib._activation(c.hidden_act)(x)
+    return model_lib._layer_norm(c, "norm")(x).astype(c.dtype)
+
+
+def cls_logits(config, out, num_labels, deterministic):
+  """ModernBertForSequenceClassification's head (classifier_pooling="cls"): head (dense + GELU
+  + norm) on the last layer's [CLS] state, dropout (classifier_dropout 0.0), classifier dense
+  with a bias. The names are HF's: a fine-tuned tree reads {bert, head, classifier}."""
+  x = PredictionHead(config, name="head")(out["cls_output"])               # [B, (K,) H]
+  x = nn.Dropout(0.0)(x, deterministic=deterministic)   # HF's classifier_dropout default
+  return bert.head_dense(config, num_labels, "classifier")(x)             # [B, (K,) L]
+
+
+def describe(config, purpose, params_keys=(), do_train=True):
+  del params_keys
+  shape = (f"{config.num_layers} pre-norm layers of width {config.hidden_size}, RoPE, "
+           f"{config.ffn}" + (f", window {config.local_window} on the layers not every "
+                              f"{config.global_every}th" if config.local_window else ""))
+  if purpose == "predict":
+    return f"ModernBERT: fill-mask with its MLM head ({shape})"
+  if purpose == "features":
+    return f"ModernBERT: features of params['bert'] ({shape}; no token types)"
+  if not do_train:
+    return "ModernBERT: evaluating params['bert'] with its fine-tuned head"
+  return (f"ModernBERT: fine-tuning params['bert'] ({shape}); a [CLS] task gets "
+          "ModernBertForSequenceClassification's head, new (head: dense + GELU + norm on [CLS], "
+          "classifier)")
+
+
+def _hf_config_file(path):
+  return bert.hf_config_file(path)
+
+
+def import_hf(path, vocab_file=None, do_lower_case=None):
+  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  return convert_modernbert.import_hf(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
+
+
+def export_hf(m, output):
+  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  return convert_modernbert.export_model(m, output)
+
+
+def hf_config_json(config, pad_token_id=0):
+  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  return convert_modernbert.hf_config_json(config, pad_token_id)
+
+
+def num_params(cfg, with_mlm_head=False):
+  """Parameters of ModernBertModel (the encoder; + ModernBertForMaskedLM's head and decoder bias
+  with with_mlm_head), counted from the config: what transformers counts."""
+  h, l, i, v = cfg.hidden_size, cfg.num_layers, cfg.intermediate_size, cfg.vocab_size
+  bias = cfg.use_bias
+  norm = h * (2 if cfg.norm == "layer_norm" else 1)
+  attention = 4 * h * h + (4 * h if bias else 0)
+  ffn = 3 * h * i + ((2 * i + h) if bias else 0)
+  norms = 2 * l - (1 if cfg.embedding_norm else 0)   # layer 0's attention norm is Identity
+  total = (v * h + (norm if cfg.embedding_norm else 0) + l * (attention + ffn) + norms * norm
+           + norm)                                  # + final norm
+  if with_mlm_head:
+    total += h * h + (h if bias else 0) + norm + v
+  return int(total)
+
+
+FAMILY = families.register(dataclasses.replace(
+    bert.FAMILY, name="modernbert", presets=PRESETS, title="ModernBERT",
+    summary="ModernBERT (Warner et al. 2024) / NeoBERT (Breton et al. 2025): pre-norm, RoPE, "
+            "GeGLU/SwiGLU, local+global attention, MLM only at 30%",
+    token_types=False, pooler=False, exact_objectives=("mlm",), check_config=check_config,
+    recipe=recipe, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
+    describe=describe, hf_model_types=("modernbert",), hf_config_file=_hf_config_file,
+    tf_config_names=(), config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,
+    hf_config_json=hf_config_json, hf_class="ModernBertForMaskedLM"))
