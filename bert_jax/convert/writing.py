@@ -107,8 +107,10 @@ def write_export(output, params, config, meta):
 
   def write(tmp):
     ckpt_lib.save_params(tmp, params, config, meta)
-    shutil.copyfile(vocab_path, os.path.join(
-        tmp, meta["spm_model_file"] if "spm_model_file" in meta else VOCAB_NAME))
+    # The tokenizer under its own name: a SentencePiece .model, a Hugging Face tokenizer.json
+    # (ModernBERT's imports record it as meta["tokenizer_json"]), else a WordPiece vocab.txt.
+    name = meta.get("spm_model_file") or meta.get("tokenizer_json") or VOCAB_NAME
+    shutil.copyfile(vocab_path, os.path.join(tmp, name))
 
   finish_atomically(output, write)
   return meta
