@@ -20,7 +20,9 @@ pattern before any compute (`check_records`). The fields the contract rests on:
   command                                the command line that made the records
 
 Records without it (google-research/bert's own) are still read: their first record is checked
-for the lengths by the input pipeline, and they are counted by reading them, with a note saying so.
+for the lengths by the input pipeline, they are counted by reading them, with a note saying so,
+and their first records' next_sentence_labels tell NSP pairs from full sentences for the model's
+sentence objective (sniff_nsp_pairs).
 """
 
 import json
@@ -164,12 +166,52 @@ def _check_sentence_objective(path, info, field, expected):
                     "(no NSP pairs): the NSP head sees label 0 only; "
                     "--config.model.objectives=mlm drops it (RoBERTa's recipe).")
     return
-  make = {"nsp": "create_pretraining_data (NSP pairs, the default)",
-          "sop": "create_pretraining_data --sop", "none": "create_pretraining_data --no_nsp"}
   raise DataContractError(
       f"{field}: the records in {os.path.dirname(path)} were made for sentence objective "
       f"{records!r} ({path}) but the model trains {model_side!r} (config.model.objectives); "
-      f"remake the records with {make[model_side]} or pick a model with the records' objective.")
+      f"remake the records with {_MAKE[model_side]} or pick a model with the records' objective.")
+
+
+_MAKE = {"nsp": "create_pretraining_data (NSP pairs, the default)",
+         "sop": "create_pretraining_data --sop", "none": "create_pretraining_data --no_nsp"}
+# Records read from each file without a dataset_info.json to tell NSP pairs: half of NSP pairs
+# have a random next sentence (label 1), so 64 records all labelled 0 happen by chance with
+# probability 2^-64; full-sentence (--no_nsp) records are all 0.
+SNIFF_RECORDS = 64
+
+
+def sniff_nsp_pairs(files, n=SNIFF_RECORDS):
+  """The first of `files` whose first n records hold a next_sentence_labels of 1 (a random next
+  sentence: NSP pairs, which google-research/bert's create_pretraining_data always makes), or
+  None. For records without a dataset_info.json: what they are, read from themselves."""
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  for f in files:
+    try:
+      raws = list(tf.data.TFRecordDataset(f).take(n).as_numpy_iterator())
+    except tf.errors.OpError:   # unreadable: the input pipeline's first-record check names it
+      continue
+    for raw in raws:
+      feature = tf.train.Example.FromString(raw).features.feature.get("next_sentence_labels")
+      if feature is not None and 1 in feature.int64_list.value:
+        return f
+  return None
+
+
+def _check_records_without_info(files, field, sentence_objective):
+  """Records without a dataset_info.json (google-research/bert's) are checked against the
+  model's sentence objective as ours are, from their labels (issue 32: ELECTRA trained on
+  google's NSP pairs and refused our own): NSP pairs for a model that trains 'none' or 'sop'
+  are the same one-line error."""
+  if sentence_objective in (None, "nsp") or not files:
+    return
+  pairs = sniff_nsp_pairs(files)
+  if pairs:
+    raise DataContractError(
+        f"{field}: the records in {os.path.dirname(pairs)} (no {INFO_FILE}) are NSP pairs "
+        f"({pairs} has next_sentence_labels of 1, a random next sentence, in its first "
+        f"{SNIFF_RECORDS} records: google-research/bert's format) but the model trains "
+        f"{sentence_objective!r} (config.model.objectives); remake the records with "
+        f"{_MAKE[sentence_objective]} or pick a model with the records' objective.")
 
 
 def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lower_case,
@@ -200,6 +242,8 @@ def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lowe
                                 "in the same directory?); move it out or regenerate the records.")
       _check_size(f, listed[name].get("bytes"), path)
       counts[f] = int(listed[name]["num_instances"])
+  _check_records_without_info([f for d in without for f in _by_directory(files)[d]], field,
+                              sentence_objective)
   return counts, without
 
 

@@ -436,3 +436,72 @@ def test_an_export_without_a_vocab_hash_refuses_a_shuffled_vocab(tmp_path, capsy
   shutil.copyfile(vocab, copy)              # the same content under another name: accepted
   assert inference.load_for_inference(export, vocab_file=copy, with_params=False).vocab_file \
       == copy
+
+
+# ----------------------------------------------------------------------------------------------
+# Case 6: what sentence-pair records are is said the same way with or without dataset_info.json.
+# ----------------------------------------------------------------------------------------------
+def _pair_records(directory, *, random_next, seq=32, n=24, info=False):
+  """Unmasked records as google-research/bert writes them (no dataset_info.json unless `info`):
+  next_sentence_labels 1 for every other record when random_next (NSP pairs), else all 0."""
+  from bert_jax_core.tf_setup import tf
+  from data_pipelines import dataset_info
+  directory.mkdir(parents=True)
+  path = directory / "part-00000-of-00001.tfrecord"
+  with tf.io.TFRecordWriter(str(path)) as w:
+    for i in range(n):
+      f = {"input_ids": [2] + [7] * (seq - 2) + [3], "input_mask": [1] * seq,
+           "segment_ids": [0] * (seq // 2) + [1] * (seq // 2),
+           "next_sentence_labels": [int(random_next and i % 2 == 1)]}
+      w.write(tf.train.Example(features=tf.train.Features(feature={
+          k: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+          for k, v in f.items()})).SerializeToString())
+  if info:
+    dataset_info.write(str(directory), dict(
+        shards=[dict(file=path.name, num_instances=n)], max_seq_length=seq,
+        nsp=random_next, sentence_objective="nsp" if random_next else "none",
+        vocab_sha256=None, vocab_size=100, do_lower_case=None))
+  return [str(path)]
+
+
+def _check(files, sentence_objective):
+  from data_pipelines import dataset_info
+  return dataset_info.check_records(
+      files, field="config.train_input_files", vocab_path=None, vocab_size=100,
+      vocab_sha256=None, do_lower_case=None, seq_length=32, max_predictions_per_seq=5,
+      sentence_objective=sentence_objective, log=lambda _: None)
+
+
+def test_nsp_pair_records_are_refused_for_a_model_without_nsp_with_or_without_a_contract(
+    tmp_path):
+  """Before: ELECTRA (no sentence objective) on google-format NSP pairs (no dataset_info.json)
+  trained, on our own NSP records it was refused. Now both are refused, the contract-less ones
+  from their own next_sentence_labels (dataset_info.sniff_nsp_pairs)."""
+  from data_pipelines import dataset_info
+  google = _pair_records(tmp_path / "google", random_next=True)
+  ours = _pair_records(tmp_path / "ours", random_next=True, info=True)
+  full = _pair_records(tmp_path / "full", random_next=False)
+  with pytest.raises(dataset_info.DataContractError, match=r"were made for sentence objective "
+                     r"'nsp' .* but the model trains 'none'"):
+    _check(ours, "none")
+  for objective in ("none", "sop"):
+    with pytest.raises(dataset_info.DataContractError, match=
+                       r"config.train_input_files: the records in .*google \(no dataset_info.json"
+                       rf"\) are NSP pairs .* but the model trains '{objective}'.*remake the "
+                       r"records with create_pretraining_data --"):
+      _check(google, objective)
+  assert _check(google, "nsp") == ({}, [str(tmp_path / "google")])    # BERT: as before
+  _check(full, "none")                                   # full sentences: nothing to refuse
+
+
+def test_electra_refuses_google_format_pair_records_before_the_model(tmp_path):
+  from bert_jax import train
+  from bert_jax.configs import pretrain
+  from data_pipelines import dataset_info
+  c = pretrain.get_config("electra-tiny,runlocal")
+  c.train_input_files = _pair_records(tmp_path / "google", random_next=True)[0]
+  c.seq_length, c.max_predictions_per_seq = 32, 5
+  c.vocab_file = _vocab_files(tmp_path, n=128)[0]
+  with pytest.raises(dataset_info.DataContractError, match=r"are NSP pairs .* but the model "
+                     r"trains 'none'"):
+    train.validate_inputs(c, str(tmp_path / "wd"))
