@@ -22,7 +22,7 @@ pattern before any compute (`check_records`). The fields the contract rests on:
 Records without it (google-research/bert's own) are still read: their first record is checked
 for the lengths by the input pipeline, they are counted by reading them, with a note saying so,
 and their first records' next_sentence_labels tell NSP pairs from full sentences for the model's
-sentence objective (sniff_nsp_pairs).
+sentence objective (sniff_sentence_pairs).
 """
 
 import json
@@ -174,16 +174,17 @@ def _check_sentence_objective(path, info, field, expected):
 
 _MAKE = {"nsp": "create_pretraining_data (NSP pairs, the default)",
          "sop": "create_pretraining_data --sop", "none": "create_pretraining_data --no_nsp"}
-# Records read from each file without a dataset_info.json to tell NSP pairs: half of NSP pairs
-# have a random next sentence (label 1), so 64 records all labelled 0 happen by chance with
-# probability 2^-64; full-sentence (--no_nsp) records are all 0.
+# Records read from each file without a dataset_info.json to tell sentence pairs: half of NSP
+# pairs have a random next sentence (label 1), half of SOP pairs a swapped one, so 64 records all
+# labelled 0 happen by chance with probability 2^-64; full-sentence (--no_nsp) records are all 0.
 SNIFF_RECORDS = 64
 
 
-def sniff_nsp_pairs(files, n=SNIFF_RECORDS):
-  """The first of `files` whose first n records hold a next_sentence_labels of 1 (a random next
-  sentence: NSP pairs, which google-research/bert's create_pretraining_data always makes), or
-  None. For records without a dataset_info.json: what they are, read from themselves."""
+def sniff_sentence_pairs(files, n=SNIFF_RECORDS):
+  """The first of `files` whose first n records hold a next_sentence_labels of 1 (a random or
+  swapped next sentence: NSP pairs as google-research/bert's create_pretraining_data always
+  makes, or ALBERT's SOP pairs; the labels alone cannot tell which), or None. For records
+  without a dataset_info.json: what they are, read from themselves."""
   from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   for f in files:
     try:
@@ -198,20 +199,20 @@ def sniff_nsp_pairs(files, n=SNIFF_RECORDS):
 
 
 def _check_records_without_info(files, field, sentence_objective):
-  """Records without a dataset_info.json (google-research/bert's) are checked against the
-  model's sentence objective as ours are, from their labels (issue 32: ELECTRA trained on
-  google's NSP pairs and refused our own): NSP pairs for a model that trains 'none' or 'sop'
-  are the same one-line error."""
-  if sentence_objective in (None, "nsp") or not files:
+  """Records without a dataset_info.json (google-research/bert's) against a model without a
+  sentence objective, as ours are checked (issue 32: ELECTRA trained on google's NSP pairs and
+  refused our own): sentence pairs for a model that trains 'none' are the same one-line error.
+  (An NSP or SOP model takes them: which of the two the labels mean is not in the records.)"""
+  if sentence_objective != "none" or not files:
     return
-  pairs = sniff_nsp_pairs(files)
+  pairs = sniff_sentence_pairs(files)
   if pairs:
     raise DataContractError(
-        f"{field}: the records in {os.path.dirname(pairs)} (no {INFO_FILE}) are NSP pairs "
-        f"({pairs} has next_sentence_labels of 1, a random next sentence, in its first "
-        f"{SNIFF_RECORDS} records: google-research/bert's format) but the model trains "
-        f"{sentence_objective!r} (config.model.objectives); remake the records with "
-        f"{_MAKE[sentence_objective]} or pick a model with the records' objective.")
+        f"{field}: the records in {os.path.dirname(pairs)} (no {INFO_FILE}) are sentence pairs "
+        f"({pairs} has next_sentence_labels of 1, a random or swapped next sentence, in its "
+        f"first {SNIFF_RECORDS} records: google-research/bert's NSP format) but the model trains "
+        "'none' (config.model.objectives); remake the records with "
+        f"{_MAKE['none']} or pick a model with a sentence objective.")
 
 
 def check_records(files, *, field, vocab_path, vocab_size, vocab_sha256, do_lower_case,
