@@ -297,8 +297,7 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   params = ckpt_lib.read_params(found) if with_params else None
   vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
                                                          spm_model_file)
-  check_vocab_hash(meta, vocab_file or spm_model_file, directory,
-                   _candidates(kind, directory, meta) if how == "given" else None)
+  check_vocab_hash(meta, vocab_file or spm_model_file, directory)
   settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
   lower, casing = settings["do_lower_case"], settings["casing_source"]
   if python_tokenizer and vocab_file and settings.get("pretokenizer") in (None, "", "none"):
@@ -313,5 +312,8 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
     raise InferenceLoadError(
         f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
         f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
+  if how == "given" and not meta.get("vocab_hash"):   # no record: the checkpoint's own file
+    check_vocab_hash(meta, vocab_file or spm_model_file, directory,
+                     _candidates(kind, directory, meta))
   return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
                         meta, directory, describe(kind, directory, meta), found)
