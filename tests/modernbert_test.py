@@ -25,6 +25,7 @@ from bert_jax import families
 from bert_jax import model as model_lib
 from bert_jax.convert import modernbert as convert_modernbert
 from bert_jax.families import modernbert as family
+from tests.families_train_test import records  # noqa: F401 (the records fixture)
 
 TOL = 1e-4
 
@@ -269,3 +270,33 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   w = cfg.local_window
   extra = local * 12 * t * (3 * w // 2 - (w + 1)) * cfg.hidden_size
   assert counted == b * (family.flops_per_sequence(cfg, t, p) + extra)
+
+
+@pytest.mark.slow
+def test_pretrains_through_the_loop_and_exports_to_transformers(records, tmp_path):
+  """modernbert-tiny pre-trains on packed --no_nsp records (MLM only, loss finite and falling
+  from ln(V)), and its checkpoint exported through convert.export_model_to_hf gives transformers'
+  ModernBertForMaskedLM the MLM logits of our model within 1e-4."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from tests import families_train_test  # pylint: disable=g-import-not-at-top
+  config = families_train_test._config("modernbert-tiny", records, "full", num_train_steps=4)
+  assert config.masked_lm_prob == 0.3 and config.pack
+  out = train.train_and_evaluate(config, str(tmp_path / "run"))
+  losses = [m["loss"] for _, m in out["history"]["train"]]
+  assert np.isfinite(losses).all() and set(out["history"]["train"][-1][1]) >= {"mlm_loss"}
+  assert not {"nsp_loss", "sop_loss"} & set(out["history"]["train"][-1][1])
+  m = inference.load_for_inference(str(tmp_path / "run"))
+  hf_dir = convert.export_model_to_hf(m, str(tmp_path / "hf"), str(tmp_path / "run"))
+  hf = transformers.ModernBertForMaskedLM.from_pretrained(hf_dir, attn_implementation="eager")
+  ids = np.random.default_rng(0).integers(5, m.config.vocab_size, (2, 40))
+  mask = np.ones_like(ids)
+  mask[1, 25:] = 0
+  with torch.no_grad():
+    theirs = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  _, ours = _ours(m.params, m.config, ids, mask)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(ours[real], theirs.numpy()[real], atol=TOL, rtol=TOL)
+  assert os.path.isfile(os.path.join(hf_dir, "vocab.txt"))

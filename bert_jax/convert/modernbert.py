@@ -319,8 +319,10 @@ def _tokenizer_meta(path, vocab_file, do_lower_case, config):
 # ----------------------------------------------------------------------------------------------
 # ours -> transformers.
 # ----------------------------------------------------------------------------------------------
-def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=None):
-  """output/{model.safetensors, config.json} (+ tokenizer.json), atomically."""
+def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=None,
+                 vocab_file=None, do_lower_case=None):
+  """output/{model.safetensors, config.json} + the tokenizer, atomically: its tokenizer.json, or
+  (a model pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files."""
   import shutil  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   ids = special_ids or {}
@@ -337,6 +339,9 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
       json.dump(config_json, f, indent=2, sort_keys=True)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, os.path.join(tmp, TOKENIZER))
+    elif vocab_file:
+      formats.write_tokenizer_files(tmp, vocab_file, do_lower_case,
+                                    config.max_position_embeddings)
 
   return writing.finish_atomically(output, write)
 
@@ -347,4 +352,6 @@ def export_model(m, output):
   vocab = m.tokenizer.vocab
   ids = {r: getattr(vocab, f"{r}_id", None) for r in ("pad", "unk", "cls", "sep", "mask")}
   return export_to_hf(m.params, m.config, output, tokenizer_file=tokenizer_file,
-                      special_ids={k: int(v) for k, v in ids.items() if v is not None})
+                      special_ids={k: int(v) for k, v in ids.items() if v is not None},
+                      vocab_file=None if tokenizer_file else m.vocab_file,
+                      do_lower_case=m.do_lower_case)
