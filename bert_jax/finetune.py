@@ -207,7 +207,7 @@ def load_distill_teacher(config, task, tokenizer):
           f"{1 - a:g} x cross-entropy on the labels; the teacher runs frozen in every step "
           f"({c.dtype})")
   return DistillTeacher(model, trainer_lib.read_pretrained(found.checkpoint), line,
-                        distill_teacher_record(path, found.directory))
+                        distill_teacher_record(path, found.path))
 
 
 def teacher_frozen(teacher, dummy, mesh, rules):
