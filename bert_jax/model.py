@@ -153,10 +153,12 @@ class BertConfig:
                        "has none.")
     if family.token_types != (self.type_vocab_size != 0) or self.type_vocab_size < 0:
       without = [f for f in _families().registered() if not f.token_types]
+      why = (f"{family.display} has no token types (exactly 0)" if not family.token_types else
+             f"{family.display} has token types (>= 1); "
+             f"{'/'.join(f.display for f in without)} has no token types (exactly 0: "
+             f"family={without[0].name!r})")
       raise ValueError(f"BertConfig: family={self.family!r} with type_vocab_size="
-                       f"{self.type_vocab_size}; {'/'.join(f.display for f in without)} has no "
-                       f"token types (exactly 0: family={without[0].name!r}), every other "
-                       "family >= 1.")
+                       f"{self.type_vocab_size}; {why}.")
     parts = self.objective_list
     unknown = [o for o in parts if o not in OBJECTIVES]
     sentence = [o for o in parts if o in ("nsp", "sop")]

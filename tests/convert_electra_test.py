@@ -223,7 +223,7 @@ def test_a_discriminator_folder_and_an_exported_pair_load_wherever_a_checkpoint_
   out = convert_electra.export_to_hf(params, config, str(tmp_path / "pair"),
                                      vocab_file=_vocab(tmp_path), do_lower_case=True)
   m = inference.load_for_inference(out)
-  assert "an ELECTRA discriminator + generator" in capsys.readouterr().out
+  assert f"{out}: a Hugging Face folder (electra); converted to Orbax" in capsys.readouterr().out
   assert set(m.params) == {"bert", "rtd_head", "generator", "mlm_head"}
   jax.tree.map(np.testing.assert_array_equal, m.params, params)
   result = predict.predict(predict.load(out), "w1 [MASK] w2", top_k=2)   # the generator

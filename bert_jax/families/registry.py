@@ -194,7 +194,7 @@ def for_hf_folder(path) -> Family:
     if kind in family.hf_model_types and family.hf_config_file(path):
       return family
   known = sorted(t for f in REGISTRY.values() for t in f.hf_model_types)
-  raise ValueError(f"{path}: a transformers folder of model_type {kind!r}; bert_jax converts "
+  raise ValueError(f"{path}: a transformers folder of model_type={kind!r}; bert_jax converts "
                    f"{', '.join(known)} (bert_jax/families/).")
 
 
