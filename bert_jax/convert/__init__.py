@@ -239,6 +239,11 @@ def hf_state_dict(params, config, where="checkpoint"):
   """Flax BertForPreTraining params -> {HF name: array} (tied decoder left to transformers)."""
   flat = names.flatten(params)
   table = specs_for(config)
+  if masked_lm_only(config, flat):
+    # An MLM-only model (the RoBERTa recipe, SpanBERT, a family without a sentence task) has no
+    # NSP head to export and its pooler fed no loss: transformers' BertForMaskedLM, which has
+    # neither (export_model_to_hf writes that architecture).
+    table = [s for s in table if not s.path.startswith(("nsp_head/", "bert/pooler/"))]
   for s in table:
     if s.path not in flat:
       raise ConversionError(f"{where}: parameter {s.path} (shape {s.shape}) is missing; export "
@@ -247,6 +252,11 @@ def hf_state_dict(params, config, where="checkpoint"):
       raise ConversionError(f"{where}: parameter {s.path} has shape {tuple(flat[s.path].shape)} "
                             f"but its {ckpt_lib.CONFIG_NAME} gives {s.shape}.")
   return {s.hf: names.from_flax(s, np.asarray(flat[s.path]), "hf") for s in table}
+
+
+def masked_lm_only(config, flat):
+  """A BERT-named tree without a sentence head: exported as BertForMaskedLM."""
+  return config.sentence_objective is None and not any(p.startswith("nsp_head/") for p in flat)
 
 
 def export_model_to_hf(m, output, checkpoint):
@@ -269,6 +279,9 @@ def export_model_to_hf(m, output, checkpoint):
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~umask)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       hf_config = family.hf_config_json(m.config, pad_id)
+      if hf_config.get("architectures") == ["BertForPreTraining"] and masked_lm_only(
+          m.config, names.flatten(m.params)):
+        hf_config["architectures"] = ["BertForMaskedLM"]
       json.dump(hf_config, f, indent=2, sort_keys=True)
     if m.spm_model_file:  # tokenizer.json (PreTrainedTokenizerFast) with the same ids
       sentencepiece_export.write_tokenizer_files(tmp, m.spm_model_file,

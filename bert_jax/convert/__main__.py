@@ -17,6 +17,9 @@ The direction follows from --input (auto-detected; --source overrides). Every us
 line on stderr and exit code 2 (bert_jax_core.errors).
 """
 
+import json
+import os
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -63,7 +66,10 @@ def main(argv):
                                      do_lower_case=FLAGS.do_lower_case)
     print(f"loaded {m.description}", flush=True)   # the step and path, as every loader says
     out = convert.export_model_to_hf(m, FLAGS.output, FLAGS.input)
-    print(f"wrote Hugging Face {families.get(m.config.family).hf_class} to {out}")
+    written = os.path.join(out, "config.json")   # the architecture the folder says it holds
+    what = (json.load(open(written, encoding="utf-8"))["architectures"][0]
+            if os.path.isfile(written) else families.get(m.config.family).hf_class)
+    print(f"wrote Hugging Face {what} to {out}")
     return
   print(f"loading the {source} checkpoint {FLAGS.input}", flush=True)
   meta = convert.convert_to_orbax(
