@@ -278,7 +278,8 @@ def test_hf_folders_convert_on_the_fly_and_our_head_is_transformers(tmp_path, mo
   with pytest.raises(predict.PredictError, match="MLM head was initialised randomly"):
     predict.load(body_dir)
   predictor = predict.load(mlm_dir)
-  assert "a DistilBertForMaskedLM; converted to Orbax" in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert f"{mlm_dir}: a Hugging Face folder (distilbert); converted to Orbax" in printed
   assert len(predict.predict(predictor, "the man went to the [MASK] .")["masks"]) == 1
   # Converted once: the second load reads the cache.
   inference.load_for_inference(mlm_dir, with_params=False)
