@@ -26,6 +26,7 @@ from bert_jax.convert import names
 from bert_jax.convert import sentencepiece_export
 # The writing half lives in convert/writing.py (the family converters use it without importing
 # this package: distilbert.py <-> __init__ was an import cycle); re-exported as the public API.
+from bert_jax.convert import writing
 from bert_jax.convert.writing import (VOCAB_NAME, check_new_output, finish_atomically,  # noqa: F401
                                       fresh_param, read_tokenizer_meta, write_export)
 from bert_jax.convert.formats import ConversionError, check_casing  # noqa: F401 (public API)
@@ -261,7 +262,6 @@ def masked_lm_only(config, flat):
 
 def export_model_to_hf(m, output, checkpoint):
   """A loaded inference.InferenceModel (from `checkpoint`) -> HF folder `output`."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   check_new_output(output)
   family = families.get(m.config.family)
   if family.export_hf:   # its own names and folders (ELECTRA: two networks, two folders)
@@ -271,12 +271,7 @@ def export_model_to_hf(m, output, checkpoint):
 
   def write(tmp):
     os.makedirs(tmp)
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    # safetensors writes the file 0600; give it the mode every other file of the export gets
-    # (0666 less the umask: 0644 by default), so a shared or served export is readable.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~umask)
+    writing.save_safetensors(tmp, state)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       hf_config = family.hf_config_json(m.config, pad_id)
       if hf_config.get("architectures") == ["BertForPreTraining"] and masked_lm_only(

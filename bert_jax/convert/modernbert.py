@@ -324,17 +324,13 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
   """output/{model.safetensors, config.json} + the tokenizer, atomically: its tokenizer.json, or
   (a model pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   ids = special_ids or {}
   state = hf_state_dict(params, config)
   config_json = hf_config_json(config, ids.get("pad", 0), ids)
 
   def write(tmp):
     os.makedirs(tmp)
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~umask)
+    writing.save_safetensors(tmp, state)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(config_json, f, indent=2, sort_keys=True)
     if tokenizer_file:

@@ -81,6 +81,18 @@ def _read_tokenizer(base, vocab_file, config, config_file):
   return dict(key="spm_model_file", path=spm_files[0], size=size, tokens=None)
 
 
+def save_safetensors(directory, state):
+  """directory/model.safetensors with the mode every other file of an export gets (0666 less
+  the umask: 0644 by default; safetensors writes 0600), so a shared or served export is
+  readable."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  path = os.path.join(directory, "model.safetensors")
+  save_file(state, path, metadata={"format": "pt"})
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(path, 0o666 & ~umask)
+
+
 def finish_atomically(output, write):
   """Runs write(tmp_dir) then renames tmp_dir -> output; leaves nothing behind on failure."""
   if "://" in output:
