@@ -7,6 +7,7 @@ the name table of convert/names.py. The RoBERTa recipe is BERT with --config.mod
 on --no_nsp records (docs/models.md), not a family of its own.
 """
 
+import importlib
 import os
 
 import jax.numpy as jnp
@@ -185,6 +186,32 @@ def name_table(config):
 def hf_config_json(config, pad_token_id=0):
   from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
   return formats.hf_config_json(config, pad_token_id)
+
+
+def own_hf_converter(module, *, importer="import_with_tokenizer", exporter=None):
+  """(import_hf, export_hf) hooks of a family whose transformers converter is its own module,
+  bert_jax.convert.<module> (ELECTRA, DistilBERT, ModernBERT), imported at the first call: the
+  converters import the families, so a top-level import here would be a cycle.
+
+  import_hf(path, vocab_file, do_lower_case) calls <module>.<importer> with those as keywords.
+  export_hf(m, output) calls <module>.<exporter>(m, output), or by default
+  <module>.export_to_hf(params, config, output, vocab_file, do_lower_case, pad_token_id) with
+  the InferenceModel's tokenizer."""
+  def converter():
+    return importlib.import_module(f"bert_jax.convert.{module}")
+
+  def import_hf(path, vocab_file=None, do_lower_case=None):
+    return getattr(converter(), importer)(path, vocab_file=vocab_file,
+                                          do_lower_case=do_lower_case)
+
+  def export_hf(m, output):
+    if exporter:
+      return getattr(converter(), exporter)(m, output)
+    return converter().export_to_hf(
+        m.params, m.config, output, vocab_file=m.vocab_file, do_lower_case=m.do_lower_case,
+        pad_token_id=m.tokenizer.vocab.pad_id)
+
+  return import_hf, export_hf
 
 
 FAMILY = families.register(families.Family(

@@ -104,17 +104,8 @@ def describe(config, purpose, params_keys=(), do_train=True):
           "classifier: as transformers' DistilBertForSequenceClassification)")
 
 
-def import_hf(path, vocab_file=None, do_lower_case=None):
-  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
-  return convert_distilbert.import_with_tokenizer(path, vocab_file=vocab_file,
-                                                  do_lower_case=do_lower_case)
-
-
-def export_hf(m, output):
-  from bert_jax.convert import distilbert as convert_distilbert  # pylint: disable=g-import-not-at-top
-  return convert_distilbert.export_to_hf(
-      m.params, m.config, output, vocab_file=m.vocab_file, do_lower_case=m.do_lower_case,
-      pad_token_id=m.tokenizer.vocab.pad_id)
+# transformers' DistilBertForMaskedLM, one folder (convert/distilbert.py).
+import_hf, export_hf = bert.own_hf_converter("distilbert")
 
 
 FAMILY = families.register(dataclasses.replace(

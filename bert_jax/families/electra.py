@@ -164,19 +164,9 @@ def hf_config_file(path):
   return bert.hf_config_file(path)
 
 
-def import_hf(path, vocab_file=None, do_lower_case=None):
-  """A pair folder, "DISC,GEN" or a discriminator folder alone -> (params, config, meta), with
-  the discriminator's tokenizer (vocab.txt and casing) recorded."""
-  from bert_jax.convert import electra as convert_electra  # pylint: disable=g-import-not-at-top
-  return convert_electra.import_with_tokenizer(path, vocab_file=vocab_file,
-                                               do_lower_case=do_lower_case)
-
-
-def export_hf(m, output):
-  from bert_jax.convert import electra as convert_electra  # pylint: disable=g-import-not-at-top
-  return convert_electra.export_to_hf(
-      m.params, m.config, output, vocab_file=m.vocab_file, do_lower_case=m.do_lower_case,
-      pad_token_id=m.tokenizer.vocab.pad_id)
+# import: a pair folder, "DISC,GEN" or a discriminator folder alone -> (params, config, meta),
+# with the discriminator's tokenizer (vocab.txt and casing) recorded; export: the pair folder.
+import_hf, export_hf = bert.own_hf_converter("electra")
 
 
 FAMILY = families.register(dataclasses.replace(

@@ -143,14 +143,8 @@ def _hf_config_file(path):
   return bert.hf_config_file(path)
 
 
-def import_hf(path, vocab_file=None, do_lower_case=None):
-  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
-  return convert_modernbert.import_hf(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
-
-
-def export_hf(m, output):
-  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
-  return convert_modernbert.export_model(m, output)
+import_hf, export_hf = bert.own_hf_converter("modernbert", importer="import_hf",
+                                              exporter="export_model")
 
 
 def hf_config_json(config, pad_token_id=0):
