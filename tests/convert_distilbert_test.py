@@ -105,7 +105,11 @@ def test_our_distilbert_exports_to_transformers_with_equal_outputs_and_back(tmp_
   src = str(tmp_path / "ours")
   ckpt_lib.save_params(src, params, config, {"do_lower_case": True})
   hf_testlib.write_vocab(os.path.join(src, "vocab.txt"), VOCAB)
-  distilbert.export_checkpoint_to_hf(src, str(tmp_path / "hf"))
+  with hf_testlib.umask(0o022):
+    distilbert.export_checkpoint_to_hf(src, str(tmp_path / "hf"))
+  # Every file readable by others, model.safetensors too (was 0600: safetensors' own mode).
+  modes = hf_testlib.file_modes(tmp_path / "hf")
+  assert set(modes.values()) == {0o644} and "model.safetensors" in modes, modes
   hf_json = json.load(open(tmp_path / "hf" / "config.json"))
   assert hf_json["model_type"] == "distilbert" and hf_json["n_layers"] == 2
   assert os.path.isfile(tmp_path / "hf" / "vocab.txt")

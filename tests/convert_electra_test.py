@@ -14,6 +14,7 @@ from bert_jax import electra
 from bert_jax import model as model_lib
 from bert_jax.convert import electra as convert_electra
 from bert_jax.convert.formats import ConversionError
+from tests import hf_testlib
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -92,7 +93,11 @@ def test_export_to_transformers_matches_within_1e4_and_imports_back(tmp_path):
   # A non-zero bias everywhere, so a bias mapped to the wrong place shows.
   params = jax.tree.map(lambda x: np.asarray(x) + np.float32(0.01) * np.sin(
       np.arange(x.size).reshape(x.shape)).astype(np.float32), params)   # numpy: no compiles
-  out = convert_electra.export_to_hf(params, TINY, str(tmp_path / "hf"))
+  with hf_testlib.umask(0o022):
+    out = convert_electra.export_to_hf(params, TINY, str(tmp_path / "hf"))
+  # Every file of both folders readable by others, as every export's (was 0600: safetensors').
+  modes = hf_testlib.file_modes(out)
+  assert set(modes.values()) == {0o644} and len(modes) == 4, modes
   disc_dir, gen_dir = os.path.join(out, "discriminator"), os.path.join(out, "generator")
   assert json.load(open(os.path.join(gen_dir, "config.json")))["hidden_size"] == 32
   ours = _ours(params, TINY)

@@ -1,5 +1,6 @@
 """Shared helpers for the conversion/parity tests: random HF BERTs, a word vocab, TF checkpoints."""
 
+import contextlib
 import json
 import os
 
@@ -18,6 +19,24 @@ def write_vocab(path, size):
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(tokens) + "\n")
   return tokens
+
+
+@contextlib.contextmanager
+def umask(mask):
+  """The process umask set to `mask` in the with-block (022: every export file is then 0644;
+  safetensors' own save_file writes 0600 whatever the umask)."""
+  old = os.umask(mask)
+  try:
+    yield
+  finally:
+    os.umask(old)
+
+
+def file_modes(directory):
+  """{path under directory: permission bits} of every file below it."""
+  return {os.path.relpath(os.path.join(root, f), directory):
+          os.stat(os.path.join(root, f)).st_mode & 0o777
+          for root, _, files in os.walk(directory) for f in files}
 
 
 def hf_config(**kw):

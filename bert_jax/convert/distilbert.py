@@ -253,12 +253,11 @@ def hf_state_dict(params, config):
 
 def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None, pad_token_id=0):
   """output/{model.safetensors, config.json} (+ tokenizer files with a vocab_file), atomically."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   state, config_json = hf_state_dict(params, config), hf_config_json(config, pad_token_id)
 
   def write(tmp):
     os.makedirs(tmp)
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    writing.save_safetensors(tmp, state)
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
       json.dump(config_json, f, indent=2, sort_keys=True)
     if vocab_file:

@@ -291,7 +291,6 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
   """Writes output/discriminator (ElectraForPreTraining) and output/generator
   (ElectraForMaskedLM), each model.safetensors + config.json (+ the tokenizer files when a
   vocab_file is given), atomically. Returns output."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   states = hf_state_dicts(params, config)
   configs = hf_config_jsons(config, pad_token_id)
 
@@ -299,7 +298,7 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
     for net in (DISCRIMINATOR, GENERATOR):
       d = os.path.join(tmp, net)
       os.makedirs(d)
-      save_file(states[net], os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+      writing.save_safetensors(d, states[net])
       with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
         json.dump(configs[net], f, indent=2, sort_keys=True)
       if vocab_file:
