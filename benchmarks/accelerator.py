@@ -41,11 +41,14 @@ the ratios (ours packed / the peer as a user runs it; ours unpacked / the peer: 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from bert_jax_core import errors
 
 # Instance length quantiles of the quick start's training records (25,334 instances of seq 128,
 # runs/quickstart/records/train, measured 2026-11-22): (quantile, tokens out of 128). Scaled to T.
@@ -259,6 +262,25 @@ def backends_to_run(requested, *, packed, dtype, seq, interpret):
   return ["xla"] + fused
 
 
+# A/B variants of a backend, in one process so XLA's autotuning results carry over between them
+# (most of a compile): `pallas_gpu@bwd64` (the Pallas kernel's backward tiles), `cudnn@M32`
+# (instances per packed row cuDNN is told of).
+_KNOBS = {"bwd": "PALLAS_BWD_BLOCK", "M": "CUDNN_MAX_SEGMENTS"}
+
+
+def parse_variant(spec):
+  """`cudnn@M32` -> ("cudnn", {"CUDNN_MAX_SEGMENTS": 32}); a one-line error for an unknown knob."""
+  backend, _, rest = spec.partition("@")
+  knobs = {}
+  for item in filter(None, rest.split("@")):
+    m = re.fullmatch(r"([A-Za-z]+)(\d+)", item)
+    if not m or m.group(1) not in _KNOBS:
+      raise errors.UserError(f"--backends: {spec!r}: a variant is BACKEND@KNOBn with KNOB one of "
+                             f"{', '.join(_KNOBS)} (pallas_gpu@bwd64, cudnn@M32)")
+    knobs[_KNOBS[m.group(1)]] = int(m.group(2))
+  return backend, knobs
+
+
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--cases", default="base128,large512", help="base128, large512 (comma list)")
@@ -423,19 +445,37 @@ def main(argv=None):
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)
-  results = []
+  results, failed = [], []
   for name in cases:
     case = CASES[name]
     batch = a.batch or case["batch"] * (jax.device_count() if case["per_chip"] else 1)
     for packed in {"both": (False, True), "packed": (True,), "unpacked": (False,)}[a.packing]:
-      for backend in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
-                                     interpret=a.interpret):
-        r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
-                warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
-                hidden_dropout=a.hidden_dropout, profile_steps_n=a.profile_steps,
-                profile_dir=a.profile_dir and os.path.join(
-                    a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{backend}"))
+      for spec in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
+                                  interpret=a.interpret):
+        backend, knobs = parse_variant(spec)
+        saved = {k: getattr(attention, k) for k in knobs}
+        for k, v in knobs.items():
+          setattr(attention, k, v)
+        try:
+          r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
+                  warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
+                  hidden_dropout=a.hidden_dropout, profile_steps_n=a.profile_steps,
+                  profile_dir=a.profile_dir and os.path.join(
+                      a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{spec}"))
+        except errors.UserError:
+          raise                     # a refusal (before any compute): one line, exit 2
+        except Exception as e:  # pylint: disable=broad-except
+          # A kernel that fails on this chip costs its own row, not the A/B's other rows.
+          first = (str(e).strip().splitlines() or [""])[0][:300]
+          print(f"{name:9s} {'packed' if packed else 'unpacked':8s} {spec}: FAILED: "
+                f"{type(e).__name__}: {first}", flush=True)
+          failed.append(spec)
+          continue
+        finally:
+          for k, v in saved.items():
+            setattr(attention, k, v)
         r["case"] = name
+        r["backend"] = spec
         results.append(r)
         print(format_row(r), flush=True)
   for name in cases:
@@ -445,6 +485,10 @@ def main(argv=None):
       print(format_peer(p, row), flush=True)
     for line in compare(name, results, rows, jax.device_count()):
       print(line, flush=True)
+  if failed:
+    print(f"error: these runs failed on the chip: {', '.join(failed)} (their lines above)",
+          file=sys.stderr)
+    sys.exit(1)
   if a.peer == "torch":
     return results, peers
   return results
@@ -460,5 +504,4 @@ def format_row(r):
 
 
 if __name__ == "__main__":
-  from bert_jax_core import errors
   errors.run_main(main, None)   # a backend that cannot run here: one line on stderr, exit 2

@@ -14,6 +14,14 @@ How the table is made, so a reader can check it:
      (CUPTI attaches the launching op's annotation to each kernel); on CPU, where no device
      plane exists, the thunks of device 0 on the `/host:CPU` worker threads. Kernels on the
      device plane without an HLO op (a stray memset, a library's own kernel) count as `other`.
+     XLA on a GPU replays most of the step as CUDA graphs (command buffers): every kernel in a
+     graph carries the graph's `hlo_op` (`command_buffer_1`), not its own. There a kernel is named
+     by its own name where that is an HLO instruction (XLA's fusions: `loop_add_fusion_21` is
+     `loop_add_fusion.21`); the rest (cuBLAS's `nvjet_*`/`cutlass*` GEMMs, Pallas/Triton kernels,
+     named by their library) are placed by order: kernels run in the schedule's order, so the
+     unnamed kernels between two named ones are the custom calls the schedule has between those
+     two fusions, dealt out in order (a GEMM's split-K reduction shares its GEMM's call). Seen on
+     an H200 with jax 0.11.2, 2026-11-26: 5,769 kernels of 3 steps, every one placed this way.
   2. Categories: each op is looked up in the HLO (a fusion by everything it contains) and put in
      the first category that fits, in this order: a fused attention custom call (cuDNN, Pallas,
      splash) -> `attention kernel`; a dot/convolution/GEMM call in the MLM head -> `MLM head +
@@ -33,6 +41,7 @@ How the table is made, so a reader can check it:
 
 import collections
 import glob
+import itertools
 import os
 import re
 import sys
@@ -116,6 +125,22 @@ def parse_hlo(text):
     comps[current].append(inst)
     index[name] = inst
   return comps, index
+
+
+def entry_order(text):
+  """[(instruction, kernel name or "")] of the ENTRY computation in the schedule's order
+  (`compiled.as_text()` of a scheduled module lists them in the order they run); the kernel name
+  is a Triton custom call's own (`name = "mha_forward"` in its backend config: Pallas on GPU)."""
+  m = re.search(r"^ENTRY\s", text, re.M)
+  if not m:
+    return []
+  out = []
+  for line in text[m.start():].splitlines()[1:]:
+    inst = _INSTR.match(line)
+    if inst:
+      kernel = re.search(r'\bname = "([^"]+)"', inst.group(2))
+      out.append((inst.group(1), kernel.group(1) if kernel else ""))
+  return out
 
 
 def _contents(name, comps, index):
@@ -223,10 +248,78 @@ def find_files(profile_dir):
   return planes[-1], hlos[0]
 
 
-def trace_events(xplane_path, module=STEP_MODULE):
+# A GPU kernel that no HLO op names (inside a CUDA graph): `KERNEL + its name` until placed.
+KERNEL = "kernel:"
+_LIBRARY_GEMM = re.compile(r"nvjet|gemm|cutlass|cublas|xmma|sm\d+_", re.I)
+
+
+def _kernel_op(op, name, index):
+  """The HLO op of a GPU kernel: its `hlo_op` if the HLO has it, else KERNEL + its own name (a
+  kernel replayed from a CUDA graph, placed later by place_kernels)."""
+  return op if index is None or op in index else KERNEL + name
+
+
+def _stem(name):
+  """`loop_add_fusion.21` -> `loop_add_fusion`: XLA names a fusion after what it fuses, and
+  compiles identical fusions once, under the first one's name (`loop_add_fusion_21` may run for
+  `loop_add_fusion.57`)."""
+  return re.sub(r"\.\d+$", "", name)
+
+
+def place_kernels(events, order, index):
+  """Names the KERNEL events by the schedule (see the module's docstring, step 1). Kernels run
+  in the schedule's order, so per line, in time order, each kernel takes the next instruction of
+  `order` (entry_order's) from where the last one was placed that it can be: a fusion kernel
+  (`loop_add_fusion_21`) the next fusion of the same stem, a Triton kernel the next custom call
+  of that kernel name, a cuBLAS kernel (`nvjet_*`, `cutlass*`) the next GEMM call; a second
+  kernel of one instruction (a split-K reduction) stays with it. Memsets and copies stay
+  unplaced (`other`)."""
+  names = [n for n, _ in order]
+  out = list(events)
+  by_line = collections.defaultdict(list)
+  for i, (key, start, *_rest) in enumerate(events):
+    by_line[key].append((start, i))
+
+  def fits(j, kernel):
+    name, triton = order[j]
+    inst = index.get(name)
+    if inst is None:
+      return False
+    if inst[1] == "custom-call":
+      return triton == kernel if triton else (
+          bool(_LIBRARY_GEMM.search(kernel)) and bool(GEMM_CALL.search(inst[4])))
+    guess = re.sub(r"_(\d+)$", r".\1", kernel)
+    return inst[1] == "fusion" and _stem(name) in (_stem(guess), kernel)
+
+  for idxs in by_line.values():
+    idxs.sort()
+    p, last = 0, None
+    for _, i in idxs:
+      op = events[i][3]
+      if op in index:
+        p, last = names.index(op) + 1 if op in names else p, op
+        continue
+      if op is None or not op.startswith(KERNEL):
+        continue
+      kernel = op[len(KERNEL):]
+      if last is not None and fits(names.index(last), kernel) and GEMM_CALL.search(
+          index[last][4]):
+        out[i] = (*events[i][:3], last)            # a GEMM's second kernel
+        continue
+      j = next((j for j in itertools.chain(range(p, len(order)), range(0, p))
+                if fits(j, kernel)), None)
+      if j is not None:
+        out[i] = (*events[i][:3], order[j][0])
+        p, last = j + 1, order[j][0]
+  return out
+
+
+def trace_events(xplane_path, module=STEP_MODULE, index=None):
   """[(line key, start ns, end ns, hlo op or None)] of the step's ops on its first device: the
   first device plane that has any (`/device:GPU:0`), else the host's thunks of device ordinal 0
-  (CPU; with several CPU devices each runs its own copy of every op on the same threads)."""
+  (CPU; with several CPU devices each runs its own copy of every op on the same threads). With
+  the HLO's `index`, a GPU kernel whose `hlo_op` the HLO lacks (a CUDA graph's) is named by
+  `_kernel_op`."""
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
   data = ProfileData.from_file(xplane_path)
   device_planes, host = {}, collections.defaultdict(list)
@@ -243,6 +336,8 @@ def trace_events(xplane_path, module=STEP_MODULE):
           continue
         if (op is None and not is_device) or e.duration_ns <= 0:
           continue                            # host bookkeeping (python, dispatch): not the step
+        if is_device and op is not None:
+          op = _kernel_op(op, e.name, index)
         event = ((plane.name, line.name), e.start_ns, e.start_ns + e.duration_ns, op)
         if is_device:
           device_planes.setdefault(plane.name, []).append(event)
@@ -265,9 +360,15 @@ def _innermost(events):
   """Per line, nested events -> non-overlapping segments, each owned by the innermost event
   open at that time (a CPU `while` gives way to its body's ops)."""
   by_line = collections.defaultdict(list)
-  for key, s, e, op in events:
-    by_line[key].append((s, -e, op))
   segments = []
+  for key, s, e, op in events:
+    if key[0].startswith("/device:"):
+      # A GPU stream's kernels do not nest; consecutive ones overlap by a few ns in CUPTI's
+      # timestamps (4,281 of 5,769 kernels on an H200), which nesting would read as a child
+      # clipped to its parent: each kernel is its own segment, and `attribute` shares overlaps.
+      segments.append((key, s, e, op))
+    else:
+      by_line[key].append((s, -e, op))
   for key, evs in by_line.items():
     evs.sort()
     stack = []                                   # [(end, op)] of open events, innermost last
@@ -318,9 +419,12 @@ def profile_table(profile_dir, *, module=STEP_MODULE, top=12):
   busy ms per step, and the `top` ops [(op, category, ms per step, source path)]."""
   xplane, hlo_path = find_files(profile_dir)
   with open(hlo_path) as f:
-    comps, index = parse_hlo(f.read())
-  events = trace_events(xplane, module)
-  counts = collections.Counter(op for *_, op in events if op)
+    text = f.read()
+  comps, index = parse_hlo(text)
+  events = place_kernels(trace_events(xplane, module, index), entry_order(text), index)
+  # Steps: from the ops the HLO names (a library kernel left unplaced may run twice per call).
+  counts = collections.Counter(op for *_, op in events if op and not op.startswith(KERNEL))
+  counts = counts or collections.Counter(op for *_, op in events if op)
   # Each top-level op runs once per step; ops inside loops run more often.
   steps = min(counts.values())
   # Kernels with no HLO op count only inside the step's span (the batch's copy-in before it, say,
@@ -337,15 +441,25 @@ def profile_table(profile_dir, *, module=STEP_MODULE, top=12):
   for op, ns in per_op.items():
     if op not in cache:
       contents = _contents(op, comps, index)
-      cache[op] = (classify(contents), where(contents)) if contents else ("other", "")
+      cache[op] = ((classify(contents), where(contents)) if contents else
+                   (_unplaced_category(op[len(KERNEL):]), "(unplaced kernel)")
+                   if op and op.startswith(KERNEL) else ("other", ""))
     cat, src = cache[op]
     cats[cat] += ns
     ops.append((op or "(kernel with no HLO op)", cat, ns / steps / 1e6, src))
   cats["idle"] += span - busy
   ops.sort(key=lambda r: -r[2])
+  unknown = sorted(op for op in cache if op and op not in index)
   return dict(categories={c: cats[c] / steps / 1e6 for c in CATEGORIES},
               steps=steps, step_ms=span / steps / 1e6, busy_ms=busy / steps / 1e6,
-              unknown_ops=sorted(op for op in cache if op and op not in index), top=ops[:top])
+              unknown_ops=unknown, top=ops[:top])
+
+
+def _unplaced_category(kernel):
+  """A GPU kernel the schedule could not place, by its library's name."""
+  if ATTENTION_CALL.search(kernel) and not _LIBRARY_GEMM.search(kernel):
+    return "attention kernel"
+  return "matmul: dense" if _LIBRARY_GEMM.search(kernel) else "other"
 
 
 def format_table(t, title=""):

@@ -9,11 +9,12 @@ value may attend to each other. A padded batch passes its `input_mask` (0/1); a 
 Backends (`--config.model.attention=...`):
   xla         the einsum path spelt out (the reference, and the CPU default). The only backend
               with dropout on the attention probabilities (BERT's attention_dropout_prob=0.1).
-  cudnn       cuDNN flash attention through jax.nn.dot_product_attention(implementation="cudnn").
-              Padded rows only: the public API takes per-row lengths (query_seq_lengths /
-              key_value_seq_lengths) but no segment ids in JAX 0.10.2. (The private
-              jax._src.cudnn API takes q_offsets for packed rows; we keep to public APIs.)
-              bfloat16/float16 only, GPU only.
+  cudnn       cuDNN flash attention. Padded rows: jax.nn.dot_product_attention(implementation=
+              "cudnn") with per-row lengths. Packed rows: the public API has no segment ids
+              (JAX 0.10.2-0.11.2), so `_cudnn_packed` calls jax's cuDNN wrapper
+              (jax._src.cudnn.fused_attention_stablehlo.dot_product_attention, the one the
+              public API calls) with per-instance offsets and lengths (cuDNN's ragged "THD"
+              layout; Hopper or newer). bfloat16/float16 only, GPU only.
   pallas_gpu  the Pallas (Triton) flash kernel jax.experimental.pallas.ops.gpu.attention.mha,
               which takes segment ids: padded and packed rows. GPU (or CPU interpret mode).
   splash      Pallas splash attention for TPU (jax.experimental.pallas.ops.tpu.splash_attention)
@@ -124,9 +125,9 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
     return (f"a local window ({window} tokens) is not in the Pallas GPU kernel of JAX 0.10.2 "
             "(jax.experimental.pallas.ops.gpu.attention.mha takes segment ids and causal only)")
   if backend == "cudnn":
-    if packed:
-      return ("cudnn takes per-row lengths only (no segment ids in jax.nn.dot_product_attention "
-              "of JAX 0.10.2), so it cannot keep packed instances apart")
+    if packed and platform_name == "gpu" and not _hopper_or_newer():
+      return ("cudnn keeps packed instances apart with its ragged offsets, on Hopper (compute "
+              "capability 9.0) or newer only; this GPU is older (use pallas_gpu)")
     if dtype not in (jnp.bfloat16, jnp.float16):
       return f"cuDNN flash attention needs bfloat16/float16, the model computes in {dtype}"
   if backend == "splash":
@@ -135,10 +136,18 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
               "multiple of 128")
     if platform_name == "cpu" and dtype != jnp.float32:
       return "splash in CPU interpret mode computes in float32 only"
-  if backend == "pallas_gpu" and (seq_len % _block(seq_len, 128) or seq_len % _block(seq_len, 32)):
-    return (f"pallas_gpu tiles the sequence in blocks of 128 (forward) and 32 (backward); "
+  if backend == "pallas_gpu" and (seq_len % _block(seq_len, 128) or
+                                  seq_len % _block(seq_len, PALLAS_BWD_BLOCK)):
+    return (f"pallas_gpu tiles the sequence in blocks of 128 (forward) and {PALLAS_BWD_BLOCK} "
+            "(backward); "
             f"seq_length={seq_len} is not a multiple of both")
   return None
+
+
+def _hopper_or_newer():
+  """True where the first GPU's compute capability is >= 9.0 (H100/H200)."""
+  cc = getattr(jax.devices()[0], "compute_capability", "0.0")
+  return tuple(int(x) for x in str(cc).split(".")[:2]) >= (9, 0)
 
 
 def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=None,
@@ -164,7 +173,9 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   # Preference per platform. GPU: cuDNN's flash kernel first for padded rows (NVIDIA's fused
   # kernel; the Pallas/Triton one is the portable fallback), the Pallas kernel for packed rows
   # (segment ids). Not yet ranked by a measurement of ours (no accelerator was available).
-  order = {"tpu": ("splash",), "gpu": ("cudnn", "pallas_gpu")}.get(platform_name, ())
+  order = {"tpu": ("splash",),
+           "gpu": ("pallas_gpu", "cudnn") if packed else ("cudnn", "pallas_gpu")
+           }.get(platform_name, ())
   refusals = []
   for backend in order:
     reason = why(backend)
@@ -230,7 +241,7 @@ def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, d
   if reason:
     raise AttentionError(f"attention backend {backend}: {reason}.")
   interpret = platform() == "cpu" if interpret is None else interpret
-  kernel = {"cudnn": _cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
+  kernel = {"cudnn": _cudnn_packed if packed else _cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
             "splash": functools.partial(_splash, interpret=interpret, window=window)}[backend]
   return _per_shard(kernel, q, k, v, ids)
 
@@ -337,6 +348,44 @@ def _block(seq_len, preferred):
   return min(preferred, seq_len)
 
 
+# Tuning knobs the benchmark sets for its A/B runs (benchmarks/accelerator.py
+# --pallas_bwd_block, --cudnn_max_segments); the defaults are what training uses.
+PALLAS_BWD_BLOCK = 32        # the Pallas GPU kernel's backward tiles (jax's default)
+CUDNN_MAX_SEGMENTS = None    # instances per packed row cuDNN is told of; None: T (any row fits)
+
+
+def packed_offsets(ids, max_segments):
+  """Per-instance (offsets [B, M+1], lengths [B, M]) of packed rows, cuDNN's ragged layout as
+  jax's wrapper takes it: instance s (ids == s, s = 1..M) starts at offsets[:, s-1] and holds
+  lengths[:, s-1] tokens; absent instances (and the last offset column) are -1. Instances must
+  be contiguous in their row (data_pipelines/packing.py writes them so) and number at most M:
+  the caller bounds M statically (T always does: one token per instance at most)."""
+  b, t = ids.shape
+  seg = jnp.arange(1, max_segments + 1, dtype=ids.dtype)                 # [M]
+  member = ids[:, None, :] == seg[None, :, None]                          # [B, M, T]
+  lengths = jnp.sum(member, axis=-1, dtype=jnp.int32)                    # [B, M]
+  starts = jnp.argmax(member, axis=-1).astype(jnp.int32)                 # [B, M]
+  present = lengths > 0
+  offsets = jnp.where(present, starts, -1)
+  offsets = jnp.concatenate([offsets, jnp.full((b, 1), -1, jnp.int32)], axis=1)   # [B, M+1]
+  return offsets, jnp.where(present, lengths, -1)
+
+
+def _cudnn_packed(q, k, v, ids):
+  """cuDNN flash attention on packed rows (see the module docstring). Padding tokens belong to
+  no instance, so cuDNN leaves their output (and their dQ/dK/dV) unwritten: q/k/v go in and the
+  context comes out through a select on the real tokens, whose gradient discards whatever cuDNN
+  left there (a multiply would turn a stray NaN into NaN weight gradients)."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+  real = (ids > 0)[:, :, None, None]                                      # [B, T, 1, 1]
+  q, k, v = (jnp.where(real, x, jnp.zeros((), x.dtype)) for x in (q, k, v))
+  offsets, lengths = packed_offsets(ids, CUDNN_MAX_SEGMENTS or ids.shape[1])
+  out = cudnn_fa.dot_product_attention(
+      q, k, v, None, None, lengths, lengths, offsets, offsets,
+      scale=1.0 / math.sqrt(q.shape[-1]), mask_type=cudnn_fa.MaskType.PADDING)
+  return jnp.where(real, out, jnp.zeros((), out.dtype))                  # [B, T, N, D]
+
+
 def _cudnn(q, k, v, ids):
   # BERT rows are right-padded (input_mask = 1...1 0...0), so a row's real tokens are its first
   # `length` tokens and the lengths describe the mask exactly.
@@ -350,7 +399,7 @@ def _pallas_gpu(q, k, v, ids, *, interpret):
   t = q.shape[1]
   # Forward tiles of 128 (the kernel's default), backward tiles of 32 (its default: the dK/dV and
   # dQ kernels hold more live tiles per program).
-  fwd, bwd = _block(t, 128), _block(t, 32)
+  fwd, bwd = _block(t, 128), _block(t, PALLAS_BWD_BLOCK)
   sizes = gpu_attention.BlockSizes(block_q=fwd, block_k=fwd, block_q_dkv=bwd, block_kv_dkv=bwd,
                                    block_q_dq=bwd, block_kv_dq=bwd)
   return gpu_attention.mha(q, k, v, ids, sm_scale=1.0 / math.sqrt(q.shape[-1]),

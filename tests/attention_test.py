@@ -88,8 +88,13 @@ def test_splash_bfloat16_on_cpu_is_refused_with_the_reason():
 @pytest.mark.skipif(attention.platform() != "gpu", reason="cuDNN flash attention needs an "
                     "NVIDIA GPU (this machine has none); runs on a GPU")
 @pytest.mark.parametrize("t", [128, 512])
-def test_cudnn_equals_xla_bfloat16(t):
-  _check_equal_to_xla("cudnn", t, False, jnp.bfloat16, BF16_TOL)
+@pytest.mark.parametrize("packed,max_segments", [(False, None), (True, None), (True, 4)],
+                         ids=["padded", "packed", "packed-M4"])
+def test_cudnn_equals_xla_bfloat16(t, packed, max_segments, monkeypatch):
+  """Packed rows go through cuDNN's ragged offsets (Hopper); M4: told of 4 instances per row,
+  the rows hold 2 and 3."""
+  monkeypatch.setattr(attention, "CUDNN_MAX_SEGMENTS", max_segments)
+  _check_equal_to_xla("cudnn", t, packed, jnp.bfloat16, BF16_TOL)
 
 
 @pytest.mark.skipif(attention.platform() != "gpu", reason="needs a GPU")
@@ -176,7 +181,7 @@ def test_auto_picks_a_kernel_that_supports_the_batch(platform, packed, dtype, dr
 
 @pytest.mark.parametrize("requested,platform,packed,dtype,match", [
     ("splash", "gpu", False, "bfloat16", "runs on tpu"),
-    ("cudnn", "gpu", True, "bfloat16", "packed"),
+    ("cudnn", "gpu", True, "bfloat16", "Hopper"),         # this host's device has no CC 9.0
     ("cudnn", "gpu", False, "float32", "bfloat16/float16"),
     ("pallas_gpu", "tpu", False, "bfloat16", "runs on gpu"),
     ("splash", "cpu", False, "float32", "runs on tpu"),
@@ -450,3 +455,60 @@ def test_blocked_window_bfloat16_is_close_to_float32(packed):
                           ids, packed, window)
   np.testing.assert_allclose(np.asarray(out, np.float32)[real], expected[real], atol=BF16_TOL,
                              rtol=BF16_TOL)
+
+
+def test_cudnn_takes_packed_rows_on_hopper_only(monkeypatch):
+  monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
+  assert attention.select_backend("cudnn", packed=True, dtype="bfloat16", seq_len=512,
+                                  dropout=0.0, platform_name="gpu").backend == "cudnn"
+  # auto keeps the Pallas kernel first for packed rows until cuDNN's packed form wins on a chip.
+  assert attention.select_backend("auto", packed=True, dtype="bfloat16", seq_len=512,
+                                  dropout=0.0, platform_name="gpu").backend == "pallas_gpu"
+  monkeypatch.setattr(attention, "_hopper_or_newer", lambda: False)
+  with pytest.raises(attention.AttentionError, match="Hopper"):
+    attention.select_backend("cudnn", packed=True, dtype="bfloat16", seq_len=512, dropout=0.0,
+                             platform_name="gpu")
+
+
+def _packed_ids(rng, b, t, max_instances):
+  """Rows of contiguous instances 1..n (each >= 2 tokens) then padding 0, as packing writes."""
+  ids = np.zeros((b, t), np.int32)
+  for r in range(b):
+    pos, n = 0, 0
+    while n < max_instances:
+      length = int(rng.integers(2, t // 3 + 2))
+      if pos + length > t or (n and rng.random() < 0.2):
+        break
+      n += 1
+      ids[r, pos:pos + length] = n
+      pos += length
+  return ids
+
+
+@pytest.mark.parametrize("max_segments", [None, 8])
+def test_packed_offsets_describe_exactly_the_block_diagonal_mask(max_segments):
+  """cuDNN's ragged layout (offsets, lengths) must say the same as the instance ids: a key is
+  visible to a query iff both lie in one instance's [offset, offset + length) (the mask the
+  xla path applies); absent instances are -1, as jax's wrapper requires."""
+  rng = np.random.default_rng(0)
+  ids = _packed_ids(rng, 16, 64, 8)
+  ids[3] = 0                                            # an all-padding row
+  ids[4, :] = np.repeat(np.arange(1, 9), 8)             # eight instances filling the row
+  m = max_segments or ids.shape[1]
+  offsets, lengths = attention.packed_offsets(jnp.asarray(ids), m)
+  offsets, lengths = np.asarray(offsets), np.asarray(lengths)
+  assert offsets.shape == (16, m + 1) and lengths.shape == (16, m)
+  assert (offsets[:, -1] == -1).all()
+  t = ids.shape[1]
+  for r in range(ids.shape[0]):
+    seg = np.zeros(t, np.int32)                         # instance of each token per (offsets, lengths)
+    for s in range(m):
+      if lengths[r, s] == -1:
+        assert offsets[r, s] == -1
+        continue
+      seg[offsets[r, s]:offsets[r, s] + lengths[r, s]] = s + 1
+    np.testing.assert_array_equal(seg, ids[r])
+    expected = np.asarray(attention.attention_mask(jnp.asarray(ids[r:r + 1]), packed=True))
+    mine = (seg[:, None] == seg[None, :]) & (seg[:, None] > 0)
+    np.testing.assert_array_equal(np.broadcast_to(expected, (1, 1, t, t))[0, 0][seg > 0],
+                                  mine[seg > 0])
