@@ -155,11 +155,10 @@ def teacher_vocab(pre, described):
   if recorded:
     return str(recorded), "recorded in its checkpoint"
   try:
-    vocab, spm, how = inference.find_tokenizer_files(described.kind, str(described.directory),
-                                                     pre.meta)
+    files = inference.find_tokenizer_files(described.kind, str(described.directory), pre.meta)
   except inference.InferenceLoadError:
     return None, None
-  return files_lib.sha256_file(vocab or spm), f"{vocab or spm}, {how}"
+  return files_lib.sha256_file(files.path), f"{files.path}, {files[2]}"
 
 
 def check_teacher_vocab(config, pre, described, where):

@@ -4,15 +4,17 @@ r"""Contextual features from a pre-trained BERT: the paper's feature-based appro
       --init_checkpoint=DIR --layers=-1,-2,-3,-4 --pooling=concat
 
 --init_checkpoint is an export, a pre-training or fine-tuning workdir or a step directory, local
-or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model
-and recorded casing are used unless --vocab_file / --spm_model_file / --do_lower_case say
-otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
+or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model /
+tokenizer.json and recorded casing are used unless --vocab_file / --spm_model_file /
+--tokenizer_json / --do_lower_case say otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
 of them for a smaller model; an explicit layer the model does not have is an error. An ELECTRA
 checkpoint gives its discriminator's features (the network ELECTRA fine-tunes; it says so); a
 DistilBERT its BertModel's (no token types: "a ||| b" is [CLS] a [SEP] b [SEP], as transformers).
 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
-Each whitespace-separated word is tokenized on its own, so every word piece knows its word.
+Each whitespace-separated word is tokenized on its own, so every word piece knows its word (a
+tokenizer.json encodes the text whole and maps its pieces to words by their character offsets:
+byte-level BPE pieces carry the space before a word).
 Layer indices count encoder layers as google-research/bert does: -1 is the last layer, 0 the
 first layer's output (the embeddings are not a layer). The paper's best feature-based NER
 result concatenates the last four layers (96.1 dev F1 vs 96.4 fine-tuned).
@@ -74,19 +76,31 @@ def read_inputs(path):
 def build_inputs(inputs, tokenizer, max_seq_length):
   """Packed ids and the piece -> word map of every line; returns (arrays, per_line, truncated)."""
   vocab = tokenizer.vocab
-  distinct = {}
-  for a, b in inputs:
-    for w in a + (b or []):
-      distinct.setdefault(w, len(distinct))
-  pieces = tokenizer.encode(list(distinct)) if distinct else []
+  if hasattr(tokenizer, "encode_words"):
+    # A tokenizer.json encodes each text whole, pieces mapped to words by their offsets: a
+    # byte-level BPE gives a word another id alone than after a space (ModernBERT's "cat" vs
+    # "Ġcat"), and the model saw words in their sentences.
+    texts = [t for a, b in inputs for t in ([a] + ([b] if b is not None else []))]
+    encoded = iter(tokenizer.encode_words(texts))
 
-  def word_pieces(words, first_index):
-    ids, index = [], []
-    for i, w in enumerate(words):
-      p = pieces[distinct[w]]
-      ids += p
-      index += [first_index + i] * len(p)
-    return ids, index
+    def word_pieces(words, first_index):
+      del words
+      ids, index = next(encoded)
+      return list(ids), [first_index + i for i in index]
+  else:
+    distinct = {}
+    for a, b in inputs:
+      for w in a + (b or []):
+        distinct.setdefault(w, len(distinct))
+    pieces = tokenizer.encode(list(distinct)) if distinct else []
+
+    def word_pieces(words, first_index):
+      ids, index = [], []
+      for i, w in enumerate(words):
+        p = pieces[distinct[w]]
+        ids += p
+        index += [first_index + i] * len(p)
+      return ids, index
 
   n = len(inputs)
   input_ids = np.full((n, max_seq_length), vocab.pad_id, np.int32)
@@ -215,6 +229,8 @@ def define_flags():
                       "directory (local or gs://) or Hugging Face folder.")
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: the checkpoint's own).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
+  flags.DEFINE_string("tokenizer_json", None, "Hugging Face tokenizer.json (default: the "
+                      "checkpoint's own, as a converted ModernBERT bundles it).")
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
   flags.DEFINE_string("layers", DEFAULT_LAYERS, "Encoder layers to use (-1 = last); the default "
                       "keeps those a smaller model has.")
@@ -240,6 +256,7 @@ def main(argv):
   inference.enable_compilation_cache()
   m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
                                    spm_model_file=FLAGS.spm_model_file,
+                                   tokenizer_json=FLAGS.tokenizer_json,
                                    do_lower_case=FLAGS.do_lower_case)
   print(f"loaded {m.description}", flush=True)
   note = families.get(m.config.family).describe(m.config, "features")

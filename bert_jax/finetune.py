@@ -684,7 +684,8 @@ def vocab_record(path):
   """The export's vocab: its file and sha256, so that extract_features, predict and a further
   fine-tuning refuse another vocab of the same size (issue 23, fault 3: best_epochN recorded
   neither, and a wrong vocab gave other features, rc 0)."""
-  key = "spm_model_file" if str(path).endswith(".model") else "vocab_file"
+  key = ("spm_model_file" if str(path).endswith(".model") else
+         "tokenizer_json" if str(path).endswith(".json") else "vocab_file")   # ModernBERT's BPE
   return {key: str(path), "vocab_hash": files_lib.sha256_file(path)}
 
 

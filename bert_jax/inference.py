@@ -27,11 +27,19 @@ without token types or pooler; the CLIs say so.
 Every load says what it loaded: `InferenceModel.description` names the directory and the step (or
 the export's provenance), and the CLIs print it.
 
-The tokenizer is found, in this order: the --vocab_file / --spm_model_file the caller passes; a
-vocab.txt or *.model bundled in the export, the step directory or the workdir; the file the
-training config recorded (config.vocab_file / config.spm_model_file), if it still exists. A vocab
+The tokenizer is found, in this order: the --vocab_file / --spm_model_file / --tokenizer_json the
+caller passes (a --vocab_file ending in .json is a tokenizer.json); a vocab.txt, *.model or
+tokenizer.json bundled in the export, the step directory or the workdir; the file the training
+config recorded (config.vocab_file / spm_model_file / tokenizer_json), if it still exists. A vocab
 whose sha256 differs from the one the checkpoint recorded, or whose size differs from the model's
 vocab_size, is a one-line error naming both sides (never a silent wrong result).
+
+A Hugging Face tokenizer.json (byte-level BPE: a converted ModernBERT bundles its own, recorded as
+meta["tokenizer_json"]; a run pre-trained with --config.tokenizer_json records its path) is read
+by data_pipelines/tokenizer_json.py, TensorFlow-free. Its ids may be fewer than the model's rows
+(ModernBERT pads its 50,280 ids to vocab_size=50,368): it must hold exactly the ids the converter
+recorded (meta["vocab_size"]), else at most vocab_size, and the special ids the converter read
+(meta["special_ids"]); a file without a mask/cls/sep token is one line naming it and the model.
 
 Casing: the vocab's own settings (`<vocab>.meta.json` from build_vocab, a SentencePiece model's
 normalizer, else inferred as google's validate_case_matches_checkpoint does: released model names,
@@ -52,6 +60,7 @@ from bert_jax_core import files as files_lib
 from bert_jax import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
+TOKENIZER_JSON = "tokenizer.json"   # a Hugging Face tokenizer (convert/modernbert.py bundles it)
 
 
 class InferenceLoadError(errors.UserError):
@@ -62,8 +71,8 @@ class InferenceLoadError(errors.UserError):
 class InferenceModel:
   params: dict                   # numpy tree as saved (BertForPreTraining: bert, mlm_head, ...)
   config: model_lib.BertConfig
-  tokenizer: object              # data_pipelines.tokenization WordPiece/SentencePiece tokenizer
-  vocab_file: str | None         # exactly one of vocab_file / spm_model_file is set
+  tokenizer: object              # WordPiece / SentencePiece / tokenizer_json.JsonTokenizer
+  vocab_file: str | None         # exactly one of vocab_file / spm_model_file / tokenizer_json
   spm_model_file: str | None
   do_lower_case: bool            # SentencePiece: whether the model's normalizer case-folds
   casing_source: str             # where the casing came from, for messages
@@ -71,6 +80,7 @@ class InferenceModel:
   path: str                      # the directory actually loaded (export or step directory)
   description: str = ""          # "step 1500 of runs/base (runs/base/checkpoints/1500)", ...
   checkpoint: ckpt_lib.Described | None = None  # what checkpoint.describe found (read once)
+  tokenizer_json: str | None = None   # a Hugging Face tokenizer.json (ModernBERT's BPE)
 
 
 def _gfile():
@@ -196,38 +206,68 @@ def _recorded(meta, key):
   return (meta.get("config") or {}).get(key)
 
 
+class TokenizerFiles(tuple):
+  """(vocab_file, spm_model_file, how) as before, + .tokenizer_json (a Hugging Face
+  tokenizer.json; then vocab_file and spm_model_file are None) and .path (whichever is set)."""
+
+  def __new__(cls, vocab_file, spm_model_file, how, tokenizer_json=None):
+    self = super().__new__(cls, (vocab_file, spm_model_file, how))
+    self.tokenizer_json = tokenizer_json
+    return self
+
+  @property
+  def path(self):
+    return self[0] or self[1] or self.tokenizer_json
+
+
 def _candidates(kind, directory, meta):
-  """Tokenizer files to try, most specific first: [(vocab_file, spm_model_file, how)]."""
+  """Tokenizer files to try, most specific first: [TokenizerFiles]."""
   dirs = [directory]
   if kind == "train":  # workdir/checkpoints/<step>: also the workdir itself
     dirs.append(_parent(_parent(directory)))
   out = []
   for d in dirs:
     if _exists(_join(d, VOCAB_NAME)):
-      out.append((_join(d, VOCAB_NAME), None, f"bundled in {d}"))
+      out.append(TokenizerFiles(_join(d, VOCAB_NAME), None, f"bundled in {d}"))
     for spm in sorted(_glob(_join(d, "*.model"))):
-      out.append((None, spm, f"bundled in {d}"))
+      out.append(TokenizerFiles(None, spm, f"bundled in {d}"))
+    # A tokenizer.json only where the checkpoint says it has one: an export directory may hold
+    # other JSON, and a WordPiece model's is not its tokenizer.
+    if _recorded(meta, "tokenizer_json") and _exists(_join(d, TOKENIZER_JSON)):
+      out.append(TokenizerFiles(None, None, f"bundled in {d}", _join(d, TOKENIZER_JSON)))
   vocab, spm = _recorded(meta, "vocab_file"), _recorded(meta, "spm_model_file")
+  tok_json = _recorded(meta, "tokenizer_json")
   if vocab and vocab != VOCAB_NAME and _exists(vocab):
-    out.append((vocab, None, "recorded in the checkpoint's config"))
+    out.append(TokenizerFiles(vocab, None, "recorded in the checkpoint's config"))
   if spm and _exists(spm):
-    out.append((None, spm, "recorded in the checkpoint's config"))
+    out.append(TokenizerFiles(None, spm, "recorded in the checkpoint's config"))
+  if tok_json and tok_json != TOKENIZER_JSON and _exists(tok_json):
+    out.append(TokenizerFiles(None, None, "recorded in the checkpoint's config", tok_json))
   return out
 
 
-def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=None):
-  """(vocab_file, spm_model_file, how): the caller's choice, else the checkpoint's own files."""
-  if vocab_file or spm_model_file:
-    if vocab_file and spm_model_file:
-      raise InferenceLoadError("pass only one of --vocab_file and --spm_model_file.")
-    return vocab_file, spm_model_file, "given"
+def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=None,
+                         tokenizer_json=None):
+  """TokenizerFiles: the caller's choice (a vocab_file ending in .json is a tokenizer.json, as
+  `convert --vocab_file` takes ModernBERT's), else the checkpoint's own files."""
+  if vocab_file and str(vocab_file).endswith(".json") and not tokenizer_json:
+    vocab_file, tokenizer_json = None, vocab_file
+  given = [f for f in (vocab_file, spm_model_file, tokenizer_json) if f]
+  if given:
+    if len(given) > 1:
+      raise InferenceLoadError("pass only one of --vocab_file, --spm_model_file and "
+                               "--tokenizer_json.")
+    return TokenizerFiles(vocab_file, spm_model_file, "given", tokenizer_json)
   found = _candidates(kind, directory, meta)
   if not found:
-    recorded = _recorded(meta, "vocab_file") or _recorded(meta, "spm_model_file")
+    recorded = (_recorded(meta, "vocab_file") or _recorded(meta, "spm_model_file")
+                or _recorded(meta, "tokenizer_json"))
     raise InferenceLoadError(
-        f"{directory}: no {VOCAB_NAME} or SentencePiece *.model bundled with the checkpoint, and "
+        f"{directory}: no {VOCAB_NAME} or SentencePiece *.model (or {TOKENIZER_JSON}) bundled "
+        "with the checkpoint, and "
         + (f"the file its config records ({recorded}) is gone" if recorded
-           else "it records no vocab file") + "; pass --vocab_file (or --spm_model_file).")
+           else "it records no vocab file")
+        + "; pass --vocab_file (or --spm_model_file, --tokenizer_json).")
   return found[0]
 
 
@@ -240,7 +280,7 @@ def check_vocab_hash(meta, path, directory, own=None):
   if not recorded:
     if own is None:   # the checkpoint's own file was taken: nothing to compare it with
       return
-    mine = [v or m for v, m, _ in own if v or m]
+    mine = [f.path for f in own if f.path]
     if not mine:
       print(f"note: {directory} records no vocabulary and bundles none; {path} is taken on "
             "its size alone.", flush=True)
@@ -255,7 +295,8 @@ def check_vocab_hash(meta, path, directory, own=None):
         f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
 
 
-def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=None):
+def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=None,
+                     tokenizer_json=None):
   """The tokenizer settings (vocab.resolve_settings: do_lower_case, casing_source,
   pretokenizer): the vocab's own (its .meta.json, the SentencePiece model's normalizer, or
   inferred for google/HF vocabs) checked against the checkpoint's recorded casing and the
@@ -265,7 +306,8 @@ def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=
               "pretokenizer": _recorded(meta, "pretokenizer")}
   try:
     return vocab_lib.resolve_settings(vocab_file, spm_model_file, do_lower_case,
-                                      recorded=(recorded, f"the checkpoint {directory}"))
+                                      recorded=(recorded, f"the checkpoint {directory}"),
+                                      tokenizer_json=tokenizer_json)
   except vocab_lib.CasingMismatchError as e:
     raise InferenceLoadError(str(e)) from None
 
@@ -276,44 +318,91 @@ def resolve_casing(vocab_file, directory, meta, do_lower_case, spm_model_file=No
   return settings["do_lower_case"], settings["casing_source"]
 
 
+def _json_tokenizer(files, directory, meta, config, do_lower_case):
+  """(tokenizer_json.JsonTokenizer, settings) for files.tokenizer_json, checked against the
+  checkpoint before its hash: the special tokens (all five, at the ids the converter recorded)
+  and the size (the ids the converter recorded; else at most the model's rows, which ModernBERT
+  pads: 50,280 ids in 50,368 rows). Every mismatch names the file and the checkpoint."""
+  from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+  from data_pipelines import pretokenize  # pylint: disable=g-import-not-at-top
+  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  path, how = files.tokenizer_json, files[2]
+  try:
+    settings = resolve_settings(None, directory, meta, do_lower_case,
+                                tokenizer_json=path)
+    tokenizer = tj.JsonTokenizer(path, flag="--tokenizer_json" if how == "given" else "tokenizer")
+  except vocab_lib.VocabError as e:
+    raise InferenceLoadError(f"{e} (the tokenizer for {directory}, vocab_size="
+                             f"{config.vocab_size})") from None
+  tokenizer.settings = settings
+  tokenizer.pretokenizer = pretokenize.get_pretokenizer(settings["pretokenizer"])
+  size, recorded = tokenizer.vocab.size, meta.get("vocab_size")
+  if size > config.vocab_size or (recorded is not None and size != recorded):
+    expected = (f"{directory} was converted with a tokenizer of {recorded} ids (vocab_size="
+                f"{config.vocab_size} rows)" if recorded is not None
+                else f"{directory} has vocab_size={config.vocab_size}")
+    raise InferenceLoadError(f"{path} ({how}) has {size} ids but {expected}; use the "
+                             "checkpoint's own tokenizer.json.")
+  ids = {role: int(i) for role, i in (meta.get("special_ids") or {}).items()}
+  theirs = {role: ids[role] for role in ids if tokenizer.vocab.special_ids.get(role) != ids[role]}
+  if theirs:
+    mine = {role: tokenizer.vocab.special_ids.get(role) for role in theirs}
+    raise InferenceLoadError(f"{path} ({how}) has the special ids {mine} but {directory} was "
+                             f"converted with {theirs}; use the checkpoint's own "
+                             "tokenizer.json.")
+  return tokenizer, settings
+
+
 def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_case=None,
-                       with_params=True, python_tokenizer=False):
+                       with_params=True, python_tokenizer=False, tokenizer_json=None):
   """An InferenceModel for `path` (see the module docstring); with_params=False skips arrays.
 
   python_tokenizer: a WordPiece vocab without a pre-tokenizer gets the plain-Python WordPiece
   (data_pipelines/wordpiece_py.py: the same ids, no TensorFlow import) instead of the in-graph
-  one; for a few sentences in a command-line program.
+  one; for a few sentences in a command-line program. A tokenizer.json never imports TensorFlow
+  (the `tokenizers` library encodes).
   """
   if not path:
     raise InferenceLoadError("--init_checkpoint is empty: pass an export, a workdir or a step "
                              "directory.")
   if is_hf_folder(path):
-    path = from_hf_folder(path, vocab_file=vocab_file, do_lower_case=do_lower_case)
+    path = from_hf_folder(path, vocab_file=vocab_file or tokenizer_json,
+                          do_lower_case=do_lower_case)
   if not _exists(path):
     raise InferenceLoadError(f"--init_checkpoint={path}: no such file or directory.")
   # What is there, read once (checkpoint.describe); files verified when the arrays will be read.
   found = ckpt_lib.describe(path, verify=with_params)
   kind, directory, config, meta = found.kind, str(found.directory), found.config, found.meta
   params = ckpt_lib.read_params(found) if with_params else None
-  vocab_file, spm_model_file, how = find_tokenizer_files(kind, directory, meta, vocab_file,
-                                                         spm_model_file)
-  check_vocab_hash(meta, vocab_file or spm_model_file, directory)
-  settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
+  files = find_tokenizer_files(kind, directory, meta, vocab_file, spm_model_file, tokenizer_json)
+  vocab_file, spm_model_file, how = files
+  if files.tokenizer_json:   # its ids and size first: they say what differs, a hash does not
+    tokenizer, settings = _json_tokenizer(files, directory, meta, config, do_lower_case)
+    check_vocab_hash(meta, files.path, directory)
+  else:
+    check_vocab_hash(meta, files.path, directory)
+    settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
+    tokenizer = _tokenizer(vocab_file, spm_model_file, settings, python_tokenizer)
+    if tokenizer.vocab.size != config.vocab_size:
+      raise InferenceLoadError(
+          f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
+          f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
   lower, casing = settings["do_lower_case"], settings["casing_source"]
+  if how == "given" and not meta.get("vocab_hash"):   # no record: the checkpoint's own file
+    check_vocab_hash(meta, files.path, directory, _candidates(kind, directory, meta))
+  return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
+                        meta, directory, describe(kind, directory, meta), found,
+                        files.tokenizer_json)
+
+
+def _tokenizer(vocab_file, spm_model_file, settings, python_tokenizer):
+  """WordPiece (plain Python with python_tokenizer and no pre-tokenizer) or SentencePiece."""
+  lower = settings["do_lower_case"]
   if python_tokenizer and vocab_file and settings.get("pretokenizer") in (None, "", "none"):
     from data_pipelines import wordpiece_py  # pylint: disable=g-import-not-at-top
     tokenizer = wordpiece_py.PythonWordPieceTokenizer(vocab_file, lower)
     tokenizer.settings = settings
-  else:
-    from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
-    tokenizer = tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
-                                           do_lower_case=lower)
-  if tokenizer.vocab.size != config.vocab_size:
-    raise InferenceLoadError(
-        f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
-        f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
-  if how == "given" and not meta.get("vocab_hash"):   # no record: the checkpoint's own file
-    check_vocab_hash(meta, vocab_file or spm_model_file, directory,
-                     _candidates(kind, directory, meta))
-  return InferenceModel(params, config, tokenizer, vocab_file, spm_model_file, lower, casing,
-                        meta, directory, describe(kind, directory, meta), found)
+    return tokenizer
+  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
+  return tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
+                                    do_lower_case=lower)

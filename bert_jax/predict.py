@@ -8,8 +8,9 @@ r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
 --init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or
 one of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
 `bert_jax.inference.load_for_inference`); the first line says what was loaded; the
-vocab.txt or SentencePiece model bundled with it (or --vocab_file / --spm_model_file) and its
-recorded casing are used. Prints, for each [MASK], the top-k tokens with their probabilities,
+vocab.txt, SentencePiece model or tokenizer.json bundled with it (or --vocab_file /
+--spm_model_file / --tokenizer_json) and its recorded casing are used. A ModernBERT (a converted
+transformers folder: byte-level BPE) writes its own mask token, "[MASK]", as the text's mask. Prints, for each [MASK], the top-k tokens with their probabilities,
 and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
 vocabulary, as transformers' fill-mask pipeline. An ELECTRA checkpoint fills masks with its
 generator (the network trained on MLM; it says so), and has no sentence-pair head; a DistilBERT
@@ -39,12 +40,15 @@ class PredictError(errors.UserError):
 Predictor = inference.InferenceModel
 
 
-def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None):
+def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None,
+         tokenizer_json=None):
   """A Predictor (InferenceModel with device arrays) for a BertForPreTraining checkpoint."""
   # A WordPiece vocab is tokenized in plain Python (same ids as the in-graph tokenizer,
-  # tests/wordpiece_py_test.py): one sentence does not need TensorFlow's seconds of import.
+  # tests/wordpiece_py_test.py), a tokenizer.json by the `tokenizers` library: one sentence
+  # does not need TensorFlow's seconds of import.
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
+                                           tokenizer_json=tokenizer_json,
                                            do_lower_case=do_lower_case, python_tokenizer=True)
   # What fill-mask needs of this family's checkpoint (BERT: the MLM and sentence heads; ELECTRA:
   # its generator): bert_jax/families/<name>.py.
@@ -91,8 +95,10 @@ def predict(predictor, text_a, text_b=None, top_k=5):
   ids, mask, segments = encode(predictor, text_a, text_b)
   positions = np.nonzero(ids[0] == predictor.tokenizer.vocab.mask_id)[0]
   if text_b is None and not len(positions):
-    raise PredictError(f"no [MASK] in {text_a!r}; put [MASK] where a word should be "
-                       "predicted, or give --text_b for next-sentence prediction.")
+    mask = predictor.tokenizer.id_to_token([predictor.tokenizer.vocab.mask_id])[0]
+    raise PredictError(f"no {mask} in {text_a!r}; put {mask} where a word should be "
+                       "predicted (this model's mask token), or give --text_b for "
+                       "next-sentence prediction.")
   # At least one gathered position even with no [MASK] (NSP only); its logits are dropped.
   gather = positions if len(positions) else np.zeros([1], np.int64)
   probs, nsp = _probabilities(predictor.params, predictor.config, ids, mask, segments,
@@ -112,7 +118,9 @@ def format_prediction(result):
   lines = []
   for n, candidates in enumerate(result["masks"]):
     lines.append(f"[MASK] #{n + 1}:")
-    lines += [f"  {token:<20s} {prob:.4f}" for token, _, prob in candidates]
+    # "" is an id without a token: a model's padded rows past its tokenizer.json (ModernBERT).
+    lines += [f"  {token or f'(id {i}: no token)':<20s} {prob:.4f}"
+              for token, i, prob in candidates]
   if result["is_next"] is not None:
     lines.append(f"next sentence: P(IsNext) = {result['is_next']:.4f}")
   return "\n".join(lines)
@@ -128,6 +136,8 @@ def define_flags():
                       "or Hugging Face folder (converted once into a cache).")
   flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the checkpoint's own).")
   flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
+  flags.DEFINE_string("tokenizer_json", None, "Hugging Face tokenizer.json (default: the "
+                      "checkpoint's own, as a converted ModernBERT bundles it).")
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
   flags.DEFINE_string("text_b", None, "Second sentence: also print P(IsNext).")
   flags.DEFINE_integer("top_k", 5, "Candidates per [MASK].")
@@ -144,7 +154,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   inference.enable_compilation_cache()
   predictor = load(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
-                   FLAGS.spm_model_file)
+                   FLAGS.spm_model_file, FLAGS.tokenizer_json)
   print(f"loaded {predictor.description}")
   note = families.get(predictor.config.family).describe(predictor.config, "predict")
   if note:   # what of the model fill-mask uses (ELECTRA: the generator)

@@ -270,7 +270,40 @@ class JsonTokenizer:
     return tf.RaggedTensor.from_row_splits(values, splits, validate=False)
 
   def id_to_token(self, ids):
-    return [self.tokens[int(i)] for i in ids]
+    """Token texts; "" for an id the file does not use, within it or past its end (a model's
+    padded rows: ModernBERT has 50,368 rows for 50,280 ids, and fill-mask ranks them all)."""
+    n = len(self.tokens)
+    return [self.tokens[int(i)] if int(i) < n else "" for i in ids]
+
+  def encode_words(self, lines):
+    """list[list[str]] (the whitespace words of each line) -> [(ids, word_index)] per line: the
+    line encoded whole (" ".join(words)), each piece given the index of the word its last
+    character falls in. A byte-level BPE without a prefix space (ModernBERT's) encodes "cat"
+    alone as another id than " cat" in a sentence, so words are not encoded one by one. With a
+    pre-tokenizer (it may rewrite the text) each word is encoded alone, as the other kinds."""
+    if self.pretokenizer is not None:
+      out = []
+      for words in lines:
+        pieces = self.encode(list(words)) if words else []
+        out.append(([i for p in pieces for i in p],
+                    [w for w, p in enumerate(pieces) for _ in p]))
+      return out
+    texts = [" ".join(words) for words in lines]
+    encodings = self._tok.encode_batch([_text(t) for t in texts], add_special_tokens=False)
+    out = []
+    for words, text, e in zip(lines, texts, encodings):
+      owner = np.full(len(text) + 1, -1, np.int64)   # character -> its word, -1 for spaces
+      start = 0
+      for w, word in enumerate(words):
+        owner[start:start + len(word)] = w
+        start += len(word) + 1
+      index, last = [], 0
+      for s, t in e.offsets:   # [start, end) characters of the piece, its space included
+        hits = owner[s:t][owner[s:t] >= 0]
+        last = int(hits[-1]) if len(hits) else last   # a piece of no word: the word before
+        index.append(last)
+      out.append((list(e.ids), index))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -320,9 +320,11 @@ def _tokenizer_meta(path, vocab_file, do_lower_case, config):
 # ours -> transformers.
 # ----------------------------------------------------------------------------------------------
 def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=None,
-                 vocab_file=None, do_lower_case=None):
-  """output/{model.safetensors, config.json} + the tokenizer, atomically: its tokenizer.json, or
-  (a model pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files."""
+                 vocab_file=None, do_lower_case=None, special_tokens=None):
+  """output/{model.safetensors, config.json} + the tokenizer, atomically: its tokenizer.json with
+  a tokenizer_config.json naming the special tokens (special_tokens: role -> text, "[MASK]"...:
+  without it transformers' AutoTokenizer has no mask_token and fill-mask fails), or (a model
+  pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files."""
   import shutil  # pylint: disable=g-import-not-at-top
   ids = special_ids or {}
   state = hf_state_dict(params, config)
@@ -335,6 +337,7 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
       json.dump(config_json, f, indent=2, sort_keys=True)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, os.path.join(tmp, TOKENIZER))
+      write_tokenizer_config(tmp, special_tokens or {}, config.max_position_embeddings)
     elif vocab_file:
       formats.write_tokenizer_files(tmp, vocab_file, do_lower_case,
                                     config.max_position_embeddings)
@@ -342,12 +345,26 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
   return writing.finish_atomically(output, write)
 
 
+def write_tokenizer_config(directory, special_tokens, max_length):
+  """tokenizer_config.json + special_tokens_map.json beside a tokenizer.json: the fast tokenizer
+  class (transformers 4's PreTrainedTokenizerFast; 5 reads it as its TokenizersBackend) and the
+  role of each special token, as ModernBERT's own folder has them."""
+  roles = {f"{role}_token": text for role, text in sorted(special_tokens.items()) if text}
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
+            "clean_up_tokenization_spaces": False, **roles}   # BPE: cleanup would eat spaces
+  for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+      json.dump(content, f, indent=2, sort_keys=True)
+
+
 def export_model(m, output):
   """A loaded inference.InferenceModel -> transformers folder (the family's export_hf hook)."""
-  tokenizer_file = getattr(m, "tokenizer_json", None) or None
+  tokenizer_file = m.tokenizer_json   # a converted (or tokenizer.json-trained) ModernBERT
   vocab = m.tokenizer.vocab
   ids = {r: getattr(vocab, f"{r}_id", None) for r in ("pad", "unk", "cls", "sep", "mask")}
+  ids = {k: int(v) for k, v in ids.items() if v is not None}
   return export_to_hf(m.params, m.config, output, tokenizer_file=tokenizer_file,
-                      special_ids={k: int(v) for k, v in ids.items() if v is not None},
+                      special_ids=ids,
+                      special_tokens=dict(zip(ids, m.tokenizer.id_to_token(list(ids.values())))),
                       vocab_file=None if tokenizer_file else m.vocab_file,
                       do_lower_case=m.do_lower_case)

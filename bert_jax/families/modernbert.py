@@ -126,8 +126,9 @@ def cls_logits(config, out, num_labels, deterministic):
 def describe(config, purpose, params_keys=(), do_train=True):
   del params_keys
   shape = (f"{config.num_layers} pre-norm layers of width {config.hidden_size}, RoPE, "
-           f"{config.ffn}" + (f", window {config.local_window} on the layers not every "
-                              f"{config.global_every}th" if config.local_window else ""))
+           f"{config.ffn}" + (f", window {config.local_window} but on every "
+                              f"{config.global_every}-th layer (global)"
+                              if config.local_window else ""))
   if purpose == "predict":
     return f"ModernBERT: fill-mask with its MLM head ({shape})"
   if purpose == "features":
