@@ -11,6 +11,7 @@ grad_accum_steps=k it scans k micro-batches inside the jitted step). Restarting 
 shared plumbing (steps, pre-trained loading, checks, timing, log averaging) is in trainer_lib.py.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -277,6 +278,13 @@ def model_from_init_checkpoint(config, model_config):
   path = config.init_checkpoint
   stored = (inference.from_hf_folder(path) if inference.is_hf_folder(path) else path)
   stored = ckpt_lib.describe(stored, verify=False).config
+  if config.get("tokenizer_json") and stored.vocab_size > model_config.vocab_size:
+    # A tokenizer.json's ids in a table padded past them (ModernBERT: 50,280 ids, 50,368
+    # rows): the rows are the checkpoint's; no input id reaches the padding.
+    print(f"init_checkpoint={path}: {stored.vocab_size} embedding rows for the "
+          f"{model_config.vocab_size} ids of {config.tokenizer_json} (padded rows kept)",
+          flush=True)
+    model_config = dataclasses.replace(model_config, vocab_size=stored.vocab_size)
   diff = {k: (getattr(stored, k), getattr(model_config, k)) for k in INIT_SIZES
           if getattr(stored, k) != getattr(model_config, k)}
   if diff:
