@@ -251,6 +251,7 @@ def find_files(profile_dir):
 # A GPU kernel that no HLO op names (inside a CUDA graph): `KERNEL + its name` until placed.
 KERNEL = "kernel:"
 _LIBRARY_GEMM = re.compile(r"nvjet|gemm|cutlass|cublas|xmma|sm\d+_", re.I)
+_CUDNN = re.compile(r"cudnn", re.I)     # cuDNN's kernels: here only its flash attention's
 
 
 def _kernel_op(op, name, index):
@@ -286,8 +287,11 @@ def place_kernels(events, order, index):
     if inst is None:
       return False
     if inst[1] == "custom-call":
-      return triton == kernel if triton else (
-          bool(_LIBRARY_GEMM.search(kernel)) and bool(GEMM_CALL.search(inst[4])))
+      if triton:
+        return triton == kernel
+      if _CUDNN.search(kernel):
+        return bool(ATTENTION_CALL.search(inst[4]))
+      return bool(_LIBRARY_GEMM.search(kernel)) and bool(GEMM_CALL.search(inst[4]))
     guess = re.sub(r"_(\d+)$", r".\1", kernel)
     return inst[1] == "fusion" and _stem(name) in (_stem(guess), kernel)
 
@@ -302,9 +306,11 @@ def place_kernels(events, order, index):
       if op is None or not op.startswith(KERNEL):
         continue
       kernel = op[len(KERNEL):]
-      if last is not None and fits(names.index(last), kernel) and GEMM_CALL.search(
-          index[last][4]):
-        out[i] = (*events[i][:3], last)            # a GEMM's second kernel
+      # A call's later kernels: cuBLAS's split-K reduction; cuDNN's flash kernel and the
+      # bookkeeping after it (a backward call runs dot(dO, O), the flash kernel, dQ's cast).
+      if last is not None and fits(names.index(last), kernel) and (
+          _CUDNN.search(kernel) or "reduce" in kernel.lower()):
+        out[i] = (*events[i][:3], last)
         continue
       j = next((j for j in itertools.chain(range(p, len(order)), range(0, p))
                 if fits(j, kernel)), None)
@@ -457,7 +463,8 @@ def profile_table(profile_dir, *, module=STEP_MODULE, top=12):
 
 def _unplaced_category(kernel):
   """A GPU kernel the schedule could not place, by its library's name."""
-  if ATTENTION_CALL.search(kernel) and not _LIBRARY_GEMM.search(kernel):
+  if _CUDNN.search(kernel) or (ATTENTION_CALL.search(kernel) and
+                               not _LIBRARY_GEMM.search(kernel)):
     return "attention kernel"
   return "matmul: dense" if _LIBRARY_GEMM.search(kernel) else "other"
 

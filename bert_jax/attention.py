@@ -221,6 +221,8 @@ def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, d
                           dropout_rng=None, deterministic=True, interpret=None):
   """softmax(q k^T / sqrt(D), masked by `ids`) v.  q/k/v [B, T, N, D], ids [B, T] -> [B, T, N, D].
 
+  `packed`: False (padded rows), True (packed rows), or the most instances a packed row holds
+  (an int K: cuDNN's packed form sizes its bookkeeping by it; True: T).
   `window` (an even number of tokens, ModernBERT's 128): also mask keys with |i - j| > window/2.
   `backend` must be concrete (resolve "auto" with `select_backend`). Dropout on the attention
   probabilities (rate `dropout_rate`, key `dropout_rng`) runs when not `deterministic`; only
@@ -241,7 +243,9 @@ def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, d
   if reason:
     raise AttentionError(f"attention backend {backend}: {reason}.")
   interpret = platform() == "cpu" if interpret is None else interpret
-  kernel = {"cudnn": _cudnn_packed if packed else _cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
+  max_segments = packed if type(packed) is int else None   # pylint: disable=unidiomatic-typecheck
+  cudnn = functools.partial(_cudnn_packed, max_segments=max_segments) if packed else _cudnn
+  kernel = {"cudnn": cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
             "splash": functools.partial(_splash, interpret=interpret, window=window)}[backend]
   return _per_shard(kernel, q, k, v, ids)
 
@@ -351,7 +355,7 @@ def _block(seq_len, preferred):
 # Tuning knobs the benchmark sets for its A/B runs (benchmarks/accelerator.py
 # --pallas_bwd_block, --cudnn_max_segments); the defaults are what training uses.
 PALLAS_BWD_BLOCK = 32        # the Pallas GPU kernel's backward tiles (jax's default)
-CUDNN_MAX_SEGMENTS = None    # instances per packed row cuDNN is told of; None: T (any row fits)
+CUDNN_MAX_SEGMENTS = None    # instances per packed row cuDNN is told of; None: the batch's K, else T
 
 
 def packed_offsets(ids, max_segments):
@@ -371,7 +375,7 @@ def packed_offsets(ids, max_segments):
   return offsets, jnp.where(present, lengths, -1)
 
 
-def _cudnn_packed(q, k, v, ids):
+def _cudnn_packed(q, k, v, ids, *, max_segments=None):
   """cuDNN flash attention on packed rows (see the module docstring). Padding tokens belong to
   no instance, so cuDNN leaves their output (and their dQ/dK/dV) unwritten: q/k/v go in and the
   context comes out through a select on the real tokens, whose gradient discards whatever cuDNN
@@ -379,7 +383,10 @@ def _cudnn_packed(q, k, v, ids):
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
   real = (ids > 0)[:, :, None, None]                                      # [B, T, 1, 1]
   q, k, v = (jnp.where(real, x, jnp.zeros((), x.dtype)) for x in (q, k, v))
-  offsets, lengths = packed_offsets(ids, CUDNN_MAX_SEGMENTS or ids.shape[1])
+  # M, the instances per row cuDNN is told of: its ragged bookkeeping kernels run over B x M
+  # instance slots of T tokens each (BERT-large/512 on an H200, 2026-11-26, M = 32: 11 of the
+  # 29 ms/step cuDNN's attention took), so the tightest bound the batch gives (K), else T.
+  offsets, lengths = packed_offsets(ids, CUDNN_MAX_SEGMENTS or max_segments or ids.shape[1])
   out = cudnn_fa.dot_product_attention(
       q, k, v, None, None, lengths, lengths, offsets, offsets,
       scale=1.0 / math.sqrt(q.shape[-1]), mask_type=cudnn_fa.MaskType.PADDING)

@@ -627,8 +627,11 @@ class BertModel(nn.Module):
     packed = instance_ids is not None
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, T, H]
     # Attention ids in the contract of an attention backend: segment-ids style, 0 = padding.
+    # A packed row holds at most K instances, K = cls_positions' width (data_pipelines/packing.py):
+    # the bound cuDNN's packed attention sizes its per-instance bookkeeping by (attention.py).
+    block_diagonal = cls_positions.shape[1] if packed and cls_positions is not None else packed
     x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
-                                    packed, position_ids)
+                                    block_diagonal, position_ids)
     cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
     pooled = (jnp.tanh(self.pooler(cls))                     # [B, H] or [B, K, H] from [CLS]
               if self.config.has_pooler else None)           # DistilBERT: no pooler

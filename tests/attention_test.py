@@ -66,7 +66,11 @@ BF16_TOL = 5e-2
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_pallas_gpu_equals_xla_float32(packed):
-  _check_equal_to_xla("pallas_gpu", 32, packed, jnp.float32, 1e-5)
+  # On a GPU, Triton multiplies float32 tiles in TF32 (10-bit mantissa): 1e-5 failed on an H200
+  # (2026-11-26). TF32 is finer than bfloat16, so bfloat16's tolerance bounds it there; the CPU's
+  # interpret mode computes in true float32.
+  _check_equal_to_xla("pallas_gpu", 32, packed, jnp.float32,
+                      BF16_TOL if attention.platform() == "gpu" else 1e-5)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])

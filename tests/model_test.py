@@ -507,3 +507,27 @@ def test_albert_sharing_with_remat_gives_the_same_outputs_and_gradients(share):
   np.testing.assert_allclose(a, b, rtol=1e-5)
   for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_rows_tell_attention_how_many_instances_a_row_holds(monkeypatch):
+  """cuDNN's packed attention sizes its bookkeeping by the instances per row it is told of
+  (attention.py _cudnn_packed): the model passes K, the width of cls_positions, not T."""
+  from bert_jax import attention
+  seen = []
+  real = attention.dot_product_attention
+
+  def spy(q, k, v, ids, *, packed, **kw):
+    seen.append(packed)
+    return real(q, k, v, ids, packed=packed, **kw)
+
+  monkeypatch.setattr(attention, "dot_product_attention", spy)
+  params = _init(TINY)
+  p = _packed(_instances([20, 9, 12, 6, 30, 7]))
+  model_lib.BertForPreTraining(TINY).apply({"params": params}, p, True,
+                                           method=model_lib.pretraining_forward)
+  assert seen and set(seen) == {p["cls_positions"].shape[1]} == {4}
+  seen.clear()
+  f = _instances([20, 9])
+  model_lib.BertForPreTraining(TINY).apply({"params": params}, f, True,
+                                           method=model_lib.pretraining_forward)
+  assert set(seen) == {False}
