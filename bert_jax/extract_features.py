@@ -3,21 +3,23 @@ r"""Contextual features from a pre-trained BERT: the paper's feature-based appro
   python -m bert_jax.extract_features --input_file=sentences.txt --output_file=features.npz \
       --init_checkpoint=DIR --layers=-1,-2,-3,-4 --pooling=concat
 
---init_checkpoint is an export, a pre-training or fine-tuning workdir or a step directory, local
-or gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model /
+--init_checkpoint is an export, a pre-training or fine-tuning workdir or a step directory, local or
+gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model /
 tokenizer.json and recorded casing are used unless --vocab_file / --spm_model_file /
---tokenizer_json / --do_lower_case say otherwise (a contradiction is an error). The default --layers keeps the last four layers, or all
-of them for a smaller model; an explicit layer the model does not have is an error. An ELECTRA
-checkpoint gives its discriminator's features (the network ELECTRA fine-tunes; it says so); a
-DistilBERT its BertModel's (no token types: "a ||| b" is [CLS] a [SEP] b [SEP], as transformers).
+--tokenizer_json / --do_lower_case say otherwise (a contradiction is an error). The default
+--layers keeps the last four layers, or all of them for a smaller model; an explicit layer the
+model does not have is an error. An ELECTRA checkpoint gives its discriminator's features (the
+network ELECTRA fine-tunes; it says so); a DistilBERT its BertModel's (no token types: "a ||| b" is
+[CLS] a [SEP] b [SEP], as transformers).
 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
 Each whitespace-separated word is tokenized on its own, so every word piece knows its word (a
 tokenizer.json encodes the text whole and maps its pieces to words by their character offsets:
 byte-level BPE pieces carry the space before a word).
-Layer indices count encoder layers as google-research/bert does: -1 is the last layer, 0 the
-first layer's output (the embeddings are not a layer). The paper's best feature-based NER
-result concatenates the last four layers (96.1 dev F1 vs 96.4 fine-tuned).
+Layer indices count encoder layers as google-research/bert does: -1 is the last layer, 0 the first
+layer's output (the embeddings are not a layer); a pre-norm model's (ModernBERT) last layer is
+taken after its final norm, what its heads read (transformers 5's last hidden state). The paper's
+best feature-based NER result concatenates the last four layers (96.1 dev F1 vs 96.4 fine-tuned).
 
 Output (.npz, np.load without pickle):
   features       [tokens, D] float32   per word piece, D = H * len(layers) (concat) or H (sum)
@@ -169,7 +171,10 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
   def forward(params, input_ids, input_mask, segment_ids):
     out = model.apply({"params": params}, input_ids, input_mask, segment_ids,
                       output_hidden_states=True, method=method)
-    encoder_layers = out["hidden_states"][1:]  # L x [B, T, H]; [0] is the embeddings
+    encoder_layers = list(out["hidden_states"][1:])  # L x [B, T, H]; [0] is the embeddings
+    if model_config.prenorm:   # the last layer through the final norm, as transformers 5's
+      # hidden_states[-1] and last_hidden_state (ModernBERT: the raw residual is ~10x larger)
+      encoder_layers[-1] = out["sequence_output"]
     chosen = [encoder_layers[l].astype(jnp.float32) for l in layers]
     return jnp.concatenate(chosen, -1) if pooling == "concat" else sum(chosen)  # [B, T, D]
 

@@ -5,17 +5,17 @@ r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
   python -m bert_jax.predict --init_checkpoint=gs://B/runs/base fill-mask \
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
 
---init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or
-one of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
-`bert_jax.inference.load_for_inference`); the first line says what was loaded; the
-vocab.txt, SentencePiece model or tokenizer.json bundled with it (or --vocab_file /
---spm_model_file / --tokenizer_json) and its recorded casing are used. A ModernBERT (a converted
-transformers folder: byte-level BPE) writes its own mask token, "[MASK]", as the text's mask. Prints, for each [MASK], the top-k tokens with their probabilities,
-and with --text_b the NSP probability P(IsNext). The probabilities are a softmax over the full
-vocabulary, as transformers' fill-mask pipeline. An ELECTRA checkpoint fills masks with its
-generator (the network trained on MLM; it says so), and has no sentence-pair head; a DistilBERT
-fills masks with its own MLM head (a distillation workdir or a DistilBertForMaskedLM folder) and
-has none either.
+--init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or one
+of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
+`bert_jax.inference.load_for_inference`); the first line says what was loaded; the vocab.txt,
+SentencePiece model or tokenizer.json bundled with it (or --vocab_file / --spm_model_file /
+--tokenizer_json) and its recorded casing are used. A ModernBERT (a converted transformers folder:
+byte-level BPE) writes its own mask token, "[MASK]", as the text's mask. Prints, for each [MASK],
+the top-k tokens with their probabilities, and with --text_b the NSP probability P(IsNext). The
+probabilities are a softmax over the full vocabulary, as transformers' fill-mask pipeline. An
+ELECTRA checkpoint fills masks with its generator (the network trained on MLM; it says so), and has
+no sentence-pair head; a DistilBERT fills masks with its own MLM head (a distillation workdir or a
+DistilBertForMaskedLM folder) and has none either.
 """
 
 import functools
