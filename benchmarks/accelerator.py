@@ -264,19 +264,23 @@ def backends_to_run(requested, *, packed, dtype, seq, interpret):
 
 # A/B variants of a backend, in one process so XLA's autotuning results carry over between them
 # (most of a compile): `pallas_gpu@bwd64` (the Pallas kernel's backward tiles), `cudnn@M32`
-# (instances per packed row cuDNN is told of).
-_KNOBS = {"bwd": "PALLAS_BWD_BLOCK", "M": "CUDNN_MAX_SEGMENTS"}
+# (instances per packed row cuDNN is told of), `xla@vpad128` (the MLM head's vocab padded to a
+# multiple of 128 inside its matmul), `xla@headbf16` (its backward GEMMs in bf16; any n turns it on).
+_KNOBS = {"bwd": ("attention", "PALLAS_BWD_BLOCK"), "M": ("attention", "CUDNN_MAX_SEGMENTS"),
+          "vpad": ("model", "VOCAB_PAD"), "headbf": ("model", "HEAD_BF16_BACKWARD")}
 
 
 def parse_variant(spec):
-  """`cudnn@M32` -> ("cudnn", {"CUDNN_MAX_SEGMENTS": 32}); a one-line error for an unknown knob."""
+  """`cudnn@M32` -> ("cudnn", {("attention", "CUDNN_MAX_SEGMENTS"): 32}); a one-line error for
+  an unknown knob."""
   backend, _, rest = spec.partition("@")
   knobs = {}
   for item in filter(None, rest.split("@")):
-    m = re.fullmatch(r"([A-Za-z]+)(\d+)", item)
+    m = re.fullmatch(r"([A-Za-z]+?)(\d+)", item)
     if not m or m.group(1) not in _KNOBS:
       raise errors.UserError(f"--backends: {spec!r}: a variant is BACKEND@KNOBn with KNOB one of "
-                             f"{', '.join(_KNOBS)} (pallas_gpu@bwd64, cudnn@M32)")
+                             f"{', '.join(_KNOBS)} (pallas_gpu@bwd64, cudnn@M8, "
+                             "pallas_gpu@vpad128@headbf16)")
     knobs[_KNOBS[m.group(1)]] = int(m.group(2))
   return backend, knobs
 
@@ -441,7 +445,7 @@ def main(argv=None):
         if r is not None:
           peers.append(r)
   import jax
-  from bert_jax import attention
+  from bert_jax import attention, model as model_lib
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)
@@ -453,9 +457,10 @@ def main(argv=None):
       for spec in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
                                   interpret=a.interpret):
         backend, knobs = parse_variant(spec)
-        saved = {k: getattr(attention, k) for k in knobs}
-        for k, v in knobs.items():
-          setattr(attention, k, v)
+        modules = {"attention": attention, "model": model_lib}
+        saved = {(m, k): getattr(modules[m], k) for m, k in knobs}
+        for (m, k), v in knobs.items():
+          setattr(modules[m], k, v)
         try:
           r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
                   warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
@@ -472,8 +477,8 @@ def main(argv=None):
           failed.append(spec)
           continue
         finally:
-          for k, v in saved.items():
-            setattr(attention, k, v)
+          for (m, k), v in saved.items():
+            setattr(modules[m], k, v)
         r["case"] = name
         r["backend"] = spec
         results.append(r)

@@ -8,7 +8,7 @@
 # profiled (benchmarks/profile_table.py's table).
 #
 #   bash benchmarks/gpu_ab.sh                     # on the GPU machine, from the repo root
-#   VARIANTS=pallas_gpu,cudnn@M32 bash benchmarks/gpu_ab.sh
+#   VARIANTS=pallas_gpu,pallas_gpu@vpad128@headbf16,cudnn@M8 bash benchmarks/gpu_ab.sh
 #
 # Wheels: as benchmarks/gpu_session.sh says (carry .whl with ml-collections).
 set -uo pipefail

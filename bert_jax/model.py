@@ -668,14 +668,56 @@ class MaskedLMHead(nn.Module):
     return _tied_logits(c, self, x, word_embeddings)
 
 
+# Issue 29's MLM-head levers, A/B knobs of benchmarks/accelerator.py (`@vpad128`, `@headbf16`),
+# off until a run on the chip keeps them. The profile of 2026-11-26 (H200, base128) found the
+# head's three GEMMs at ~180 TFLOP/s (5.4 ms/step for ~1 TFLOP): V = 30,522 rows are not
+# 16-byte aligned for bf16 (cuBLAS ran an `align1` kernel), and the float32 logits' cotangent
+# makes both backward GEMMs float32 (a TF32 `s1688gemm` kernel among them).
+VOCAB_PAD = 1            # pad V to a multiple of this inside the matmul (128: 30,522 -> 30,592)
+HEAD_BF16_BACKWARD = False   # backward GEMMs on the cotangent cast to the compute dtype
+
+
+def _vocab_matmul(x, w):
+  """[B, P, E] @ [V, E]^T -> float32 [B, P, V], under the two knobs above. Padding is exact
+  (zero rows, sliced off: params, exports and predictions keep V)."""
+  v = w.shape[0]
+  pad = (-v) % VOCAB_PAD
+  if pad:
+    w = jnp.pad(w, ((0, pad), (0, 0)))
+  logits = (_bf16_backward_matmul(x, w) if HEAD_BF16_BACKWARD else
+            jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32))
+  return logits[..., :v] if pad else logits
+
+
+@jax.custom_vjp
+def _bf16_backward_matmul(x, w):
+  return jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32)
+
+
+def _bf16_backward_fwd(x, w):
+  return _bf16_backward_matmul(x, w), (x, w)
+
+
+def _bf16_backward_bwd(res, g):
+  # The cotangent (softmax - one-hot, in [-1, 1]) in the compute dtype, as every other layer's
+  # is; float32 accumulation. The forward logits stay float32 for the loss.
+  x, w = res
+  g = g.astype(x.dtype)
+  dx = jnp.einsum("BPV,VH->BPH", g, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  dw = jnp.einsum("BPV,BPH->VH", g, x, preferred_element_type=jnp.float32).astype(w.dtype)
+  return dx, dw
+
+
+_bf16_backward_matmul.defvjp(_bf16_backward_fwd, _bf16_backward_bwd)
+
+
 def _tied_logits(c, module, x, word_embeddings):
   """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V].
 
   The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
   float32 accumulation and float32 logits for the loss.
   """
-  logits = jnp.einsum("BPH,VH->BPV", x, word_embeddings.astype(c.dtype),
-                      preferred_element_type=jnp.float32)
+  logits = _vocab_matmul(x, word_embeddings.astype(c.dtype))
   bias = module.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
   logits = logits + bias.astype(jnp.float32)
   return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")

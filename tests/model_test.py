@@ -531,3 +531,35 @@ def test_packed_rows_tell_attention_how_many_instances_a_row_holds(monkeypatch):
   model_lib.BertForPreTraining(TINY).apply({"params": params}, f, True,
                                            method=model_lib.pretraining_forward)
   assert set(seen) == {False}
+
+
+def _head_value_and_grads(x, w, cot):
+  f = lambda x, w: jnp.sum(model_lib._vocab_matmul(x, w) * cot)
+  return jax.value_and_grad(f, argnums=(0, 1))(x, w), model_lib._vocab_matmul(x, w)
+
+
+def test_mlm_head_levers_keep_the_logits_and_gradients(monkeypatch):
+  """Issue 29's head knobs (off by default): the vocab padded to 128 inside the matmul gives the
+  same logits and gradients exactly (V = 1,000 -> 1,024, sliced back); the bf16 backward keeps
+  the float32 forward and rounds only the cotangent, so its gradients equal float32's within
+  bf16's 2^-8 relative step."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 5, 16)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(1000, 16)), jnp.bfloat16)
+  cot = jnp.asarray(rng.normal(size=(2, 5, 1000)) * 0.01, jnp.float32)
+  (ref, ref_g), ref_logits = _head_value_and_grads(x, w, cot)
+  monkeypatch.setattr(model_lib, "VOCAB_PAD", 128)
+  (val, g), logits = _head_value_and_grads(x, w, cot)
+  assert logits.shape == (2, 5, 1000) and logits.dtype == jnp.float32
+  np.testing.assert_array_equal(logits, ref_logits)
+  for a, b in zip(g, ref_g):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6,
+                               atol=1e-6)
+  monkeypatch.setattr(model_lib, "HEAD_BF16_BACKWARD", True)
+  (val, g), logits = _head_value_and_grads(x, w, cot)
+  np.testing.assert_array_equal(logits, ref_logits)
+  for a, b in zip(g, ref_g):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.max(np.abs(a - b)) <= 2 ** -7 * np.max(np.abs(b))
+    assert not np.array_equal(a, b)          # the cotangent really was rounded
