@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's attention A/B in ONE device call (about 5 minutes on one H100/H200): does cuDNN's
+# Issue 29's A/B in ONE device call (about 5 minutes on one H100/H200): does cuDNN's
 # flash attention on packed rows (ragged offsets, attention.py `_cudnn_packed`) beat the Pallas
 # kernel that the 2026-11-26 profile found taking 27% of BERT-large/512's step, and do bigger
 # Pallas backward tiles help? First the kernels' correctness against the xla path on the chip
@@ -30,7 +30,7 @@ echo "== correctness on the chip $(elapsed)"
 timeout "${CHECK_TIMEOUT:-90}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
   tests/attention_test.py -k "cudnn_equals or pallas_gpu_equals" 2>&1 | tail -15 | tee "$OUT/check.log"
 
-echo "== large512 packed: ${VARIANTS:=pallas_gpu,cudnn@M32,pallas_gpu@bwd64,cudnn} $(elapsed)"
+echo "== large512 packed: ${VARIANTS:=pallas_gpu,pallas_gpu@vpad128@headbf16,cudnn@M8,pallas_gpu@bwd64} $(elapsed)"
 timeout "${AB_TIMEOUT:-250}" "$PY" -m benchmarks.accelerator --cases=large512 --packing=packed \
   --backends="$VARIANTS" --steps="${STEPS:-20}" --warmup=3 --profile_dir="$PROF" \
   --profile_steps=2 2>&1 | tee "$OUT/ab.log"
