@@ -126,8 +126,8 @@ def cls_logits(config, out, num_labels, deterministic):
 def describe(config, purpose, params_keys=(), do_train=True):
   del params_keys
   shape = (f"{config.num_layers} pre-norm layers of width {config.hidden_size}, RoPE, "
-           f"{config.ffn}" + (f", window {config.local_window} but on every "
-                              f"{config.global_every}-th layer (global)"
+           f"{config.ffn}" + (f", window {config.local_window} (layers 0, {config.global_every}"
+                              f", {2 * config.global_every}, ... global)"
                               if config.local_window else ""))
   if purpose == "predict":
     return f"ModernBERT: fill-mask with its MLM head ({shape})"
