@@ -288,21 +288,46 @@ class JsonTokenizer:
         out.append(([i for p in pieces for i in p],
                     [w for w, p in enumerate(pieces) for _ in p]))
       return out
-    texts = [" ".join(words) for words in lines]
+    out = []
+    for ids, first, last in self._word_spans(lines):
+      del first
+      index, previous = [], 0
+      for w in last:
+        previous = w if w >= 0 else previous   # a piece of no word: the word before
+        index.append(previous)
+      out.append((ids, index))
+    return out
+
+  def encode_word_spans(self, lines):
+    """list[list[str]] -> [(ids, first, last)] per line: the line encoded whole, as
+    encode_words, and for each piece the first and the last word its characters fall in (both
+    -1 for a piece of spaces only: a lone 'Ġ' before a byte the BPE never merged with a space).
+    first != last is a piece across a space (a tokenizer whose pre-tokenizer does not split
+    there). With a pre-tokenizer, each word is rewritten by it (mecab: "대한민국은" ->
+    "대한민국 은") and the rewritten words are joined and encoded whole."""
+    if self.pretokenizer is not None:
+      lines = [self.pretokenizer([_text(w) for w in words]) if words else [] for words in lines]
+    return self._word_spans(lines)
+
+  def _word_spans(self, lines):
+    # Empty words (a pre-tokenizer may rewrite a word to "") are left out of the text: two
+    # spaces in a row would change the next word's pieces.
+    kept = [[(w, word) for w, word in enumerate(words) if word] for words in lines]
+    texts = [" ".join(word for _, word in k) for k in kept]
     encodings = self._tok.encode_batch([_text(t) for t in texts], add_special_tokens=False)
     out = []
-    for words, text, e in zip(lines, texts, encodings):
+    for words, text, e in zip(kept, texts, encodings):
       owner = np.full(len(text) + 1, -1, np.int64)   # character -> its word, -1 for spaces
       start = 0
-      for w, word in enumerate(words):
+      for w, word in words:
         owner[start:start + len(word)] = w
         start += len(word) + 1
-      index, last = [], 0
+      first, last = [], []
       for s, t in e.offsets:   # [start, end) characters of the piece, its space included
         hits = owner[s:t][owner[s:t] >= 0]
-        last = int(hits[-1]) if len(hits) else last   # a piece of no word: the word before
-        index.append(last)
-      out.append((list(e.ids), index))
+        first.append(int(hits[0]) if len(hits) else -1)
+        last.append(int(hits[-1]) if len(hits) else -1)
+      out.append((list(e.ids), first, last))
     return out
 
 

@@ -11,6 +11,11 @@ the other pieces, [CLS], [SEP] and padding get weight 0 in the loss and are neve
 sentence longer than max_seq_length - 2 pieces is split into consecutive windows at word
 borders, so every word is predicted exactly once (instead of truncating, which would lose
 gold entities from the score).
+
+A tokenizer.json (ModernBERT's byte-level BPE, RoBERTa's kind) encodes the sentence whole, its
+words joined by single spaces, and gives each piece to its word by character offsets
+(`_sentence_pieces`): alone, a word gets other ids than mid-sentence ("rejects" is 're' 'j' 'ect'
+'s' alone, 'Ġre' 'j' 'ect' 's' after a space), and the model was pre-trained on sentences.
 """
 
 import dataclasses
@@ -63,6 +68,7 @@ class Sentence:
   words: list
   tags: object  # list of tag strings, or None (unlabelled)
   line: int  # first line in the file, for messages
+  path: str = ""  # the file, for messages
 
 
 def read_conll(path, labels, tag_column=-1):
@@ -74,7 +80,7 @@ def read_conll(path, labels, tag_column=-1):
     fields = line.split()
     if not fields or fields[0] == "-DOCSTART-":
       if words:
-        sentences.append(Sentence(words, tags if labelled else None, first))
+        sentences.append(Sentence(words, tags if labelled else None, first, path))
       words, tags = [], []
       continue
     has_tag = len(fields) > 1
@@ -98,7 +104,7 @@ def read_conll(path, labels, tag_column=-1):
                             "fix the line or the task's labels.")
       tags.append(tag)
   if words:
-    sentences.append(Sentence(words, tags if labelled else None, first))
+    sentences.append(Sentence(words, tags if labelled else None, first, path))
   if not sentences:
     raise TaskDataError(f"{path}: no sentences (only blank or -DOCSTART- lines).")
   return sentences
@@ -120,11 +126,15 @@ def convert_examples(task, sentences, tokenizer, max_seq_length):
   """
   vocab = tokenizer.vocab
   room = max_seq_length - 2  # [CLS] ... [SEP]
-  distinct = {}
-  for s in sentences:
-    for w in s.words:
-      distinct.setdefault(w, len(distinct))
-  pieces = tokenizer.encode(list(distinct)) if distinct else []
+  if hasattr(tokenizer, "encode_word_spans"):  # a tokenizer.json: sentences encoded whole
+    word_pieces = _sentence_pieces(sentences, tokenizer)
+  else:  # WordPiece / SentencePiece: a word's pieces do not depend on its neighbours
+    distinct = {}
+    for s in sentences:
+      for w in s.words:
+        distinct.setdefault(w, len(distinct))
+    pieces = tokenizer.encode(list(distinct)) if distinct else []
+    word_pieces = [[pieces[distinct[w]] for w in s.words] for s in sentences]
   label_index = {l: i for i, l in enumerate(task.labels)}
   rows = {k: [] for k in ("input_ids", "label_ids", "label_weights", "sentence_index",
                           "word_start", "length")}
@@ -140,8 +150,8 @@ def convert_examples(task, sentences, tokenizer, max_seq_length):
 
   for si, s in enumerate(sentences):
     ids, labels, weights, word_start, windows = [], [], [], 0, 0
-    for wi, w in enumerate(s.words):
-      p = list(pieces[distinct[w]])
+    for wi in range(len(s.words)):
+      p = list(word_pieces[si][wi])
       if not p:  # e.g. a lone control character: keep the word predictable
         p = [vocab.unk_id]
         stats["words_without_pieces"] += 1
@@ -177,6 +187,50 @@ def convert_examples(task, sentences, tokenizer, max_seq_length):
                   word_start=np.asarray(rows["word_start"], np.int32))
   stats["features"] = n
   return features, stats
+
+
+def _sentence_pieces(sentences, tokenizer):
+  """Per sentence, per word, its piece ids: the sentence encoded whole (a tokenizer.json).
+
+  The words are joined by single spaces, so the ids are transformers' for that text
+  (PreTrainedTokenizerFast(...)(" ".join(words)), tests/ner_bpe_test.py). Not its
+  is_split_into_words: that pre-tokenizes each word alone, and a byte-level BPE without a prefix
+  space (ModernBERT's) then loses every word's 'Ġ' ('re' for 'Ġre' in the test's 405-id BPE).
+  Each piece goes to the word its characters fall in; a piece of spaces only (a lone 'Ġ' before
+  a byte the BPE never merged with a space: " German" is 'Ġ' 'G' 'er' 'm' 'an' there) goes to
+  the word after it, as transformers' word_ids() puts it, and is that word's first piece.
+  A piece across a space, or pieces out of word order, cannot carry one word's tag: a one-line
+  error naming the sentence, the tokenizer file and the fix, before any compute.
+  """
+  out = []
+  encoded = tokenizer.encode_word_spans([s.words for s in sentences])
+  for s, (ids, first, last) in zip(sentences, encoded):
+    owner = list(first)
+    following = len(s.words) - 1  # a piece of spaces at the end (none from one-space joins)
+    for k in reversed(range(len(ids))):
+      if first[k] != last[k]:
+        _unaligned(s, tokenizer, ids[k], f"of the words {s.words[first[k]]!r} and "
+                                         f"{s.words[last[k]]!r}")
+      if owner[k] < 0:
+        owner[k] = following
+      elif k + 1 < len(ids) and owner[k] > owner[k + 1]:
+        _unaligned(s, tokenizer, ids[k], f"of {s.words[owner[k]]!r} before the pieces of "
+                                         f"{s.words[owner[k + 1]]!r}")
+      following = owner[k]
+    words = [[] for _ in s.words]
+    for i, w in zip(ids, owner):
+      words[w].append(i)
+    out.append(words)
+  return out
+
+
+def _unaligned(sentence, tokenizer, piece_id, what):
+  raise TaskDataError(
+      f"{sentence.path}:{sentence.line}: the tokenizer {tokenizer.vocab.path} makes a piece "
+      f"{tokenizer.id_to_token([piece_id])[0]!r} {what}; NER tags each word's first piece, so "
+      "no piece may cross a space: use a tokenizer.json whose pre_tokenizer splits at spaces "
+      "(ByteLevel with use_regex, Metaspace, WhitespaceSplit), e.g. one learned by "
+      "`python -m data_pipelines.build_vocab --output=tokenizer.json`.")
 
 
 def predictions_to_tags(task, sentences, features, predicted_ids):
