@@ -314,10 +314,14 @@ def _move_aside(manager, damaged, good_step):
 
 
 def sync_hosts(tag):
-  """A barrier across the hosts of a pod (nothing on one host); every host must call it."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    multihost_utils.sync_global_devices(f"bert_jax.checkpoint.{tag}")
+  """A barrier across the hosts of a pod (nothing on one host); every host must call it.
+
+  The coordination service's barrier (distributed.meet), not a device collective
+  (multihost_utils.sync_global_devices): a host 30 s late to a collective's first run kills a
+  CPU pod, and a barrier waits 30 min and names a host that never comes.
+  """
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  distributed.meet(f"checkpoint {tag}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,10 +25,20 @@ service, so a crashed or preempted host stops the whole job instead of leaving t
 in a collective forever. `BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS` overrides the value (the local
 launcher uses 10 s so tests fail fast; pods keep JAX's 100 s, which rides over short network
 blips).
+
+Meeting before a first collective (`meet`, `TogetherOnFirstCall`): on CPU (gloo) a program's
+cross-process collectives build their gloo communicator when the program first runs, and each
+process waits only 30 s for the others' addresses (hard-coded in jaxlib 0.10.2: `Gloo context
+initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed out ... 30s`); once built, a
+collective waits 30 minutes. A host that compiles the step 40 s later than another (a loaded
+machine, a cold compilation cache) killed the whole pod. So every process meets at a
+coordination-service barrier, which waits `BERT_JAX_BARRIER_TIMEOUT_SECONDS` (default 30 min),
+after compiling and before the first run of each cross-process step.
 """
 
 import glob
 import hashlib
+import itertools
 import os
 import signal
 
@@ -41,15 +51,24 @@ ENV_COORDINATOR = "BERT_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "BERT_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "BERT_JAX_PROCESS_ID"
 ENV_HEARTBEAT = "BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS"
+ENV_BARRIER_TIMEOUT = "BERT_JAX_BARRIER_TIMEOUT_SECONDS"
 
 # JAX's own defaults (jax 0.10.2): 100 s heartbeat, 300 s to connect, 300 s shutdown barrier.
 DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 100
 DEFAULT_INITIALIZATION_TIMEOUT_SECONDS = 300
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 300
+# How long `meet` waits for the other processes: XLA's own wait inside a CPU collective
+# (DefaultCollectiveTimeout, 30 min), long enough for a slow host to compile BERT-large. A dead
+# peer does not make it wait that long: the heartbeat check above stops the job first.
+DEFAULT_BARRIER_TIMEOUT_SECONDS = 1800
 
 
 class DistributedSetupError(errors.UserError):
   """The BERT_JAX_* environment is malformed, or hosts disagree on a value."""
+
+
+class PeerTimeoutError(errors.UserError):
+  """Another process of the pod did not reach a meeting point in time."""
 
 
 _ENV_FIX = (f"because {ENV_COORDINATOR} is set; launch with `python -m launch.local_pod` or "
@@ -133,6 +152,7 @@ def maybe_initialize_distributed(
     heartbeat_timeout_seconds = (_env_int(ENV_HEARTBEAT, 1, fix="(seconds); unset it for 100")
                                  if os.environ.get(ENV_HEARTBEAT)
                                  else DEFAULT_HEARTBEAT_TIMEOUT_SECONDS)
+  barrier_timeout_seconds()   # a bad BERT_JAX_BARRIER_TIMEOUT_SECONDS: one line now, not later
   timeouts = dict(initialization_timeout=initialization_timeout,
                   heartbeat_timeout_seconds=heartbeat_timeout_seconds,
                   shutdown_timeout_seconds=shutdown_timeout_seconds)
@@ -159,6 +179,85 @@ def maybe_initialize_distributed(
   return "single"
 
 
+# ----------------------------------------------------------------------------------------------
+# Meeting points: every process waits for the others before a first collective (module docstring).
+# ----------------------------------------------------------------------------------------------
+_meetings: dict[str, itertools.count] = {}   # what -> how many times this process met there
+
+
+def barrier_timeout_seconds() -> int:
+  """`BERT_JAX_BARRIER_TIMEOUT_SECONDS`, else 1800."""
+  if os.environ.get(ENV_BARRIER_TIMEOUT):
+    return _env_int(ENV_BARRIER_TIMEOUT, 1, fix="(seconds); unset it for 1800")
+  return DEFAULT_BARRIER_TIMEOUT_SECONDS
+
+
+def meet(what: str, timeout_seconds: int | None = None) -> None:
+  """Returns once every process of the pod has called meet(what) as often; nothing on one.
+
+  A barrier of JAX's coordination service, not a device collective, so it waits
+  `timeout_seconds` (None: `barrier_timeout_seconds()`) and says nothing while it waits. The
+  n-th meeting at `what` is one barrier on every process (the same program makes the same
+  calls). Raises PeerTimeoutError, one line naming the processes that did not come.
+  """
+  if jax.process_count() == 1:
+    return
+  timeout = timeout_seconds or barrier_timeout_seconds()
+  # jax 0.10.2 has no public barrier: this is the client orbax's barriers and jax's own
+  # multi-process tests (jax/_src/test_multiprocess.py) wait on.
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  state = jax_distributed.global_state
+  me, num = state.process_id, state.num_processes
+  key = f"bert_jax/meet/{what}/{next(_meetings.setdefault(what, itertools.count()))}"
+  state.client.key_value_set(f"{key}/{me}", "here")   # who came, for the error below
+  try:
+    state.client.wait_at_barrier(key, timeout * 1000)
+  except jax.errors.JaxRuntimeError as e:
+    if not str(e).startswith("DEADLINE_EXCEEDED"):
+      raise   # not a timeout (the service stopped: a peer died); JAX's own error says which
+    came = {int(k.rsplit("/", 1)[-1]) for k, _ in state.client.key_value_dir_get(key + "/")}
+    missing = [p for p in range(num) if p not in came]
+    fix = (f"if {'they are' if len(missing) > 1 else 'it is'} only slow, set "
+           f"{ENV_BARRIER_TIMEOUT} higher than {timeout} (seconds) on every host")
+    if missing:
+      who = (f"processes {', '.join(map(str, missing))}" if len(missing) > 1
+             else f"process {missing[0]}")
+      raise PeerTimeoutError(
+          f"process {me} waited {timeout} s at {what} for {who} (of {num}), which never came: "
+          f"see {who}'s output for why (a slower compilation, a stalled input, an error); "
+          f"{fix}.") from None
+    raise PeerTimeoutError(
+        f"process {me} came to {what} after the other processes had stopped waiting for it "
+        f"({timeout} s): this host is the slow one, see the others' errors; {fix}.") from None
+
+
+class TogetherOnFirstCall:
+  """A jitted step whose first call compiles it, meets the other processes, then runs it.
+
+  Compiling before meeting is the point: compilation is where hosts differ most (minutes for a
+  large model, a compilation-cache hit on one host and a miss on another), and the step's gloo
+  communicators are built only when it first runs (module docstring). Later calls are the
+  jitted function's own: jax keeps the executable compiled here (no second compilation).
+  One process: the jitted function, no meeting. `lower` and other attributes are the function's.
+  """
+
+  def __init__(self, fn, what: str):
+    self._fn, self._what, self._first = fn, what, True
+
+  def __call__(self, *args):
+    if self._first:
+      if jax.process_count() > 1:
+        self._fn.lower(*args).compile()
+        meet(f"the first {self._what}")
+      self._first = False
+    return self._fn(*args)
+
+  def __getattr__(self, name):   # lower, eval_shape, ...: the jitted function's
+    if name.startswith("_"):     # _fn itself (not set yet while copying): no recursion
+      raise AttributeError(name)
+    return getattr(self._fn, name)
+
+
 def _as_bytes(value: bytes | str) -> bytes:
   return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
@@ -174,6 +273,7 @@ def assert_same_on_all_hosts(name: str, value: bytes | str) -> str:
   if jax.process_count() == 1:
     return digest.hex()
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  meet(f"the {name} check")   # often a program's first collective: see `meet`
   local = np.frombuffer(digest, dtype=np.uint8)  # [32]
   table = np.asarray(multihost_utils.process_allgather(local))  # [num_processes, 32]
   hexes = [bytes(row.astype(np.uint8)).hex() for row in table]

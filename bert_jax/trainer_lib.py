@@ -200,8 +200,13 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   return Steps(
       model=model, tx=tx, schedule=schedule, abstract_state=abstract_state,
       state_shardings=state_shardings, param_shardings=param_shardings,
-      init_state=jax.jit(init_state, out_shardings=state_shardings),
-      train_step=_bind(train, frozen), eval_step=_bind(evaluate, frozen),
+      # On a pod, each step's first call compiles it and waits there for the other hosts: a
+      # host that compiles slower must not leave the others in the step's first collective,
+      # which waits only 30 s for it on CPU (distributed.TogetherOnFirstCall).
+      init_state=distributed.TogetherOnFirstCall(
+          jax.jit(init_state, out_shardings=state_shardings), "state init"),
+      train_step=distributed.TogetherOnFirstCall(_bind(train, frozen), "train step"),
+      eval_step=distributed.TogetherOnFirstCall(_bind(evaluate, frozen), "eval step"),
       frozen=frozen.params if frozen else None)
 
 

@@ -14,7 +14,8 @@ from bert_jax import distributed
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
   for name in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES,
-               distributed.ENV_PROCESS_ID, distributed.ENV_HEARTBEAT, "TPU_WORKER_HOSTNAMES",
+               distributed.ENV_PROCESS_ID, distributed.ENV_HEARTBEAT,
+               distributed.ENV_BARRIER_TIMEOUT, "TPU_WORKER_HOSTNAMES",
                "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
     monkeypatch.delenv(name, raising=False)
 
@@ -42,6 +43,8 @@ def test_multihost_detection_from_env(monkeypatch, name, value, needle):
     (dict(BERT_JAX_COORDINATOR="localhost:1", BERT_JAX_NUM_PROCESSES="2"),
      "env BERT_JAX_PROCESS_ID=''"),
     (dict(BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS="0"), "BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS='0'"),
+    (dict(BERT_JAX_BARRIER_TIMEOUT_SECONDS="30m"),
+     "env BERT_JAX_BARRIER_TIMEOUT_SECONDS='30m': expected an integer >= 1 (seconds)"),
 ])
 def test_bad_env_is_a_clear_error_before_initialize(monkeypatch, env, needle):
   for k, v in env.items():
@@ -91,3 +94,115 @@ def test_preemption_check_restores_the_previous_sigterm_handler():
     assert signal.getsignal(signal.SIGTERM) is mine
   finally:
     signal.signal(signal.SIGTERM, previous)
+
+
+# ----------------------------------------------------------------------------------------------
+# Meeting before a first collective (distributed.meet, TogetherOnFirstCall). The real barrier of
+# a 2-process pod, a host 40 s late and one that never comes: tests/late_host_test.py (slow).
+# ----------------------------------------------------------------------------------------------
+def test_one_process_meets_nobody_and_runs_the_jitted_step():
+  import jax
+  import jax.numpy as jnp
+  distributed.meet("anything")   # returns at once: nobody to wait for
+  step = distributed.TogetherOnFirstCall(jax.jit(lambda x: x * 2), "double")
+  x = jnp.arange(4.0)
+  assert step(x).tolist() == [0.0, 2.0, 4.0, 6.0] and step(x).tolist() == [0.0, 2.0, 4.0, 6.0]
+  assert step.lower(x).compile()(x).tolist() == [0.0, 2.0, 4.0, 6.0]   # the jitted fn's own
+
+
+def test_first_call_on_a_pod_compiles_then_meets_then_runs_without_compiling_again(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  events = []
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed, "meet", lambda what: events.append(f"meet {what}"))
+
+  def on_event(name, secs, **kw):   # recorded for each executable made (a cache hit too)
+    del secs, kw
+    if name == "/jax/core/compile/backend_compile_duration":
+      events.append("compile")
+
+  step = distributed.TogetherOnFirstCall(jax.jit(lambda x: jnp.sin(x) + 41.5), "train step")
+  x = jnp.ones((3,))
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    step(x)
+    step(x)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  # Compiled before the meeting (compilation is where hosts differ), met once, and the call
+  # ran the executable compiled there: one compilation in all.
+  assert events == ["compile", "meet the first train step"]
+
+
+class _Client:
+  """The coordination-service client's calls that meet makes: processes `came` are at the
+  barrier, which fails with `error`."""
+
+  def __init__(self, came, error):
+    self.kv, self.came, self.error = {}, came, error
+
+  def key_value_set(self, key, value):
+    self.kv[key] = value
+
+  def wait_at_barrier(self, key, timeout_ms):
+    self.waited = (key, timeout_ms)
+    raise self.error
+
+  def key_value_dir_get(self, prefix):
+    others = {f"{prefix}{p}": "here" for p in self.came}
+    return sorted({**others, **{k: v for k, v in self.kv.items() if k.startswith(prefix)}}.items())
+
+
+def _fake_pod(monkeypatch, client, process_id=0, num_processes=3):
+  import types
+  import jax
+  from jax._src import distributed as jax_distributed
+  monkeypatch.setattr(jax, "process_count", lambda: num_processes)
+  monkeypatch.setattr(jax_distributed, "global_state", types.SimpleNamespace(
+      process_id=process_id, num_processes=num_processes, client=client))
+
+
+def test_a_meeting_that_times_out_names_who_did_not_come(monkeypatch):
+  import jax
+  timeout = jax.errors.JaxRuntimeError("DEADLINE_EXCEEDED: Barrier timed out. Id: x")
+  client = _Client(came=[], error=timeout)
+  _fake_pod(monkeypatch, client)
+  monkeypatch.setenv(distributed.ENV_BARRIER_TIMEOUT, "7")
+  with pytest.raises(distributed.PeerTimeoutError) as e:
+    distributed.meet("the first train step")
+  assert str(e.value) == (
+      "process 0 waited 7 s at the first train step for processes 1, 2 (of 3), which never "
+      "came: see processes 1, 2's output for why (a slower compilation, a stalled input, an "
+      "error); if they are only slow, set BERT_JAX_BARRIER_TIMEOUT_SECONDS higher than 7 "
+      "(seconds) on every host.")
+  assert client.waited == ("bert_jax/meet/the first train step/0", 7000)
+  assert client.kv == {"bert_jax/meet/the first train step/0/0": "here"}
+
+  # The host that comes after the others gave up is told it is the slow one.
+  _fake_pod(monkeypatch, _Client(came=[0, 1], error=timeout), process_id=2)
+  with pytest.raises(distributed.PeerTimeoutError,
+                     match=r"^process 2 came to the first train step after the other processes "
+                           r"had stopped waiting for it \(7 s\): this host is the slow one"):
+    distributed.meet("the first train step")
+
+  # Any other failure of the barrier (the service saw a peer die) is JAX's own error.
+  _fake_pod(monkeypatch, _Client(came=[], error=jax.errors.JaxRuntimeError("UNAVAILABLE: x")))
+  with pytest.raises(jax.errors.JaxRuntimeError, match="UNAVAILABLE"):
+    distributed.meet("the first train step")
+
+
+def test_each_meeting_is_its_own_barrier(monkeypatch):
+  ids = []
+
+  class Recording(_Client):
+    def wait_at_barrier(self, key, timeout_ms):
+      ids.append(key)
+
+  _fake_pod(monkeypatch, Recording(came=[], error=None))
+  for what in ("checkpoint move_aside", "checkpoint move_aside", "the workdir lock"):
+    distributed.meet(what, timeout_seconds=5)
+  # The n-th meeting at a place is one id on every process (all make the same calls in order).
+  assert ids[0] != ids[1] and ids[0].startswith("bert_jax/meet/checkpoint move_aside/")
+  assert ids[1].rsplit("/", 1)[1] == str(int(ids[0].rsplit("/", 1)[1]) + 1)
+  assert ids[2].startswith("bert_jax/meet/the workdir lock/")
