@@ -21,6 +21,7 @@ Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error, 
 TPU compiler itself crashed; libtpu 0.0.42.1 segfaulted on some remat programs here).
 """
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -81,6 +82,30 @@ def topology_devices(spec: tpu_specs.SliceSpec):
 _HBM_RE = re.compile(r"exceeds available HBM \(([\d.]+)([GM])\)")
 
 
+@contextlib.contextmanager
+def without_persistent_cache():
+  """A compile for the slice's compile-only devices, not through JAX's persistent compilation
+  cache (a user's JAX_COMPILATION_CACHE_DIR): such a TPU program cannot be loaded back without
+  chips ("PjRtCompiler must be constructed with a Client"), so a second plan warned "Error
+  reading persistent compilation cache entry for 'jit_train_step'" on stderr (issue 32).
+
+  Turning jax_enable_compilation_cache off is not enough alone: JAX decides once per process, at
+  its first compile, whether it uses the cache (jax 0.10.2 compilation_cache.is_cache_used), and
+  train.build_training's eager dummy batch (DistilBERT's teacher) had already compiled on the CPU
+  with it on. reset_cache (the public jax.experimental.compilation_cache API) makes JAX decide
+  again, with the cache off, and again on the way out, with the user's setting."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
+
+
 def available_hbm(device):
   """Bytes of HBM the TPU compiler lets one program use on `device`'s chip (its own figure).
 
@@ -93,7 +118,8 @@ def available_hbm(device):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
   one = NamedSharding(Mesh(np.array([device]), ("x",)), P())
   try:
-    jax.jit(lambda: jnp.zeros((2 ** 37,), jnp.int8), out_shardings=one).lower().compile()
+    with without_persistent_cache():
+      jax.jit(lambda: jnp.zeros((2 ** 37,), jnp.int8), out_shardings=one).lower().compile()
   except jax.errors.JaxRuntimeError as e:
     m = _HBM_RE.search(str(e))
     if m:
@@ -192,21 +218,15 @@ def compile_step(config, model_config, devices):
   start = time.perf_counter()
   with trainer_lib.mesh_rules(mesh):
     lowered = t.train_step.lower(t.abstract_state, batch)
-  # Not through JAX's persistent compilation cache (a user's JAX_COMPILATION_CACHE_DIR): a TPU
-  # program compiled for a topology without chips cannot be loaded back ("PjRtCompiler must be
-  # constructed with a Client"), so each lookup warned and wrote an entry nothing could read.
-  cache_was = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
   try:
-    compiled = lowered.compile()
+    with without_persistent_cache():
+      compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     return Compiled(False, time.perf_counter() - start,
                     error=" ".join(str(e).split()).rstrip("."), attention=attention,
                     num_params=_num_params(t.abstract_state["params"]))
-  finally:
-    jax.config.update("jax_enable_compilation_cache", cache_was)
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -597,6 +617,10 @@ def define_flags():
 
 
 def main(argv):
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  # What is said is the report; JAX's INFO lines (without_persistent_cache's "Resetting cache
+  # at ...") are not part of it.
+  logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     raise PlanError(f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
   if FLAGS.config is None or not FLAGS.topology:

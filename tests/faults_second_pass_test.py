@@ -35,9 +35,9 @@ def test_platform_rule_skips_installed_accelerators_whose_chips_are_absent():
   assert platforms.choose_jax_platforms(env) is None and env == {"JAX_PLATFORMS": ""}
 
 
-def _run_bare(*args):
-  """`python -m ...` as a user types it: no JAX_PLATFORMS in the environment."""
-  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+def _run_bare(*args, **env_vars):
+  """`python -m ...` as a user types it: no JAX_PLATFORMS in the environment (env_vars added)."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | env_vars
   return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=300, check=False)
 
@@ -175,19 +175,18 @@ def test_distilbert_plan_without_a_teacher_or_a_known_preset_says_what_to_pass()
 
 @needs_libtpu
 @pytest.mark.slow
-@pytest.mark.xfail(reason="known fault, open on issue 32: under a shared JAX_COMPILATION_CACHE_DIR "
-                   "the distilbert plan prints jax's 'Error reading persistent compilation cache "
-                   "entry for jit_train_step' warning on stderr (a TPU compile not bypassing the "
-                   "cache); the verdict itself is right", strict=False)
 def test_plan_cli_on_distilbert_gives_a_verdict_with_the_teacher_counted(tmp_path):
   """The CLI end to end (~1-2 min of compiling on 2 cores): exit 0, FITS, the teacher's memory
-  in the line, no traceback."""
-  out = tmp_path / "plan.json"
+  in the line, no traceback, nothing on stderr. Under a JAX_COMPILATION_CACHE_DIR it wrote the
+  TPU step's entry (the eager dummy batch had made the process use the cache), and the next plan
+  warned "Error reading persistent compilation cache entry for 'jit_train_step'"."""
+  out, cache = tmp_path / "plan.json", tmp_path / "jax_cache"
   p = _run_bare("bert_jax.plan", "--config=bert_jax/configs/pretrain.py:distilbert-tiny",
                 "--topology=v5e:2x2", "--config.batch_size=16", "--config.model.dtype=bfloat16",
-                f"--json={out}")
+                f"--json={out}", JAX_COMPILATION_CACHE_DIR=str(cache))
   assert p.returncode == 0, p.stderr[-3000:]
   assert p.stderr == "", p.stderr[-3000:]
+  assert not list(cache.glob("jit_train_step*")), sorted(cache.iterdir())
   assert "teacher: the tiny preset (shapes only" in p.stdout
   assert "| teacher (frozen) 0.02 GiB |" in p.stdout and "verdict: FITS" in p.stdout
   import json

@@ -198,3 +198,44 @@ def test_largest_batch_compiles_each_batch_once():
                                             log=lambda _: None)
   assert (found, predicted) == (8, 20)
   assert sorted(asked) == sorted(set(asked)) == [1, 2, 8, 16], asked
+
+
+def test_a_plan_compile_neither_reads_nor_writes_the_persistent_cache(tmp_path):
+  """issue 32: under a shared JAX_COMPILATION_CACHE_DIR a second DistilBERT plan warned "Error
+  reading persistent compilation cache entry for 'jit_train_step'" (a TPU program compiled
+  without chips cannot be loaded back). Turning jax_enable_compilation_cache off around the
+  compile did nothing once the process had compiled anything with the cache on (JAX decides
+  once per process): here a CPU compile first, as train.build_training's eager dummy batch did."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  keys = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
+          "jax_persistent_cache_min_compile_time_secs")
+  was = {k: getattr(jax.config, k) for k in keys}
+  cache = tmp_path / "cache"
+  requests = []
+
+  def listener(event, **_):
+    if event == "/jax/compilation_cache/compile_requests_use_cache":   # a read, then a write
+      requests.append(event)
+
+  def entries():
+    return len(list(cache.glob("*-cache"))) if cache.exists() else 0
+
+  jax.monitoring.register_event_listener(listener)
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)   # write every program
+    compilation_cache.reset_cache()
+    jax.jit(lambda x: x + 1)(1.0)        # the process's first compile: it uses the cache
+    assert (len(requests), entries()) == (1, 1)
+    with plan_lib.without_persistent_cache():
+      jax.jit(lambda x: x * 3)(2.0)
+    assert (len(requests), entries()) == (1, 1)   # not looked up, not written
+    jax.jit(lambda x: x - 5)(3.0)        # afterwards: the user's cache again
+    assert (len(requests), entries()) == (2, 2)
+  finally:
+    jax.monitoring.unregister_event_listener(listener)
+    for k, v in was.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
