@@ -395,8 +395,67 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta).
 
   An output ending in .json is a Hugging Face tokenizer.json (byte_level: None = from the
-  corpus, choose_byte_level).
+  corpus, choose_byte_level). Every flag is checked before the corpus is read past its first
+  ~4M characters (the script mix that the defaults come from).
   """
+  is_json = _check_options(output, model_type, byte_level, character_coverage, byte_fallback,
+                           input_sentence_size)
+  pre = pretokenize.get_pretokenizer(pretokenizer)
+  reserved = reserved_tokens(num_unused if model_type == "wordpiece" else 0)
+  if vocab_size <= len(reserved):
+    raise BuildVocabError(f"--vocab_size={vocab_size} is too small: the {len(reserved)} "
+                          "special tokens alone fill it; use thousands (BERT uses 30522).")
+  paths = corpus_paths(input_file)
+  shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
+  byte_level, alphabet, alphabet_reason = _choose_alphabet(is_json, byte_level, model_type,
+                                                           shares, vocab_size, reserved)
+  if is_json and lower_case is None:  # ModernBERT, RoBERTa and GPT-2 are cased
+    lower_case, reason = False, "default: cased as ModernBERT's tokenizer.json"
+  else:
+    lower_case, reason = choose_casing(lower_case, shares)
+  _warn_jamo(shares, lower_case, model_type)
+  coverage, coverage_reason, always = _hangul_pieces(hangul_coverage, shares, lower_case,
+                                                     model_type, alphabet, vocab_size, reserved)
+  sample, counts = _read_corpus(paths, input_file, model_type, input_sentence_size, seed,
+                                lower_case, pre)
+  if is_json:
+    text, size = tokenizer_json.learn(_pretokenized(sample.lines, pre), vocab_size,
+                                      model_type=model_type, byte_level=byte_level,
+                                      lower_case=lower_case, initial_alphabet=always)
+    data, kind_meta = text.encode("utf-8"), {"tokenizer_json": {
+        "model_type": model_type, "alphabet": alphabet, "alphabet_reason": alphabet_reason}}
+    normalization = ("" if byte_level else "nfkc_") + ("lowercase" if lower_case else "")
+    normalization = normalization.rstrip("_") or "none"
+  elif model_type != "wordpiece":
+    options = SentencePieceOptions(model_type, character_coverage, byte_fallback)
+    data = train_sentencepiece(_pretokenized(sample.lines, pre), vocab_size, lower_case, options)
+    size, kind_meta = vocab_size, {"sentencepiece": dataclasses.asdict(options)}
+    normalization = "nmt_nfkc_cf" if lower_case else "nmt_nfkc"
+  else:
+    vocab = learn_wordpiece(counts, vocab_size, reserved, always=always)
+    data, size, kind_meta = ("\n".join(vocab) + "\n").encode("utf-8"), len(vocab), {}
+    normalization = "bert_uncased" if lower_case else "bert_cased"
+  meta = {
+      "vocab_kind": "tokenizer_json" if is_json else
+                    "wordpiece" if model_type == "wordpiece" else "sentencepiece",
+      "do_lower_case": lower_case, "casing_reason": reason, "normalization": normalization,
+      "pretokenizer": pretokenizer or "none", "scripts": shares,
+      "hangul_coverage": coverage, "hangul_coverage_reason": coverage_reason,
+      "sample": {"input_sentence_size": input_sentence_size, "seed": seed,
+                 "sentences_seen": sample.seen,
+                 "sentences_used": sample.seen if sample.lines is None else len(sample.lines)},
+      "vocab_size": size, "vocab_sha256": hashlib.sha256(data).hexdigest(),
+      "input_files": len(paths), "created_by": "data_pipelines.build_vocab", **kind_meta,
+  }
+  files_lib.write_atomic(output, data)
+  vocab_lib.write_settings(output, meta)
+  return size, len(paths), meta
+
+
+def _check_options(output, model_type, byte_level, character_coverage, byte_fallback,
+                   input_sentence_size):
+  """build's flag checks that need no corpus, in the order a user fixes them; returns whether
+  the output is a tokenizer.json."""
   if model_type not in ("wordpiece", "unigram", "bpe"):
     raise BuildVocabError(f"--model_type={model_type}: expected wordpiece, unigram or bpe.")
   if not output:
@@ -410,43 +469,50 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   if input_sentence_size < 0:
     raise BuildVocabError(f"--input_sentence_size={input_sentence_size}: must be >= 0 "
                           "(0 = every line).")
-  pre = pretokenize.get_pretokenizer(pretokenizer)
-  reserved = reserved_tokens(num_unused if model_type == "wordpiece" else 0)
-  if vocab_size <= len(reserved):
-    raise BuildVocabError(f"--vocab_size={vocab_size} is too small: the {len(reserved)} "
-                          "special tokens alone fill it; use thousands (BERT uses 30522).")
-  paths = corpus_paths(input_file)
-  shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
-  alphabet = alphabet_reason = None
-  if is_json:
-    byte_level, alphabet_reason = choose_byte_level(byte_level, model_type, shares)
-    alphabet = "bytes" if byte_level else "characters"
-    if byte_level and vocab_size < len(reserved) + 256 + MIN_LEARNED_PIECES:
-      raise BuildVocabError(
-          f"--vocab_size={vocab_size} is too small for a byte-level tokenizer.json: "
-          f"{len(reserved)} special + 256 byte pieces + {MIN_LEARNED_PIECES:,} learned pieces "
-          f"need {len(reserved) + 256 + MIN_LEARNED_PIECES:,} (ModernBERT has 50,368).")
-  if is_json and lower_case is None:  # ModernBERT, RoBERTa and GPT-2 are cased
-    lower_case, reason = False, "default: cased as ModernBERT's tokenizer.json"
-  else:
-    lower_case, reason = choose_casing(lower_case, shares)
-  _warn_jamo(shares, lower_case, model_type)
-  coverage, coverage_reason = choose_hangul_coverage(hangul_coverage, shares, lower_case,
-                                                     model_type, alphabet)
-  if coverage != "ksx1001":
-    always = []
-  else:  # a tokenizer.json's alphabet takes the syllables; WordPiece reserves 가 and ##가
-    always = ksx1001_syllables() if is_json else hangul_pieces()
-  # Checked again after counting, with the corpus' other characters (learn_wordpiece).
-  need = len(reserved) + len(always) + MIN_LEARNED_PIECES
-  if always and need > vocab_size:
+  return is_json
+
+
+def _choose_alphabet(is_json, byte_level, model_type, shares, vocab_size, reserved):
+  """(byte_level, alphabet "bytes" | "characters", reason) of a tokenizer.json; (byte_level,
+  None, None) for a vocab.txt or .model. A byte-level one needs room for its 256 byte pieces."""
+  if not is_json:
+    return byte_level, None, None
+  byte_level, reason = choose_byte_level(byte_level, model_type, shares)
+  if byte_level and vocab_size < len(reserved) + 256 + MIN_LEARNED_PIECES:
     raise BuildVocabError(
-        f"--vocab_size={vocab_size} is too small for --hangul_coverage=ksx1001 ({coverage_reason}"
+        f"--vocab_size={vocab_size} is too small for a byte-level tokenizer.json: "
+        f"{len(reserved)} special + 256 byte pieces + {MIN_LEARNED_PIECES:,} learned pieces "
+        f"need {len(reserved) + 256 + MIN_LEARNED_PIECES:,} (ModernBERT has 50,368).")
+  return byte_level, "bytes" if byte_level else "characters", reason
+
+
+def _hangul_pieces(hangul_coverage, shares, lower_case, model_type, alphabet, vocab_size,
+                   reserved):
+  """(coverage, reason, pieces every vocab keeps): with ksx1001 coverage the 2,350 KS X 1001
+  syllables (a tokenizer.json's alphabet takes them; WordPiece reserves 가 and ##가), checked
+  against --vocab_size here and again after counting, with the corpus' other characters
+  (learn_wordpiece)."""
+  coverage, reason = choose_hangul_coverage(hangul_coverage, shares, lower_case, model_type,
+                                            alphabet)
+  if coverage != "ksx1001":
+    return coverage, reason, []
+  always = ksx1001_syllables() if alphabet else hangul_pieces()
+  need = len(reserved) + len(always) + MIN_LEARNED_PIECES
+  if need > vocab_size:
+    raise BuildVocabError(
+        f"--vocab_size={vocab_size} is too small for --hangul_coverage=ksx1001 ({reason}"
         f"): {len(reserved)} special + {len(always):,} reserved syllable pieces + "
         f"{MIN_LEARNED_PIECES:,} learned pieces need {need:,}; raise --vocab_size (e.g. 8000) "
         "or pass --hangul_coverage=none.")
+  return coverage, reason, always
+
+
+def _read_corpus(paths, input_file, model_type, input_sentence_size, seed, lower_case, pre):
+  """(Sample, WordPiece word counts or None). WordPiece over every line streams: memory is the
+  word counts, whatever the corpus size (Sample.lines is None); otherwise the lines or a uniform
+  sample of input_sentence_size of them are kept."""
+  counts = None
   if model_type == "wordpiece" and input_sentence_size == 0:
-    # Streaming: memory is the word counts, whatever the corpus size.
     sample = Sample(None, 0)
 
     def counted():
@@ -461,47 +527,13 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   if not sample.seen:
     raise BuildVocabError(f"--input_file={input_file}: the {len(paths)} matching file(s) hold "
                           "no text (only blank lines); a vocab needs a non-empty corpus.")
-  if model_type == "wordpiece":
-    vocab = learn_wordpiece(counts, vocab_size, reserved, always=always)
-    data = ("\n".join(vocab) + "\n").encode("utf-8")
-    size = len(vocab)
-  else:
-    lines = sample.lines if pre is None else [
-        l for b in _batches(sample.lines) for l in pre(b)]
-  if is_json:
-    text, size = tokenizer_json.learn(lines, vocab_size, model_type=model_type,
-                                      byte_level=byte_level, lower_case=lower_case,
-                                      initial_alphabet=always)
-    data = text.encode("utf-8")
-    normalization = ("" if byte_level else "nfkc_") + ("lowercase" if lower_case else "")
-    normalization = normalization.rstrip("_") or "none"
-  elif model_type != "wordpiece":
-    options = SentencePieceOptions(model_type, character_coverage, byte_fallback)
-    data = train_sentencepiece(lines, vocab_size, lower_case, options)
-    size = vocab_size
-    normalization = "nmt_nfkc_cf" if lower_case else "nmt_nfkc"
-  else:
-    normalization = "bert_uncased" if lower_case else "bert_cased"
-  meta = {
-      "vocab_kind": "tokenizer_json" if is_json else
-                    "wordpiece" if model_type == "wordpiece" else "sentencepiece",
-      "do_lower_case": lower_case, "casing_reason": reason, "normalization": normalization,
-      "pretokenizer": pretokenizer or "none", "scripts": shares,
-      "hangul_coverage": coverage, "hangul_coverage_reason": coverage_reason,
-      "sample": {"input_sentence_size": input_sentence_size, "seed": seed,
-                 "sentences_seen": sample.seen,
-                 "sentences_used": sample.seen if sample.lines is None else len(sample.lines)},
-      "vocab_size": size, "vocab_sha256": hashlib.sha256(data).hexdigest(),
-      "input_files": len(paths), "created_by": "data_pipelines.build_vocab",
-  }
-  if is_json:
-    meta["tokenizer_json"] = {"model_type": model_type, "alphabet": alphabet,
-                              "alphabet_reason": alphabet_reason}
-  elif model_type != "wordpiece":
-    meta["sentencepiece"] = dataclasses.asdict(options)
-  files_lib.write_atomic(output, data)
-  vocab_lib.write_settings(output, meta)
-  return size, len(paths), meta
+  return sample, counts
+
+
+def _pretokenized(lines, pre):
+  """The lines a SentencePiece or tokenizer.json trainer learns from: as read, or each as the
+  pre-tokenizer (mecab, jieba) cuts it, in batches."""
+  return lines if pre is None else [l for b in _batches(lines) for l in pre(b)]
 
 
 FLAGS = flags.FLAGS
