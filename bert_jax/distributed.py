@@ -27,8 +27,9 @@ launcher uses 10 s so tests fail fast; pods keep JAX's 100 s, which rides over s
 blips).
 
 Meeting before a first collective (`meet`, `TogetherOnFirstCall`): on CPU (gloo) a program's
-cross-process collectives build their gloo communicator when the program first runs, and each
-process waits only 30 s for the others' addresses (hard-coded in jaxlib 0.10.2: `Gloo context
+cross-process collectives build their gloo communicator when the program first runs (one per
+device group: in bert_jax.train the workdir lock's broadcast builds those of the process pairs,
+the train step the all-device one), and each process waits only 30 s for the others' addresses (hard-coded in jaxlib 0.10.2: `Gloo context
 initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed out ... 30s`); once built, a
 collective waits 30 minutes. A host that compiles the step 40 s later than another (a loaded
 machine, a cold compilation cache) killed the whole pod. So every process meets at a
