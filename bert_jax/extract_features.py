@@ -15,7 +15,8 @@ network ELECTRA fine-tunes; it says so); a DistilBERT its BertModel's (no token 
 Input: one text per line, or "text_a ||| text_b" for a pair (google-research/bert's format).
 Each whitespace-separated word is tokenized on its own, so every word piece knows its word (a
 tokenizer.json encodes the text whole and maps its pieces to words by their character offsets:
-byte-level BPE pieces carry the space before a word).
+byte-level BPE pieces carry the space before a word, and a lone 'Ġ' piece belongs to the word after
+it, as transformers' word_ids() says).
 Layer indices count encoder layers as google-research/bert does: -1 is the last layer, 0 the first
 layer's output (the embeddings are not a layer); a pre-norm model's (ModernBERT) last layer is
 taken after its final norm, what its heads read (transformers 5's last hidden state). The paper's

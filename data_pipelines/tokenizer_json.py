@@ -221,6 +221,16 @@ def _text(t):
   return bytes(t).decode("utf-8", errors="replace")
 
 
+def _same_length(t):
+  """str -> str the Rust side accepts, character for character (offsets stay the caller's): a
+  lone surrogate becomes one U+FFFD (_text would make it three)."""
+  try:
+    t.encode("utf-8")
+    return t
+  except UnicodeEncodeError:
+    return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in t)
+
+
 class JsonTokenizer:
   """A tokenizer.json; the interface of tokenization.WordPieceTokenizer (vocab, do_lower_case,
   tokenize, encode, id_to_token)."""
@@ -277,26 +287,27 @@ class JsonTokenizer:
 
   def encode_words(self, lines):
     """list[list[str]] (the whitespace words of each line) -> [(ids, word_index)] per line: the
-    line encoded whole (" ".join(words)), each piece given the index of the word its last
-    character falls in. A byte-level BPE without a prefix space (ModernBERT's) encodes "cat"
-    alone as another id than " cat" in a sentence, so words are not encoded one by one. With a
-    pre-tokenizer (it may rewrite the text) each word is encoded alone, as the other kinds."""
-    if self.pretokenizer is not None:
-      out = []
-      for words in lines:
-        pieces = self.encode(list(words)) if words else []
-        out.append(([i for p in pieces for i in p],
-                    [w for w, p in enumerate(pieces) for _ in p]))
-      return out
+    line encoded whole (" ".join(words), encode_word_spans), each piece given the index of the
+    word its last character falls in, and a piece of spaces only (a lone 'Ġ' before a byte the
+    BPE never merged with a space) the word after it, as transformers' word_ids() does (its
+    pre-token is " German"). A byte-level BPE without a prefix space (ModernBERT's) encodes
+    "cat" alone as another id than " cat" in a sentence, so words are not encoded one by one,
+    with a pre-tokenizer neither (it rewrites each word; the rewritten words are joined)."""
     out = []
-    for ids, first, last in self._word_spans(lines):
-      del first
-      index, previous = [], 0
-      for w in last:
-        previous = w if w >= 0 else previous   # a piece of no word: the word before
-        index.append(previous)
+    for ids, _, last in self.encode_word_spans(lines):
+      index, following = [0] * len(ids), max(0, *last)  # trailing spaces: the last word
+      for k in reversed(range(len(ids))):
+        index[k] = following = last[k] if last[k] >= 0 else following
       out.append((ids, index))
     return out
+
+  def encode_offsets(self, texts):
+    """list[str] -> [(ids, offsets)] per text, encoded whole as is (the pre-tokenizer is the
+    caller's: squad applies it word by word), offsets the [start, end) characters of each piece,
+    its space included ('Ġcat' is " cat"): transformers' offset_mapping without the specials."""
+    texts = [_same_length(t) for t in texts]
+    encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+    return [(list(e.ids), list(e.offsets)) for e in encodings]
 
   def encode_word_spans(self, lines):
     """list[list[str]] -> [(ids, first, last)] per line: the line encoded whole, as

@@ -191,3 +191,26 @@ def test_a_piece_across_a_space_is_a_one_line_error(tmp_path):
   assert message.startswith(f"train.txt:7: the tokenizer {path} makes a piece 'a b' of the "
                             "words 'a' and 'b'; ")
   assert "pre_tokenizer splits at spaces" in message and "build_vocab" in message
+
+
+def test_encode_words_follows_word_ids_with_and_without_a_pretokenizer(modern, sentences):
+  """JsonTokenizer.encode_words (extract_features' word map): each piece to its pre-token's word
+  as transformers' word_ids() says, so a lone 'Ġ' to the word after it; with a pre-tokenizer the
+  rewritten words are joined and encoded whole (alone, "1996 - 08 - 22" loses its 'Ġ')."""
+  path, ours, hf = modern
+  lone = 0
+  for s in sentences:
+    [(ids, index)] = ours.encode_words([s.words])
+    enc = hf(" ".join(s.words), add_special_tokens=False)
+    assert ids == enc["input_ids"]
+    starts = np.cumsum([0] + [len(w) + 1 for w in s.words[:-1]])
+    assert index == [int(np.searchsorted(starts, enc.word_to_chars(p)[1] - 1, side="right") - 1)
+                     for p in enc.word_ids()], s.words
+    lone += enc.tokens().count(tokenizer_json.BYTE_SPACE)
+  assert lone >= 3
+  pre = tokenizer_json.JsonTokenizer(path)
+  pre.pretokenizer = lambda words: [w.replace("-", " - ") for w in words]
+  [(ids, index)] = pre.encode_words([sentences[2].words])  # BRUSSELS 1996-08-22
+  enc = hf("BRUSSELS 1996 - 08 - 22", add_special_tokens=False, return_offsets_mapping=True)
+  assert ids == enc["input_ids"]
+  assert index == [0 if end <= len("BRUSSELS") else 1 for _, end in enc["offset_mapping"]]

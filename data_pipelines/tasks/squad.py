@@ -17,6 +17,17 @@ piece strings and numpy arrays instead of TFRecords:
     does; `SkipCounter.summary()` reports them.
 Predictions (n-best, null-score threshold, mapping back to the context) are in
 squad_predictions.py.
+
+A tokenizer.json (a converted ModernBERT's byte-level BPE) takes transformers' run_qa.py way
+instead (`_encode_paragraphs_json`): the context is encoded whole, its text as is, so the ids are
+PreTrainedTokenizerFast's for the paragraph; the question is lstripped as run_qa does. Word by word,
+a BPE without a prefix space gives ids the model never saw mid-sentence ("rejects" alone is 're'
+'j' 'ect' 's', after a space 'Ġre' 'j' 'ect' 's'), and an answer encoded alone cannot be found
+among the context's pieces. The answer's first and last piece come from the pieces' character
+offsets (the pieces holding its first and last character, run_qa's loops), each piece's word is
+that of its first non-space character (a piece of spaces only, a lone 'Ġ', goes to the word after
+it, as transformers' word_ids()), and eval windows carry each piece's characters
+(token_to_char) so a predicted span is cut out of the context by them.
 """
 
 import dataclasses
@@ -62,6 +73,7 @@ class SquadExample:
   end_position: int = -1
   is_impossible: bool = False
   paragraph_id: int = 0
+  answer_start_char: int = -1  # the answer's first character in `context` (training only)
 
 
 def is_whitespace(c):
@@ -148,6 +160,7 @@ def read_examples(data, path, is_training, version_2_with_negative, skips=None):
               skips.add("answer outside its context", f"{os.path.basename(path)}:{qid}")
               continue
             ex.orig_answer_text = text
+            ex.answer_start_char = offset
             ex.start_position = char_to_word[offset]
             ex.end_position = char_to_word[end_char]
             # Only answers that can be recovered from the document are kept, as in
@@ -243,6 +256,100 @@ def _encode_words(tokenizer, examples):
   return by_paragraph
 
 
+@dataclasses.dataclass
+class _JsonDoc:
+  """A paragraph encoded whole by a tokenizer.json."""
+  ids: list  # [pieces] the context's ids, = PreTrainedTokenizerFast(context) without specials
+  words: list  # [pieces] the context word (doc_tokens index) of each piece
+  chars: np.ndarray  # [pieces, 2] int32 [start, end) context characters of each piece
+
+
+def _paragraph_text(tokenizer, ex):
+  """(text, to_context): what a tokenizer.json encodes for the paragraph of `ex`, and [len(text)]
+  the context character of each of its characters (-1: a space a pre-tokenizer inserted).
+
+  No pre-tokenizer: the context itself. With one (mecab, jieba) each word is rewritten as the
+  other kinds do ("대한민국은" -> "대한민국 은"), the words joined by single spaces, and the
+  rewritten characters are matched back to the word's: these pre-tokenizers only insert spaces.
+  """
+  if tokenizer.pretokenizer is None:
+    return ex.context, np.arange(len(ex.context))
+  parts, to_context = [], []
+  for word, (a, b), new in zip(ex.doc_tokens, ex.word_spans,
+                               tokenizer.pretokenizer(list(ex.doc_tokens))):
+    if not new:
+      continue
+    if parts:
+      parts.append(" ")
+      to_context.append(-1)
+    k = a
+    for c in new:
+      while k < b and c != ex.context[k] and ex.context[k].isspace():
+        k += 1  # a space (U+00A0, ...) the pre-tokenizer dropped
+      if k < b and c == ex.context[k]:
+        to_context.append(k)
+        k += 1
+      elif c.isspace():
+        to_context.append(-1)
+      else:
+        raise TaskDataError(
+            f"SQuAD paragraph of question {ex.qas_id!r}: the pre-tokenizer rewrote the word "
+            f"{word!r} as {new!r}, changing its characters; answers on a tokenizer.json are "
+            "mapped by character, so use a pre-tokenizer that only inserts spaces (mecab, "
+            "jieba) or none.")
+    parts.append(new)
+  return "".join(parts), np.asarray(to_context, np.int64)
+
+
+def _encode_paragraphs_json(tokenizer, examples):
+  """{paragraph_id: _JsonDoc}: each paragraph encoded whole (tokenizer.encode_offsets)."""
+  firsts = {}
+  for ex in examples:
+    firsts.setdefault(ex.paragraph_id, ex)
+  texts = [_paragraph_text(tokenizer, ex) for ex in firsts.values()]
+  encoded = tokenizer.encode_offsets([t for t, _ in texts])
+  out = {}
+  for ex, (_, to_context), (ids, offsets) in zip(firsts.values(), texts, encoded):
+    word_of = np.full(len(ex.context), -1, np.int64)  # context character -> word, -1 spaces
+    for w, (a, b) in enumerate(ex.word_spans):
+      word_of[a:b] = w
+    words, chars, end = [], [], 0
+    for s, t in offsets:  # [s, t) characters of the encoded text
+      mapped = to_context[s:t][to_context[s:t] >= 0]
+      hits = word_of[mapped][word_of[mapped] >= 0]
+      words.append(int(hits[0]) if len(hits) else -1)
+      # A piece of inserted spaces only: an empty span where the previous one ended.
+      span = (int(mapped.min()), int(mapped.max()) + 1) if len(mapped) else (end, end)
+      end = max(end, span[1])
+      chars.append(span)
+    following = len(ex.doc_tokens) - 1  # spaces at the end of the context: the last word
+    for k in reversed(range(len(words))):  # spaces only (a lone 'Ġ'): the word after them
+      words[k] = following = words[k] if words[k] >= 0 else following
+    out[ex.paragraph_id] = _JsonDoc(list(ids), words,
+                                    np.asarray(chars, np.int32).reshape(-1, 2))
+  return out
+
+
+def _answer_pieces_json(doc, ex):
+  """(first, last) piece of the answer: transformers run_qa.py's loops over the offsets.
+
+  first: the last piece starting at or before the answer's first character; last: the first
+  piece ending at or after its end. A piece of two bytes of one character ("é" is 'Ã' '©')
+  repeats that character's span, and run_qa then starts at the second byte: so do we.
+  """
+  if ex.answer_start_char >= 0:   # read_examples': the answer's own characters
+    start_char = ex.answer_start_char
+    end_char = start_char + len(ex.orig_answer_text)
+  else:   # an example built by hand with word positions only: its words' characters
+    start_char = ex.word_spans[ex.start_position][0]
+    end_char = ex.word_spans[ex.end_position][1]
+  starts, ends = doc.chars[:, 0], np.maximum.accumulate(doc.chars[:, 1])
+  first = int(np.searchsorted(starts, start_char, side="right")) - 1
+  last = int(np.searchsorted(ends, end_char, side="left"))
+  first = min(max(first, 0), len(doc.ids) - 1)
+  return first, min(max(last, first), len(doc.ids) - 1)
+
+
 def _improve_answer_span(doc_ids, input_start, input_end, answer_ids):
   """The tightest piece span that spells the tokenized answer, else the word-level span."""
   n = len(answer_ids)
@@ -288,7 +395,9 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
   features: input_ids, input_mask, segment_ids [n, seq] int32; start_positions,
   end_positions [n] int32 (0 = [CLS] when training; 0 at eval); unique_ids [n] int64;
   example_index, doc_span_index [n] int32; token_to_orig [n, seq] int32 (context word of each
-  position, -1 outside the window's document part); token_is_max_context [n, seq] bool.
+  position, -1 outside the window's document part); token_is_max_context [n, seq] bool; with a
+  tokenizer.json at eval, token_to_char [n, seq, 2] int32 (context characters [start, end) of
+  each position, -1 outside the document part).
   stats: counts of questions truncated to max_query_length and of training windows that do not
   contain their answer.
   """
@@ -296,27 +405,42 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
     raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the context; it must "
                      f"exceed max_query_length={max_query_length} + 3 ([CLS] and two [SEP]).")
   vocab = tokenizer.vocab
-  doc_pieces = _encode_words(tokenizer, examples)
-  question_ids = tokenizer.encode([ex.question_text for ex in examples])
-  answer_ids = (tokenizer.encode([ex.orig_answer_text for ex in examples]) if is_training
-                else None)
-  rows = {k: [] for k in ("input_ids", "segment_ids", "input_mask", "start_positions",
-                          "end_positions", "example_index", "doc_span_index", "token_to_orig",
-                          "token_is_max_context")}
+  json_docs = None
+  if hasattr(tokenizer, "encode_offsets"):  # a tokenizer.json: run_qa.py's way (docstring)
+    json_docs = _encode_paragraphs_json(tokenizer, examples)
+    question_ids = tokenizer.encode([ex.question_text.lstrip() for ex in examples])
+  else:  # WordPiece / SentencePiece: google-research/bert's way, word by word
+    doc_pieces = _encode_words(tokenizer, examples)
+    question_ids = tokenizer.encode([ex.question_text for ex in examples])
+    answer_ids = (tokenizer.encode([ex.orig_answer_text for ex in examples]) if is_training
+                  else None)
+  keys = ("input_ids", "segment_ids", "input_mask", "start_positions", "end_positions",
+          "example_index", "doc_span_index", "token_to_orig", "token_is_max_context")
+  # Eval windows of a tokenizer.json: [seq, 2] context characters of each piece ([-1, -1]
+  # outside the document part), what predictions cut the answer out with. Not kept for
+  # training (SQuAD train: 88k windows x 384 x 2 int32 = 270 MB, never read).
+  with_chars = json_docs is not None and not is_training
+  rows = {k: [] for k in keys + (("token_to_char",) if with_chars else ())}
   stats = {"examples": len(examples), "questions_truncated": 0, "answer_outside_window": 0}
   for example_index, ex in enumerate(examples):
     query = question_ids[example_index]
     if len(query) > max_query_length:
       query = query[:max_query_length]
       stats["questions_truncated"] += 1
-    tok_to_orig, orig_to_tok, all_doc = [], [], []
-    for i, pieces in enumerate(doc_pieces[ex.paragraph_id]):
-      orig_to_tok.append(len(all_doc))
-      tok_to_orig.extend([i] * len(pieces))
-      all_doc.extend(pieces)
-
     tok_start = tok_end = None
-    if is_training and not ex.is_impossible:
+    if json_docs is not None:
+      doc = json_docs[ex.paragraph_id]
+      all_doc, tok_to_orig = doc.ids, doc.words
+      if is_training and not ex.is_impossible:
+        tok_start, tok_end = _answer_pieces_json(doc, ex)
+    else:
+      tok_to_orig, orig_to_tok, all_doc = [], [], []
+      for i, pieces in enumerate(doc_pieces[ex.paragraph_id]):
+        orig_to_tok.append(len(all_doc))
+        tok_to_orig.extend([i] * len(pieces))
+        all_doc.extend(pieces)
+
+    if json_docs is None and is_training and not ex.is_impossible:
       tok_start = orig_to_tok[ex.start_position]
       if ex.end_position < len(ex.doc_tokens) - 1:
         tok_end = orig_to_tok[ex.end_position + 1] - 1
@@ -346,6 +470,10 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
       to_orig[doc_offset:doc_offset + length] = tok_to_orig[start:start + length]
       is_max = np.zeros(max_seq_length, bool)
       is_max[doc_offset:doc_offset + length] = best_span[start:start + length] == span_index
+      if with_chars:
+        to_char = np.full((max_seq_length, 2), -1, np.int32)
+        to_char[doc_offset:doc_offset + length] = doc.chars[start:start + length]
+        rows["token_to_char"].append(to_char)
 
       start_position = end_position = 0
       if is_training and not ex.is_impossible:
@@ -368,6 +496,8 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
                                                          "token_is_max_context") else (0,),
                             bool if k == "token_is_max_context" else np.int32)
                 for k in rows}
+    if with_chars:
+      features["token_to_char"] = np.zeros((0, max_seq_length, 2), np.int32)
   for k in ("start_positions", "end_positions", "example_index", "doc_span_index"):
     features[k] = features[k].astype(np.int32)
   features["unique_ids"] = 1000000000 + np.arange(n, dtype=np.int64)  # run_squad's numbering

@@ -12,6 +12,9 @@ words (`get_final_text`), which recovers case, accents and punctuation that toke
 dropped. Unlike the original, which returns the words re-joined by single spaces, the span is
 then cut out of the context itself, so an answer is the context's text character for character
 (the official evaluation normalises whitespace, so scores are unchanged).
+With a tokenizer.json (squad.convert_examples' token_to_char) the span is the context's
+characters from the first piece's start to the last piece's end, as transformers' run_qa does:
+byte-level pieces do not de-tokenize into BERT-normalised words.
 """
 
 import bisect
@@ -160,6 +163,12 @@ def _context_text(example, orig_start, orig_end, span):
   return example.context[to_context(span[0]):to_context(span[1]) + 1]
 
 
+def _char_text(context, start, end):
+  """context[start:end] without the whitespace around it: a tokenizer.json's piece holds the
+  space before its word ('Ġcat' is " cat"), as transformers' run_qa cuts it (context[offsets])."""
+  return context[int(start):int(end)].strip(" \t\r\n\u202f")
+
+
 def _best_indexes(logits, n_best_size):
   # Highest first; equal logits keep position order (Python's stable sort in the original).
   return np.argsort(-np.asarray(logits, np.float64), kind="stable")[:n_best_size]
@@ -196,6 +205,7 @@ def compute_predictions(examples, features, start_logits, end_logits, *, id_to_t
     by_example[int(e)].append(f)
   to_orig_all = features["token_to_orig"]
   is_max_all = features["token_is_max_context"]
+  to_char_all = features.get("token_to_char")  # a tokenizer.json's eval windows: [n, seq, 2]
   predictions, nbest_out, null_odds = {}, {}, {}
   for example_index, ex in enumerate(examples):
     feats = by_example[example_index]
@@ -225,7 +235,14 @@ def compute_predictions(examples, features, start_logits, end_logits, *, id_to_t
     for pred in prelim:
       if len(nbest) >= n_best_size:
         break
-      if pred.start > 0:  # a non-null prediction
+      if pred.start > 0 and to_char_all is not None:  # cut out by the pieces' characters
+        f = pred.feature
+        final_text = _char_text(ex.context, to_char_all[f][pred.start][0],
+                                to_char_all[f][pred.end][1])
+        if final_text in seen:
+          continue
+        seen.add(final_text)
+      elif pred.start > 0:  # a non-null prediction
         f = pred.feature
         pieces = id_to_token(features["input_ids"][f][pred.start:pred.end + 1])
         tok_text = detokenize(pieces, vocab_kind)
