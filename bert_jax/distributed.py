@@ -37,9 +37,11 @@ coordination-service barrier, which waits `BERT_JAX_BARRIER_TIMEOUT_SECONDS` (de
 after compiling and before the first run of each cross-process step.
 """
 
+import contextlib
 import glob
 import hashlib
 import itertools
+import logging
 import os
 import signal
 
@@ -127,6 +129,35 @@ def _multihost_env_detected() -> bool:
   return False
 
 
+# jax.distributed.initialize logs at INFO through this logger (jax 0.10.2): "Starting JAX
+# distributed service on [::]:PORT" (process 0) and "Connecting to JAX distributed service on
+# HOST:PORT" (every process). absl turns the root logger to INFO once flags are parsed, before a
+# program's main() can lower it (trainer_lib.quiet_logging), so a 2-process pod printed 3 such
+# lines (`I1126 03:22:29.129541 ... distributed.py:172] Connecting to ...`), nothing a user acts on.
+_JAX_DISTRIBUTED_LOGGER = "jax._src.distributed"
+
+
+@contextlib.contextmanager
+def _without_jax_info_lines():
+  """jax.distributed's INFO lines off for the call; its warnings (proxy variables) still print.
+
+  Left as it is when the user asked for logs: `--verbosity` given, or a level set on the `jax`
+  loggers (JAX_LOGGING_LEVEL, JAX_DEBUG_LOG_MODULES). The level is put back afterwards.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  logger = logging.getLogger(_JAX_DISTRIBUTED_LOGGER)
+  asked = (("verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present) or
+           any(logging.getLogger(name).level != logging.NOTSET
+               for name in ("jax", "jax._src", _JAX_DISTRIBUTED_LOGGER)))
+  if not asked:
+    logger.setLevel(logging.WARNING)
+  try:
+    yield
+  finally:
+    if not asked:
+      logger.setLevel(logging.NOTSET)
+
+
 def maybe_initialize_distributed(
     distributed: bool | None = None,
     *,
@@ -169,13 +200,15 @@ def maybe_initialize_distributed(
     # Cross-process collectives between CPU devices (the local simulation) go through gloo
     # over TCP; jax 0.10.2 defaults to it already, set here so the choice is explicit.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, **timeouts)
+    with _without_jax_info_lines():
+      jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                 process_id=process_id, **timeouts)
     return "env"
   if distributed is False:
     return "single"
   if distributed or _multihost_env_detected():
-    jax.distributed.initialize(**timeouts)
+    with _without_jax_info_lines():
+      jax.distributed.initialize(**timeouts)
     return "auto"
   return "single"
 

@@ -12,13 +12,15 @@ and `bert_jax.distributed.maybe_initialize_distributed()` turns those into the s
 `jax.distributed.initialize` call a multi-host pod makes (with gloo collectives on CPU), so
 jax.process_count() == N and jax.devices() lists N*K devices.
 
-Output lines are prefixed `[p0] `, `[p1] `, ... When a process exits non-zero, the launcher names
-it, waits up to --peer_grace_seconds for the others to stop on their own (the coordination
-service's heartbeat check does that on a real pod), then kills them and exits non-zero. It
-never hangs: --timeout_seconds bounds the whole run.
+Output lines are prefixed `[p0] `, `[p1] `, ..., less gloo's all-peers-connected line, which
+no library setting silences (`is_gloo_connected_line`; --show_gloo_lines relays it). When a
+process exits non-zero, the launcher names it, waits up to --peer_grace_seconds for the others to
+stop on their own (the coordination service's heartbeat check does that on a real pod), then
+kills them and exits non-zero. It never hangs: --timeout_seconds bounds the whole run.
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +46,10 @@ _GRACE = flags.DEFINE_float(
     "heartbeat timeout.")
 _TIMEOUT = flags.DEFINE_float(
     "timeout_seconds", 0.0, "Kill everything and fail after this long; 0 means no limit.")
+_SHOW_GLOO = flags.DEFINE_bool(
+    "show_gloo_lines", False,
+    "Relay gloo's '[Gloo] Rank R is connected to N peer ranks' line (one per communicator a "
+    "process builds, all saying it connected to every peer); dropped by default.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # SIGTERM, then SIGKILL after this long (JAX's preemption notifier catches SIGTERM, so a
@@ -91,8 +97,29 @@ def describe_exit(code: int) -> str:
   return f"exited with code {code}"
 
 
-def _pump(prefix: str, stream, out, lock: threading.Lock):
+# gloo, built into jaxlib 0.10.2 for CPU collectives, writes this line to stdout with std::cout,
+# with no log level or environment variable to turn it off (gloo/transport/tcp/context.cc,
+# Context::printConnectivityInfo, in the gloo version XLA pins), whenever a process builds a
+# communicator: in a 2 x 4 pod bert_jax.train and bert_jax.finetune build 4 pair communicators
+# and 1 all-device one per process, 8 lines a process, 16 of a 36-line pre-training run's output.
+# It cannot be silenced at the source (it is the first run of an XLA collective, on XLA's
+# threads), so the relay drops it, matching the whole line and only when all peers connected
+# (N == M); anything else from gloo, such as `[Gloo] Rank R is NOT connected to: [...]` or a
+# count short of the expected one, is relayed.
+_GLOO_CONNECTED = re.compile(r"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
+                             r"Expected number of connected peer ranks is : (\d+)")
+
+
+def is_gloo_connected_line(line: str) -> bool:
+  """True for gloo's all-peers-connected line (see _GLOO_CONNECTED), and nothing else."""
+  m = _GLOO_CONNECTED.fullmatch(line.rstrip("\n"))
+  return bool(m) and m[1] == m[2]
+
+
+def _pump(prefix: str, stream, out, lock: threading.Lock, show_gloo_lines: bool = False):
   for line in iter(stream.readline, ""):
+    if not show_gloo_lines and is_gloo_connected_line(line):
+      continue
     with lock:
       out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
       out.flush()
@@ -115,7 +142,7 @@ def _stop(procs: list[subprocess.Popen]):
 
 def run_pod(command: list[str], *, num_processes: int, devices_per_process: int, port: int = 0,
             heartbeat_timeout_seconds: int = 10, peer_grace_seconds: float = 0.0,
-            timeout_seconds: float = 0.0, out=None) -> int:
+            timeout_seconds: float = 0.0, show_gloo_lines: bool = False, out=None) -> int:
   """Runs `python -m command...` as `num_processes` hosts; returns 0 only if all exited 0."""
   out = out or sys.stdout
   if num_processes < 1 or devices_per_process < 1:
@@ -144,7 +171,8 @@ def run_pod(command: list[str], *, num_processes: int, devices_per_process: int,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace", start_new_session=True)
       procs.append(p)
-      t = threading.Thread(target=_pump, args=(f"[p{i}] ", p.stdout, out, lock), daemon=True)
+      t = threading.Thread(target=_pump, args=(f"[p{i}] ", p.stdout, out, lock, show_gloo_lines),
+                           daemon=True)
       t.start()
       pumps.append(t)
 
@@ -201,7 +229,8 @@ def main(argv):
   code = run_pod(argv[1:], num_processes=_NUM_PROCESSES.value,
                  devices_per_process=_DEVICES.value, port=_PORT.value,
                  heartbeat_timeout_seconds=_HEARTBEAT.value,
-                 peer_grace_seconds=_GRACE.value, timeout_seconds=_TIMEOUT.value)
+                 peer_grace_seconds=_GRACE.value, timeout_seconds=_TIMEOUT.value,
+                 show_gloo_lines=_SHOW_GLOO.value)
   sys.exit(code)
 
 

@@ -206,3 +206,29 @@ def test_each_meeting_is_its_own_barrier(monkeypatch):
   assert ids[0] != ids[1] and ids[0].startswith("bert_jax/meet/checkpoint move_aside/")
   assert ids[1].rsplit("/", 1)[1] == str(int(ids[0].rsplit("/", 1)[1]) + 1)
   assert ids[2].startswith("bert_jax/meet/the workdir lock/")
+
+
+def test_initialize_runs_without_jax_info_lines_unless_logs_were_asked_for(monkeypatch):
+  """jax.distributed.initialize's INFO lines (3 in a 2-process pod, issue 32) are off for the
+  call; its warnings are not, and the level is put back. The real pod: local_pod_test."""
+  import logging
+  from absl import flags
+  from absl import logging as absl_logging  # pylint: disable=unused-import  (defines --verbosity)
+  logger = logging.getLogger("jax._src.distributed")
+  assert logger.level == logging.NOTSET
+  with distributed._without_jax_info_lines():  # pylint: disable=protected-access
+    assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING)
+  assert logger.level == logging.NOTSET
+  # Asked for: --verbosity on the command line, or a level on JAX's loggers (JAX_LOGGING_LEVEL).
+  monkeypatch.setattr(flags.FLAGS["verbosity"], "present", 1)
+  with distributed._without_jax_info_lines():  # pylint: disable=protected-access
+    assert logger.level == logging.NOTSET
+  monkeypatch.setattr(flags.FLAGS["verbosity"], "present", 0)
+  jax_logger = logging.getLogger("jax")
+  previous = jax_logger.level
+  jax_logger.setLevel(logging.INFO)
+  try:
+    with distributed._without_jax_info_lines():  # pylint: disable=protected-access
+      assert logger.level == logging.NOTSET and logger.isEnabledFor(logging.INFO)
+  finally:
+    jax_logger.setLevel(previous)

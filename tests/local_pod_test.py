@@ -5,14 +5,17 @@ Each test starts real processes through `python -m launch.local_pod` running the
 pod takes: BERT_JAX_* env -> maybe_initialize_distributed -> jax.distributed.initialize.
 """
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from launch import local_pod
+from tests import pod_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,6 +57,12 @@ def test_two_hosts_equal_one_host_on_disjoint_shards():
   assert any(l.startswith("[p0] process 0/2 (env): 4 local devices, 8 global") for l in lines)
   assert any(l.startswith("[p1] process 1/2 (env): 4 local devices, 8 global") for l in lines)
   assert (two["process_count"], two["device_count"]) == (2, 8)
+  # Only what the program and the launcher say (issue 32): before, each run also printed 16
+  # `[Gloo] Rank R is connected to N peer ranks` lines (8 a process) and 3 INFO lines from
+  # jax.distributed.initialize (`I1126 ... distributed.py:172] Connecting to JAX distributed
+  # service on localhost:PORT`, p0 2, p1 1).
+  assert pod_testlib.library_lines("\n".join(lines)) == [], "\n".join(lines)
+  assert all(re.match(r"\[(p[01]|local_pod)\] ", l) for l in lines), "\n".join(lines)
   # The global batch stays 16 rows; host 0 fed rows [0, 8) and host 1 rows [8, 16).
   assert two["global_shape"] == [16, 8]
   assert two["host_rows"] == [[0, 8], [8, 16]]
@@ -64,6 +73,29 @@ def test_two_hosts_equal_one_host_on_disjoint_shards():
   assert one["process_count"] == 1 and one["host_rows"] == [[0, 16]]
   assert two["sum"] == one["sum"] and two["mean"] == one["mean"]
   assert two["config_sha256"] == one["config_sha256"]
+
+
+_CONNECTED = ("[Gloo] Rank 5 is connected to 7 peer ranks. Expected number of connected peer "
+              "ranks is : 7\n")
+
+
+def test_relay_drops_only_gloos_all_connected_line():
+  assert local_pod.is_gloo_connected_line(_CONNECTED)
+  assert local_pod.is_gloo_connected_line(_CONNECTED.replace("7", "1"))
+  # Fewer peers than expected, the list of missing ones, or the line inside another: relayed.
+  assert not local_pod.is_gloo_connected_line(_CONNECTED.replace("to 7", "to 6"))
+  assert not local_pod.is_gloo_connected_line("[Gloo] Rank 5 is NOT connected to: [1, 2]\n")
+  assert not local_pod.is_gloo_connected_line("error: " + _CONNECTED)
+  assert not local_pod.is_gloo_connected_line("step 1/2 | loss 6.9270\n")
+
+  def relay(show):
+    out = io.StringIO()
+    stream = io.StringIO(f"step 1/2\n{_CONNECTED}[Gloo] Rank 5 is NOT connected to: [1]\nend")
+    local_pod._pump("[p1] ", stream, out, threading.Lock(), show)  # pylint: disable=protected-access
+    return out.getvalue().splitlines()
+  assert relay(False) == ["[p1] step 1/2", "[p1] [Gloo] Rank 5 is NOT connected to: [1]",
+                          "[p1] end"]
+  assert relay(True)[1] == "[p1] " + _CONNECTED.strip()
 
 
 def test_config_mismatch_is_an_error_on_every_host():

@@ -22,9 +22,17 @@ TRAIN_ARGS = [
 
 
 def _env():
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  # As a user runs them: no TF_CPP_MIN_LOG_LEVEL (it hid what the programs print, issue 32).
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")}
+  env["JAX_PLATFORMS"] = "cpu"
   return env
+
+
+def _assert_only_ours(out):
+  """A pod's output holds no library line: before issue 32's fix a 2-step pre-training pod printed
+  16 `[Gloo] Rank R is connected to N peer ranks` and 3 jax.distributed INFO lines (19 of its 36
+  lines), a 1-epoch fine-tune the same 19 (of 40)."""
+  assert pod_testlib.library_lines(out) == [], out[-3000:]
 
 
 def _pod(workdir, steps):
@@ -33,15 +41,20 @@ def _pod(workdir, steps):
        f"--workdir={workdir}", f"--config.num_train_steps={steps}"],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=560)
   assert r.returncode == 0, pod_testlib.failure(r)
+  _assert_only_ours(r.stdout + r.stderr)
   return r.stdout + r.stderr
 
 
 def _single(workdir, steps):
-  env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  # No JAX_PLATFORMS, as a user types it: on a CPU host with libtpu installed (the test
+  # requirements) bert_jax_core/platforms.py picks the CPU, and the run says nothing on stderr.
+  env = {k: v for k, v in _env().items() if k != "JAX_PLATFORMS"}
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
   r = subprocess.run([sys.executable, "-m", *TRAIN_ARGS, f"--workdir={workdir}",
                       f"--config.num_train_steps={steps}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+  assert r.stderr == "", r.stderr[-3000:]
   return r.stdout
 
 
@@ -62,6 +75,7 @@ def test_two_process_pod_matches_one_process_and_resumes(tmp_path):
   assert "global batch 16 = 1 x 16 rows per host" in one
   # Only process 0 prints progress and writes summaries.
   assert "[p0] step 4/4" in out and "[p1] step" not in out, out[-3000:]
+  assert "[p0] summary (train): finished: steps 0 -> 4 of 4" in out, out[-3000:]
   pod_losses, one_losses = _losses(pod_dir)[0], _losses(one_dir)[0]
   assert len(pod_losses) == 4
   np.testing.assert_allclose(pod_losses, one_losses, rtol=1e-5)
@@ -104,6 +118,8 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
                       f"--workdir={tmp_path / 'pod'}"],
                      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=360)
   assert r.returncode == 0, pod_testlib.failure(r)
+  _assert_only_ours(r.stdout + r.stderr)
+  assert "[p0] summary (finetune): finished: steps 0 -> 16 of 16" in r.stdout, r.stdout[-3000:]
   env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
   r = subprocess.run([sys.executable, "-m", *args, f"--workdir={tmp_path / 'one'}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -1,6 +1,19 @@
 """Shared by the tests that start a 2-host pod on localhost with `launch.local_pod`."""
 
+import re
 import sys
+
+# A line a library printed, not the program (issue 32; the sources are named in launch/local_pod.py
+# and bert_jax/distributed.py): gloo's `[Gloo] Rank 0 is connected to 7 peer ranks. ...`, an INFO
+# record in absl's format (Python's `I1126 03:22:29.129541 1398... distributed.py:172] Connecting
+# to JAX distributed service ...`, C++'s `I0000 00:00:1764...`) or in Python logging's or JAX's
+# (`INFO:...`). Each may follow the launcher's `[pN] ` prefix.
+_LIBRARY_LINE = re.compile(r"(\[p\d+\] )?(I\d{4} \d\d:\d\d:\d+\.\d+ |INFO:)")
+
+
+def library_lines(text):
+  """The lines of `text` that libraries printed (see _LIBRARY_LINE); [] for a quiet run."""
+  return [l for l in text.splitlines() if "[Gloo]" in l or _LIBRARY_LINE.match(l)]
 
 
 def pod_command(num_processes=2, devices_per_process=4):
