@@ -292,10 +292,33 @@ def model_from_init_checkpoint(config, model_config):
                       f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
   explicit = {k: v for k, v in config.model.items()
               if v is not None and k in ckpt_lib.ENCODER_FIELDS and k != "vocab_size"}
+  # The modern encoder's fields (RoPE, window, norms: what the weights were trained under) are
+  # the checkpoint's too, not the preset's; only the global layers' RoPE theta may be set anew
+  # (context extension, rope_theta_global below).
   run_fields = {k: v for k, v in model_config.to_dict().items()
-                if k not in ckpt_lib.ENCODER_FIELDS}
+                if k not in ckpt_lib.ENCODER_FIELDS and k not in model_lib.MODERN_FIELDS}
+  run_fields.update(_extended_theta(config, stored, path))
   return ckpt_lib.config_from_checkpoint(stored, {**run_fields, **explicit},
                                          f"init_checkpoint={path}")
+
+
+def _extended_theta(config, stored, path):
+  """{"rope_theta_global": the config's} when it sets one that differs from the checkpoint's
+  (ModernBERT's context extension, the `phase2` variant: 10,000 -> 160,000), said in one line;
+  else {} (the checkpoint's stays). Theta is no parameter: the weights load unchanged, the
+  global layers' positions turn more slowly."""
+  theta = config.model.get("rope_theta_global")
+  if theta is None or float(theta) == stored.rope_theta_global:
+    return {}
+  if stored.position_embedding != "rope":
+    raise ConfigError(f"init_checkpoint={path} has no rotary positions ({stored.family}, "
+                      f"position_embedding={stored.position_embedding!r}); "
+                      "--config.model.rope_theta_global needs a RoPE model.")
+  if jax.process_index() == 0:
+    why = "context extension" if theta > stored.rope_theta_global else "lowered"
+    print(f"RoPE theta of the global layers: {stored.rope_theta_global:g} in the checkpoint -> "
+          f"{float(theta):g} now ({why})", flush=True)
+  return {"rope_theta_global": float(theta)}
 
 
 def init_from_checkpoint(state, t, path, model_config):

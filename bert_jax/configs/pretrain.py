@@ -17,6 +17,8 @@ The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
             (records from --no_nsp; bert_jax/distil.py). docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
+            ModernBERT: its context extension, 8,192 tokens with the global layers' RoPE theta
+            raised to 160,000 (families/modernbert.py phase2; docs/models.md).
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
             and ModernBERT train), so the fused attention kernels (cuDNN, Pallas, splash) can run
             in training; the paper's 0.1 stays the default. Trade-off: docs/attention.md.
@@ -74,7 +76,7 @@ def get_config(arg="base"):
   c.teacher_checkpoint = ""
   if recipe.recipe:   # the paper's values of that family (e.g. ELECTRA's Table 6)
     recipe.recipe(c, preset)
-  _apply_variants(c, preset, variants)
+  _apply_variants(c, preset, variants, recipe)
   return c
 
 
@@ -150,9 +152,11 @@ def _optimizer_and_loop_fields(c):
   c.profile_steps = 5
 
 
-def _apply_variants(c, preset, variants):
+def _apply_variants(c, preset, variants, family):
   """phase2, fast and runlocal on top of the preset (module docstring)."""
-  if "phase2" in variants:
+  if "phase2" in variants and family.phase2:   # the family's own (ModernBERT: 8,192 tokens)
+    family.phase2(c, preset)
+  elif "phase2" in variants:
     c.seq_length = 512
     c.max_predictions_per_seq = 80
     c.num_train_steps = 100_000

@@ -115,6 +115,11 @@ def hf_config_json(config, pad_token_id=0, special_ids=None):
       "rope_parameters": {
           "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta_global},
           "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_theta_local}},
+      # transformers 4.x's names for the same (it ignores rope_parameters and layer_types and
+      # would take its defaults, 160,000 and every 3rd layer: a first-phase model at 10,000
+      # would load silently wrong there); 5.x reads rope_parameters first, pops these.
+      "global_rope_theta": config.rope_theta_global, "local_rope_theta": config.rope_theta_local,
+      "global_attn_every_n_layers": every,
       "pad_token_id": pad_token_id, "cls_token_id": ids.get("cls"), "sep_token_id": ids.get("sep"),
       "bos_token_id": ids.get("cls"), "eos_token_id": ids.get("sep"),
       "tie_word_embeddings": True, "dtype": "float32"}

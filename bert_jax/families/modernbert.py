@@ -2,7 +2,8 @@
 arXiv 2502.19587): the modern encoder as presets of our one encoder (model.py's modern fields).
 
 What differs from BERT, each a BertConfig field (model.py) rather than a second model:
-  position_embedding="rope"  no position table; q, k turned (theta 160,000 global / 10,000 local)
+  position_embedding="rope"  no position table; q, k turned (theta 10,000 on every layer in the
+                              first phase, the global layers' raised to 160,000 by `phase2`)
   local_window=128, global_every=3   layers 0, 3, 6, ... global, the others see |i - j| <= 64
   ffn="geglu" (NeoBERT "swiglu")     Wi [H, 2I], Wo [I, H] (modern_layers.GatedFeedForward)
   norm="layer_norm_no_bias" (NeoBERT "rms_norm"), eps 1e-5, prenorm with a final norm
@@ -29,16 +30,22 @@ A fine-tuned [CLS] head is HF's ModernBertForSequenceClassification's: head/{den
 import dataclasses
 
 from flax import linen as nn
+from ml_collections import config_dict
 
 from bert_jax import model as model_lib
 from bert_jax.families import bert
 from bert_jax.families import registry as families
 
 # transformers' ModernBertConfig defaults (base): norm_eps 1e-5, no biases, dropout 0 everywhere
-# (embedding_dropout, attention_dropout, mlp_dropout, classifier_dropout), gelu (exact).
+# (embedding_dropout, attention_dropout, mlp_dropout, classifier_dropout), gelu (exact). RoPE
+# theta as a model trained from scratch starts: 10,000 on every layer, ModernBERT's first phase
+# (Warner et al. 2024, section 2.2: "after training on 1.7 trillion tokens at a 1024 sequence
+# length and RoPE theta of 10,000"); `phase2` raises the global layers' to 160,000, the released
+# models' value (transformers' default_theta["global"]). A converted or pre-trained checkpoint
+# keeps its own (train.model_from_init_checkpoint).
 _MODERNBERT = dict(
     family="modernbert", objectives="mlm", type_vocab_size=0, position_embedding="rope",
-    rope_theta_global=160_000.0, rope_theta_local=10_000.0, local_window=128, global_every=3,
+    rope_theta_global=10_000.0, rope_theta_local=10_000.0, local_window=128, global_every=3,
     ffn="geglu", norm="layer_norm_no_bias", prenorm=True, use_bias=False, layer_norm_eps=1e-5,
     hidden_dropout_prob=0.0, attention_dropout_prob=0.0, vocab_size=50_368,
     max_position_embeddings=8_192, hidden_act="gelu")
@@ -56,7 +63,7 @@ PRESETS = {
     # WordPiece vocab. Its HF port is remote code, not transformers: no converter here.
     "neobert": dict(_MODERNBERT, num_layers=28, hidden_size=768, num_heads=12,
                     intermediate_size=2_048, ffn="swiglu", norm="rms_norm", local_window=0,
-                    global_every=1, rope_theta_global=10_000.0, embedding_norm=False,
+                    global_every=1, embedding_norm=False,
                     max_position_embeddings=4_096, vocab_size=30_522),
     # CPU sizes (tests, the quick start): ModernBERT's shape at BERT-tiny/mini widths, window 16.
     "modernbert-tiny": dict(_MODERNBERT, num_layers=3, hidden_size=128, num_heads=2,
@@ -81,6 +88,49 @@ def recipe(c, preset):
   del preset
   c.masked_lm_prob = 0.3
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
+  # RoPE theta of the global layers. None: the preset's from scratch (10,000, the first phase),
+  # the checkpoint's own with init_checkpoint (a converted ModernBERT: 160,000). A value that
+  # differs from the checkpoint's is taken and said in one line (`phase2`: 160,000, the context
+  # extension); theta is no parameter, so the weights load unchanged.
+  c.model.rope_theta_global = config_dict.placeholder(float)
+
+
+# ModernBERT's context extension (Warner et al. 2024, section 2.2 and appendix A, Table 3
+# "Context Extension: Phase One / Phase Two"): from the first phase's checkpoint, the global
+# layers' RoPE theta 10,000 -> 160,000 (local layers keep 10,000) and 8,192-token rows for 300B
+# tokens, no warmup: 250B at a constant rate, then the decay phase, 50B tokens with a 1-sqrt
+# schedule (our wsd with warmup 0: the last 50/300 = 1/6 of the steps). StableAdamW, betas
+# (0.9, 0.98), eps 1e-6 in every phase. Per preset: (rows per batch, learning rate, weight
+# decay). Large's decay phase took 78 rows (77 before); one batch here. Base's rate is lowered
+# from its first phase's 8e-4; large already trained at 5e-5 (the paper's footnote 6).
+CONTEXT_EXTENSION = {"modernbert-base": (72, 3e-4, 1e-5), "modernbert-large": (77, 5e-5, 1e-6)}
+CONTEXT_EXTENSION_TOKENS, DECAY_TOKENS = 300e9, 50e9
+EXTENDED_THETA = 160_000.0
+
+
+def phase2(c, preset):
+  """`--config=...:modernbert-base,phase2 --config.init_checkpoint=PHASE1`: the context
+  extension. base: 72 x 8,192 = 589,824 tokens a step, 300B / 589,824 = 508,626 steps, the last
+  84,771 (50B) decaying; large: 77 x 8,192 = 630,784, 475,598 steps, 79,266 decaying. The CPU
+  presets (tiny, mini) take base's rows, steps and rates at their own limit, 1,024 tokens."""
+  if preset not in CONTEXT_EXTENSION and preset not in ("modernbert-tiny", "modernbert-mini"):
+    raise ValueError(f"--config=...:{preset},phase2: no context-extension recipe for {preset} "
+                     "(ModernBERT's is modernbert-{base,large,tiny,mini}); set --config."
+                     "seq_length, --config.num_train_steps and --config.init_checkpoint on the "
+                     f"plain {preset} preset instead.")
+  rows, lr, wd = CONTEXT_EXTENSION.get(preset, CONTEXT_EXTENSION["modernbert-base"])
+  c.seq_length = min(8_192, PRESETS[preset]["max_position_embeddings"])
+  c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)   # 2,498 at 8,192
+  c.model.rope_theta_global = EXTENDED_THETA
+  c.batch_size = rows
+  c.num_train_steps = int(CONTEXT_EXTENSION_TOKENS / (rows * 8_192))   # (CPU sizes: base's)
+  c.warmup_steps = 0
+  c.learning_rate, c.weight_decay = lr, wd
+  c.optimizer, c.b1, c.b2, c.eps = "stable_adamw", 0.9, 0.98, 1e-6
+  c.schedule, c.final_lr_fraction = "wsd", 0.0
+  # The decay is the last sixth of whatever num_train_steps ends up (runlocal's 1,500, or
+  # --config.num_train_steps=N): a reference, so it follows.
+  c.decay_steps = c.get_ref("num_train_steps") // int(CONTEXT_EXTENSION_TOKENS // DECAY_TOKENS)
 
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
@@ -174,7 +224,7 @@ FAMILY = families.register(dataclasses.replace(
     summary="ModernBERT (Warner et al. 2024) / NeoBERT (Breton et al. 2025): pre-norm, RoPE, "
             "GeGLU/SwiGLU, local+global attention, MLM only at 30%",
     token_types=False, pooler=False, exact_objectives=("mlm",), check_config=check_config,
-    recipe=recipe, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
+    recipe=recipe, phase2=phase2, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
     describe=describe, hf_model_types=("modernbert",), hf_config_file=_hf_config_file,
     tf_config_names=(), config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,
     hf_config_json=hf_config_json, hf_class="ModernBertForMaskedLM"))

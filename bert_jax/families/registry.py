@@ -50,6 +50,8 @@ class Family:
   masking: str = "token"                # token | ngram | span
   whole_word_masking: bool = False
   recipe: Optional[Callable] = None     # (ConfigDict, preset) -> None: the paper's values
+  phase2: Optional[Callable] = None     # (ConfigDict, preset) -> None: the `phase2` variant
+                                        #   (None: BERT's seq-512 phase, configs/pretrain.py)
   pretraining_model: Callable = None    # (BertConfig) -> nn.Module the step trains
   forward: Callable = None              # (module, batch, deterministic) -> {objective: ...}
   flops_per_sequence: Callable = None   # (model_config, seq_length, preds, nsp, teacher_config)
