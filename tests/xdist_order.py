@@ -34,9 +34,16 @@ FAST = {   # -m "not slow": whole files
     "tests/trainer_lib_test.py": 45,       # accumulation: two train steps compiled
     "tests/launch_test.py": 30,
     "tests/pretrain_input_test.py": 25,
+    "tests/modernbert_cli_test.py": 70,    # 8 fast tests, 2026-11-26 (helper's run under load)
 }
 
 SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of its slow tests
+    # Added 2026-11-26 (single runs under load, seconds): ModernBERT's CLI paths (3 tests, ~200 s,
+    # + its one-step SQuAD, 93 s), its two-phase context extension (2 tests, 249 s), a pod with a
+    # host 40 s late and one that times out (115 + 22 s).
+    "tests/modernbert_cli_test.py": 290,
+    "tests/modernbert_phase2_test.py": 250,
+    "tests/late_host_test.py": 140,
     "tests/plan_test.py::test_search_finds_settings_that_fit": 200,
     "tests/stream_test.py::test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_"
     "each_other": 160,
