@@ -493,24 +493,78 @@ def model_config_factory(config):
 
 def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, log=print,
          isolate=True):
-  """The whole plan as a dict (what --json writes); `log` gets the report's lines."""
+  """The whole plan as a dict (what --json writes); `log` gets the report's lines.
+
+  train's checks first, then the slice's HBM, the header lines, --search's settings, the one
+  compile of the step, and the verdict from it."""
+  spec = tpu_specs.parse_topology(topology)     # the cheap checks first
+  libtpu = require_libtpu()
+  make_model_config, vocab, teacher, devices = _check_as_train(config, spec, search_settings)
+  model_config = make_model_config(config)
+  gen = spec.generation
+  price = gen.price_per_chip_hour if price is None else float(price)
+  hbm, hbm_source = _hbm_per_chip(devices[0], gen, hbm_gib)
+  _log_header(log, config, model_config, vocab, spec, libtpu, teacher)
+  result = dict(topology=spec.cloud_name, jax_topology=spec.jax_topology, chips=spec.chips,
+                hosts=spec.hosts, device_kind=gen.device_kind, libtpu=libtpu,
+                hbm_available_bytes=hbm, hbm_nominal_gib=gen.hbm_gib,
+                config=dict(model_name=config.model_name, seq_length=config.seq_length,
+                            batch_size=config.batch_size, grad_accum_steps=config.grad_accum_steps,
+                            mesh_shape=list(config.mesh_shape), remat=bool(model_config.remat),
+                            dtype=model_config.dtype, pack=bool(config.pack)))
+  if search_settings:
+    config = _apply_search(config, topology, spec, hbm, result, log)
+    if config is None:
+      return _verdict(result, False, f"DOES NOT FIT: not even 1 sequence per chip fits "
+                      f"{spec.cloud_name} with remat and FSDP; pick a slice with more chips or "
+                      "HBM", log)
+    model_config = make_model_config(config)
+  if isolate:   # in a child process: a compiler crash becomes a verdict, not a dead process
+    compiler = IsolatedCompiler(spec.name)
+    try:
+      c = compiler(config)
+    finally:
+      compiler.close()
+  else:
+    c = compile_step(config, model_config, devices)
+  result["compiled"] = dataclasses.asdict(c)
+  if c.crashed:
+    return _verdict(result, None, f"NO VERDICT for {spec.cloud_name}: {c.error}; the compiler "
+                    f"(libtpu {libtpu}) failed, not the config: try another libtpu, mesh_shape "
+                    "or remat setting", log)
+  log(f"{c.attention}; {c.num_params / 1e6:.1f}M parameters; compiled in "
+      f"{c.compile_seconds:.0f} s")
+  if not c.fits or c.total > hbm:
+    why = c.error or f"needs {_gib(c.total)} per chip, {_gib(hbm)} {hbm_source}"
+    return _verdict(result, False, f"DOES NOT FIT on {spec.cloud_name}: {why}; try --search "
+                    "(FSDP, remat, gradient accumulation) or a larger slice", log)
+  pred = predict(config, model_config, spec, c, price, teacher)
+  result.update(fits=True, prediction=pred, price_note=tpu_specs.PRICE_NOTE if price ==
+                gen.price_per_chip_hour else "price given by --price_per_chip_hour")
+  lines = report_lines(config, model_config, spec, c, hbm, pred, hbm_source)
+  result["verdict"] = lines[-1][len("verdict: "):]
+  for line in lines:
+    log(line)
+  if price == gen.price_per_chip_hour:
+    log(f"price: {tpu_specs.PRICE_NOTE}")
+  return result
+
+
+def _check_as_train(config, spec, search_settings):
+  """train's own checks (no copies), in this process before any compile: a mistake train names
+  in one line was a traceback from the compile process and NO VERDICT here (issue 32). Returns
+  (config -> BertConfig, the vocab, DistilBERT's teacher as shapes or None, the slice's
+  compile-only devices)."""
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   from bert_jax import preflight  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
-  spec = tpu_specs.parse_topology(topology)     # the cheap checks first
-  libtpu = require_libtpu()
-  # train's own checks (no copies), in this process before any compile: a mistake train names
-  # in one line was a traceback from the compile process and NO VERDICT here (issue 32).
   preflight.check_config_values(config)
   make_model_config, vocab = model_config_factory(config)
   model_config = make_model_config(config)
   train.check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
-  # DistilBERT's teacher, as shapes (None for a family without one)
   teacher = families.get(model_config.family).planning_teacher(config, model_config)
-  gen = spec.generation
-  price = gen.price_per_chip_hour if price is None else float(price)
   devices = topology_devices(spec)
   # The mesh and the batch split over the slice's chips (train: trainer_lib.create_mesh on its
   # devices). --search picks mesh, remat and accumulation itself; the global batch it keeps must
@@ -520,11 +574,23 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   else:
     trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
                             grad_accum_steps=int(config.grad_accum_steps), devices=devices)
-  hbm, hbm_source = available_hbm(devices[0]), "the compiler allows"
+  return make_model_config, vocab, teacher, devices
+
+
+def _hbm_per_chip(device, gen, hbm_gib):
+  """(bytes a program may use on one chip, where the figure comes from): the compiler's own,
+  else the generation's nominal HBM; at most --hbm_gib."""
+  hbm, source = available_hbm(device), "the compiler allows"
   if hbm is None:
-    hbm, hbm_source = gen.hbm_gib * GiB, "(nominal; the compiler gave no figure)"
+    hbm, source = gen.hbm_gib * GiB, "(nominal; the compiler gave no figure)"
   if hbm_gib is not None:
-    hbm, hbm_source = min(hbm, hbm_gib * GiB), "allowed by --hbm_gib"
+    hbm, source = min(hbm, hbm_gib * GiB), "allowed by --hbm_gib"
+  return hbm, source
+
+
+def _log_header(log, config, model_config, vocab, spec, libtpu, teacher):
+  """The report's first lines: the model and batch, the slice, the teacher, a dtype note."""
+  gen = spec.generation
   log(f"plan: {config.model_name} ({model_config.num_layers} layers, hidden "
       f"{model_config.hidden_size}, vocab {vocab.size}), seq {config.seq_length}, global batch "
       f"{config.batch_size} ({config.batch_size // spec.chips} per chip"
@@ -541,61 +607,29 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   if model_config.dtype == "float32":
     log("note: config.model.dtype=float32 computes in f32; TPUs run BERT in bf16: "
         "--config.model.dtype=bfloat16")
-  result = dict(topology=spec.cloud_name, jax_topology=spec.jax_topology, chips=spec.chips,
-                hosts=spec.hosts, device_kind=gen.device_kind, libtpu=libtpu,
-                hbm_available_bytes=hbm, hbm_nominal_gib=gen.hbm_gib,
-                config=dict(model_name=config.model_name, seq_length=config.seq_length,
-                            batch_size=config.batch_size, grad_accum_steps=config.grad_accum_steps,
-                            mesh_shape=list(config.mesh_shape), remat=bool(model_config.remat),
-                            dtype=model_config.dtype, pack=bool(config.pack)))
-  if search_settings:
-    found, largest = search(config, topology, hbm, log=log)
-    result["search"] = dict(largest_per_chip_batch=largest, found=found)
-    if found is None:
-      result.update(fits=False, verdict=f"DOES NOT FIT: not even 1 sequence per chip fits "
-                    f"{spec.cloud_name} with remat and FSDP; pick a slice with more chips or HBM")
-      log("verdict: " + result["verdict"])
-      return result
-    config = _with(config, mesh_shape=found["mesh_shape"], remat=found["remat"],
-                   per_chip=found["per_chip"], chips=spec.chips, accum=found["accum"])
-    model_config = make_model_config(config)
-    result["search"]["train_flags"] = train_flags(config, found)
-    sizes = "; ".join(f"{k} {v[0]} (memory full at ~{v[1]})" for k, v in largest.items())
-    log(f"search: {found['label']}, per-chip micro-batch {found['per_chip']} x "
-        f"{found['accum']} accumulation step(s); largest per-chip batches that compiled: {sizes}")
-    log(f"flags for bert_jax.train: {result['search']['train_flags']}")
-  if isolate:   # in a child process: a compiler crash becomes a verdict, not a dead process
-    compiler = IsolatedCompiler(spec.name)
-    try:
-      c = compiler(config)
-    finally:
-      compiler.close()
-  else:
-    c = compile_step(config, model_config, devices)
-  result["compiled"] = dataclasses.asdict(c)
-  if c.crashed:
-    result.update(fits=None, verdict=f"NO VERDICT for {spec.cloud_name}: {c.error}; the compiler "
-                  f"(libtpu {libtpu}) failed, not the config: try another libtpu, mesh_shape or "
-                  "remat setting")
-    log("verdict: " + result["verdict"])
-    return result
-  log(f"{c.attention}; {c.num_params / 1e6:.1f}M parameters; compiled in "
-      f"{c.compile_seconds:.0f} s")
-  if not c.fits or c.total > hbm:
-    why = c.error or f"needs {_gib(c.total)} per chip, {_gib(hbm)} {hbm_source}"
-    result.update(fits=False, verdict=f"DOES NOT FIT on {spec.cloud_name}: {why}; try --search "
-                  "(FSDP, remat, gradient accumulation) or a larger slice")
-    log("verdict: " + result["verdict"])
-    return result
-  pred = predict(config, model_config, spec, c, price, teacher)
-  result.update(fits=True, prediction=pred, price_note=tpu_specs.PRICE_NOTE if price ==
-                gen.price_per_chip_hour else "price given by --price_per_chip_hour")
-  lines = report_lines(config, model_config, spec, c, hbm, pred, hbm_source)
-  result["verdict"] = lines[-1][len("verdict: "):]
-  for line in lines:
-    log(line)
-  if price == gen.price_per_chip_hour:
-    log(f"price: {tpu_specs.PRICE_NOTE}")
+
+
+def _apply_search(config, topology, spec, hbm, result, log):
+  """--search: the config with the settings it found (result["search"] says what and why), or
+  None when not even 1 sequence per chip fits."""
+  found, largest = search(config, topology, hbm, log=log)
+  result["search"] = dict(largest_per_chip_batch=largest, found=found)
+  if found is None:
+    return None
+  config = _with(config, mesh_shape=found["mesh_shape"], remat=found["remat"],
+                 per_chip=found["per_chip"], chips=spec.chips, accum=found["accum"])
+  result["search"]["train_flags"] = train_flags(config, found)
+  sizes = "; ".join(f"{k} {v[0]} (memory full at ~{v[1]})" for k, v in largest.items())
+  log(f"search: {found['label']}, per-chip micro-batch {found['per_chip']} x "
+      f"{found['accum']} accumulation step(s); largest per-chip batches that compiled: {sizes}")
+  log(f"flags for bert_jax.train: {result['search']['train_flags']}")
+  return config
+
+
+def _verdict(result, fits, verdict, log):
+  """result with fits (True, False, None: no verdict) and its verdict line, said."""
+  result.update(fits=fits, verdict=verdict)
+  log("verdict: " + verdict)
   return result
 
 
