@@ -44,7 +44,9 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/modernbert_cli_test.py": 290,
     "tests/modernbert_phase2_test.py": 250,
     "tests/late_host_test.py": 140,
-    "tests/plan_test.py::test_search_finds_settings_that_fit": 200,
+    # 515 s alone on the idle box, 2026-11-26: plan's TPU compiles no longer use the persistent
+    # cache (issue 32), so the search compiles every candidate.
+    "tests/plan_test.py::test_search_finds_settings_that_fit": 520,
     "tests/stream_test.py::test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_"
     "each_other": 160,
     "tests/stream_test.py::test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_"
