@@ -388,6 +388,38 @@ def max_context_span(spans, num_doc_tokens):
   return np.argmax(score, axis=0)
 
 
+def _no_features(keys, max_seq_length):
+  """convert_examples' arrays with no window (no example), at their shapes and dtypes."""
+  def empty(k):
+    if k == "token_to_char":
+      return np.zeros((0, max_seq_length, 2), np.int32)
+    per_position = k in ("input_ids", "segment_ids", "input_mask", "token_to_orig",
+                         "token_is_max_context")
+    return np.zeros((0, max_seq_length) if per_position else (0,),
+                    bool if k == "token_is_max_context" else np.int32)
+  return {k: empty(k) for k in keys}
+
+
+def _paragraph_pieces(ex, word_pieces, answer_ids):
+  """google-research/bert's way (WordPiece / SentencePiece): the paragraph's pieces word by word,
+  the context word of each piece, and, given the answer's pieces (training), the answer's first
+  and last piece, tightened to the answer text (_improve_answer_span); else (None, None)."""
+  tok_to_orig, orig_to_tok, all_doc = [], [], []
+  for i, pieces in enumerate(word_pieces):
+    orig_to_tok.append(len(all_doc))
+    tok_to_orig.extend([i] * len(pieces))
+    all_doc.extend(pieces)
+  if answer_ids is None:
+    return all_doc, tok_to_orig, None, None
+  tok_start = orig_to_tok[ex.start_position]
+  if ex.end_position < len(ex.doc_tokens) - 1:
+    tok_end = orig_to_tok[ex.end_position + 1] - 1
+  else:
+    tok_end = len(all_doc) - 1
+  return (all_doc, tok_to_orig,
+          *_improve_answer_span(all_doc, tok_start, tok_end, answer_ids))
+
+
 def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
                      max_query_length=64, is_training=False):
   """Windows of all examples as numpy arrays; returns (features, stats).
@@ -427,27 +459,14 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
     if len(query) > max_query_length:
       query = query[:max_query_length]
       stats["questions_truncated"] += 1
-    tok_start = tok_end = None
+    with_answer = is_training and not ex.is_impossible
     if json_docs is not None:
       doc = json_docs[ex.paragraph_id]
-      all_doc, tok_to_orig = doc.ids, doc.words
-      if is_training and not ex.is_impossible:
-        tok_start, tok_end = _answer_pieces_json(doc, ex)
+      all_doc, tok_to_orig, chars = doc.ids, doc.words, doc.chars
+      tok_start, tok_end = _answer_pieces_json(doc, ex) if with_answer else (None, None)
     else:
-      tok_to_orig, orig_to_tok, all_doc = [], [], []
-      for i, pieces in enumerate(doc_pieces[ex.paragraph_id]):
-        orig_to_tok.append(len(all_doc))
-        tok_to_orig.extend([i] * len(pieces))
-        all_doc.extend(pieces)
-
-    if json_docs is None and is_training and not ex.is_impossible:
-      tok_start = orig_to_tok[ex.start_position]
-      if ex.end_position < len(ex.doc_tokens) - 1:
-        tok_end = orig_to_tok[ex.end_position + 1] - 1
-      else:
-        tok_end = len(all_doc) - 1
-      tok_start, tok_end = _improve_answer_span(all_doc, tok_start, tok_end,
-                                                answer_ids[example_index])
+      all_doc, tok_to_orig, tok_start, tok_end = _paragraph_pieces(
+          ex, doc_pieces[ex.paragraph_id], answer_ids[example_index] if with_answer else None)
 
     max_tokens_for_doc = max_seq_length - len(query) - 3  # [CLS] query [SEP] doc [SEP]
     if max_tokens_for_doc < 1:
@@ -472,11 +491,11 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
       is_max[doc_offset:doc_offset + length] = best_span[start:start + length] == span_index
       if with_chars:
         to_char = np.full((max_seq_length, 2), -1, np.int32)
-        to_char[doc_offset:doc_offset + length] = doc.chars[start:start + length]
+        to_char[doc_offset:doc_offset + length] = chars[start:start + length]
         rows["token_to_char"].append(to_char)
 
       start_position = end_position = 0
-      if is_training and not ex.is_impossible:
+      if with_answer:
         if tok_start >= start and tok_end <= start + length - 1:
           start_position = tok_start - start + doc_offset
           end_position = tok_end - start + doc_offset
@@ -488,16 +507,9 @@ def convert_examples(examples, tokenizer, max_seq_length=384, doc_stride=128,
                    ("doc_span_index", span_index), ("token_to_orig", to_orig),
                    ("token_is_max_context", is_max)):
         rows[k].append(v)
-  features = {k: np.asarray(v) for k, v in rows.items()}
   n = len(rows["input_ids"])
-  if not n:
-    features = {k: np.zeros((0, max_seq_length) if k in ("input_ids", "segment_ids",
-                                                         "input_mask", "token_to_orig",
-                                                         "token_is_max_context") else (0,),
-                            bool if k == "token_is_max_context" else np.int32)
-                for k in rows}
-    if with_chars:
-      features["token_to_char"] = np.zeros((0, max_seq_length, 2), np.int32)
+  features = ({k: np.asarray(v) for k, v in rows.items()} if n else
+              _no_features(rows, max_seq_length))
   for k in ("start_positions", "end_positions", "example_index", "doc_span_index"):
     features[k] = features[k].astype(np.int32)
   features["unique_ids"] = 1000000000 + np.arange(n, dtype=np.int64)  # run_squad's numbering
