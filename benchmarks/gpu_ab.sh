@@ -17,13 +17,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_ab}
 PROF=/tmp/gpu_ab_profiles
 rm -rf "$PROF"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-start=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - start )) s]"; }
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source benchmarks/gpu_common.sh   # elapsed, the carried wheels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 
 echo "== correctness on the chip $(elapsed)"

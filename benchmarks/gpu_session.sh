@@ -35,14 +35,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_session}
 PROF=/tmp/gpu_session_profiles      # the traces: too deep for $OUT, tarred there at the end
 rm -rf "$PROF"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-start=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - start )) s]"; }
-
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source benchmarks/gpu_common.sh   # elapsed, the carried wheels
 
 echo "== versions $(elapsed)"
 if ! "$PY" - <<'EOF'
