@@ -17,14 +17,9 @@ from tests import pod_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# BERT-tiny on synthetic batches, one step: the cheapest run with a train step and a checkpoint.
-TRAIN_ARGS = [
-    "bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
-    "--config.train_input_files=synthetic", "--config.model.vocab_size=512",
-    "--config.seq_length=32", "--config.max_predictions_per_seq=6", "--config.batch_size=16",
-    "--config.warmup_steps=1", "--config.log_every=1", "--config.num_train_steps=1",
-    "--config.async_checkpointing=False",
-]
+# One step: the cheapest run with a train step and a checkpoint.
+TRAIN_ARGS = [*pod_testlib.TINY_SYNTHETIC_TRAIN, "--config.warmup_steps=1",
+              "--config.num_train_steps=1"]
 
 
 def _pod(late, workdir, env=(), timeout_seconds=300):

@@ -12,13 +12,8 @@ from tests import pod_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TRAIN_ARGS = [
-    "bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
-    "--config.train_input_files=synthetic", "--config.model.vocab_size=512",
-    "--config.seq_length=32", "--config.max_predictions_per_seq=6", "--config.batch_size=16",
-    "--config.warmup_steps=2", "--config.log_every=1", "--config.checkpoint_every=4",
-    "--config.async_checkpointing=False",
-]
+TRAIN_ARGS = [*pod_testlib.TINY_SYNTHETIC_TRAIN, "--config.warmup_steps=2",
+              "--config.checkpoint_every=4"]
 
 
 def _env():

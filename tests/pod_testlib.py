@@ -11,6 +11,16 @@ import sys
 _LIBRARY_LINE = re.compile(r"(\[p\d+\] )?(I\d{4} \d\d:\d\d:\d+\.\d+ |INFO:)")
 
 
+# BERT-tiny on synthetic batches through bert_jax.train: the cheapest real run with a train step
+# and a checkpoint (a test adds its warmup, steps and checkpoint flags).
+TINY_SYNTHETIC_TRAIN = [
+    "bert_jax.train", "--config=bert_jax/configs/pretrain.py:tiny,runlocal",
+    "--config.train_input_files=synthetic", "--config.model.vocab_size=512",
+    "--config.seq_length=32", "--config.max_predictions_per_seq=6", "--config.batch_size=16",
+    "--config.log_every=1", "--config.async_checkpointing=False",
+]
+
+
 def library_lines(text):
   """The lines of `text` that libraries printed (see _LIBRARY_LINE); [] for a quiet run."""
   return [l for l in text.splitlines() if "[Gloo]" in l or _LIBRARY_LINE.match(l)]
