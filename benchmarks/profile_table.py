@@ -275,7 +275,7 @@ def place_kernels(events, order, index):
   of that kernel name, a cuBLAS kernel (`nvjet_*`, `cutlass*`) the next GEMM call; a second
   kernel of one instruction (a split-K reduction) stays with it. Memsets and copies stay
   unplaced (`other`)."""
-  names = [n for n, _ in order]
+  pos = {name: j for j, (name, _) in enumerate(order)}
   out = list(events)
   by_line = collections.defaultdict(list)
   for i, (key, start, *_rest) in enumerate(events):
@@ -297,26 +297,27 @@ def place_kernels(events, order, index):
 
   for idxs in by_line.values():
     idxs.sort()
-    p, last = 0, None
+    p, last = 0, None          # where the search goes on; the schedule position last placed
     for _, i in idxs:
       op = events[i][3]
-      if op in index:
-        p, last = names.index(op) + 1 if op in names else p, op
+      if op in pos:
+        p = last = pos[op]
+        p += 1
         continue
       if op is None or not op.startswith(KERNEL):
         continue
       kernel = op[len(KERNEL):]
       # A call's later kernels: cuBLAS's split-K reduction; cuDNN's flash kernel and the
       # bookkeeping after it (a backward call runs dot(dO, O), the flash kernel, dQ's cast).
-      if last is not None and fits(names.index(last), kernel) and (
+      if last is not None and fits(last, kernel) and (
           _CUDNN.search(kernel) or "reduce" in kernel.lower()):
-        out[i] = (*events[i][:3], last)
+        out[i] = (*events[i][:3], order[last][0])
         continue
       j = next((j for j in itertools.chain(range(p, len(order)), range(0, p))
                 if fits(j, kernel)), None)
       if j is not None:
         out[i] = (*events[i][:3], order[j][0])
-        p, last = j + 1, order[j][0]
+        p, last = j + 1, j
   return out
 
 
