@@ -17,6 +17,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_ab}
 PROF=/tmp/gpu_ab_profiles
 rm -rf "$PROF"; mkdir -p "$OUT"
+# shellcheck source=benchmarks/gpu_common.sh
 source benchmarks/gpu_common.sh   # elapsed, the carried wheels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by benchmarks/gpu_session.sh and benchmarks/gpu_ab.sh (from the repo root, with PY set):
 # unbuffered Python, TF quiet, `elapsed` for the log, and the wheels carried in .whl/ (packages
 # bert_jax needs that the GPU image lacks, e.g. ml-collections) installed into /tmp/site.

