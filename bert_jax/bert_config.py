@@ -18,7 +18,8 @@ GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_
                     "generator_intermediate_size")
 # The modern encoder's fields (ModernBERT, NeoBERT): each a switch of one module, BERT's at default.
 MODERN_FIELDS = ("position_embedding", "rope_theta_global", "rope_theta_local", "local_window",
-                 "global_every", "ffn", "norm", "prenorm", "embedding_norm", "use_bias")
+                 "global_every", "ffn", "norm", "prenorm", "embedding_norm", "use_bias",
+                 "mlm_transform", "tie_word_embeddings")
 FAMILY_FIELDS = ("family", "embedding_size", "share_layers", "objectives", "sbo_max_targets",
                  *GENERATOR_FIELDS, *MODERN_FIELDS)
 POSITION_EMBEDDINGS = ("learned", "rope")
@@ -76,6 +77,11 @@ class BertConfig:
   embedding_norm: bool = True           # the embeddings' norm; prenorm with it: layer 0 has no
                                         #   attention norm (ModernBERT), without: it has (NeoBERT)
   use_bias: bool = True                 # biases in every dense of the body and MLM transform
+  # The MLM head (model.MaskedLMHead). BERT and ModernBERT: dense + act + norm, then the word
+  # table [V, E] as decoder (tied) + output_bias [V]. NeoBERT (chandar-lab/NeoBERT's
+  # NeoBERTLMHead): nn.Linear(H, V) with a bias straight on the final norm's output: False/False.
+  mlm_transform: bool = True            # the dense + act + norm before the decoder
+  tie_word_embeddings: bool = True      # False: its own mlm_head/decoder [V, E] (HF's name)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -164,6 +170,10 @@ class BertConfig:
       raise ValueError(f"BertConfig: {modern[0]}={getattr(self, modern[0])!r} with share_layers="
                        f"{self.share_layers!r}, embedding_size={self.embedding_size}; the modern "
                        "encoder's fields need share_layers='none' and embedding_size=0.")
+    head = [f for f in ("mlm_transform", "tie_word_embeddings") if not getattr(self, f)]
+    if head and not self.prenorm:
+      raise ValueError(f"BertConfig: {head[0]}=False needs prenorm=True (NeoBERT's MLM head; "
+                       "the post-LN families' converters write BERT's tied head).")
     if not self.embedding_norm and not self.prenorm:
       raise ValueError("BertConfig: embedding_norm=False needs prenorm=True (a post-LN layer "
                        "reads its input unnormalised only after a norm).")

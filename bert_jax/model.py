@@ -20,7 +20,8 @@ Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only):
   bert/encoder/layer_{i}/attention/{query,key,value,output}/{kernel,bias}, attention_layer_norm,
                          intermediate/{kernel,bias}, output/{kernel,bias}, output_layer_norm
   bert/pooler/{kernel,bias}
-  mlm_head/{transform/{kernel,bias}, transform_layer_norm, output_bias}    (decoder tied to words)
+  mlm_head/{transform/{kernel,bias}, transform_layer_norm, output_bias}    (decoder tied to words;
+           NeoBERT: mlm_head/{decoder [V, H], output_bias}, the mlm_transform/tie fields)
   nsp_head/{kernel,bias}
 ALBERT adds bert/embeddings/projection and names its shared layer bert/encoder/layer_shared (or
 shared_attention / shared_ffn beside layer_{i}); sop_head replaces nsp_head; SpanBERT has
@@ -410,16 +411,21 @@ class MaskedLMHead(nn.Module):
   """dense + act + LayerNorm, then logits against the (tied) word embeddings + bias [V].
 
   The transform maps H -> E (= H for BERT; ALBERT's E=128, as HF's AlbertMLMHead), so the
-  decoder is the [V, E] word table either way.
+  decoder is the [V, E] word table either way. NeoBERT's head (mlm_transform=False,
+  tie_word_embeddings=False): its own `decoder` [V, H] (torch's decoder.weight) on x as it is.
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, x, word_embeddings):
     c = self.config
-    x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)      # [B, P, E]
-    x = _activation(c.hidden_act)(x)
-    x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
+    if c.mlm_transform:
+      x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)    # [B, P, E]
+      x = _activation(c.hidden_act)(x)
+      x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
+    if not c.tie_word_embeddings:
+      word_embeddings = self.param("decoder", _init(c, ("vocab", "embed")),
+                                   (c.vocab_size, c.embed_dim), c.param_dtype)   # [V, E]
     return _tied_logits(c, self, x, word_embeddings)
 
 
@@ -467,7 +473,8 @@ _bf16_backward_matmul.defvjp(_bf16_backward_fwd, _bf16_backward_bwd)
 
 
 def _tied_logits(c, module, x, word_embeddings):
-  """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V].
+  """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V] (the decoder [V, E]:
+  the word table, or NeoBERT's own).
 
   The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
   float32 accumulation and float32 logits for the loss.

@@ -9,6 +9,8 @@ What differs from BERT, each a BertConfig field (model.py) rather than a second 
   norm="layer_norm_no_bias" (NeoBERT "rms_norm"), eps 1e-5, prenorm with a final norm
   use_bias=False              no bias in q/k/v/o, Wi/Wo or the MLM transform (the decoder keeps
                               its bias, as HF's decoder_bias=True)
+  (NeoBERT) mlm_transform=False, tie_word_embeddings=False: its NeoBERTLMHead, an untied
+                              nn.Linear(H, V) with a bias on the final norm's output
   type_vocab_size=0, no pooler, MLM only (30%, no sentence objective)
 
 Parameter tree against transformers' ModernBertForMaskedLM (convert/modernbert.py maps them):
@@ -57,14 +59,18 @@ PRESETS = {
     # 28 x 1,024, 16 heads, GeGLU 2,624: 394,781,696 (tests/modernbert_test.py counts both).
     "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1_024, num_heads=16,
                              intermediate_size=2_624),
-    # NeoBERT (its paper, Table 1; chandar-lab/NeoBERT): 28 x 768, 12 heads, SwiGLU of width
-    # swiglu_width(3,072) = 2,048, RMSNorm (eps 1e-5), RoPE theta 10,000 on every (global) layer,
-    # 4,096 context, no norm on the embeddings (layer 0 normalises its input), BERT's 30,522
-    # WordPiece vocab. Its HF port is remote code, not transformers: no converter here.
+    # NeoBERT (Le Breton et al. 2025, Table 1; chandar-lab/NeoBERT src/neobert/model/model.py
+    # with conf/model/{neobert,250M-opt}.yaml and its released config.json): 28 x 768, 12 heads,
+    # SwiGLU of width swiglu_width(3,072) = 2,048, no biases, RMSNorm (eps 1e-5), RoPE theta
+    # 10,000 on every (global) layer, 4,096 context, no norm on the embeddings (layer 0
+    # normalises its input), a final norm, BERT's 30,522 WordPiece vocab, and NeoBERTLMHead's
+    # decoder: an untied nn.Linear(768, 30,522) with a bias, no transform. 245,136,954
+    # parameters, 221,665,536 of them the encoder (tests/neobert_test.py counts both from the
+    # reference's shapes). Its HF port is remote code, not transformers: no converter here.
     "neobert": dict(_MODERNBERT, num_layers=28, hidden_size=768, num_heads=12,
                     intermediate_size=2_048, ffn="swiglu", norm="rms_norm", local_window=0,
-                    global_every=1, embedding_norm=False,
-                    max_position_embeddings=4_096, vocab_size=30_522),
+                    global_every=1, embedding_norm=False, mlm_transform=False,
+                    tie_word_embeddings=False, max_position_embeddings=4_096, vocab_size=30_522),
     # CPU sizes (tests, the quick start): ModernBERT's shape at BERT-tiny/mini widths, window 16.
     "modernbert-tiny": dict(_MODERNBERT, num_layers=3, hidden_size=128, num_heads=2,
                             intermediate_size=192, local_window=16, max_position_embeddings=1_024),
@@ -139,7 +145,8 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   Wo [I, H]); attention scores + context 12 x T x S x H per layer with S = T on global layers and
   S = min(T, W + 1) keys on local ones (|i - j| <= W/2: what the blocked kernel's output depends
   on, not the 3W/2 keys it computes); the MLM head (H -> H transform, tied H -> V decoder) on the
-  masked positions. No pooler, no sentence head, no position table."""
+  masked positions (NeoBERT's: the H -> V decoder alone). No pooler, no sentence head, no
+  position table."""
   del num_nsp, teacher_config
   h, l, t, i, v = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size, \
       cfg.vocab_size
@@ -147,7 +154,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   keys = [t if window is None else min(t, window + 1)
           for window, _ in map(cfg.layer_attention, range(l))]
   attention = sum(12 * t * s * h for s in keys)
-  mlm_head = 6 * num_predictions * (h * h + h * v)
+  mlm_head = 6 * num_predictions * ((h * h if cfg.mlm_transform else 0) + h * v)
   return dense + attention + mlm_head
 
 
@@ -194,8 +201,20 @@ def _hf_config_file(path):
   return bert.hf_config_file(path)
 
 
-import_hf, export_hf = bert.own_hf_converter("modernbert", importer="import_hf",
-                                              exporter="export_model")
+import_hf, _export_hf = bert.own_hf_converter("modernbert", importer="import_hf",
+                                               exporter="export_model")
+
+
+def export_hf(m, output):
+  """transformers' ModernBertForMaskedLM ties its decoder and has the head's transform: a model
+  with mlm_transform/tie_word_embeddings False (NeoBERT's head) has no such folder."""
+  untied = [f for f in ("mlm_transform", "tie_word_embeddings") if not getattr(m.config, f)]
+  if untied:
+    from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+    raise convert_modernbert.ConversionError(
+        f"{m.path}: {untied[0]}=False (NeoBERT's MLM head); transformers' ModernBertForMaskedLM "
+        "has a tied decoder after a dense + norm transform, and NeoBERT is not in transformers.")
+  return _export_hf(m, output)
 
 
 def hf_config_json(config, pad_token_id=0):
@@ -205,7 +224,8 @@ def hf_config_json(config, pad_token_id=0):
 
 def num_params(cfg, with_mlm_head=False):
   """Parameters of ModernBertModel (the encoder; + ModernBertForMaskedLM's head and decoder bias
-  with with_mlm_head), counted from the config: what transformers counts."""
+  with with_mlm_head, or NeoBERTLMHead's untied decoder [V, H] and bias), counted from the
+  config: what transformers counts."""
   h, l, i, v = cfg.hidden_size, cfg.num_layers, cfg.intermediate_size, cfg.vocab_size
   bias = cfg.use_bias
   norm = h * (2 if cfg.norm == "layer_norm" else 1)
@@ -215,7 +235,8 @@ def num_params(cfg, with_mlm_head=False):
   total = (v * h + (norm if cfg.embedding_norm else 0) + l * (attention + ffn) + norms * norm
            + norm)                                  # + final norm
   if with_mlm_head:
-    total += h * h + (h if bias else 0) + norm + v
+    total += v + (h * h + (h if bias else 0) + norm if cfg.mlm_transform else 0) + (
+        0 if cfg.tie_word_embeddings else v * h)
   return int(total)
 
 
