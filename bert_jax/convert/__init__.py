@@ -49,8 +49,10 @@ def detect_source(path):
     return "hf"
   tf_index = any(f.endswith(".index") for f in files)  # google's bert_model.ckpt.index
   # google's TF releases also hold a bert_config.json: an export is bert_config.json + params/.
+  finished_finetune = any(f.startswith("best_epoch") for f in files)   # its best_epoch{N}/
   if (files & {"checkpoints", "state"} or {ckpt_lib.CONFIG_NAME, "params"} <= files
-      or (ckpt_lib.CONFIG_NAME in files and not tf_index) or "://" in path):
+      or (ckpt_lib.CONFIG_NAME in files and not tf_index) or finished_finetune
+      or "://" in path):
     ckpt_lib.describe(path, verify=False)  # a one-line error naming what is missing
     return "orbax"
   if tf_index:

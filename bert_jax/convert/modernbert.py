@@ -4,6 +4,8 @@ its docstring; model.py's modern fields build it).
 
   python -m bert_jax.convert --input=HF_DIR --output=ckpt/modernbert     # <- transformers
   python -m bert_jax.convert --input=WORKDIR --output=hf/modernbert      # -> transformers
+  python -m bert_jax.convert --input=FINETUNE_WORKDIR --output=hf/sst2   # ModernBertFor
+                                     # SequenceClassification / MultipleChoice (fine_tuned_task)
 
 Orientations: torch Linear weights are [out, in]; ours are [in, out] (transposed). Wqkv
 [3H, H] is q, k, v stacked (qkv.view(..., 3, N, D) in ModernBertAttention), each [H = N x D, H]:
@@ -128,8 +130,10 @@ def hf_config_json(config, pad_token_id=0, special_ids=None):
 # ----------------------------------------------------------------------------------------------
 # The name table: (our path, HF name, to ours, to HF) per tensor.
 # ----------------------------------------------------------------------------------------------
-def _pairs(config):
-  """[(our path, HF name)] of every plain tensor (transposed when 2-D)."""
+def _pairs(config, head="mlm"):
+  """[(our path, HF name)] of every plain tensor (transposed when 2-D): the body, then the MLM
+  head (head="mlm") or a fine-tuned [CLS] head (head="cls": ModernBertPredictionHead + the
+  classifier, which has a bias whatever classifier_bias says: nn.Linear's default)."""
   b = "bert"
   out = [(f"{b}/embeddings/word_embeddings/embedding", "model.embeddings.tok_embeddings.weight")]
   norm = lambda ours, hf: [(f"{ours}/scale", f"{hf}.weight")] + (
@@ -144,6 +148,9 @@ def _pairs(config):
     out += norm(f"{p}/output_layer_norm", f"{hf}.mlp_norm")
     out += linear(f"{p}/mlp/Wi", f"{hf}.mlp.Wi") + linear(f"{p}/mlp/Wo", f"{hf}.mlp.Wo")
   out += norm(f"{b}/encoder/final_norm", "model.final_norm")
+  if head == "cls":
+    return out + linear("head/dense", "head.dense") + norm("head/norm", "head.norm") + [
+        ("classifier/kernel", "classifier.weight"), ("classifier/bias", "classifier.bias")]
   out += linear("mlm_head/transform", "head.dense")
   out += norm("mlm_head/transform_layer_norm", "head.norm")
   out += [("mlm_head/output_bias", "decoder.bias")]
@@ -154,15 +161,18 @@ def _to_ours(name, array):
   return array.T if array.ndim == 2 and not name.endswith("embeddings.weight") else array
 
 
-def hf_state_dict(params, config):
-  """{ModernBertForMaskedLM name: array} of a modernbert BertForPreTraining tree."""
+def hf_state_dict(params, config, head="mlm"):
+  """{transformers name: array} of a modernbert tree: BertForPreTraining's (head="mlm":
+  ModernBertForMaskedLM) or a fine-tuned [CLS] head's (head="cls": ModernBertFor
+  SequenceClassification / MultipleChoice, the same names)."""
   flat = _flatten(params)
   h, n, d = config.hidden_size, config.num_heads, config.head_dim
   out = {}
-  for ours, hf in _pairs(config):
+  for ours, hf in _pairs(config, head):
     if ours not in flat:
       raise ConversionError(f"parameter {ours} is missing; export needs a ModernBERT tree "
-                            "(bert, mlm_head) of this config.")
+                            f"({'bert, mlm_head' if head == 'mlm' else 'bert, head, classifier'})"
+                            " of this config.")
     out[hf] = np.ascontiguousarray(_to_ours(hf, np.asarray(flat[ours], np.float32)))
   for i in range(config.num_layers):
     p, hf = f"bert/encoder/layer_{i}/attention", f"model.layers.{i}.attn"
@@ -325,15 +335,18 @@ def _tokenizer_meta(path, vocab_file, do_lower_case, config):
 # ours -> transformers.
 # ----------------------------------------------------------------------------------------------
 def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=None,
-                 vocab_file=None, do_lower_case=None, special_tokens=None):
+                 vocab_file=None, do_lower_case=None, special_tokens=None, task=None):
   """output/{model.safetensors, config.json} + the tokenizer, atomically: its tokenizer.json with
   a tokenizer_config.json naming the special tokens (special_tokens: role -> text, "[MASK]"...:
   without it transformers' AutoTokenizer has no mask_token and fill-mask fails), or (a model
-  pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files."""
+  pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files. task (a
+  FineTuned, from fine_tuned_task): the fine-tuned [CLS] head's class instead of the MLM's."""
   import shutil  # pylint: disable=g-import-not-at-top
   ids = special_ids or {}
-  state = hf_state_dict(params, config)
+  state = hf_state_dict(params, config, "cls" if task else "mlm")
   config_json = hf_config_json(config, ids.get("pad", 0), ids)
+  if task:
+    config_json.update(task.config_fields())
 
   def write(tmp):
     os.makedirs(tmp)
@@ -363,7 +376,9 @@ def write_tokenizer_config(directory, special_tokens, max_length):
 
 
 def export_model(m, output):
-  """A loaded inference.InferenceModel -> transformers folder (the family's export_hf hook)."""
+  """A loaded inference.InferenceModel -> transformers folder (the family's export_hf hook): a
+  pre-training tree as ModernBertForMaskedLM, a fine-tuned one as its task's class."""
+  task = fine_tuned_task(m.params, m.meta, m.path)
   tokenizer_file = m.tokenizer_json   # a converted (or tokenizer.json-trained) ModernBERT
   vocab = m.tokenizer.vocab
   ids = {r: getattr(vocab, f"{r}_id", None) for r in ("pad", "unk", "cls", "sep", "mask")}
@@ -372,4 +387,78 @@ def export_model(m, output):
                       special_ids=ids,
                       special_tokens=dict(zip(ids, m.tokenizer.id_to_token(list(ids.values())))),
                       vocab_file=None if tokenizer_file else m.vocab_file,
-                      do_lower_case=m.do_lower_case)
+                      do_lower_case=m.do_lower_case, task=task)
+
+
+# ----------------------------------------------------------------------------------------------
+# A fine-tuned tree (bert_jax.finetune: heads.py with families/modernbert.cls_logits) -> the
+# transformers class that computes the same logits. transformers' ModernBertFor* all read the
+# last hidden state through ModernBertPredictionHead (dense H -> H, act, norm) then a classifier
+# nn.Linear with a bias; classifier_pooling "cls" takes [CLS] (position 0; MultipleChoice: the
+# first unpadded position, also 0 for our right-padded rows), classifier_dropout 0.0 as ours.
+#   task family      our tree                                    transformers
+#   classification   bert, head/{dense,norm}, classifier [H, L]  ModernBertForSequenceClassification
+#   regression       the same, L = 1                             the same, problem_type regression
+#   multiple_choice  the same, L = 1, each choice's [CLS]        ModernBertForMultipleChoice
+#   tagging          bert, classifier [H, L] on every position   refused: no PredictionHead here
+#   span             bert, qa_outputs [H, 2] on every position   refused: the same
+# The token heads (heads.py, shared by every family) put the classifier straight on the hidden
+# state; transformers' classes put dense + act + norm before it, which no weights turn into an
+# identity (the norm alone fixes each row's mean and variance): no folder computes our logits.
+# ----------------------------------------------------------------------------------------------
+_CLASSES = {"classification": "ModernBertForSequenceClassification",
+            "regression": "ModernBertForSequenceClassification",
+            "multiple_choice": "ModernBertForMultipleChoice"}
+_TOKEN_HEADS = {"classifier": ("tagging", "ModernBertForTokenClassification"),
+                "qa_outputs": ("span", "ModernBertForQuestionAnswering")}
+
+
+@dataclasses.dataclass
+class FineTuned:
+  family: str        # classification | regression | multiple_choice
+  name: str          # the task's name (sst2, swag, a custom task's), "" if not recorded
+  num_labels: int    # the classifier's outputs: L, 1 for regression and multiple choice
+  labels: tuple      # the label names in class order (finetune records them), or ()
+
+  def config_fields(self):
+    """What config.json adds to ModernBertConfig for this head."""
+    names = (self.labels if len(self.labels) == self.num_labels and self.family ==
+             "classification" else tuple(f"LABEL_{i}" for i in range(self.num_labels)))
+    fields = {"architectures": [_CLASSES[self.family]], "classifier_pooling": "cls",
+              "id2label": {str(i): str(t) for i, t in enumerate(names)},
+              "label2id": {str(t): i for i, t in enumerate(names)}}
+    if self.family != "multiple_choice":   # transformers' loss picks MSE / cross-entropy by it
+      fields["problem_type"] = ("regression" if self.family == "regression"
+                                else "single_label_classification")
+    return fields
+
+
+def fine_tuned_task(params, meta, where):
+  """FineTuned for a fine-tuned ModernBERT tree, None for a pre-training one (bert, mlm_head);
+  one ConversionError line for a tree no transformers class computes."""
+  keys = set(params)
+  if "mlm_head" in keys:
+    return None
+  name = str(meta.get("task") or "")
+  if "head" not in keys and keys & set(_TOKEN_HEADS):
+    family, cls = _TOKEN_HEADS[sorted(keys & set(_TOKEN_HEADS))[0]]
+    raise ConversionError(
+        f"{where}: a fine-tuned ModernBERT {family} model (task {name or 'not recorded'}) has "
+        f"no transformers equivalent: {cls} puts ModernBertPredictionHead (dense + act + norm) "
+        f"before its classifier, our {family} head reads the hidden state directly; only [CLS] "
+        "tasks (classification, regression, multiple choice) export, this one predicts with "
+        "bert_jax.finetune --config.do_predict.")
+  if keys != {"bert", "head", "classifier"}:
+    raise ConversionError(f"{where}: parameters {sorted(keys)}; a ModernBERT export reads a "
+                          "pre-training tree (bert, mlm_head) or a fine-tuned [CLS] head's "
+                          "(bert, head, classifier).")
+  num_labels = int(np.shape(_flatten(params["classifier"])["kernel"])[-1])   # kernel [H, L]
+  family = "classification" if num_labels > 1 else "regression"
+  from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
+  if name in tasks.TASKS:   # swag is L = 1 too; a custom task (not registered) is glue's
+    family = tasks.TASKS[name].family
+  if family not in _CLASSES:
+    raise ConversionError(f"{where}: task {name!r} ({family}) with a [CLS] head of "
+                          f"{num_labels} outputs; expected classification, regression or "
+                          "multiple choice.")
+  return FineTuned(family, name, num_labels, tuple(meta.get("labels") or ()))

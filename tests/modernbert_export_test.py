@@ -1,0 +1,180 @@
+"""A fine-tuned ModernBERT exported to transformers (issue 30 item 3: "exporting gives a folder
+transformers loads with every output equal"): convert/modernbert.py's fine_tuned_task.
+
+The body is modernbert_cli_test's: a transformers ModernBertForMaskedLM of modernbert-tiny's shape
+(3 x 128, window 16, 416 rows), every parameter random, with a 405-id byte-level BPE tokenizer.json
+learned on the standard library's docstrings, converted once. A [CLS] head (classification,
+regression, multiple choice: ModernBertPredictionHead + classifier) exports as transformers'
+ModernBertForSequenceClassification / ModernBertForMultipleChoice, and AutoModelFor* on the folder
+gives our logits within 1e-4 on real docstring text, padded rows included. Token heads (tagging,
+SQuAD) have no transformers class that computes ours (convert/modernbert.py says why): one line.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import convert
+from bert_jax import finetune
+from bert_jax import heads
+from bert_jax.convert import hf_export
+from bert_jax.convert import modernbert as convert_modernbert
+from tests.modernbert_cli_test import export, hf_folder  # noqa: F401 (module fixtures)
+from tests.modernbert_cli_test import _run
+
+TOL = 1e-4
+SEQ = 48
+
+
+def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1):
+  """A best_epoch{N}-style export of `family`'s head on the converted body, as finetune._save_best
+  writes it: the head random (kernels 0.5 x normal, biases and norm scales off 0 and 1, so a
+  wrong transpose or a dropped bias shows), the body the converted transformers model's."""
+  body, config, _ = ckpt_lib.load_params(export_dir)
+  model = heads.create_model(family, config, num_labels=num_labels, num_choices=2)
+  shapes = heads.dummy_inputs(family, SEQ, num_choices=2)
+  params = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *shapes)))
+  params = params["params"]
+  rng = np.random.default_rng(seed)
+  tree = {k: jax.tree_util.tree_map(
+      lambda a: (rng.standard_normal(a.shape) * 0.5 + (1.0 if a.ndim == 1 else 0.0)).astype(
+          np.float32), v) for k, v in params.items() if k != "bert"}
+  tree["bert"] = body["bert"]
+  tok = os.path.join(export_dir, "tokenizer.json")
+  ckpt_lib.save_params(out, tree, config, meta=dict(
+      task=task, epoch=1, do_lower_case=False, labels=list(labels), dev_metrics={},
+      **finetune.vocab_record(tok)))
+  return out, model, tree
+
+
+def _real_text(hf_folder, n):  # noqa: F811
+  """n docstring lines of different lengths (so the batch pads), 6-30 words each."""
+  lines = [ln for ln in hf_folder["lines"] if 6 <= len(ln.split()) <= 30]
+  return [lines[i] for i in range(0, 7 * n, 7)][:n]
+
+
+def _ours(model, tree, enc):
+  ids = enc["input_ids"].numpy()
+  mask = enc["attention_mask"].numpy()
+  out = model.apply({"params": tree}, ids, mask, np.zeros_like(ids))
+  return np.asarray(out)
+
+
+@pytest.mark.parametrize("task,family,num_labels,labels,auto", [
+    ("mnli", "classification", 3, ("contradiction", "entailment", "neutral"),
+     "AutoModelForSequenceClassification"),
+    ("stsb", "regression", 1, (), "AutoModelForSequenceClassification"),
+    ("swag", "multiple_choice", 1, (), "AutoModelForMultipleChoice")])
+def test_cls_heads_export_with_equal_logits(hf_folder, export, tmp_path, task, family,  # noqa: F811
+                                            num_labels, labels, auto):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  best, model, tree = _fine_tuned(export, str(tmp_path / "best_epoch1"), task, family,
+                                  num_labels, labels)
+  out = hf_export.export_to_hf(best, str(tmp_path / "hf"))
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    written = json.load(f)
+  cls = ("ModernBertForMultipleChoice" if family == "multiple_choice"
+         else "ModernBertForSequenceClassification")
+  assert written["architectures"] == [cls] and written["classifier_pooling"] == "cls"
+  if labels:
+    assert written["id2label"] == {str(i): t for i, t in enumerate(labels)}
+  hf = getattr(transformers, auto).from_pretrained(out, attn_implementation="eager").eval()
+  assert type(hf).__name__ == cls
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  text = _real_text(hf_folder, 4)
+  if family == "multiple_choice":   # [CLS] context [SEP] ending [SEP], 2 endings per context
+    pairs = [(text[0], text[1]), (text[0], text[2]), (text[3], text[1]), (text[3], text[0])]
+    enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
+    enc = {k: v.reshape(2, 2, -1) for k, v in enc.items()}   # [B=2, C=2, T]
+  elif family == "regression":      # a sentence pair, as STS-B
+    enc = tok(text[:2], text[2:], padding=True, return_tensors="pt")
+  else:
+    enc = tok(text, padding=True, return_tensors="pt")
+  assert int(enc["attention_mask"].min()) == 0   # padded rows are part of the check
+  with torch.no_grad():
+    theirs = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits.numpy()
+  ours = _ours(model, tree, enc)
+  assert ours.shape == theirs.shape == ((2, 2) if family == "multiple_choice" else
+                                        (len(enc["input_ids"]), num_labels))
+  assert np.abs(ours).max() > 0.1   # not a degenerate head
+  np.testing.assert_allclose(ours, theirs, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("task,family,cls", [
+    ("conll03", "tagging", "ModernBertForTokenClassification"),
+    ("squad_v1", "span", "ModernBertForQuestionAnswering")])
+def test_token_heads_are_refused_in_one_line(export, tmp_path, task, family, cls):  # noqa: F811
+  best, _, _ = _fine_tuned(export, str(tmp_path / "best_epoch1"), task, family, 5)
+  assert convert.detect_source(str(tmp_path)) == "orbax"   # a finished fine-tuning workdir
+  with pytest.raises(convert.ConversionError,
+                     match=rf"a fine-tuned ModernBERT {family} model \(task {task}\) has no "
+                           rf"transformers equivalent: {cls} puts ModernBertPredictionHead") as e:
+    hf_export.export_to_hf(best, str(tmp_path / "hf"))
+  assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "hf")
+
+
+def test_task_of_a_tree():
+  """The tree and the recorded task decide the class: a 1-output head is regression unless the
+  task is registered as multiple choice; another tree is one line."""
+  tree = {"bert": {}, "head": {}, "classifier": {"kernel": np.zeros((4, 1))}}
+  task = convert_modernbert.fine_tuned_task
+  assert task(tree, {"task": "my_scores"}, "w").family == "regression"
+  assert task(tree, {"task": "swag"}, "w").family == "multiple_choice"
+  three = dict(tree, classifier={"kernel": np.zeros((4, 3))})
+  t = task(three, {"task": "custom", "labels": ["a", "b", "c"]}, "w")
+  assert (t.family, t.num_labels, t.config_fields()["label2id"]) == (
+      "classification", 3, {"a": 0, "b": 1, "c": 2})
+  assert task({"bert": {}, "mlm_head": {}}, {}, "w") is None
+  with pytest.raises(convert.ConversionError, match=r"w: parameters \['bert', 'pooler'\]; "):
+    task({"bert": {}, "pooler": {}}, {}, "w")
+
+
+@pytest.mark.slow
+def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path):  # noqa: F811
+  """docs/models.md's way back: a 2-step glue_sst2 fine-tune of the converted model, then
+  `python -m bert_jax.convert --input=WORKDIR`: transformers' AutoModelForSequenceClassification
+  on the folder, with its AutoTokenizer's ids (= ours), gives our logits on real text; a tagging
+  run is one error line, exit 2, nothing written."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  finetune_test._sst2(tmp_path, np.random.default_rng(0), 16, 8)
+  config = finetune_test._config("glue_sst2", (export, ""), tmp_path, num_train_epochs=1.0,
+                                 do_predict=False, log_every=1)
+  workdir = str(tmp_path / "run")
+  assert finetune.finetune(config, workdir)["steps"] == 2
+  out = str(tmp_path / "hf")
+  run = _run("bert_jax.convert", f"--input={workdir}", f"--output={out}", cache=tmp_path)
+  assert run.returncode == 0 and run.stderr == "", run.stderr
+  assert run.stdout.splitlines()[-1] == (f"wrote Hugging Face ModernBertForSequenceClassification"
+                                         f" to {out}")
+  hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, attn_implementation="eager").eval()
+  assert hf.config.id2label == {0: "0", 1: "1"}   # SST-2's labels, in class order
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  m = inference.load_for_inference(workdir)   # its best_epoch1 export
+  text = _real_text(hf_folder, 4)
+  enc = tok(text, padding=True, return_tensors="pt")
+  for i, line in enumerate(text):   # our tokenizer's ids are transformers'
+    n = int(enc["attention_mask"][i].sum())
+    assert predict.encode(m, line)[0][0].tolist() == enc["input_ids"][i, :n].tolist()
+  with torch.no_grad():
+    theirs = hf(**enc).logits.numpy()
+  model = heads.create_model("classification", m.config, num_labels=2)
+  np.testing.assert_allclose(_ours(model, m.params, enc), theirs, atol=TOL, rtol=TOL)
+
+  tagging, _, _ = _fine_tuned(export, str(tmp_path / "ner" / "best_epoch1"), "conll03",
+                              "tagging", 9)
+  bad = _run("bert_jax.convert", f"--input={tagging}", f"--output={tmp_path / 'hf_ner'}",
+             cache=tmp_path)
+  assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+  assert bad.stderr.startswith(f"error: {tagging}: a fine-tuned ModernBERT tagging model")
+  assert not os.path.exists(tmp_path / "hf_ner")
