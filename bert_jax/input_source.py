@@ -80,16 +80,19 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
   return pretrain_input.as_numpy_batches(ds)
 
 
-def stream_layout(config, files, process_count, stored=None):
+def stream_layout(config, files, process_count, stored=None, global_batch=None):
   """The training stream's layout (logical shards, packing) for the checkpoint; None if synthetic.
 
   stored: the layout of the checkpoint being resumed (an error if this run's would differ).
+  global_batch: rows of one stream batch: config.batch_size (None), or a batch-size warmup's
+  unit (batch_warmup.py: each step takes several).
   """
   if files == "synthetic":
     return None
   from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
   return pretrain_input.stream_layout(
-      num_files=len(files), global_batch=config.batch_size, process_count=process_count,
+      num_files=len(files), global_batch=global_batch or config.batch_size,
+      process_count=process_count,
       num_logical_shards=config.num_logical_shards, pack=config.pack,
       max_instances_per_pack=config.max_instances_per_pack,
       pack_chunk_size=config.pack_chunk_size, seq_length=config.seq_length, stored=stored)

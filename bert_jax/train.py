@@ -23,7 +23,7 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from bert_jax import attention as attention_lib
+from bert_jax import batch_warmup
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import families
@@ -40,9 +40,13 @@ from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import preflight
 from bert_jax import sharding as sharding_lib
-from bert_jax import tpu_specs
 from bert_jax import trainer_lib
 from bert_jax import workdir_lock
+# What the loop prints and writes (start-up lines, log line, summary, next commands); these names
+# stay importable from here (train.next_commands, train.device_peak_tflops, ...).
+from bert_jax.train_report import (PEAK_TFLOPS, device_peak_tflops, input_line, log_line,  # noqa: F401
+                                   next_commands, nothing_to_do, print_mesh_line, run_summary,
+                                   summarize)
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 
@@ -117,12 +121,6 @@ def build_training(config, model_config, mesh, teacher=None,
 # ----------------------------------------------------------------------------------------------
 # FLOPs (for TFLOP/s and MFU).
 # ----------------------------------------------------------------------------------------------
-# Dense bf16 peak per chip, TFLOP/s (vendor figures). MFU is printed only where this is known.
-PEAK_TFLOPS = {**{g.device_kind: g.peak_bf16_tflops for g in tpu_specs.GENERATIONS.values()},
-               "TPU v5e": 197, "TPU v5p": 459, "TPU v6e": 918,     # other spellings of the kinds
-               "NVIDIA H100": 989, "NVIDIA H200": 989, "NVIDIA A100": 312}
-
-
 # Analytic training FLOPs per sequence of BERT-style encoders (families/bert.py, where the
 # accounting is written out); a family's own count is its Family.flops_per_sequence.
 model_flops_per_sequence = families_bert.flops_per_sequence
@@ -139,15 +137,6 @@ def step_flops(config, model_config, layout, teacher=None):
       model_config, config.seq_length, preds, nsp, teacher.model_config if teacher else None)
   return flops * config.batch_size
 
-
-def device_peak_tflops(devices=None):
-  """Dense bf16 peak of `devices` (default: all of this run's), TFLOP/s; None if unknown."""
-  devices = jax.devices() if devices is None else list(devices)
-  kind = devices[0].device_kind
-  for name in sorted(PEAK_TFLOPS, key=len, reverse=True):   # "TPU v5 lite" before "TPU v5"
-    if kind.startswith(name):
-      return PEAK_TFLOPS[name] * len(devices)
-  return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,32 +360,6 @@ def validate_inputs(config, workdir):
   return train_files, eval_files, vocab, model_config, vocab_hash, teacher
 
 
-def print_mesh_line(config, model_config, mesh, local_batch, is_main):
-  """The start-up lines: mesh, batch split, device order and the attention kernel.
-
-  The attention kernel is resolved on every host (an explicit one that cannot run here is an
-  error everywhere, now), printed by host 0.
-  """
-  accum = int(config.grad_accum_steps)
-  attention_line = attention_lib.startup_line(model_config, packed=bool(config.get("pack")),
-                                              seq_len=config.seq_length)
-  if is_main:
-    print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
-          f"host(s); global batch {config.batch_size} = {jax.process_count()} x {local_batch} "
-          f"rows per host" + (f", {accum} micro-batches of {config.batch_size // accum} per "
-                              "step" if accum > 1 else ""), flush=True)
-    print(f"device order: {sharding_lib.device_order_source(mesh)}; {attention_line}", flush=True)
-
-
-def input_line(layout, num_files, real_per_slot):
-  """The start-up line of the training stream: logical shards, packing and its efficiency."""
-  shards = layout["num_logical_shards"]
-  return (f"input: {num_files} files in {shards} logical shards (host 0 reads "
-          f"{shards // jax.process_count()}); "
-          + (f"packed rows of up to {layout['max_instances_per_pack']} instances"
-             if layout["pack"] else "one instance per row (--config.pack=false)")
-          + f": {real_per_slot:.3f} real tokens per slot over the first batches")
-
 
 def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
   """This host's batches of `files` from batch `start` (train: the resumable stream of `layout`;
@@ -424,12 +387,14 @@ def first_checked_batch(train_iter, config, vocab, layout, num_files, local_batc
   return train_iter
 
 
-def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher):
+def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher, ramp):
   """What a checkpoint records beside the state: the config, the vocab's hash, the model, where
-  the input stream is, its layout and (DistilBERT) the teacher; resuming checks them."""
+  the input stream is (stream batches consumed: the step, or more under a batch-size warmup), its
+  layout, the warmup and (DistilBERT) the teacher; resuming checks them."""
   return dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
-              model_config=model_config.to_dict(), input_position=step, step=step,
-              stream_layout=layout, teacher=teacher.record if teacher else None)
+              model_config=model_config.to_dict(), input_position=ramp.position(step), step=step,
+              stream_layout=layout, batch_warmup=ramp.record(),
+              teacher=teacher.record if teacher else None)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
@@ -454,19 +419,27 @@ def _train_and_evaluate(config, workdir):
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
   local_batch = config.batch_size // jax.process_count()
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
+  # A batch-size warmup: step s takes k(s) stream batches of `unit` rows (off: one of batch_size).
+  ramp = batch_warmup.from_config(config, mesh)
+  if is_main and ramp.on:
+    print(ramp.startup_line(), flush=True)
 
-  manager, latest, layout = resume_point(config, workdir, train_files)
+  manager, latest, layout = resume_point(config, workdir, train_files, ramp)
   if latest is not None:   # the same model, vocab and teacher, from the checkpoint's meta
     check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher)
   if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
     manager.close()
     return nothing_to_do(config, workdir, latest, is_main)
 
-  # --- Input: batch i of the stream is the global batch of step i + 1. Its first batch is
-  # checked before the model exists (bad records: one line in seconds, not after compiling). ---
+  # --- Input: batch i of the stream is the global batch of step i + 1 (a warmup's step s: its
+  # k(s) batches from ramp.position(s - 1)). Its first batch is checked before the model exists
+  # (bad records: one line in seconds, not after compiling). ---
   batches = functools.partial(stream, config, vocab, layout, local_batch)
-  train_iter = first_checked_batch(batches(train_files, config.seed, latest or 0), config, vocab,
-                                   layout, len(train_files), local_batch, is_main)
+  unit_rows = ramp.unit // jax.process_count()
+  train_iter = first_checked_batch(
+      stream(config, vocab, layout, unit_rows, train_files, config.seed,
+             ramp.position(latest or 0)),
+      config, vocab, layout, len(train_files), unit_rows, is_main)
 
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, model_config, mesh, teacher)   # DistilBERT: the teacher loaded
@@ -487,7 +460,7 @@ def _train_and_evaluate(config, workdir):
 
   def save(step, force=False):
     ckpt_lib.save(manager, step, state, checkpoint_meta(config, step, vocab_hash, model_config,
-                                                        layout, teacher), force=force)
+                                                        layout, teacher, ramp), force=force)
 
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
   if is_main:
@@ -495,6 +468,8 @@ def _train_and_evaluate(config, workdir):
   flops_per_step = step_flops(config, model_config, layout, teacher)
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
+  # The compiled step of each size (ramp.sizes of them; off: the one), and the global batches.
+  steps_of, global_batch = {ramp.sizes: t.train_step}, batch_warmup.GlobalBatches(mesh)
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10))
   with trainer_lib.mesh_rules(mesh), distributed.preemption_check() as preempted:
@@ -503,10 +478,16 @@ def _train_and_evaluate(config, workdir):
     for step in range(start_step + 1, total_steps + 1):
       manager.check_for_errors()   # a failed asynchronous save stops the run here, named
       profile(config, workdir, step, before=True)
-      state, metrics = t.train_step(state, sharding_lib.make_global_batch(next(train_iter), mesh))
+      k = ramp.units(step)
+      if k not in steps_of:   # a warmup's new size compiles here, outside the timed steps
+        steps_of[k] = t.train_step_for(ramp.passes(k))
+        with timer.paused():
+          state, metrics = steps_of[k](state, global_batch(train_iter, k))
+      else:
+        state, metrics = steps_of[k](state, global_batch(train_iter, k))
       skips.step_done(step, metrics["skipped"])
       timer.step_done(metrics)
-      pending.append(metrics)
+      pending.append(dict(metrics, batch_size=ramp.rows(step)) if ramp.on else metrics)
       profile(config, workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
         avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
@@ -514,7 +495,9 @@ def _train_and_evaluate(config, workdir):
         writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
         history["train"].append((step, avg))
         if is_main:
-          print(log_line(step, total_steps, avg), flush=True)
+          print(log_line(step, total_steps, avg, remaining_rows=(
+              ramp.rows_through(total_steps) - ramp.rows_through(step) if ramp.on else None)),
+                flush=True)
         pending = []
       if eval_files and (step % config.eval_every == 0 or step == total_steps):
         with timer.paused():
@@ -534,82 +517,30 @@ def _train_and_evaluate(config, workdir):
   summary = metrics_writer.write_summary(workdir, run_summary(
       config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
       total_steps=total_steps, history=history, last_eval=last_eval,
-      flops_per_step=flops_per_step), is_main=is_main)
+      flops_per_step=flops_per_step, trained_rows=ramp.rows_through(step)), is_main=is_main)
   return dict(history=history, final_step=step, last_eval=last_eval, stopped_early=stopped,
               summary=summary)
 
 
-# ----------------------------------------------------------------------------------------------
-# The end of a run: what it did and what to run next.
-# ----------------------------------------------------------------------------------------------
-def run_summary(config, workdir, *, seconds, start_step, step, total_steps, history, last_eval,
-                flops_per_step):
-  """What a run did, for metrics_writer.write_summary (summary.json and the closing lines)."""
-  stopped = step < total_steps
-  return dict(
-      program="train", status="stopped_early" if stopped else "finished",
-      wall_time_sec=seconds, start_step=start_step, final_step=step,
-      total_steps=total_steps, final_eval=last_eval,
-      final_eval_step=history["eval"][-1][0] if history["eval"] else None,
-      # The analytic compute of the run so far (train.step_flops: matmuls of every network the
-      # step runs), the load-independent budget to compare families at equal compute.
-      gflop_per_step=flops_per_step / 1e9, pretrain_tflop=flops_per_step * step / 1e12,
-      model=f"{workdir} (checkpoint {step})",
-      outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
-      next=next_commands(config, workdir, step, stopped))
 
-
-def next_commands(config, workdir, step, stopped):
-  """The commands a user runs next on this workdir (printed and in summary.json)."""
-  if stopped:
-    return ["re-run the same command to resume from checkpoint " f"{step}"]
-  more = max(2 * step, step + 1)
-  parts = os.path.normpath(workdir).split(os.sep)  # runs/quickstart/workdir -> "quickstart"
-  name = (parts[-2] if parts[-1] == "workdir" and len(parts) > 1 else parts[-1]) or "model"
-  further = (f"train further: the same command with --config.num_train_steps={more} (resumes "
-             f"from step {step}; the learning-rate decay is stretched to the new total)")
-  # One converter for every family; what a family adds to "train further" (DistilBERT: the
-  # same teacher) is its train_further_note.
-  family = families.of_preset(config.model_name) or families.get("bert")
-  further += family.train_further_note
-  return [
-      f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
-      f'"The man went to the [MASK] ."',
-      f"python -m bert_jax.convert --input={workdir} --output=hf/{name}",
-      f"python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
-      f"--config.init_checkpoint={workdir} --config.data_dir=DATA --workdir=runs/{name}-ft",
-      further,
-  ]
-
-
-def nothing_to_do(config, workdir, latest, is_main):
-  """A workdir whose latest checkpoint already reached num_train_steps: no compute."""
-  total = int(config.num_train_steps)
-  previous = metrics_writer.read_summary(workdir) if is_main else None
-  if is_main:
-    print(f"nothing to do: {workdir} already holds checkpoint {latest} and "
-          f"--config.num_train_steps={total}; to train further pass "
-          f"--config.num_train_steps={max(2 * latest, latest + 1)} (or a new --workdir to "
-          "start over)", flush=True)
-    if previous:
-      print("\n".join(metrics_writer.summary_lines(previous)), flush=True)
-  return dict(history=dict(train=[], eval=[]), final_step=latest,
-              last_eval=(previous or {}).get("final_eval") or {}, stopped_early=False,
-              nothing_to_do=True, summary=previous)
-
-
-def resume_point(config, workdir, train_files):
+def resume_point(config, workdir, train_files, ramp):
   """(checkpoint manager, newest step that verifies against its SHA-256 manifest or None, the
-  stream layout). The layout (logical shards, packing) is fixed at the first run and kept in the
-  checkpoint; resuming on another host count continues the same stream."""
+  stream layout). The layout (logical shards, packing, the stream's batch: ramp.unit rows) is
+  fixed at the first run and kept in the checkpoint with the batch-size warmup; resuming on
+  another host count continues the same stream."""
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
                                     keep_period=config.keep_every or None,
                                     async_save=config.async_checkpointing)
   latest = ckpt_lib.latest_verified_step(manager)
-  layout = input_source.stream_layout(
-      config, train_files, jax.process_count(),
-      stored=(ckpt_lib.read_meta(manager, latest).get("stream_layout")
-              if latest is not None else None))
+  meta = ckpt_lib.read_meta(manager, latest) if latest is not None else {}
+  if latest is not None:
+    try:
+      batch_warmup.check_resume(meta.get("batch_warmup"), ramp, workdir)
+    except ConfigError:
+      manager.close()
+      raise
+  layout = input_source.stream_layout(config, train_files, jax.process_count(),
+                                      stored=meta.get("stream_layout"), global_batch=ramp.unit)
   return manager, latest, layout
 
 
@@ -626,36 +557,6 @@ def evaluate_params(eval_step, params, num_steps, mesh, batches):
   return {f"eval/{k}": v / max(n, 1) for k, v in sums.items()}  # metrics_writer's names
 
 
-def summarize(host_metrics, steps_per_sec, config, flops_per_step):
-  """Mean of the applied steps' metrics since the last log (skipped NaN/Inf steps left out),
-  plus throughput when it was timed."""
-  avg = trainer_lib.mean_of_applied(host_metrics)
-  if steps_per_sec:
-    seqs = steps_per_sec * config.batch_size
-    avg.update(steps_per_sec=steps_per_sec, sequences_per_sec=seqs,
-               tokens_per_sec=seqs * config.seq_length,
-               real_tokens_per_sec=seqs * config.seq_length * avg["real_token_fraction"],
-               tflops=steps_per_sec * flops_per_step / 1e12)
-    peak = device_peak_tflops()
-    if peak:
-      avg["mfu"] = avg["tflops"] / peak
-  return avg
-
-
-def log_line(step, total_steps, avg):
-  speed = " | compiling"
-  if "steps_per_sec" in avg:
-    speed = (f" | {avg['sequences_per_sec']:.1f} rows/s {avg['tokens_per_sec']:.0f} tok/s "
-             f"({avg['real_tokens_per_sec']:.0f} real) "
-             f"{avg['tflops']:.3f} TFLOP/s" + (f" MFU {avg['mfu']:.1%}" if "mfu" in avg else "")
-             + f" | ETA {_fmt_time((total_steps - step) / avg['steps_per_sec'])}")
-  parts = ", ".join(f"{p} {avg[p + '_loss']:.3f}" + (f" acc {avg[p + '_accuracy']:.3f}" if
-                                                      p + "_accuracy" in avg else "")
-                    for p in objectives.PARTS if p + "_loss" in avg)   # the model's objectives
-  return (f"step {step}/{total_steps} | loss {avg['loss']:.4f} ({parts}) "
-          f"| lr {avg['learning_rate']:.2e} | gnorm {avg['grad_norm']:.2f}"
-          + (f" | skipped {avg['skipped_steps']}" if avg.get("skipped_steps") else "") + speed)
-
 
 def profile(config, workdir, step, *, before, state=None):
   """A jax.profiler trace of optimizer steps profile_start_step+1 .. +profile_steps."""
@@ -667,11 +568,6 @@ def profile(config, workdir, step, *, before, state=None):
     jax.block_until_ready(state)
     jax.profiler.stop_trace()
 
-
-def _fmt_time(seconds):
-  seconds = int(seconds)
-  h, rem = divmod(seconds, 3600)
-  return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
 FLAGS = flags.FLAGS

@@ -146,6 +146,9 @@ class Steps(NamedTuple):
   train_step: Callable       # (state, global batch) -> (state, metrics); state donated
   eval_step: Callable        # (params, global batch) -> eval_fn's outputs, replicated
   frozen: Any = None         # the Frozen network's parameters (bound into both steps) or None
+  # accum -> a train step like train_step that scans `accum` micro-batches (a batch-size warmup:
+  # one per step size, batch_warmup.py); each compiles on its first call.
+  train_step_for: Callable = None
 
 
 def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, mesh,
@@ -189,11 +192,14 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   batch_sharding, repl = sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)
   apply = dict(frozen_apply=frozen.apply) if frozen else {}
   extra = (frozen.shardings,) if frozen else ()
-  step_fn = functools.partial(train_step, model=model, forward=forward, loss_fn=loss_fn, tx=tx,
-                              schedule=schedule, grad_accum_steps=int(grad_accum_steps),
-                              mesh=mesh, **apply)
-  train = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding, *extra),
-                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
+  def train_for(accum):
+    step_fn = functools.partial(train_step, model=model, forward=forward, loss_fn=loss_fn, tx=tx,
+                                schedule=schedule, grad_accum_steps=int(accum), mesh=mesh,
+                                **apply)
+    return jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding, *extra),
+                   out_shardings=(state_shardings, repl), donate_argnums=(0,))
+
+  train = train_for(grad_accum_steps)
   evaluate = jax.jit(functools.partial(eval_step, model=model, forward=forward, eval_fn=eval_fn,
                                        **apply),
                      in_shardings=(param_shardings, batch_sharding, *extra), out_shardings=repl)
@@ -207,7 +213,9 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
           jax.jit(init_state, out_shardings=state_shardings), "state init"),
       train_step=distributed.TogetherOnFirstCall(_bind(train, frozen), "train step"),
       eval_step=distributed.TogetherOnFirstCall(_bind(evaluate, frozen), "eval step"),
-      frozen=frozen.params if frozen else None)
+      frozen=frozen.params if frozen else None,
+      train_step_for=lambda accum: distributed.TogetherOnFirstCall(
+          _bind(train_for(accum), frozen), f"train step of {accum} micro-batches"))
 
 
 def _bind(jitted, frozen):

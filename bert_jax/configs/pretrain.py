@@ -117,6 +117,12 @@ def _optimizer_and_loop_fields(c):
   # Optimisation: Adam(W) lr 1e-4, b .9/.999, L2 0.01, 10k warmup, linear decay.
   c.batch_size = 256               # global, across all hosts and devices
   c.grad_accum_steps = 1           # micro-batches per optimizer step (batch_size / k each)
+  # Batch-size warmup (ModernBERT's; bert_jax/batch_warmup.py): the batch grows from this many
+  # rows to batch_size, that many more at a time, over the first batch_size_warmup_tokens tokens
+  # (rows x seq_length), each size for the same number of steps. 0 = none (BERT; modernbert-base:
+  # 768 -> 4,608 over 50e9).
+  c.batch_size_warmup_min_size = 0
+  c.batch_size_warmup_tokens = 0.0
   c.num_train_steps = 900_000      # phase 1: 90% of the paper's 1M steps
   c.warmup_steps = 10_000
   c.learning_rate = 1e-4
@@ -169,6 +175,7 @@ def _apply_variants(c, preset, variants, family):
     # A real pre-training on 2 CPU cores in a few minutes (see the README's quick start).
     # 1,500 steps x 32 x 128 = 6.1M tokens, ~5 minutes on 2 CPU cores for BERT-tiny.
     c.batch_size = 32
+    c.batch_size_warmup_min_size = 0   # a ramp over billions of tokens has no place in 6M
     c.num_train_steps = 1_500
     c.warmup_steps = 150
     c.learning_rate = 1e-3          # tiny models tolerate (and need) a larger rate for short runs

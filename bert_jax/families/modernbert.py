@@ -87,12 +87,22 @@ def check_config(config):
                      "ffn (geglu | swiglu).")
 
 
+# Batch-size warmup (section 2.2.2, Table 3; bert_jax/batch_warmup.py): the first phase's batch
+# grows from 768 to 4,608 rows (base: 6 sizes, +768 = 8 GPUs x 96 rows each) over the first 50B
+# tokens, 448 -> 4,928 (large: 11 sizes of 8 x 56) over 10B, each size for the same number of
+# steps. (batch_size, batch_size_warmup_min_size, batch_size_warmup_tokens). Off for neobert
+# (its paper has none) and the CPU presets (tiny, mini: a laptop's run is ~6M tokens); the
+# context extension (phase2) has none either.
+BATCH_WARMUP = {"modernbert-base": (4_608, 768, 50e9), "modernbert-large": (4_928, 448, 10e9)}
+
+
 def recipe(c, preset):
   """ModernBERT's pre-training (Warner et al. 2024, section 2.2): MLM at 30% with no sentence
   objective (records from create_pretraining_data --no_nsp), 1,024-token rows in its first
   phase. Predictions per row as google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024."""
-  del preset
   c.masked_lm_prob = 0.3
+  if preset in BATCH_WARMUP:   # the first phase's batch and its warmup (base, large)
+    c.batch_size, c.batch_size_warmup_min_size, c.batch_size_warmup_tokens = BATCH_WARMUP[preset]
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
   # RoPE theta of the global layers. None: the preset's from scratch (10,000, the first phase),
   # the checkpoint's own with init_checkpoint (a converted ModernBERT: 160,000). A value that
@@ -128,7 +138,7 @@ def phase2(c, preset):
   c.seq_length = min(8_192, PRESETS[preset]["max_position_embeddings"])
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)   # 2,498 at 8,192
   c.model.rope_theta_global = EXTENDED_THETA
-  c.batch_size = rows
+  c.batch_size, c.batch_size_warmup_min_size = rows, 0   # no batch-size warmup in this phase
   c.num_train_steps = int(CONTEXT_EXTENSION_TOKENS / (rows * 8_192))   # (CPU sizes: base's)
   c.warmup_steps = 0
   c.learning_rate, c.weight_decay = lr, wd
