@@ -8,6 +8,7 @@ benchmarks: random ids with the contract's shapes, a pure function of (seed, bat
 
 import itertools
 
+import jax
 import numpy as np
 
 
@@ -78,6 +79,22 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
       masking_scheme=config.get("masking", "token"),
       span_boundaries=config.get("masking", "token") == "span")   # SpanBERT's SBO targets
   return pretrain_input.as_numpy_batches(ds)
+
+
+def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
+  """The trainer's stream: this host's batches of `files` from batch `start` (train: the
+  resumable stream of `layout`; eval: one instance per row), behind a stall watchdog: no batch
+  for input_stall_minutes is an error naming the files, never a silent hang."""
+  it = make_batches(
+      config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
+      process_index=jax.process_index(), process_count=jax.process_count(), train=train,
+      layout=layout if train else None)
+  if files == "synthetic":
+    return it
+  from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
+  return input_watchdog.stall_watchdog(
+      it, files, config.get("input_stall_minutes", 10),
+      what="train_input_files" if train else "eval_input_files")
 
 
 def stream_layout(config, files, process_count, stored=None, global_batch=None):

@@ -114,8 +114,13 @@ def summary_lines(summary):
                  + ", ".join(f"{k} {v:.4f}" for k, v in s["final_eval"].items()
                              if isinstance(v, (int, float))))
   if s.get("pretrain_tflop") is not None:
-    lines.append(f"  compute: {s['final_step']:,} steps x {s['gflop_per_step']:.3g} GFLOP = "
-                 f"{s['pretrain_tflop']:.4g} TFLOP (analytic, train.step_flops)")
+    # A batch-size warmup's steps are smaller than the full one (gflop_per_step): its total
+    # counts the rows it trained on (train_report.run_summary's trained_rows).
+    steps = (f"{s['final_step']:,} steps x {s['gflop_per_step']:.3g} GFLOP" if s.get(
+        "batch_warmup") is None else f"{s['final_step']:,} steps of a batch-size warmup (full "
+        f"step {s['gflop_per_step']:.3g} GFLOP)")
+    lines.append(f"  compute: {steps} = {s['pretrain_tflop']:.4g} TFLOP (analytic, "
+                 "train.step_flops)")
   if s.get("model"):
     lines.append(f"  model: {s['model']}")
   for k, v in (s.get("outputs") or {}).items():

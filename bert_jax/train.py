@@ -6,11 +6,14 @@ r"""BERT pre-training: one loop, read top to bottom.
 Sections: set-up and validation -> mesh -> input (its first batch checked before any model
 exists) -> model + optimizer + compiled steps -> state (resume, init_checkpoint or fresh) -> loop
 (metrics, eval, checkpoints, SIGTERM). A step is an optimizer step everywhere (with
-grad_accum_steps=k it scans k micro-batches inside the jitted step). Restarting with the same
---workdir resumes from the latest committed checkpoint and continues the same data stream. The
-shared plumbing (steps, pre-trained loading, checks, timing, log averaging) is in trainer_lib.py.
+grad_accum_steps=k it scans k micro-batches inside the jitted step; a batch-size warmup's step
+takes a growing number of stream batches: batch_warmup.py). Restarting with the same --workdir
+resumes from the latest committed checkpoint and continues the same data stream. The shared
+plumbing (steps, pre-trained loading, checks, timing, log averaging) is in trainer_lib.py; what
+the loop prints and writes (start-up lines, log lines, the summary) in train_report.py.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -44,9 +47,9 @@ from bert_jax import trainer_lib
 from bert_jax import workdir_lock
 # What the loop prints and writes (start-up lines, log line, summary, next commands); these names
 # stay importable from here (train.next_commands, train.device_peak_tflops, ...).
-from bert_jax.train_report import (PEAK_TFLOPS, device_peak_tflops, input_line, log_line,  # noqa: F401
-                                   next_commands, nothing_to_do, print_mesh_line, run_summary,
-                                   summarize)
+from bert_jax.train_report import (  # noqa: F401
+    PEAK_TFLOPS, device_peak_tflops, input_line, log_line, next_commands, nothing_to_do,
+    print_mesh_line, run_summary, summarize)
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 
@@ -361,22 +364,6 @@ def validate_inputs(config, workdir):
 
 
 
-def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
-  """This host's batches of `files` from batch `start` (train: the resumable stream of `layout`;
-  eval: one instance per row), behind a stall watchdog: no batch for input_stall_minutes is an
-  error naming the files, never a silent hang."""
-  it = input_source.make_batches(
-      config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
-      process_index=jax.process_index(), process_count=jax.process_count(), train=train,
-      layout=layout if train else None)
-  if files == "synthetic":
-    return it
-  from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
-  return input_watchdog.stall_watchdog(
-      it, files, config.get("input_stall_minutes", 10),
-      what="train_input_files" if train else "eval_input_files")
-
-
 def first_checked_batch(train_iter, config, vocab, layout, num_files, local_batch, is_main):
   """The training stream with its first batch read and checked (preflight.first_batch), and the
   input's start-up line (packing efficiency over the first batches)."""
@@ -434,11 +421,11 @@ def _train_and_evaluate(config, workdir):
   # --- Input: batch i of the stream is the global batch of step i + 1 (a warmup's step s: its
   # k(s) batches from ramp.position(s - 1)). Its first batch is checked before the model exists
   # (bad records: one line in seconds, not after compiling). ---
-  batches = functools.partial(stream, config, vocab, layout, local_batch)
+  batches = functools.partial(input_source.stream, config, vocab, layout, local_batch)
   unit_rows = ramp.unit // jax.process_count()
   train_iter = first_checked_batch(
-      stream(config, vocab, layout, unit_rows, train_files, config.seed,
-             ramp.position(latest or 0)),
+      input_source.stream(config, vocab, layout, unit_rows, train_files, config.seed,
+                          ramp.position(latest or 0)),
       config, vocab, layout, len(train_files), unit_rows, is_main)
 
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
@@ -469,7 +456,9 @@ def _train_and_evaluate(config, workdir):
   history, last_eval, pending = dict(train=[], eval=[]), {}, []
   timer, step = trainer_lib.StepTimer(), start_step
   # The compiled step of each size (ramp.sizes of them; off: the one), and the global batches.
-  steps_of, global_batch = {ramp.sizes: t.train_step}, batch_warmup.GlobalBatches(mesh)
+  steps_of = functools.cache(lambda k: t.train_step if k == ramp.sizes else
+                             t.train_step_for(ramp.passes(k)))
+  global_batch, compiled = batch_warmup.GlobalBatches(mesh), set()
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10))
   with trainer_lib.mesh_rules(mesh), distributed.preemption_check() as preempted:
@@ -479,14 +468,15 @@ def _train_and_evaluate(config, workdir):
       manager.check_for_errors()   # a failed asynchronous save stops the run here, named
       profile(config, workdir, step, before=True)
       k = ramp.units(step)
-      if k not in steps_of:   # a warmup's new size compiles here, outside the timed steps
-        steps_of[k] = t.train_step_for(ramp.passes(k))
-        with timer.paused():
-          state, metrics = steps_of[k](state, global_batch(train_iter, k))
-      else:
-        state, metrics = steps_of[k](state, global_batch(train_iter, k))
+      # A warmup's next size compiles (and first runs) here, outside the timed steps.
+      fresh = k not in compiled and step > start_step + 1
+      compiled.add(k)
+      with timer.paused() if fresh else contextlib.nullcontext():
+        state, metrics = steps_of(k)(state, global_batch(train_iter, k))
+        if fresh:
+          jax.block_until_ready(metrics)
       skips.step_done(step, metrics["skipped"])
-      timer.step_done(metrics)
+      timer.step_done(metrics, timed=not fresh)
       pending.append(dict(metrics, batch_size=ramp.rows(step)) if ramp.on else metrics)
       profile(config, workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
@@ -517,7 +507,7 @@ def _train_and_evaluate(config, workdir):
   summary = metrics_writer.write_summary(workdir, run_summary(
       config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
       total_steps=total_steps, history=history, last_eval=last_eval,
-      flops_per_step=flops_per_step, trained_rows=ramp.rows_through(step)), is_main=is_main)
+      flops_per_step=flops_per_step, ramp=ramp), is_main=is_main)
   return dict(history=history, final_step=step, last_eval=last_eval, stopped_early=stopped,
               summary=summary)
 

@@ -64,11 +64,11 @@ def input_line(layout, num_files, real_per_slot):
 # The end of a run: what it did and what to run next.
 # ----------------------------------------------------------------------------------------------
 def run_summary(config, workdir, *, seconds, start_step, step, total_steps, history, last_eval,
-                flops_per_step, trained_rows=None):
+                flops_per_step, ramp=None):
   """What a run did, for metrics_writer.write_summary (summary.json and the closing lines).
-  trained_rows: the rows of steps 1..step (a batch-size warmup's smaller steps); None: full ones."""
+  ramp: a batch-size warmup (batch_warmup.Ramp), whose first steps train on fewer rows."""
   stopped = step < total_steps
-  rows = config.batch_size * step if trained_rows is None else trained_rows
+  rows = config.batch_size * step if ramp is None else ramp.rows_through(step)
   return dict(
       program="train", status="stopped_early" if stopped else "finished",
       wall_time_sec=seconds, start_step=start_step, final_step=step,
@@ -79,6 +79,7 @@ def run_summary(config, workdir, *, seconds, start_step, step, total_steps, hist
       gflop_per_step=flops_per_step / 1e9,
       pretrain_tflop=flops_per_step / config.batch_size * rows / 1e12,
       trained_tokens=rows * config.seq_length,
+      batch_warmup=ramp.record() if ramp is not None else None,
       model=f"{workdir} (checkpoint {step})",
       outputs={"tensorboard": os.path.join(workdir, "tensorboard")},
       next=next_commands(config, workdir, step, stopped))

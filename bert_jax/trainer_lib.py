@@ -429,11 +429,13 @@ class StepTimer:
   def __init__(self):
     self._t0, self._steps, self._paused = None, 0, 0.0
 
-  def step_done(self, metrics):
+  def step_done(self, metrics, timed=True):
+    """timed=False: a step whose time was excluded (a batch-size warmup's new size, compiled
+    and run under paused()): not counted either."""
     if self._t0 is None:
       jax.block_until_ready(metrics)
       self._t0 = time.perf_counter()
-    else:
+    elif timed:
       self._steps += 1
 
   @contextlib.contextmanager
