@@ -17,13 +17,12 @@ the `nmt_nfkc_cf` rule, so the model itself case-folds. --character_coverage, --
 (rare characters become <0xNN> byte pieces instead of [UNK]) are the trainer's own options.
 
 tokenizer.json (--output ending in .json, --model_type=bpe or unigram): the `tokenizers` library
-learns it (tokenizer_json.learn): byte-level BPE as ModernBERT's (the 256 bytes as alphabet,
-never [UNK]; the default for BPE on a Latin-script corpus) or, with --nobyte_level / unigram /
-by default on a Hangul/CJK-heavy corpus, NFKC + Metaspace over whole characters, so a Hangul
-syllable is never cut into bytes. Specials [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0..4 (ModernBERT's
-spelling). Cased unless --lower_case (ModernBERT and RoBERTa are cased; a byte-level tokenizer
-loses nothing by keeping case), and lower-casing there is a Lowercase normalizer with no NFD, so
-Hangul stays whole.
+learns it (tokenizer_json.learn), after NFC: byte-level BPE as ModernBERT's (the 256 bytes as
+alphabet, never [UNK]; the default for BPE on a Latin-script corpus) or, with --nobyte_level /
+unigram / by default on a Hangul/CJK-heavy corpus, Metaspace over whole characters (BPE with
+byte fallback), so a Hangul syllable is never cut into bytes. Specials [PAD] [UNK] [CLS] [SEP]
+[MASK] are ids 0..4 (ModernBERT's spelling). Cased unless --lower_case (as ModernBERT and
+RoBERTa), which adds a Lowercase normalizer with no NFD, so Hangul stays whole.
 
 Corpora larger than memory: --input_sentence_size=N trains on a uniform sample of N lines
 (reservoir sampling with --seed, as sentencepiece's own input_sentence_size), for both kinds.
@@ -423,9 +422,9 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
                                       model_type=model_type, byte_level=byte_level,
                                       lower_case=lower_case, initial_alphabet=always)
     data, kind_meta = text.encode("utf-8"), {"tokenizer_json": {
-        "model_type": model_type, "alphabet": alphabet, "alphabet_reason": alphabet_reason}}
-    normalization = ("" if byte_level else "nfkc_") + ("lowercase" if lower_case else "")
-    normalization = normalization.rstrip("_") or "none"
+        "model_type": model_type, "alphabet": alphabet, "alphabet_reason": alphabet_reason,
+        "byte_fallback": model_type == "bpe" and not byte_level}}  # tokenizer_json.learn
+    normalization = "nfc_lowercase" if lower_case else "nfc"
   elif model_type != "wordpiece":
     options = SentencePieceOptions(model_type, character_coverage, byte_fallback)
     data = train_sentencepiece(_pretokenized(sample.lines, pre), vocab_size, lower_case, options)
@@ -478,9 +477,9 @@ def _choose_alphabet(is_json, byte_level, model_type, shares, vocab_size, reserv
   if not is_json:
     return byte_level, None, None
   byte_level, reason = choose_byte_level(byte_level, model_type, shares)
-  if byte_level and vocab_size < len(reserved) + 256 + MIN_LEARNED_PIECES:
-    raise BuildVocabError(
-        f"--vocab_size={vocab_size} is too small for a byte-level tokenizer.json: "
+  if model_type == "bpe" and vocab_size < len(reserved) + 256 + MIN_LEARNED_PIECES:
+    raise BuildVocabError(  # 256 bytes: the alphabet, or a character BPE's byte fallback
+        f"--vocab_size={vocab_size} is too small for a BPE tokenizer.json: "
         f"{len(reserved)} special + 256 byte pieces + {MIN_LEARNED_PIECES:,} learned pieces "
         f"need {len(reserved) + 256 + MIN_LEARNED_PIECES:,} (ModernBERT has 50,368).")
   return byte_level, "bytes" if byte_level else "characters", reason
@@ -497,12 +496,14 @@ def _hangul_pieces(hangul_coverage, shares, lower_case, model_type, alphabet, vo
   if coverage != "ksx1001":
     return coverage, reason, []
   always = ksx1001_syllables() if alphabet else hangul_pieces()
-  need = len(reserved) + len(always) + MIN_LEARNED_PIECES
+  fallback = 256 if alphabet and model_type == "bpe" else 0  # tokenizer_json's byte pieces
+  need = len(reserved) + len(always) + fallback + MIN_LEARNED_PIECES
   if need > vocab_size:
     raise BuildVocabError(
         f"--vocab_size={vocab_size} is too small for --hangul_coverage=ksx1001 ({reason}"
         f"): {len(reserved)} special + {len(always):,} reserved syllable pieces + "
-        f"{MIN_LEARNED_PIECES:,} learned pieces need {need:,}; raise --vocab_size (e.g. 8000) "
+        + (f"{fallback} byte-fallback pieces + " if fallback else "")
+        + f"{MIN_LEARNED_PIECES:,} learned pieces need {need:,}; raise --vocab_size (e.g. 8000) "
         "or pass --hangul_coverage=none.")
   return coverage, reason, always
 

@@ -22,9 +22,13 @@ What `build_vocab` learns (--output=*.json; `learn` below):
     syllables (on tests/data/korean with 2,000 ids, 'ĠëĮĢíķ' 'ľë¯¼' is "대한민" cut after the first
     byte of 민). Pieces are not characters, so no syllable guarantee holds.
   * character-level BPE or Unigram (--model_type=unigram, or --nobyte_level; the default for a
-    Hangul/CJK-heavy corpus): NFKC + the Metaspace pre-tokenizer, as SentencePiece. Pieces are
-    whole characters, so a syllable is never split; a character the corpus never had is [UNK]
-    (--hangul_coverage=ksx1001 puts the 2,350 common syllables in the alphabet first).
+    Hangul/CJK-heavy corpus): the Metaspace pre-tokenizer, as SentencePiece. Pieces are whole
+    characters, so a syllable is never split (--hangul_coverage=ksx1001 puts the 2,350 common
+    syllables in the alphabet first); a character the corpus never had is UTF-8 byte pieces
+    <0xEB> <0xB7> <0x81> in a BPE (byte fallback, _with_byte_fallback), [UNK] in a Unigram.
+  Both kinds normalise to NFC first (learn says why not NFKC), so NFD Hangul is read as its
+  syllables, and decode(encode(text)) == NFC(text) (a byte-level decode starts with the prefix
+  space; a Unigram one has [UNK] where a character was unseen).
   Special tokens as ModernBERT's: [PAD] [UNK] [CLS] [SEP] [MASK] (here ids 0..4), [MASK] with
   lstrip as in ModernBERT's file (the space before it belongs to the mask), a TemplateProcessing
   post-processor "[CLS] $A [SEP]" / "[CLS] $A [SEP] $B [SEP]" as ModernBERT's. One difference:
@@ -349,19 +353,29 @@ def learn(lines, vocab_size, *, model_type, byte_level, lower_case, initial_alph
   """Learns a tokenizer.json from `lines`; returns (its text, its number of ids).
 
   model_type "bpe" | "unigram"; byte_level (BPE only): the 256-byte alphabet and the ByteLevel
-  pre-tokenizer, else NFKC + Metaspace over characters. lower_case adds a Lowercase normalizer
-  (no NFD and no accent stripping, so Hangul stays whole either way).
+  pre-tokenizer, else Metaspace over whole characters. Every kind normalises to NFC first, and
+  lower_case adds a Lowercase normalizer (no NFD, no accent stripping: Hangul stays whole).
+  A character-level BPE gets byte fallback: the last 256 of its vocab_size ids are <0x00>..<0xFF>.
   """
   from tokenizers import AddedToken, Tokenizer  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
   specials = [AddedToken(t, special=True, lstrip=(t == "[MASK]")) for t in SPECIALS]
-  steps = [] if byte_level else [normalizers.NFKC()]
-  steps += [normalizers.Lowercase()] if lower_case else []
+  # NFC, not NFKC (what this used before, SentencePiece's nmt_nfkc): NFC only composes, so NFD
+  # Hangul (decomposed jamo, e.g. text from macOS file names) becomes the syllables it stands
+  # for and decode(encode(text)) == NFC(text). NFKC also rewrites characters Korean text uses:
+  # on the konlpy corpus 14 distinct ones (the constitution's paragraph marks ① -> 1, the
+  # middle dot ㆍ U+318D -> the archaic vowel jamo U+119E, ｢ -> 「), and it turns compatibility
+  # jamo typed alone into conjoining ones that then compose (ㅎㅏ -> 하, ㅋㅋ -> ᄏᄏ).
+  # The byte-level kind gets NFC too: without it NFD Hangul is other bytes than the syllables
+  # the merges were learned on.
+  steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lower_case else [])
+  fallback = model_type == "bpe" and not byte_level
   if model_type == "bpe":
     tok = Tokenizer(models.BPE(unk_token=None if byte_level else "[UNK]"))
     alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else list(initial_alphabet)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - (256 if fallback else 0),
+                                  special_tokens=specials, initial_alphabet=alphabet,
+                                  show_progress=False)
   elif model_type == "unigram" and not byte_level:
     tok = Tokenizer(models.Unigram())
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
@@ -370,8 +384,7 @@ def learn(lines, vocab_size, *, model_type, byte_level, lower_case, initial_alph
   else:
     raise ValueError(f"learn(model_type={model_type!r}, byte_level={byte_level}): a bug in "
                      "the caller (build_vocab checks the flags).")
-  if steps:
-    tok.normalizer = normalizers.Sequence(steps) if len(steps) > 1 else steps[0]
+  tok.normalizer = normalizers.Sequence(steps) if len(steps) > 1 else steps[0]
   if byte_level:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -379,6 +392,8 @@ def learn(lines, vocab_size, *, model_type, byte_level, lower_case, initial_alph
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SPACE, prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement=META_SPACE, prepend_scheme="always")
   tok.train_from_iterator(lines, trainer, length=len(lines))
+  if fallback:
+    tok = _with_byte_fallback(tok)
   cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
   tok.post_processor = processors.TemplateProcessing(
       single="[CLS] $A [SEP]", pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1",
@@ -388,3 +403,33 @@ def learn(lines, vocab_size, *, model_type, byte_level, lower_case, initial_alph
   # last bits, and 25-52 of 4,000 tied ids in another order on the stdlib corpus. Records are
   # checked by the file's sha256, so a Unigram file must be kept, not re-learned.
   return tok.to_str(), tok.get_vocab_size(with_added_tokens=True)
+
+
+BYTE_PIECES = tuple(f"<0x{b:02X}>" for b in range(256))  # sentencepiece's and Llama's spelling
+
+
+def _with_byte_fallback(tok):
+  """A character-level BPE whose unseen characters become UTF-8 byte pieces, not [UNK].
+
+  Over whole characters a character the corpus never had is [UNK] (a rare syllable such as 뷁,
+  which KS X 1001 lacks, a hanja, an emoji), and decode(encode(text)) loses it. With the model's
+  byte_fallback the Rust BPE looks up <0xEB> <0xB7> <0x81> for such a character instead, and the
+  ByteFallback decoder joins them back (U+FFFD only for a run that is not UTF-8, e.g. one byte
+  piece alone). The trainer cannot add them (as special tokens they would also match the literal
+  text "<0x41>"), so they go into the model's vocab after the learned ids.
+  """
+  from tokenizers import Tokenizer, decoders  # pylint: disable=g-import-not-at-top
+  spec = json.loads(tok.to_str())
+  vocab = spec["model"]["vocab"]  # token -> id, the specials included
+  learned = [p for p in BYTE_PIECES if p in vocab]
+  if learned:  # merges never build "<0x41>" from a text without it; a corpus with it would clash
+    raise TokenizerJsonError(f"the corpus taught the BPE the piece(s) {learned[:3]}, which byte "
+                             "fallback reserves; remove that text or pass --model_type=unigram.")
+  start = max(vocab.values()) + 1
+  vocab.update({p: start + b for b, p in enumerate(BYTE_PIECES)})
+  spec["model"]["byte_fallback"] = True
+  tok = Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+  tok.decoder = decoders.Sequence([
+      decoders.ByteFallback(),
+      decoders.Metaspace(replacement=META_SPACE, prepend_scheme="always")])
+  return tok

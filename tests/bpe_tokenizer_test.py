@@ -55,8 +55,9 @@ def test_bytelevel_bpe_is_learned_as_modernbert_and_recorded(english):
   assert english["size"] == 2000 and meta["vocab_kind"] == "tokenizer_json"
   assert meta["tokenizer_json"] == {"model_type": "bpe", "alphabet": "bytes",
                                     "alphabet_reason": "default: byte-level as ModernBERT's "
-                                                       "(latin 100% letters)"}
-  assert meta["do_lower_case"] is False and meta["normalization"] == "none"
+                                                       "(latin 100% letters)",
+                                    "byte_fallback": False}
+  assert meta["do_lower_case"] is False and meta["normalization"] == "nfc"
   assert meta["vocab_sha256"] == files_lib.sha256_file(path)
   with open(path, encoding="utf-8") as f:
     spec = json.load(f)
@@ -186,7 +187,7 @@ def test_casing_is_recorded_checked_and_keeps_hangul(korean, tmp_path):
   path = str(tmp_path / "lower.json")
   train = f"{DATA}/korean/1809890.txt"
   _, _, meta = build_vocab.build(train, 4000, path, model_type="bpe", lower_case=True)
-  assert meta["do_lower_case"] is True and meta["normalization"] == "nfkc_lowercase"
+  assert meta["do_lower_case"] is True and meta["normalization"] == "nfc_lowercase"
   tok = tokenization.get_tokenizer(tokenizer_json=path)
   pieces = tok.id_to_token(tok.encode(["대한민국 AB"])[0])
   assert "".join(pieces).replace(tj.META_SPACE, " ").strip() == "대한민국 ab"  # no jamo
@@ -299,7 +300,7 @@ def test_build_vocab_flag_errors_are_one_line(english, tmp_path):
   error("SentencePiece options", output=out, model_type="bpe", byte_fallback=True)
   error("ksx1001 with a byte-level tokenizer.json", output=out, model_type="bpe",
         hangul_coverage="ksx1001")
-  error("too small for a byte-level tokenizer.json", output=out, model_type="bpe",
+  error("too small for a BPE tokenizer.json", output=out, model_type="bpe",
         vocab_size=500)
   assert not os.path.exists(out)
 
