@@ -137,7 +137,8 @@ def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None):
 #                    "sentences_used": K}
 #   sentencepiece   {"model_type", "character_coverage", "byte_fallback"} (SentencePiece only)
 #   tokenizer_json  {"model_type": "bpe" | "unigram", "alphabet": "bytes" | "characters",
-#                    "alphabet_reason"} (tokenizer.json only; its normalization is "none",
+#                    "alphabet_reason", "byte_fallback"} (tokenizer.json only; its normalization
+#                   is "nfc" or "nfc_lowercase"; files learned before 2026-11-26: "none",
 #                   "lowercase", "nfkc" or "nfkc_lowercase")
 #   hangul_coverage "ksx1001" (the 2,350 KS X 1001 syllables reserved as 가 and ##가) | "none",
 #                   with hangul_coverage_reason; absent from files written before it existed
