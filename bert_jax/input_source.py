@@ -77,7 +77,9 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
       max_instances_per_pack=layout.get("max_instances_per_pack", 0),
       pack_chunk_size=layout.get("pack_chunk_size") or 1024,
       masking_scheme=config.get("masking", "token"),
-      span_boundaries=config.get("masking", "token") == "span")   # SpanBERT's SBO targets
+      span_boundaries=config.get("masking", "token") == "span",   # SpanBERT's SBO targets
+      mask_replace_prob=config.get("mask_replace_prob", 0.8),    # BERT's 80/10/10 where a
+      random_replace_prob=config.get("random_replace_prob", 0.1))  # config has no such field
   return pretrain_input.as_numpy_batches(ds)
 
 

@@ -32,6 +32,10 @@ def check_config_values(config):
   if not 0 < prob < 1:
     raise PreflightError(f"config.masked_lm_prob={prob!r}: expected a fraction of the tokens "
                          "between 0 and 1 (the paper's 0.15).")
+  problem = _replacement_problem(config.get("mask_replace_prob", 0.8),
+                                 config.get("random_replace_prob", 0.1))
+  if problem:
+    raise PreflightError(problem)
   if config.max_predictions_per_seq > config.seq_length:
     raise PreflightError(f"config.max_predictions_per_seq={config.max_predictions_per_seq} > "
                          f"config.seq_length={config.seq_length}: at most one prediction per "
@@ -42,6 +46,15 @@ def check_config_values(config):
   if "max_consecutive_skips" in config and config.max_consecutive_skips < 0:
     raise PreflightError(f"config.max_consecutive_skips={config.max_consecutive_skips}: expected "
                          ">= 0 (0 = never stop on NaN/Inf steps, only skip them).")
+
+
+def _replacement_problem(mask_replace_prob, random_replace_prob):
+  # masking.py's rule, imported here only when a value is not BERT's (masking imports TF, which a
+  # synthetic-data run never loads).
+  if (mask_replace_prob, random_replace_prob) == (0.8, 0.1):
+    return None
+  from data_pipelines import masking  # pylint: disable=g-import-not-at-top
+  return masking.check_replacement(mask_replace_prob, random_replace_prob, prefix="config.")
 
 
 def check_data_contract(files, field, config, vocab, log=print, model_config=None):

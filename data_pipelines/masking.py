@@ -10,7 +10,10 @@ The recipe follows google-research/bert's `create_masked_lm_predictions`:
     counts the candidates (google-research/bert counts [CLS] and the [SEP]s too, i.e. 3 more tokens,
     which moves the expected count at seq 128 by ~0.45 of a prediction), and never more than n;
   * each selected token becomes [MASK] 80% of the time, a random non-special token 10% and stays
-    unchanged 10% (drawn per token, as google-research/bert does, whole-word masking included);
+    unchanged 10% (drawn per token, as google-research/bert does, whole-word masking included).
+    The split is `mask_replace_prob` / `random_replace_prob` (transformers'
+    DataCollatorForLanguageModeling names; the rest, 1 - both, stays unchanged): 0.8 / 0.1 by
+    default, 1.0 / 0.0 for NeoBERT (every selected token becomes [MASK]);
   * whole-word masking selects words (a piece plus its "##" continuations) in random order,
     skipping a word that would overflow num_to_predict: the greedy rule of google-research/bert.
     Records made with `--word_boundaries=jieba` also carry `word_continues` (1 where a token
@@ -40,6 +43,7 @@ which makes a resumed pipeline reproduce the masks of an uninterrupted one.
 """
 
 import dataclasses
+import numbers
 
 import numpy as np
 
@@ -59,6 +63,10 @@ class MaskConfig:
   max_ngram: int = 3           # ngram: n <= 3, p(n) proportional to 1/n
   span_p: float = 0.2          # span: geometric(p) lengths in words ...
   max_span: int = 10           # ... clipped at 10 words
+  # What a selected token becomes: [MASK] with this probability, a random non-special token with
+  # random_replace_prob, itself otherwise (BERT's 80/10/10; NeoBERT 1.0 / 0.0).
+  mask_replace_prob: float = 0.8
+  random_replace_prob: float = 0.1
 
   @property
   def random_token_ids(self):
@@ -69,8 +77,24 @@ class MaskConfig:
 SCHEMES = ("token", "ngram", "span")
 
 
+def check_replacement(mask_replace_prob, random_replace_prob, prefix=""):
+  """None, or the one-line reason the [MASK] / random / unchanged split is impossible: each a
+  probability in [0, 1], the two summing to at most 1 (the rest stays unchanged). prefix: how
+  the caller names the fields ("config." for the trainer's)."""
+  for name, value in (("mask_replace_prob", mask_replace_prob),
+                      ("random_replace_prob", random_replace_prob)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+      return (f"{prefix}{name}={value!r}: expected a probability in [0, 1] of a selected token "
+              "(BERT: mask_replace_prob 0.8, random_replace_prob 0.1; NeoBERT: 1.0 and 0.0).")
+  if mask_replace_prob + random_replace_prob > 1:
+    return (f"{prefix}mask_replace_prob={mask_replace_prob} + {prefix}random_replace_prob="
+            f"{random_replace_prob} = {mask_replace_prob + random_replace_prob:g} > 1: the two "
+            "split the selected tokens (the rest, 1 - both, stays unchanged); lower one of them.")
+  return None
+
+
 def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, whole_word_masking,
-                           scheme="token"):
+                           scheme="token", mask_replace_prob=0.8, random_replace_prob=0.1):
   if scheme not in SCHEMES:
     raise ValueError(f"masking scheme {scheme!r}: expected one of {SCHEMES} (token = BERT, "
                      "ngram = ALBERT, span = SpanBERT).")
@@ -80,6 +104,9 @@ def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, wh
   if max_predictions_per_seq < 1:
     raise ValueError(f"max_predictions_per_seq={max_predictions_per_seq}: expected >= 1 "
                      "(20 for seq 128, 80 for seq 512 in the BERT recipe).")
+  problem = check_replacement(mask_replace_prob, random_replace_prob)
+  if problem:
+    raise ValueError(problem)
   is_special = np.asarray(vocab.is_special, dtype=bool)
   if is_special.all():
     raise ValueError(f"vocab {vocab.path or '<in memory>'}: every id is special, nothing to mask.")
@@ -87,7 +114,9 @@ def mask_config_from_vocab(vocab, *, masked_lm_prob, max_predictions_per_seq, wh
                     is_continuation=np.asarray(vocab.is_continuation, dtype=bool),
                     masked_lm_prob=float(masked_lm_prob),
                     max_predictions_per_seq=int(max_predictions_per_seq),
-                    whole_word_masking=bool(whole_word_masking), scheme=scheme)
+                    whole_word_masking=bool(whole_word_masking), scheme=scheme,
+                    mask_replace_prob=float(mask_replace_prob),
+                    random_replace_prob=float(random_replace_prob))
 
 
 def _num_to_predict(num_candidates, cfg):
@@ -325,8 +354,12 @@ def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
     positions = _select_tokens(cand, ntp, select_key, num_preds)
   valid = positions < seq  # [B, P]; real slots come first since padding sorts last
 
-  # 80% [MASK], 10% random non-special token, 10% unchanged, per selected token (per span with
-  # scheme="span": every token of a span gets its span's draw, as SpanBERT).
+  # [MASK] if action < mask_replace_prob (0.8), unchanged up to 1 - random_replace_prob (0.9),
+  # a random non-special token above (BERT's 80/10/10), per selected token (per span with
+  # scheme="span": every token of a span gets its span's draw, as SpanBERT). The thresholds are
+  # 0.8 and 1 - 0.1 = 0.9 exactly as the literals they replace (the same float32 constants, the
+  # same draws: default masks are bit for bit what they were); 1.0 / 0.0 puts every action,
+  # uniform in [0, 1), below both: all [MASK], as NeoBERT's collator.
   action = tf.random.stateless_uniform([batch, num_preds], seed=action_key)
   if cfg.scheme == "span":
     per_rank = tf.random.stateless_uniform([batch, seq], seed=action_key)
@@ -338,7 +371,9 @@ def mask_batch(input_ids, input_mask, key, cfg, word_continues=None):
   # One extra column takes the writes of padding slots, so they never touch a real token.
   padded = tf.pad(input_ids, [[0, 0], [0, 1]])  # [B, S + 1]
   original = tf.gather(padded, positions, batch_dims=1)  # [B, P]
-  new = tf.where(action < 0.8, cfg.mask_id, tf.where(action < 0.9, original, random_ids))
+  keep_below = 1.0 - cfg.random_replace_prob
+  new = tf.where(action < cfg.mask_replace_prob, cfg.mask_id,
+                 tf.where(action < keep_below, original, random_ids))
   rows = tf.broadcast_to(tf.range(batch)[:, None], [batch, num_preds])
   masked = tf.tensor_scatter_nd_update(padded, tf.stack([rows, positions], axis=-1), new)
 

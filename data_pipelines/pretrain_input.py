@@ -301,7 +301,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
                           start_batch=0, shuffle_buffer=10000,
                           num_parallel_calls=tf.data.AUTOTUNE, premasked=None, pack=False,
                           max_instances_per_pack=0, pack_chunk_size=packing.DEFAULT_CHUNK_SIZE,
-                          expanded=False, masking_scheme="token", span_boundaries=False):
+                          expanded=False, masking_scheme="token", span_boundaries=False,
+                          mask_replace_prob=0.8, random_replace_prob=0.1):
   """Masked (and optionally packed) pre-training batches for this host; see the module docstring.
 
   Args:
@@ -330,6 +331,8 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     span_boundaries: add masked_lm_span_left/right [batch, P] (SpanBERT's SBO targets:
       masking.span_boundaries, computed after packing, where runs never cross instances since
       [CLS]/[SEP] are never masked).
+    mask_replace_prob, random_replace_prob: what a selected token becomes ([MASK] / a random
+      token; the rest unchanged): BERT's 0.8 / 0.1, NeoBERT's 1.0 / 0.0 (masking.py).
   Returns:
     tf.data.Dataset of dicts. Unpacked (BATCH_KEYS): [batch, seq] int32 input_ids/input_mask/
     segment_ids, [batch, P] int32 masked_lm_positions/masked_lm_ids, [batch, P] float32
@@ -351,12 +354,14 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
   found_premasked, word_boundaries = _records_format(
       files, seq_length, max_predictions_per_seq, premasked=premasked,
       masked_lm_prob=masked_lm_prob, whole_word_masking=whole_word_masking,
-      masking_scheme=masking_scheme)
+      masking_scheme=masking_scheme,
+      replacement=(mask_replace_prob, random_replace_prob))
   cfg = None
   if not found_premasked:
     cfg = masking.mask_config_from_vocab(
         vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
-        whole_word_masking=whole_word_masking, scheme=masking_scheme)
+        whole_word_masking=whole_word_masking, scheme=masking_scheme,
+        mask_replace_prob=mask_replace_prob, random_replace_prob=random_replace_prob)
   s = _Stream(seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
               premasked=found_premasked, mask_cfg=cfg, seed=seed, shuffle=shuffle, repeat=repeat,
               shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls,
@@ -392,7 +397,7 @@ def _check_arguments(*, batch_size, seq_length, max_predictions_per_seq, start_b
 
 
 def _records_format(files, seq_length, max_predictions_per_seq, *, premasked, masked_lm_prob,
-                    whole_word_masking, masking_scheme):
+                    whole_word_masking, masking_scheme, replacement=(0.8, 0.1)):
   """(pre-masked, word boundaries) of this host's records, refusing flags they contradict."""
   found_premasked, word_boundaries = inspect_files(files, seq_length, max_predictions_per_seq)
   if word_boundaries and not whole_word_masking:
@@ -408,7 +413,9 @@ def _records_format(files, seq_length, max_predictions_per_seq, *, premasked, ma
         f"premasked={premasked}; pass premasked=None to detect the format.")
   ignored = [f for f, on in (("masked_lm_prob", masked_lm_prob != 0.15),
                                ("whole_word_masking", whole_word_masking),
-                               ("masking", masking_scheme != "token")) if on]
+                               ("masking", masking_scheme != "token"),
+                               ("mask_replace_prob", replacement[0] != 0.8),
+                               ("random_replace_prob", replacement[1] != 0.1)) if on]
   if found_premasked and ignored:
     # google-research/bert's records carry their masks: a masking flag would change nothing.
     raise InputPipelineError(

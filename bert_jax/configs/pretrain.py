@@ -93,6 +93,11 @@ def _input_fields(c):
   c.seq_length = 128
   c.max_predictions_per_seq = 20   # ~ 0.15 * 128 rounded up, as google-research/bert
   c.masked_lm_prob = 0.15
+  # What a selected token becomes (transformers' DataCollatorForLanguageModeling names): [MASK]
+  # with mask_replace_prob, a random token with random_replace_prob, itself otherwise. BERT's
+  # 80/10/10; NeoBERT 1.0 / 0.0 (every one [MASK]). data_pipelines/masking.py.
+  c.mask_replace_prob = 0.8
+  c.random_replace_prob = 0.1      # the rest, 1 - both, stays as it was (BERT's 10%)
   # Whole words ("##" pieces; Chinese words too when the records carry jieba boundaries, which
   # then require it: docs/non_english.md).
   c.whole_word_masking = False

@@ -11,7 +11,8 @@ What differs from BERT, each a BertConfig field (model.py) rather than a second 
                               its bias, as HF's decoder_bias=True)
   (NeoBERT) mlm_transform=False, tie_word_embeddings=False: its NeoBERTLMHead, an untied
                               nn.Linear(H, V) with a bias on the final norm's output
-  type_vocab_size=0, no pooler, MLM only (30%, no sentence objective)
+  type_vocab_size=0, no pooler, MLM only (30%, no sentence objective; NeoBERT 20%, all [MASK]:
+                              `recipe`)
 
 Parameter tree against transformers' ModernBertForMaskedLM (convert/modernbert.py maps them):
   bert/embeddings/word_embeddings/embedding [V, H]    model.embeddings.tok_embeddings.weight
@@ -96,11 +97,36 @@ def check_config(config):
 BATCH_WARMUP = {"modernbert-base": (4_608, 768, 50e9), "modernbert-large": (4_928, 448, 10e9)}
 
 
+# NeoBERT's pre-training, from its reference code (github.com/chandar-lab/NeoBERT, the mirror's
+# HEAD ed75b68): conf/pretraining.yaml (defaults: datacollator mlm_20, optimizer adamw, scheduler
+# cosine_decay, trainer mlm) run by jobs/neobert.sh. Only fields our config has; what it cannot
+# say (the cosine schedule, decay on every tensor, the 4,096 phase) is in docs/models.md.
+NEOBERT_RECIPE = dict(
+    # conf/datacollator/mlm_20.yaml lines 1, 3: mlm_probability 0.20, mask_all true, which picks
+    # src/neobert/collator/collator.py's CustomCollatorForMLM: "100% MASK" (lines 11, 27-28),
+    # every selected token becomes [MASK], none random, none kept.
+    masked_lm_prob=0.2, mask_replace_prob=1.0, random_replace_prob=0.0,
+    # jobs/neobert.sh line 49 tokenizer.max_length=1024 (conf/tokenizer/google.yaml line 4);
+    # rows: 8 GPUs x dataloader.train.batch_size 64 (line 48) x gradient_accumulation_steps 4
+    # (line 47) = 2,048 x 1,024 = 2,097,152 tokens a step (2M; x 1M steps = 2.1T tokens).
+    seq_length=1_024, batch_size=2_048,
+    # conf/trainer/mlm.yaml line 5 max_steps 1,000,000; conf/scheduler/cosine_decay.yaml line 1
+    # warmup_steps 2,000 (its cosine to 10% by step 900,000 has no field here: linear stays).
+    num_train_steps=1_000_000, warmup_steps=2_000,
+    # conf/optimizer/adamw.yaml lines 1-6: torch AdamW, lr 1e-4, betas (0.9, 0.95), eps 1e-8,
+    # weight_decay 0.01; conf/trainer/mlm.yaml line 7 gradient_clipping 1 (norm 1.0).
+    optimizer="adamw", learning_rate=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
+    clip_norm=1.0)
+
+
 def recipe(c, preset):
   """ModernBERT's pre-training (Warner et al. 2024, section 2.2): MLM at 30% with no sentence
   objective (records from create_pretraining_data --no_nsp), 1,024-token rows in its first
-  phase. Predictions per row as google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024."""
+  phase. Predictions per row as google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024.
+  neobert: NeoBERT's (NEOBERT_RECIPE): 20%, all [MASK], 209 predictions at 1,024."""
   c.masked_lm_prob = 0.3
+  if preset == "neobert":
+    c.update(NEOBERT_RECIPE)
   if preset in BATCH_WARMUP:   # the first phase's batch and its warmup (base, large)
     c.batch_size, c.batch_size_warmup_min_size, c.batch_size_warmup_tokens = BATCH_WARMUP[preset]
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
