@@ -205,3 +205,12 @@ def test_other_presets_keep_80_10_10_and_their_values(preset, prob):
   if preset.startswith("modernbert"):   # the neobert values did not leak into ModernBERT's
     assert (c.seq_length, c.b2, c.eps, c.warmup_steps, c.num_train_steps) == (
         128, 0.999, 1e-6, 10_000, 900_000)
+
+
+def test_runlocal_predictions_follow_the_masking_rate():
+  # runlocal's 128-token rows: google's int((p + 0.005) x 128), at least BERT's 20. A fixed 20
+  # capped ModernBERT's 30% at 20 of its 39 predictions a row and NeoBERT's 20% at 20 of 26.
+  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
+  want = {"tiny": 20, "albert-tiny": 20, "modernbert-tiny": 39, "neobert": 26}
+  got = {p: pretrain.get_config(f"{p},runlocal").max_predictions_per_seq for p in want}
+  assert got == want
