@@ -137,10 +137,11 @@ def test_task_of_a_tree():
 
 @pytest.mark.slow
 def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path):  # noqa: F811
-  """docs/models.md's way back: a 2-step glue_sst2 fine-tune of the converted model, then
-  `python -m bert_jax.convert --input=WORKDIR`: transformers' AutoModelForSequenceClassification
-  on the folder, with its AutoTokenizer's ids (= ours), gives our logits on real text; a tagging
-  run is one error line, exit 2, nothing written."""
+  """docs/models.md's way back: a 2-step glue_sst2 fine-tune of the converted model (its best
+  export names the bundled tokenizer.json: modernbert_cli_test's fine-tune check, made on this
+  run), then `python -m bert_jax.convert --input=WORKDIR`: transformers'
+  AutoModelForSequenceClassification on the folder, with its AutoTokenizer's ids (= ours), gives
+  our logits on real text; a tagging run is one error line, exit 2, nothing written."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
@@ -150,7 +151,15 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
   config = finetune_test._config("glue_sst2", (export, ""), tmp_path, num_train_epochs=1.0,
                                  do_predict=False, log_every=1)
   workdir = str(tmp_path / "run")
-  assert finetune.finetune(config, workdir)["steps"] == 2
+  summary = finetune.finetune(config, workdir)
+  assert summary["steps"] == 2 and 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
+  best = summary["best_checkpoint"]
+  with open(os.path.join(best, "bert_config.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  assert meta["tokenizer_json"] == os.path.join(export, "tokenizer.json")
+  assert meta["bert_config"]["family"] == "modernbert" and "vocab_file" not in meta
+  m = inference.load_for_inference(best, with_params=False)   # its export names its tokenizer
+  assert m.tokenizer_json == meta["tokenizer_json"] and m.tokenizer.vocab.size == 405
   out = str(tmp_path / "hf")
   run = _run("bert_jax.convert", f"--input={workdir}", f"--output={out}", cache=tmp_path)
   assert run.returncode == 0 and run.stderr == "", run.stderr
