@@ -7,6 +7,8 @@ byte-level BPE learned with the `tokenizers` library on the Python standard libr
 (real English), no prefix space, [UNK] [CLS] [SEP] [PAD] [MASK] added after the learned ids
 (ids 400..404, as ModernBERT's 50280..50284) and 416 embedding rows for its 405 ids (ModernBERT
 pads 50,280 to 50,368). The export bundles that tokenizer.json; inference reads it from there.
+The fine-tune of that export (glue_sst2, 2 steps) is checked in modernbert_export_test, which
+exports it back (one fine-tune for both); the CLI and training runs are the slow tier.
 """
 
 import json
@@ -106,12 +108,20 @@ def _texts(lines, n=3):
   raise AssertionError("too few docstring sentences")
 
 
-def _hf_probabilities(folder, text):
-  import torch  # pylint: disable=g-import-not-at-top
+@pytest.fixture(scope="module")
+def hf_mlm(hf_folder):
+  """transformers' tokenizer and ModernBertForMaskedLM of hf_folder, loaded once (its `.model`
+  is the ModernBertModel, final norm included)."""
   import transformers  # pylint: disable=g-import-not-at-top
-  tok = hf_tokenizer(os.path.join(folder, "tokenizer.json"))
-  model = transformers.ModernBertForMaskedLM.from_pretrained(
-      folder, attn_implementation="eager").eval()
+  folder = hf_folder["folder"]
+  return (hf_tokenizer(os.path.join(folder, "tokenizer.json")),
+          transformers.ModernBertForMaskedLM.from_pretrained(
+              folder, attn_implementation="eager").eval())
+
+
+def _hf_probabilities(hf_mlm, text):
+  import torch  # pylint: disable=g-import-not-at-top
+  tok, model = hf_mlm
   enc = tok(text, return_tensors="pt")
   with torch.no_grad():
     logits = model(**enc).logits[0]
@@ -122,12 +132,12 @@ def _hf_probabilities(folder, text):
 # ----------------------------------------------------------------------------------------------
 # predict and extract_features read the bundled tokenizer.json.
 # ----------------------------------------------------------------------------------------------
-def test_fill_mask_equals_transformers(hf_folder, export):
+def test_fill_mask_equals_transformers(hf_folder, export, hf_mlm):
   p = predict.load(export)
   assert p.tokenizer_json == os.path.join(export, "tokenizer.json") and p.vocab_file is None
   assert p.config.vocab_size == ROWS and p.tokenizer.vocab.size == 405
   for text in _texts(hf_folder["lines"]):
-    ids, probs = _hf_probabilities(hf_folder["folder"], text)
+    ids, probs = _hf_probabilities(hf_mlm, text)
     assert predict.encode(p, text)[0][0].tolist() == ids   # [CLS] ... [SEP], same pieces
     ours = predict.predict(p, text, top_k=5)["masks"][0]
     top = np.argsort(-probs, kind="stable")[:5]
@@ -136,12 +146,12 @@ def test_fill_mask_equals_transformers(hf_folder, export):
     assert [t for t, _, _ in ours] == p.tokenizer.id_to_token(top)
 
 
-def test_features_equal_transformers_and_words_keep_their_sentence_ids(hf_folder, export):
+def test_features_equal_transformers_and_words_keep_their_sentence_ids(hf_folder, export,
+                                                                       hf_mlm):
   """Each line is encoded whole (a word's first piece carries the space before it, 'Ġthe', as
   in the model's input) and every piece knows its word; the last layer equals transformers'
   last hidden state (its final norm included)."""
   import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import extract_features as ef  # pylint: disable=g-import-not-at-top
   m = inference.load_for_inference(export)
   # The docstring lines, and CoNLL's first sentence: 'Ġ' 'G' 'er' 'm' 'an' for " German".
@@ -151,9 +161,9 @@ def test_features_equal_transformers_and_words_keep_their_sentence_ids(hf_folder
   arrays, truncated = ef.extract(inputs, m.tokenizer, m.params["bert"], m.config, layers=[-1],
                                  max_seq_length=64, batch_size=2)
   assert truncated == 0
-  tok = hf_tokenizer(os.path.join(hf_folder["folder"], "tokenizer.json"))
-  model = transformers.ModernBertModel.from_pretrained(
-      hf_folder["folder"], attn_implementation="eager").eval()
+  tok, mlm = hf_mlm
+  model = mlm.model   # transformers' ModernBertModel: the MLM model's body, final norm included
+  assert type(model).__name__ == "ModernBertModel"
   lone = 0
   for n, line in enumerate(lines):
     a, b = arrays["token_offsets"][n:n + 2]
@@ -257,25 +267,11 @@ def test_predict_and_extract_features_clis(hf_folder, export, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # finetune, continued pre-training and the way back to transformers.
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_two_step_finetune_from_the_export(export, tmp_path):
-  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
-  finetune_test._sst2(tmp_path, np.random.default_rng(0), 16, 8)
-  config = finetune_test._config("glue_sst2", (export, ""), tmp_path, num_train_epochs=1.0,
-                                 do_predict=False, log_every=1)
-  summary = finetune.finetune(config, str(tmp_path / "run"))
-  assert summary["steps"] == 2 and 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
-  best = summary["best_checkpoint"]
-  with open(os.path.join(best, "bert_config.json"), encoding="utf-8") as f:
-    meta = json.load(f)
-  assert meta["tokenizer_json"] == os.path.join(export, "tokenizer.json")
-  assert meta["bert_config"]["family"] == "modernbert" and "vocab_file" not in meta
-  m = inference.load_for_inference(best, with_params=False)   # its export names its tokenizer
-  assert m.tokenizer_json == meta["tokenizer_json"] and m.tokenizer.vocab.size == 405
+# The 2-step glue_sst2 fine-tune from the export (its summary, and its best export naming the
+# bundled tokenizer.json) is checked in modernbert_export_test's
+# test_fine_tuned_workdir_exports_through_the_cli, which exports that same run: one fine-tune.
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_one_step_squad_from_the_export(export, tmp_path):
   """SQuAD through finetune on the bundled tokenizer.json (squad_bpe_test checks the ids and
@@ -301,6 +297,7 @@ def test_one_step_squad_from_the_export(export, tmp_path):
   assert all(text and text in contexts[q] and text == text.strip() for q, text in preds.items())
 
 
+@pytest.mark.slow   # end to end: records, a training run, the export back
 def test_continued_pretraining_then_export_back_to_transformers(hf_folder, export, tmp_path):
   """docs/models.md's walkthrough on the tiny model: records made with the export's
   tokenizer.json, `train` from the export (modernbert-tiny, its 416 padded rows kept), then
@@ -313,7 +310,8 @@ def test_continued_pretraining_then_export_back_to_transformers(hf_folder, expor
   from data_pipelines import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
   tokenizer = os.path.join(export, "tokenizer.json")
   corpus = tmp_path / "corpus.txt"
-  corpus.write_text("\n".join(hf_folder["lines"]) + "\n", encoding="utf-8")
+  # 200 of the 1,072 lines: ~2,500 words, ~50 rows of 64 tokens for the 2 x 8 the run reads.
+  corpus.write_text("\n".join(hf_folder["lines"][:200]) + "\n", encoding="utf-8")
   cpd.run(cpd.Config(input_file=str(corpus), output_dir=str(tmp_path / "records"),
                      tokenizer_json=tokenizer, no_nsp=True, max_seq_length=64, dupe_factor=1,
                      num_shards=1), show_progress=False)
