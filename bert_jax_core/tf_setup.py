@@ -11,6 +11,7 @@ probing for a GPU we hide from it anyway). The import runs with stderr captured;
 lines (NOISE) are dropped and every other line is written back to stderr. BERT_JAX_TF_LOGS=1
 shows them all.
 """
+import importlib.abc
 import os
 import sys
 import tempfile
@@ -36,10 +37,40 @@ NOISE = (
 )
 
 
+# `import tensorflow` imports keras (tf.keras), and keras imports scikit-learn (its sklearn
+# wrappers) and matplotlib (its image-gallery plot) for features an input pipeline never uses:
+# 2.3 of the 9 CPU seconds TF's import took on the 2-core box (2026-11-26: 8.8-9.1 s -> 6.6 s,
+# `import tensorflow, tensorflow_text` and one tf.data map), in every process that reads data
+# (each CLI, each create_pretraining_data worker). keras imports both inside try/except
+# ImportError (keras/src/wrappers/fixes.py, keras/src/visualization/plot_image_gallery.py), so
+# during TF's import only they are reported missing; afterwards they import as usual (the
+# report's matplotlib, the tests' sklearn). Only keras' own sklearn wrappers and image gallery
+# lose them, in this process.
+SKIPPED_DURING_TF_IMPORT = ("sklearn", "matplotlib")
+
+
+class _SkipDuringImport(importlib.abc.MetaPathFinder):
+  """Reports SKIPPED_DURING_TF_IMPORT as not installed while installed on sys.meta_path."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    del path, target
+    if fullname.split(".")[0] in SKIPPED_DURING_TF_IMPORT:
+      raise ModuleNotFoundError(f"No module named {fullname!r} (skipped while importing "
+                                "tensorflow: bert_jax_core.tf_setup)", name=fullname)
+    return None
+
+
 def _import_tensorflow():
   """tensorflow, imported (and hidden from accelerators) with its start-up noise filtered."""
   def load():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    skip = _SkipDuringImport()
+    if "tensorflow" not in sys.modules:
+      sys.meta_path.insert(0, skip)
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    finally:
+      if skip in sys.meta_path:
+        sys.meta_path.remove(skip)
     try:
       tf.config.set_visible_devices([], "GPU")
       tf.config.set_visible_devices([], "TPU")
