@@ -5,8 +5,14 @@ import tempfile
 
 import pytest
 
-# Must be set before jax is imported anywhere in the test process.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+from tests import xla_test_flags  # noqa: E402  pylint: disable=g-import-not-at-top
+
+# Must be set before jax is imported anywhere in the test process. The optimisation level is
+# the one for the programs a test starts (tests/xla_test_flags.py: why, with the figures).
+os.environ.setdefault("XLA_FLAGS", xla_test_flags.with_devices(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One persistent JAX compilation cache for the whole run, shared by both xdist workers and every
@@ -23,9 +29,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # runs beside a CI run), which fails the tests that check a run's stderr is empty. A whole run's
 # cache is ~200 MB (187 MB, 9,596 files after a day of runs here).
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
 # requirements-test.txt installs libtpu (bert_jax.plan's TPU compiler). On a host without TPU
 # chips JAX would still try to start a TPU backend with it and print libtpu's errors: the
 # programs' own start-up rule (bert_jax_core/platforms.py), applied here before any test imports
@@ -33,6 +36,11 @@ if ROOT not in sys.path:
 from bert_jax_core import platforms  # noqa: E402  pylint: disable=g-import-not-at-top
 
 platforms.choose_jax_platforms()
+import jax  # noqa: E402  pylint: disable=g-import-not-at-top,g-bad-import-order
+
+# This process's own compiles: XLA level 0 (tests/xla_test_flags.py).
+jax.config.update("jax_disable_most_optimizations",
+                  xla_test_flags.IN_PROCESS_DISABLE_MOST_OPTIMIZATIONS)
 
 
 # The two xdist workers take the longest units first (tests/xdist_order.py says why and how).

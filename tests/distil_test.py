@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+
+from tests import xla_test_flags
 from flax import linen as nn
 
 from bert_jax import distil
@@ -363,7 +365,7 @@ def test_two_host_pod_distils_like_one_host_with_the_teacher_sharded_across_host
             "--config.batch_size=16", "--config.warmup_steps=2", "--config.log_every=1",
             "--config.checkpoint_every=4", "--config.async_checkpointing=False",
             "--config.num_train_steps=4", "--config.mesh_shape=(1,8,1)"]
-  single_env = dict(mh._env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")  # pylint: disable=protected-access
+  single_env = dict(mh._env(), XLA_FLAGS=xla_test_flags.with_devices(8))  # pylint: disable=protected-access
 
   def single(preset, workdir, *extra):
     r = subprocess.run([sys.executable, "-m", "bert_jax.train",

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests import pod_testlib
+from tests import xla_test_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +28,7 @@ def _pod(late, workdir, env=(), timeout_seconds=300):
   tests/late_host.py's P:SECONDS:FUNCTION. A failed process's peers get 60 s to stop on their
   own (the launcher would kill them at once), so every host's last line is in the output."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **dict(env))
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_test_flags.SUBPROCESS   # local_pod adds each host's devices
   r = subprocess.run([*pod_testlib.pod_command(), "--peer_grace_seconds=60",
                       f"--timeout_seconds={timeout_seconds}", "--",
                       "tests.late_host", late, *TRAIN_ARGS, f"--workdir={workdir}"],

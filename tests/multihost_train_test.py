@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests import pod_testlib
+from tests import xla_test_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,6 +21,7 @@ def _env():
   # As a user runs them: no TF_CPP_MIN_LOG_LEVEL (it hid what the programs print, issue 32).
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")}
   env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = xla_test_flags.SUBPROCESS   # local_pod adds each host's devices
   return env
 
 
@@ -44,7 +46,7 @@ def _single(workdir, steps):
   # No JAX_PLATFORMS, as a user types it: on a CPU host with libtpu installed (the test
   # requirements) bert_jax_core/platforms.py picks the CPU, and the run says nothing on stderr.
   env = {k: v for k, v in _env().items() if k != "JAX_PLATFORMS"}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  env["XLA_FLAGS"] = xla_test_flags.with_devices(8)
   r = subprocess.run([sys.executable, "-m", *TRAIN_ARGS, f"--workdir={workdir}",
                       f"--config.num_train_steps={steps}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
@@ -115,7 +117,7 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
   assert r.returncode == 0, pod_testlib.failure(r)
   _assert_only_ours(r.stdout + r.stderr)
   assert "[p0] summary (finetune): finished: steps 0 -> 16 of 16" in r.stdout, r.stdout[-3000:]
-  env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = dict(_env(), XLA_FLAGS=xla_test_flags.with_devices(8))
   r = subprocess.run([sys.executable, "-m", *args, f"--workdir={tmp_path / 'one'}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from bert_jax import plan as plan_lib
@@ -38,6 +39,18 @@ def libtpu():
     if os.environ.get("CI"):
       pytest.fail("libtpu is not installed: pip install -r requirements-test.txt")
     pytest.skip("libtpu not installed (pip install -r requirements-test.txt)")
+
+
+@pytest.fixture(autouse=True)
+def tpu_programs_as_users_compile_them(monkeypatch):
+  """The suite lowers XLA's optimisation for its CPU programs (tests/xla_test_flags.py); a TPU
+  program's memory and FLOPs are these tests' claims, so they compile with XLA's defaults, in this
+  process and in the compile processes they start."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  was = jax.config.jax_disable_most_optimizations
+  jax.config.update("jax_disable_most_optimizations", False)
+  yield
+  jax.config.update("jax_disable_most_optimizations", was)
 
 
 def config(preset="tiny", batch=16, **fields):

@@ -19,6 +19,7 @@ import pytest
 
 from data_pipelines import pretrain_input as pi
 from tests import pod_testlib
+from tests import xla_test_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,14 +93,14 @@ def _args(records, workdir, steps, preset="albert-tiny"):
 
 def _env():
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_test_flags.SUBPROCESS   # local_pod adds each host's devices
   return env
 
 
 def _train(records, workdir, steps, hosts, preset="albert-tiny"):
   if hosts == 1:
     cmd = [sys.executable, "-m", *_args(records, workdir, steps, preset)]
-    env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(_env(), XLA_FLAGS=xla_test_flags.with_devices(8))
   else:
     cmd = [*pod_testlib.pod_command(hosts, 8 // hosts), "--timeout_seconds=500", "--",
            *_args(records, workdir, steps, preset)]
