@@ -395,78 +395,141 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
 
 def _train_and_evaluate(config, workdir):
-  # --- Set-up and validation (no compute before this passes). ---
   clock = metrics_writer.Clock()  # the summary's wall time: set-up, compilation and all
+  run = prepare_run(config, workdir)   # every check, before any compute
+  if run.latest is not None and run.latest >= run.total_steps:  # finished: say so, do nothing
+    run.manager.close()
+    return nothing_to_do(config, workdir, run.latest, run.is_main)
+  # --- Input: batch i of the stream is the global batch of step i + 1 (a warmup's step s: its
+  # k(s) batches from ramp.position(s - 1)). Its first batch is checked before the model exists
+  # (bad records: one line in seconds, not after compiling). ---
+  unit_rows = run.ramp.unit // jax.process_count()
+  train_iter = first_checked_batch(
+      input_source.stream(config, run.vocab, run.layout, unit_rows, run.train_files, config.seed,
+                          run.ramp.position(run.latest or 0)),
+      config, run.vocab, run.layout, len(run.train_files), unit_rows, run.is_main)
+  # --- Model, optimizer, shardings, compiled steps; then the state. ---
+  t = build_training(config, run.model_config, run.mesh, run.teacher)  # DistilBERT: its teacher
+  with trainer_lib.mesh_rules(run.mesh):
+    state, start_step = restore_or_init(run.manager, t, config, run.model_config, workdir,
+                                        run.latest, run.teacher)
+  out = RunOutputs(run, t.eval_step)
+  step = train_loop(run, t, state, start_step, train_iter, out)
+  run.manager.wait_until_finished()
+  run.manager.close()
+  out.writer.close()
+  summary = metrics_writer.write_summary(workdir, run_summary(
+      config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
+      total_steps=run.total_steps, history=out.history, last_eval=out.last_eval,
+      flops_per_step=out.flops_per_step, ramp=run.ramp), is_main=run.is_main)
+  return dict(history=out.history, final_step=step, last_eval=out.last_eval,
+              stopped_early=step < run.total_steps, summary=summary)
+
+
+@dataclasses.dataclass
+class Run:
+  """A validated run before its first step: inputs, mesh, batch-size warmup, resume point."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  train_files: list
+  eval_files: list
+  vocab: object
+  model_config: object
+  vocab_hash: str
+  teacher: object
+  mesh: object
+  local_batch: int          # rows of a global batch_size on this host
+  ramp: object              # batch_warmup.Ramp (off: one stream batch of batch_size per step)
+  manager: object           # the checkpoint manager
+  latest: object            # the newest verified step, or None
+  layout: object            # the stream layout fixed at the first run
+  is_main: bool
+  total_steps: int
+
+
+def prepare_run(config, workdir):
+  """Set-up and validation: no compute before this passes."""
   train_files, eval_files, vocab, model_config, vocab_hash, teacher = validate_inputs(
       config, workdir)
-  is_main, total_steps = jax.process_index() == 0, int(config.num_train_steps)
-
-  # --- Mesh: the global batch of a step, k micro-batches of batch_size / k inside it. ---
-  accum = int(config.grad_accum_steps)
-  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, grad_accum_steps=accum)
+  is_main = jax.process_index() == 0
+  # The global batch of a step, k micro-batches of batch_size / k inside it.
+  mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
+                                 grad_accum_steps=int(config.grad_accum_steps))
   local_batch = config.batch_size // jax.process_count()
   print_mesh_line(config, model_config, mesh, local_batch, is_main)
   # A batch-size warmup: step s takes k(s) stream batches of `unit` rows (off: one of batch_size).
   ramp = batch_warmup.from_config(config, mesh)
   if is_main and ramp.on:
     print(ramp.startup_line(), flush=True)
-
   manager, latest, layout = resume_point(config, workdir, train_files, ramp)
   if latest is not None:   # the same model, vocab and teacher, from the checkpoint's meta
     check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher)
-  if latest is not None and latest >= total_steps:  # a finished run: say so, do nothing
-    manager.close()
-    return nothing_to_do(config, workdir, latest, is_main)
+  return Run(config, workdir, train_files, eval_files, vocab, model_config, vocab_hash, teacher,
+             mesh, local_batch, ramp, manager, latest, layout, is_main,
+             int(config.num_train_steps))
 
-  # --- Input: batch i of the stream is the global batch of step i + 1 (a warmup's step s: its
-  # k(s) batches from ramp.position(s - 1)). Its first batch is checked before the model exists
-  # (bad records: one line in seconds, not after compiling). ---
-  batches = functools.partial(input_source.stream, config, vocab, layout, local_batch)
-  unit_rows = ramp.unit // jax.process_count()
-  train_iter = first_checked_batch(
-      input_source.stream(config, vocab, layout, unit_rows, train_files, config.seed,
-                          ramp.position(latest or 0)),
-      config, vocab, layout, len(train_files), unit_rows, is_main)
 
-  # --- Model, optimizer, shardings, compiled steps; then the state. ---
-  t = build_training(config, model_config, mesh, teacher)   # DistilBERT: the teacher loaded
-  with trainer_lib.mesh_rules(mesh):
-    state, start_step = restore_or_init(manager, t, config, model_config, workdir, latest, teacher)
+class RunOutputs:
+  """What a run writes besides its state: metrics (event files, history), evaluations, log lines,
+  checkpoints."""
 
-  def evaluate(step, params):
-    result = evaluate_params(t.eval_step, params, config.eval_steps, mesh,
-                             batches(eval_files, config.seed + 1, 0, train=False))
-    writer.write_scalars(step, result)
-    history["eval"].append((step, result))
-    if is_main:
+  def __init__(self, run, eval_step):
+    self.run, self.eval_step = run, eval_step
+    self.writer = metrics_writer.MetricsWriter(run.workdir, enabled=run.is_main)
+    if run.is_main:
+      self.writer.write_text("config", run.config.to_json_best_effort(indent=2))
+    self.flops_per_step = step_flops(run.config, run.model_config, run.layout, run.teacher)
+    self.history, self.last_eval = dict(train=[], eval=[]), {}
+
+  def evaluate(self, step, params):
+    run, config = self.run, self.run.config
+    batches = input_source.stream(config, run.vocab, run.layout, run.local_batch, run.eval_files,
+                                  config.seed + 1, 0, train=False)
+    result = evaluate_params(self.eval_step, params, config.eval_steps, run.mesh, batches)
+    self.writer.write_scalars(step, result)
+    self.history["eval"].append((step, result))
+    self.last_eval = result
+    if run.is_main:
       print(f"eval @ step {step}: mlm_accuracy {result['eval/mlm_accuracy']:.4f} mlm_loss "
             f"{result['eval/mlm_loss']:.4f}" + "".join(
                 f" {p}_accuracy {result[f'eval/{p}_accuracy']:.4f}" for p in objectives.PARTS
                 if p != "mlm" and f"eval/{p}_accuracy" in result), flush=True)
-    return result
 
-  def save(step, force=False):
-    ckpt_lib.save(manager, step, state, checkpoint_meta(config, step, vocab_hash, model_config,
-                                                        layout, teacher, ramp), force=force)
+  def log(self, step, pending, rate, skipped):
+    """The averages of the steps since the last log line: event file, history, log line."""
+    run = self.run
+    avg = summarize(jax.device_get(pending), rate, run.config, self.flops_per_step)
+    avg["skipped_steps"] = skipped
+    self.writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
+    self.history["train"].append((step, avg))
+    if run.is_main:
+      print(log_line(step, run.total_steps, avg, remaining_rows=(
+          run.ramp.rows_through(run.total_steps) - run.ramp.rows_through(step)
+          if run.ramp.on else None)), flush=True)
 
-  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
-  if is_main:
-    writer.write_text("config", config.to_json_best_effort(indent=2))
-  flops_per_step = step_flops(config, model_config, layout, teacher)
-  history, last_eval, pending = dict(train=[], eval=[]), {}, []
-  timer, step = trainer_lib.StepTimer(), start_step
+  def save(self, step, state, force=False):
+    run = self.run
+    ckpt_lib.save(run.manager, step, state, checkpoint_meta(
+        run.config, step, run.vocab_hash, run.model_config, run.layout, run.teacher, run.ramp),
+                  force=force)
+
+
+def train_loop(run, t, state, start_step, train_iter, out):
+  """Steps start_step + 1 .. total_steps (or until SIGTERM, saved first); returns the last step."""
+  config, ramp, total_steps = run.config, run.ramp, run.total_steps
+  timer, step, pending = trainer_lib.StepTimer(), start_step, []
   # The compiled step of each size (ramp.sizes of them; off: the one), and the global batches.
   steps_of = functools.cache(lambda k: t.train_step if k == ramp.sizes else
                              t.train_step_for(ramp.passes(k)))
-  global_batch, compiled = batch_warmup.GlobalBatches(mesh), set()
+  global_batch, compiled = batch_warmup.GlobalBatches(run.mesh), set()
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10))
-  with trainer_lib.mesh_rules(mesh), distributed.preemption_check() as preempted:
-    if start_step == 0 and eval_files:
-      last_eval = evaluate(0, state["params"])
+  with trainer_lib.mesh_rules(run.mesh), distributed.preemption_check() as preempted:
+    if start_step == 0 and run.eval_files:
+      out.evaluate(0, state["params"])
     for step in range(start_step + 1, total_steps + 1):
-      manager.check_for_errors()   # a failed asynchronous save stops the run here, named
-      profile(config, workdir, step, before=True)
+      run.manager.check_for_errors()   # a failed asynchronous save stops the run here, named
+      profile(config, run.workdir, step, before=True)
       k = ramp.units(step)
       # A warmup's next size compiles (and first runs) here, outside the timed steps.
       fresh = k not in compiled and step > start_step + 1
@@ -478,39 +541,22 @@ def _train_and_evaluate(config, workdir):
       skips.step_done(step, metrics["skipped"])
       timer.step_done(metrics, timed=not fresh)
       pending.append(dict(metrics, batch_size=ramp.rows(step)) if ramp.on else metrics)
-      profile(config, workdir, step, before=False, state=state)
+      profile(config, run.workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
-        avg = summarize(jax.device_get(pending), timer.rate(), config, flops_per_step)
-        avg["skipped_steps"] = skips.flush()
-        writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
-        history["train"].append((step, avg))
-        if is_main:
-          print(log_line(step, total_steps, avg, remaining_rows=(
-              ramp.rows_through(total_steps) - ramp.rows_through(step) if ramp.on else None)),
-                flush=True)
+        out.log(step, pending, timer.rate(), skips.flush())
         pending = []
-      if eval_files and (step % config.eval_every == 0 or step == total_steps):
+      if run.eval_files and (step % config.eval_every == 0 or step == total_steps):
         with timer.paused():
-          last_eval = evaluate(step, state["params"])
+          out.evaluate(step, state["params"])
       if step % config.checkpoint_every == 0 or step == total_steps:
         with timer.paused():
-          save(step)
+          out.save(step, state)
       if step < total_steps and preempted(step):
-        if is_main:
+        if run.is_main:
           print(f"SIGTERM: saving step {step} and exiting", flush=True)
-        save(step, force=True)
+        out.save(step, state, force=True)
         break
-  manager.wait_until_finished()
-  manager.close()
-  writer.close()
-  stopped = step < total_steps
-  summary = metrics_writer.write_summary(workdir, run_summary(
-      config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
-      total_steps=total_steps, history=history, last_eval=last_eval,
-      flops_per_step=flops_per_step, ramp=ramp), is_main=is_main)
-  return dict(history=history, final_step=step, last_eval=last_eval, stopped_early=stopped,
-              summary=summary)
-
+  return step
 
 
 def resume_point(config, workdir, train_files, ramp):
