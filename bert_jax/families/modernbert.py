@@ -135,6 +135,10 @@ def recipe(c, preset):
   # differs from the checkpoint's is taken and said in one line (`phase2`: 160,000, the context
   # extension); theta is no parameter, so the weights load unchanged.
   c.model.rope_theta_global = config_dict.placeholder(float)
+  # The longest row the model takes. None: the preset's (tiny, mini: 1,024; base, large: 8,192).
+  # RoPE has no position table, so it is a limit, not a parameter: benchmarks/long_context.py
+  # trains modernbert-tiny on 8,192-token rows with --config.model.max_position_embeddings=8192.
+  c.model.max_position_embeddings = config_dict.placeholder(int)
 
 
 # ModernBERT's context extension (Warner et al. 2024, section 2.2 and appendix A, Table 3
