@@ -47,7 +47,7 @@ def tpu_programs_as_users_compile_them(monkeypatch):
   program's memory and FLOPs are these tests' claims, so they compile with XLA's defaults, in this
   process and in the compile processes they start."""
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  was = jax.config.jax_disable_most_optimizations
+  was = jax.config.read("jax_disable_most_optimizations")
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", was)
