@@ -495,11 +495,14 @@ class RunOutputs:
                 f" {p}_accuracy {result[f'eval/{p}_accuracy']:.4f}" for p in objectives.PARTS
                 if p != "mlm" and f"eval/{p}_accuracy" in result), flush=True)
 
-  def log(self, step, pending, rate, skipped):
+  def log(self, step, pending, timer, skips):
     """The averages of the steps since the last log line: event file, history, log line."""
     run = self.run
-    avg = summarize(jax.device_get(pending), rate, run.config, self.flops_per_step)
-    avg["skipped_steps"] = skipped
+    # Fetch first: the clock is read once the steps' device work has finished (dispatch is
+    # asynchronous; read before, a window would time its dispatches, not its steps).
+    pending = jax.device_get(pending)
+    avg = summarize(pending, timer.rate(), run.config, self.flops_per_step)
+    avg["skipped_steps"] = skips.flush()
     self.writer.write_scalars(step, metrics_writer.prefixed("train/", avg))
     self.history["train"].append((step, avg))
     if run.is_main:
@@ -543,7 +546,7 @@ def train_loop(run, t, state, start_step, train_iter, out):
       pending.append(dict(metrics, batch_size=ramp.rows(step)) if ramp.on else metrics)
       profile(config, run.workdir, step, before=False, state=state)
       if step % config.log_every == 0 or step == total_steps:
-        out.log(step, pending, timer.rate(), skips.flush())
+        out.log(step, pending, timer, skips)
         pending = []
       if run.eval_files and (step % config.eval_every == 0 or step == total_steps):
         with timer.paused():
