@@ -199,10 +199,11 @@ def finetune(out, preset, workdir, vocab, task, seed, learning_rate=None, epochs
               epochs=len(r["history"]))
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--out_dir", default=os.path.join(ROOT, "runs", "families"))
-  p.add_argument("--steps", type=int, default=600)
+def add_run_flags(p, out_dir, steps_help=None):
+  """The flags every side-by-side benchmark takes: where, how long, the data, the seeds and the
+  fine-tuning rule (this module's and benchmarks/modern_side_by_side.py's)."""
+  p.add_argument("--out_dir", default=os.path.join(ROOT, "runs", out_dir))
+  p.add_argument("--steps", type=int, default=600, help=steps_help)
   p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--dupe_factor", type=int, default=3)
   p.add_argument("--seeds", default="0,1,2")
@@ -210,6 +211,11 @@ def main():
                  help="fine-tuning rate (default: finetune's size-scaled rule)")
   p.add_argument("--ft_epochs", type=float, default=None,
                  help="fine-tuning epochs (default: finetune's size-scaled rule)")
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_run_flags(p, "families")
   p.add_argument("--timing_steps", type=int, default=40,
                  help="steps of the back-to-back timing runs (0: none)")
   p.add_argument("--presets", default=",".join(PRESETS))

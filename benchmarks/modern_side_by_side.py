@@ -106,16 +106,8 @@ def pretrain(out, preset, vocab, steps, batch_size, flops):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--out_dir", default=os.path.join(ROOT, "runs", "modern"))
-  p.add_argument("--steps", type=int, default=600,
-                 help="steps of the model that costs more per step (the other gets more)")
-  p.add_argument("--batch_size", type=int, default=16)
-  p.add_argument("--dupe_factor", type=int, default=3)
-  p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--ft_learning_rate", type=float, default=None,
-                 help="fine-tuning rate (default: finetune's size-scaled rule)")
-  p.add_argument("--ft_epochs", type=float, default=None,
-                 help="fine-tuning epochs (default: finetune's size-scaled rule)")
+  fsbs.add_run_flags(p, "modern", steps_help="steps of the model that costs more per step "
+                     "(the other gets more)")
   args = p.parse_args()
   if args.steps < 1 or args.batch_size < 1 or args.dupe_factor < 1:
     p.error("--steps, --batch_size and --dupe_factor must be at least 1")
