@@ -3,7 +3,9 @@
 The paper's recipe: Adam(b1=0.9, b2=0.999), L2 weight decay 0.01 decoupled from the gradient
 (AdamW), linear warmup over the first 10,000 steps then linear decay to 0, gradient clipping at
 global norm 1.0. google-research/bert uses eps=1e-6 and excludes LayerNorm and biases from
-weight decay; both are the defaults here.
+weight decay; both are the defaults here. Other recipes pick theirs: config.schedule linear
+(BERT's), wsd (ModernBERT's warmup-stable-decay) or cosine (NeoBERT's), and
+config.weight_decay_all_tensors (NeoBERT: norms and biases decay too).
 
 optimizer="adamw" (the default) differs from google-research/bert's `optimization.py` in two
 ways, both as HF's AdamW:
@@ -115,6 +117,12 @@ def decay_mask_fn(params):
   return jax.tree_util.tree_map_with_path(_decays, params)
 
 
+def decay_all_mask_fn(params):
+  """Every tensor decays (config.weight_decay_all_tensors=True): NeoBERT's torch AdamW over
+  model.parameters(), its RMSNorm scales and decoder bias included."""
+  return jax.tree.map(lambda _: True, params)
+
+
 def _lamb(schedule, b1, b2, eps, weight_decay, mask):
   # optax.lamb applies the trust ratio to every parameter; the LAMB paper's BERT recipe
   # (and tf-models' LAMB, exclude_from_layer_adaptation defaulting to the weight-decay
@@ -131,39 +139,38 @@ def _lamb(schedule, b1, b2, eps, weight_decay, mask):
 def create_optimizer(*, learning_rate, warmup_steps, num_train_steps, optimizer="adamw",
                      weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
                      layerwise_lr_decay=1.0, num_layers=0, schedule="linear", decay_steps=0,
-                     final_lr_fraction=0.0):
+                     final_lr_fraction=0.0, weight_decay_all_tensors=False):
   """Returns (optax.GradientTransformation, schedule) for UNBOXED (plain array) params.
 
   One update per optimizer step: gradient accumulation happens before, inside the jitted train
   step (trainer_lib.train_step), so the schedule and Adam's count advance once per step.
   layerwise_lr_decay < 1 (fine-tuning; num_layers = the encoder's L): ELECTRA's per-layer rates,
-  scale_by_layer_depth.
+  scale_by_layer_depth. weight_decay_all_tensors=True decays norms and biases too (NeoBERT's torch
+  AdamW over model.parameters()); False keeps BERT's exclusions (decay_mask_fn).
   """
   _check_decay_value(layerwise_lr_decay)
-  if schedule == "linear":   # BERT's: linear warmup, linear decay to 0 at num_train_steps
-    schedule = create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
-  elif schedule == "wsd":    # ModernBERT's warmup-stable-decay, 1-sqrt decay over decay_steps
-    schedule = create_wsd_schedule(learning_rate, warmup_steps, decay_steps, num_train_steps,
-                                   final_lr_fraction)
-  else:
-    raise OptimizerError(f"config.schedule={schedule!r}: unknown; use 'linear' (BERT) or 'wsd' "
-                         "(warmup-stable-decay with 1-sqrt decay, ModernBERT).")
+  schedule = create_schedule(schedule, learning_rate, warmup_steps, num_train_steps,
+                             decay_steps, final_lr_fraction)
+  if not isinstance(weight_decay_all_tensors, bool):
+    raise OptimizerError(f"config.weight_decay_all_tensors={weight_decay_all_tensors!r}: "
+                         "expected True (decay every tensor, NeoBERT) or False (not norms and "
+                         "biases, BERT).")
+  mask = decay_all_mask_fn if weight_decay_all_tensors else decay_mask_fn
   if optimizer == "stable_adamw":
     # ModernBERT's StableAdamW: per-tensor update clipping (scale_by_stable_adam below).
     tx = stable_adamw(schedule, peak_learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
-                      weight_decay=weight_decay)
+                      weight_decay=weight_decay, mask=mask)
   elif optimizer == "adamw_google":
     # google-research/bert optimization.py: update = m / (sqrt(v) + eps) + decay * param, times
     # the learning rate, on the clipped gradient; no bias correction, google's schedule.
     schedule = create_google_schedule(learning_rate, warmup_steps, num_train_steps)
     tx = optax.chain(scale_by_adam_without_bias_correction(b1, b2, eps),
-                     optax.add_decayed_weights(weight_decay, mask=decay_mask_fn),
+                     optax.add_decayed_weights(weight_decay, mask=mask),
                      optax.scale_by_learning_rate(schedule))
   elif optimizer == "adamw":
-    tx = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                     mask=decay_mask_fn)
+    tx = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
   elif optimizer == "lamb":
-    tx = _lamb(schedule, b1, b2, eps, weight_decay, decay_mask_fn)
+    tx = _lamb(schedule, b1, b2, eps, weight_decay, mask)
   else:
     raise OptimizerError(f"config.optimizer={optimizer!r}: unknown; use 'adamw', 'lamb', "
                          "'stable_adamw' (ModernBERT) or 'adamw_google' (google-research/bert's "
@@ -194,7 +201,27 @@ def from_config(config, *, num_train_steps, warmup_steps, model_config=None):
       num_layers=model_config.num_layers if model_config is not None else 0,
       # Absent from a config (fine-tuning's, older ones): BERT's linear schedule.
       schedule=config.get("schedule", "linear"), decay_steps=config.get("decay_steps", 0),
-      final_lr_fraction=config.get("final_lr_fraction", 0.0))
+      final_lr_fraction=config.get("final_lr_fraction", 0.0),
+      weight_decay_all_tensors=config.get("weight_decay_all_tensors", False))
+
+
+SCHEDULES = ("linear", "wsd", "cosine")
+
+
+def create_schedule(schedule, learning_rate, warmup_steps, num_train_steps, decay_steps=0,
+                    final_lr_fraction=0.0) -> optax.Schedule:
+  """config.schedule by name, each checked (one-line OptimizerError) before any compute."""
+  if schedule == "linear":   # BERT's: linear warmup, linear decay to 0 at num_train_steps
+    return create_learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
+  if schedule == "wsd":      # ModernBERT's warmup-stable-decay, 1-sqrt decay over decay_steps
+    return create_wsd_schedule(learning_rate, warmup_steps, decay_steps, num_train_steps,
+                               final_lr_fraction)
+  if schedule == "cosine":   # NeoBERT's: cosine to final_lr_fraction by step decay_steps
+    return create_cosine_schedule(learning_rate, warmup_steps, decay_steps, num_train_steps,
+                                  final_lr_fraction)
+  raise OptimizerError(f"config.schedule={schedule!r}: unknown; use 'linear' (BERT), 'wsd' "
+                       "(warmup-stable-decay with 1-sqrt decay, ModernBERT) or 'cosine' "
+                       "(warmup, cosine to final_lr_fraction, NeoBERT).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,3 +413,51 @@ def create_wsd_schedule(learning_rate: float, warmup_steps: int, decay_steps: in
     boundaries.append(stable_end)
     pieces.append(decay)
   return optax.join_schedules(pieces, boundaries) if boundaries else pieces[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# NeoBERT's schedule (issue 30): linear warmup, then a cosine to a fraction of the peak.
+# ----------------------------------------------------------------------------------------------
+# chandar-lab/NeoBERT (HEAD ed75b68) src/neobert/scheduler/scheduler.py get_scheduler with
+# conf/scheduler/cosine_decay.yaml (warmup_steps 2,000, decay_steps 900,000, decay cosine) and
+# its default final_ratio=0.1: torch's SequentialLR of LinearLR(start_factor=1e-4,
+# total_iters=warmup_steps), CosineAnnealingLR(T_max=decay_steps, eta_min=lr x final_ratio),
+# LambdaLR(final_ratio), milestones [warmup_steps, decay_steps]. Rate at optimizer step t
+# (0-based, w = warmup_steps, D = decay_steps, f = final_ratio):
+#   t < w        lr x (1e-4 + (1 - 1e-4) t / w)
+#   w <= t < D   lr x (f + (1 - f)(1 + cos(pi (t - w) / D)) / 2)
+#   t >= D       lr x f
+# The cosine's period is D counted from the warmup's end, cut at step D: at D - 1 it stands at
+# f + (1 - f) sin^2(pi (w + 1) / 2D) (0.1000110 of the peak for 2,000 / 900,000), then f.
+# Checked against the reference's own get_scheduler run under torch 2.13 (w 20, D 90, 100
+# steps: largest difference 3e-16 of the peak).
+COSINE_WARMUP_START = 1e-4   # LinearLR(start_factor=1e-4): step 0 trains at 1e-4 x lr, not 0
+
+
+def create_cosine_schedule(learning_rate: float, warmup_steps: int, decay_steps: int,
+                           num_train_steps: int, final_fraction: float = 0.1) -> optax.Schedule:
+  """NeoBERT's warmup + cosine (the section comment's formula). decay_steps = D, the step where
+  the cosine ends and final_fraction x lr holds to the end; 0 = num_train_steps.
+
+  E.g. lr 1e-4, warmup 2,000, D 900,000, f 0.1 (neobert): step 0 -> 1e-8, 2,000 -> 1e-4,
+  452,000 -> 5.5e-5 (half the period), 900,000 ... 1,000,000 -> 1e-5.
+  """
+  decay_steps = decay_steps or num_train_steps
+  if learning_rate <= 0:
+    raise OptimizerError(f"learning_rate={learning_rate}: must be > 0.")
+  if not 0 <= warmup_steps < decay_steps <= num_train_steps:
+    raise OptimizerError(f"config.warmup_steps={warmup_steps}, config.decay_steps="
+                         f"{decay_steps}, config.num_train_steps={num_train_steps}: the cosine "
+                         "schedule needs 0 <= warmup_steps < decay_steps <= num_train_steps "
+                         "(decay_steps: the step its cosine ends; 0 = num_train_steps).")
+  if not 0.0 <= final_fraction <= 1.0:
+    raise OptimizerError(f"config.final_lr_fraction={final_fraction}: the cosine ends at this "
+                         "fraction of the peak learning rate, in [0, 1] (NeoBERT: 0.1).")
+  pieces = [optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=final_fraction),
+            optax.constant_schedule(final_fraction * learning_rate)]
+  boundaries = [decay_steps]
+  if warmup_steps:
+    pieces.insert(0, optax.linear_schedule(COSINE_WARMUP_START * learning_rate, learning_rate,
+                                           warmup_steps))
+    boundaries.insert(0, warmup_steps)
+  return optax.join_schedules(pieces, boundaries)

@@ -40,9 +40,10 @@ def check_config_values(config):
     raise PreflightError(f"config.max_predictions_per_seq={config.max_predictions_per_seq} > "
                          f"config.seq_length={config.seq_length}: at most one prediction per "
                          "token (20 for seq 128, 80 for 512).")
-  # The schedule's own check (warmup <= steps), here so that it fails before any input is read.
-  optimizer_lib.create_learning_rate_schedule(config.learning_rate, config.warmup_steps,
-                                              config.num_train_steps)
+  # The optimizer's and schedule's own checks (names, warmup <= steps, wsd/cosine's decay_steps
+  # and final_lr_fraction, weight_decay_all_tensors), here so they fail before any input is read.
+  optimizer_lib.from_config(config, num_train_steps=config.num_train_steps,
+                            warmup_steps=config.warmup_steps)
   if "max_consecutive_skips" in config and config.max_consecutive_skips < 0:
     raise PreflightError(f"config.max_consecutive_skips={config.max_consecutive_skips}: expected "
                          ">= 0 (0 = never stop on NaN/Inf steps, only skip them).")

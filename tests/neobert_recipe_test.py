@@ -157,17 +157,24 @@ def _synthetic(**overrides):
   return c
 
 
-@pytest.mark.parametrize("split,message", [
-    ((0.9, 0.2), "error: config.mask_replace_prob=0.9 + config.random_replace_prob=0.2 = 1.1 > 1"),
-    ((1.0, 1.5), "error: config.random_replace_prob=1.5: expected a probability in [0, 1]")])
+@pytest.mark.parametrize("overrides,message", [
+    (dict(mask_replace_prob=0.9, random_replace_prob=0.2),
+     "error: config.mask_replace_prob=0.9 + config.random_replace_prob=0.2 = 1.1 > 1"),
+    (dict(mask_replace_prob=1.0, random_replace_prob=1.5),
+     "error: config.random_replace_prob=1.5: expected a probability in [0, 1]"),
+    # The cosine schedule's fields (optimizer.create_cosine_schedule), checked at preflight.
+    (dict(final_lr_fraction=1.5), "error: config.final_lr_fraction=1.5"),
+    (dict(decay_steps=5),
+     "error: config.warmup_steps=2, config.decay_steps=5, config.num_train_steps=4"),
+    (dict(schedule="polynomial"), "error: config.schedule='polynomial': unknown")])
 def test_train_refuses_a_bad_split_in_one_line_before_compute(tmp_path, monkeypatch, capsys,
-                                                              split, message):
+                                                              overrides, message):
   from bert_jax import train  # pylint: disable=g-import-not-at-top
 
   def model_built(*args, **kwargs):
-    raise AssertionError("the model was built before the bad split was found")
+    raise AssertionError("the model was built before the bad value was found")
   monkeypatch.setattr(train, "build_training", model_built)
-  c = _synthetic(mask_replace_prob=split[0], random_replace_prob=split[1])
+  c = _synthetic(**overrides)
   with pytest.raises(SystemExit) as exit_info:
     errors.run_main(lambda argv: train.train_and_evaluate(c, str(tmp_path / "wd")), ["train"])
   assert exit_info.value.code == 2
@@ -187,10 +194,40 @@ def test_neobert_preset_is_the_reference_recipe():
   assert (c.optimizer, c.learning_rate, c.b1, c.b2, c.eps, c.weight_decay, c.clip_norm) == (
       "adamw", 1e-4, 0.9, 0.95, 1e-8, 0.01, 1.0)
   assert c.batch_size_warmup_min_size == 0                 # none in NeoBERT's recipe
-  # A CPU run keeps the split (runlocal shrinks sizes, not the objective).
+  # conf/scheduler/cosine_decay.yaml + scheduler.py's final_ratio=0.1; AdamW over every tensor.
+  assert (c.schedule, c.decay_steps, c.final_lr_fraction) == ("cosine", 900_000, 0.1)
+  assert c.weight_decay_all_tensors is True
+  # A CPU run keeps the split (runlocal shrinks sizes, not the objective); the cosine ends at
+  # 90% of its steps, as the reference's at 900,000 of 1M.
   local = pretrain.get_config("neobert,runlocal")
   assert (local.masked_lm_prob, local.mask_replace_prob, local.random_replace_prob) == (
       0.2, 1.0, 0.0)
+  assert (local.schedule, local.num_train_steps, local.decay_steps) == ("cosine", 1_500, 1_350)
+
+
+def test_neobert_preset_trains_on_the_cosine_and_decays_every_tensor():
+  from bert_jax import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
+  c = pretrain.get_config("neobert")
+  _, schedule = opt_lib.from_config(c, num_train_steps=c.num_train_steps,
+                                    warmup_steps=c.warmup_steps)
+  # Warmup from 1e-4 x lr, the peak at 2,000, half-way (0.55) at 452,000, 10% from 900,000.
+  np.testing.assert_allclose([schedule(t) for t in (0, 2_000, 452_000, 900_000, 1_000_000)],
+                             [1e-8, 1e-4, 5.5e-5, 1e-5, 1e-5], rtol=1e-3)
+  # Zero gradients at step 0 of a no-warmup copy: each update is -lr x wd x param, the RMSNorm
+  # scale and a bias included (BERT's presets leave both at 0).
+  params = {"dense": {"kernel": np.ones((2, 2), np.float32), "bias": np.ones(2, np.float32)},
+            "final_norm": {"scale": np.ones(2, np.float32)}}
+  zeros = {k: {n: np.zeros_like(v) for n, v in d.items()} for k, d in params.items()}
+  for preset, decays_all in (("neobert", True), ("base", False)):
+    p = pretrain.get_config(preset)
+    tx, _ = opt_lib.from_config(p, num_train_steps=p.num_train_steps, warmup_steps=0)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    for mod, leaf in (("dense", "kernel"), ("dense", "bias"), ("final_norm", "scale")):
+      decays = decays_all or leaf == "kernel"
+      np.testing.assert_allclose(updates[mod][leaf],
+                                 -p.learning_rate * p.weight_decay if decays else 0.0,
+                                 rtol=1e-4, err_msg=f"{preset} {mod}/{leaf}")
 
 
 @pytest.mark.parametrize("preset,prob", [("modernbert-base", 0.3), ("modernbert-large", 0.3),

@@ -30,6 +30,91 @@ def test_schedule_errors():
                              optimizer="sgd")
 
 
+def _cosine_closed_form(t, lr, w, d, f):
+  # NeoBERT's get_scheduler (optimizer.py's section comment), written out.
+  if t < w:
+    return lr * (1e-4 + (1 - 1e-4) * t / w)
+  if t < d:
+    return lr * (f + (1 - f) * (1 + np.cos(np.pi * (t - w) / d)) / 2)
+  return lr * f
+
+
+def test_cosine_schedule_values():
+  lr, w, d, n, f = 1e-4, 2_000, 900_000, 1_000_000, 0.1      # the neobert preset's
+  s = opt_lib.create_cosine_schedule(lr, w, d, n, f)
+  # warmup's start and end, a quarter, half and the end of the cosine's period, its last step
+  # before the cut (0.1000110 of the peak), the cut, the run's end and beyond.
+  for t in (0, 1_000, w, 227_000, 452_000, 677_000, d - 1, d, n, 2 * n):
+    np.testing.assert_allclose(s(t), _cosine_closed_form(t, lr, w, d, f), rtol=1e-5,
+                               atol=1e-6 * lr, err_msg=f"step {t}")
+  np.testing.assert_allclose([s(w), s(452_000), s(d), s(n)], [1e-4, 5.5e-5, 1e-5, 1e-5],
+                             rtol=1e-5)
+  # The reference's own numbers: NeoBERT's scheduler.py get_scheduler run under torch 2.13 with
+  # warmup_steps 20, decay_steps 90, final_ratio 0.1, lr read before each of 100 steps.
+  small = opt_lib.create_cosine_schedule(1.0, 20, 90, 100, 0.1)
+  torch_lr = {0: 1e-4, 1: 0.050095, 10: 0.50005, 20: 1.0, 21: 0.9997258721585932,
+              55: 0.703909064496551, 65: 0.55, 89: 0.21558482853517286, 90: 0.1, 99: 0.1}
+  for t, want in torch_lr.items():
+    np.testing.assert_allclose(small(t), want, rtol=1e-5, atol=1e-7, err_msg=f"step {t}")
+  # decay_steps 0: the cosine ends with the run; warmup 0: it starts at the peak.
+  whole = opt_lib.create_cosine_schedule(1e-3, 0, 0, 10, 0.0)
+  np.testing.assert_allclose([whole(0), whole(5), whole(10)], [1e-3, 5e-4, 0.0], atol=1e-9)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(warmup_steps=90, decay_steps=90, num_train_steps=100),
+     "warmup_steps=90, config.decay_steps=90"),
+    (dict(warmup_steps=10, decay_steps=101, num_train_steps=100), "decay_steps=101"),
+    (dict(warmup_steps=-1, decay_steps=90, num_train_steps=100), "warmup_steps=-1"),
+    (dict(warmup_steps=10, decay_steps=90, num_train_steps=100, final_fraction=1.5),
+     "final_lr_fraction=1.5"),
+    (dict(warmup_steps=10, decay_steps=90, num_train_steps=100, final_fraction=-0.1),
+     "final_lr_fraction=-0.1")])
+def test_cosine_schedule_errors(kwargs, match):
+  with pytest.raises(opt_lib.OptimizerError, match=match) as e:
+    opt_lib.create_cosine_schedule(1e-4, **kwargs)
+  assert "\n" not in str(e.value)
+
+
+def test_from_config_picks_the_schedule_by_name():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = ml_collections.ConfigDict(dict(learning_rate=1e-3, optimizer="adamw", weight_decay=0.01,
+                                     b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0,
+                                     schedule="cosine", decay_steps=8, final_lr_fraction=0.1))
+  _, s = opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)
+  for t in (0, 1, 2, 5, 8, 10):
+    np.testing.assert_allclose(s(t), _cosine_closed_form(t, 1e-3, 2, 8, 0.1), rtol=1e-5)
+  c.schedule = "polynomial"
+  with pytest.raises(opt_lib.OptimizerError, match="config.schedule='polynomial': unknown") as e:
+    opt_lib.from_config(c, num_train_steps=10, warmup_steps=2)
+  assert "'cosine'" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb", "stable_adamw", "adamw_google"])
+def test_weight_decay_all_tensors_decays_norms_and_biases(optimizer):
+  """Zero gradients: Adam's step is 0, so the update is -lr x wd x param on the decayed tensors
+  and exactly 0 on the rest (LAMB: its trust ratio ||p|| / ||wd x p||, on the same mask, makes
+  that -lr x param)."""
+  params, _ = _toy()
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  lr, wd = 1e-2, 0.1
+  for all_tensors in (False, True):
+    tx, _ = opt_lib.create_optimizer(learning_rate=lr, warmup_steps=0, num_train_steps=10,
+                                     optimizer=optimizer, weight_decay=wd, clip_norm=0,
+                                     weight_decay_all_tensors=all_tensors)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    for mod, leaf in (("dense", "kernel"), ("dense", "bias"), ("layer_norm", "scale")):
+      decays = all_tensors or leaf == "kernel"
+      # stable_adamw's decay is fully decoupled: wd / peak lr per unit of rate.
+      rate = {"stable_adamw": wd / lr, "lamb": 1.0}.get(optimizer, wd)
+      want = -lr * rate * params[mod][leaf]
+      np.testing.assert_allclose(updates[mod][leaf], want if decays else 0.0, rtol=1e-5,
+                                 err_msg=f"{optimizer} all={all_tensors} {mod}/{leaf}")
+  with pytest.raises(opt_lib.OptimizerError, match="config.weight_decay_all_tensors='yes'"):
+    opt_lib.create_optimizer(learning_rate=lr, warmup_steps=0, num_train_steps=10,
+                             weight_decay_all_tensors="yes")
+
+
 def test_decay_mask_on_bert_params():
   params = nn.meta.unbox(model_lib.init_params(model_lib.get_bert_config("tiny", vocab_size=50),
                                                jax.random.key(0)))

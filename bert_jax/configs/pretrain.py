@@ -137,8 +137,13 @@ def _optimizer_and_loop_fields(c):
   c.b2 = 0.999
   c.eps = 1e-6
   c.clip_norm = 1.0
+  # True: weight decay on every tensor (NeoBERT); False: not on norms and biases (BERT's
+  # exclude_from_weight_decay, ModernBERT's filter_bias_norm_wd).
+  c.weight_decay_all_tensors = False
   # linear (BERT: warmup, then linear decay to 0) | wsd (ModernBERT: warmup, constant, then a
-  # 1-sqrt decay over the last decay_steps to final_lr_fraction x learning_rate).
+  # 1-sqrt decay over the last decay_steps to final_lr_fraction x learning_rate) | cosine
+  # (NeoBERT: warmup from 1e-4 x learning_rate, a cosine of period decay_steps that ends at
+  # step decay_steps (0 = num_train_steps) at final_lr_fraction x learning_rate, then flat).
   c.schedule = "linear"
   c.decay_steps = 0
   c.final_lr_fraction = 0.0

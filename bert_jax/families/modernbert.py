@@ -99,8 +99,8 @@ BATCH_WARMUP = {"modernbert-base": (4_608, 768, 50e9), "modernbert-large": (4_92
 
 # NeoBERT's pre-training, from its reference code (github.com/chandar-lab/NeoBERT, the mirror's
 # HEAD ed75b68): conf/pretraining.yaml (defaults: datacollator mlm_20, optimizer adamw, scheduler
-# cosine_decay, trainer mlm) run by jobs/neobert.sh. Only fields our config has; what it cannot
-# say (the cosine schedule, decay on every tensor, the 4,096 phase) is in docs/models.md.
+# cosine_decay, trainer mlm) run by jobs/neobert.sh. What our config cannot say (the 4,096
+# phase) is in docs/models.md.
 NEOBERT_RECIPE = dict(
     # conf/datacollator/mlm_20.yaml lines 1, 3: mlm_probability 0.20, mask_all true, which picks
     # src/neobert/collator/collator.py's CustomCollatorForMLM: "100% MASK" (lines 11, 27-28),
@@ -110,13 +110,19 @@ NEOBERT_RECIPE = dict(
     # rows: 8 GPUs x dataloader.train.batch_size 64 (line 48) x gradient_accumulation_steps 4
     # (line 47) = 2,048 x 1,024 = 2,097,152 tokens a step (2M; x 1M steps = 2.1T tokens).
     seq_length=1_024, batch_size=2_048,
-    # conf/trainer/mlm.yaml line 5 max_steps 1,000,000; conf/scheduler/cosine_decay.yaml line 1
-    # warmup_steps 2,000 (its cosine to 10% by step 900,000 has no field here: linear stays).
-    num_train_steps=1_000_000, warmup_steps=2_000,
+    # conf/trainer/mlm.yaml line 5 max_steps 1,000,000; conf/scheduler/cosine_decay.yaml lines
+    # 1-3 warmup_steps 2,000, decay_steps 900,000, decay cosine, with scheduler.py's default
+    # final_ratio 0.1 (optimizer.create_cosine_schedule: warmup from 1e-4 x lr, a cosine to 10%
+    # by step 900,000, flat to 1M). decay_steps is set in `recipe`: 90% of num_train_steps.
+    num_train_steps=1_000_000, warmup_steps=2_000, schedule="cosine", final_lr_fraction=0.1,
     # conf/optimizer/adamw.yaml lines 1-6: torch AdamW, lr 1e-4, betas (0.9, 0.95), eps 1e-8,
     # weight_decay 0.01; conf/trainer/mlm.yaml line 7 gradient_clipping 1 (norm 1.0).
     optimizer="adamw", learning_rate=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
-    clip_norm=1.0)
+    clip_norm=1.0,
+    # src/neobert/optimizer/optimizer.py: AdamW(model.parameters(), ...), one group, so the
+    # RMSNorm scales and the decoder's bias decay too (its GLUE fine-tuning alone excludes
+    # "bias" and "LayerNorm.weight", src/neobert/glue/train.py).
+    weight_decay_all_tensors=True)
 
 
 def recipe(c, preset):
@@ -128,6 +134,9 @@ def recipe(c, preset):
   if preset == "neobert":
     c.update(NEOBERT_RECIPE)
   if preset in BATCH_WARMUP:   # the first phase's batch and its warmup (base, large)
+    # The reference's cosine ends at 900,000 of 1M steps: 9N // 10, a reference as phase2's, so
+    # --config.num_train_steps=N moves it (runlocal's 1,500 steps: 1,350).
+    c.decay_steps = c.get_ref("num_train_steps") * 9 // 10
     c.batch_size, c.batch_size_warmup_min_size, c.batch_size_warmup_tokens = BATCH_WARMUP[preset]
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
   # RoPE theta of the global layers. None: the preset's from scratch (10,000, the first phase),
