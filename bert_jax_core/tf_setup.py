@@ -16,7 +16,17 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # silence TF's C++ start-up banner
+# TF's C++ log lines at INFO and WARNING are noise to a user of an input pipeline: its start-up
+# banner, and at run time e.g. `W0000 ... root_dataset.cc:364] Optimization loop failed:
+# CANCELLED` when tf.data's autotuner is stopped with a dropped iterator (the quick start printed
+# it once during its first-batch check, 2026-11-26). Level 2 keeps ERROR and FATAL. `import jax`
+# sets TF_CPP_MIN_LOG_LEVEL=1 with setdefault (jax/__init__.py) and every program here imports
+# jax first, so a setdefault here never applied: "1" counts as unset. A user's 0 (everything) is
+# kept, as is BERT_JAX_TF_LOGS=1 (show everything, below). jaxlib reads the same variable, so its
+# C++ warnings on CPU are hidden too, as in the test suite (tests/conftest.py sets 2).
+if (os.environ.get("BERT_JAX_TF_LOGS") != "1"
+    and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1"):
+  os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 # TF's oneDNN kernels (matmul/conv-style float ops) are of no use to an input pipeline of string,
 # integer and random ops, and on CPUs without AVX-512 they print `E0000 ... oneDNN supports
 # DT_INT64 only on platforms with AVX-512` at run time (where no filter can reach). Off, TF's

@@ -57,3 +57,30 @@ def test_orbax_notices_are_filtered_and_real_warnings_kept(caplog):
                    "high, consider checkpointing less frequently.", 3.0)
     logger.warning("Checkpoint %s is damaged", "/x")
   assert [r.getMessage() for r in caplog.records] == ["Checkpoint /x is damaged"]
+
+
+# A tf.data warning at run time (W level), after `import jax` set TF_CPP_MIN_LOG_LEVEL=1 as it
+# does (jax/__init__.py): the quick start's "Optimization loop failed: CANCELLED" came this way.
+_RUNTIME_WARNING = """
+import jax
+from bert_jax_core.tf_setup import tf
+for _ in tf.data.Dataset.range(100).cache().take(2):  # a partly read cache: TF warns
+  pass
+print("done")
+"""
+
+
+def test_tf_runtime_warnings_are_quiet_after_jax_set_its_default_level():
+  def run(**env_extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",
+                                                          "BERT_JAX_TF_LOGS")}
+    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **env_extra)
+    return subprocess.run([sys.executable, "-c", _RUNTIME_WARNING], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+  quiet = run()
+  assert quiet.returncode == 0 and quiet.stdout.strip() == "done", quiet.stderr
+  assert quiet.stderr == "", quiet.stderr
+  # The warning is real (so the check above can fail): a user's level 0, or BERT_JAX_TF_LOGS=1,
+  # shows it.
+  for shown in (run(TF_CPP_MIN_LOG_LEVEL="0"), run(BERT_JAX_TF_LOGS="1")):
+    assert "did not fully read the dataset being cached" in shown.stderr, shown.stderr
