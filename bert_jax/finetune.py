@@ -697,7 +697,8 @@ def _save_best(run, params, epoch, previous, results):
   if run.is_main:
     ckpt_lib.remove_dir(path)  # a re-run into the same workdir
   ckpt_lib.save_params(path, params, run.model_config, meta=dict(
-      task=run.task.name, epoch=epoch, do_lower_case=bool(run.tokenizer.do_lower_case),
+      task=run.task.name, task_family=run.task.family, epoch=epoch,
+      do_lower_case=bool(run.tokenizer.do_lower_case),
       labels=list(getattr(run.task, "labels", ()) or ()), dev_metrics=results,
       **vocab_record(run.tokenizer.vocab.path)))
   if run.is_main and previous and previous != path:

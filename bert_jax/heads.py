@@ -12,7 +12,9 @@ The body and the head on [CLS] are the model family's (bert_jax/families/<name>.
 and Family.cls_logits): BERT's pooled [CLS] under dropout + dense; ELECTRA's discriminator body
 (no pooler) under transformers' ElectraClassificationHead; DistilBERT's body (no token types, no
 pooler) under transformers' pre_classifier + ReLU + classifier. Span and tagging heads read the
-sequence output, the same for every family.
+sequence output through the family's Family.token_logits: BERT's (every family but one) as in
+the table; ModernBERT's as transformers' ModernBertFor{QuestionAnswering,TokenClassification},
+head (dense + GELU + norm) + dropout + "classifier" on every position.
 
 Parameter trees are {"bert": <BertModel>, "<head>": {kernel, bias}}, so `params["bert"]` is
 exactly what pre-training (params["bert"] of BertForPreTraining) or conversion provides; the
@@ -26,12 +28,6 @@ from flax import linen as nn
 
 from bert_jax import families
 from bert_jax import model as model_lib
-from bert_jax.families import bert as families_bert
-
-# The house Dense (truncated-normal init, logical axes, compute dtype) and activation of model.py.
-_dense = model_lib._dense            # pylint: disable=protected-access
-_activation = model_lib._activation  # pylint: disable=protected-access
-_head_dense = families_bert.head_dense
 
 
 def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
@@ -44,6 +40,12 @@ def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
 def _cls_logits(config, out, num_labels, deterministic):
   """Logits from [CLS] by the family's head (its submodules named as transformers names them)."""
   return families.get(config.family).cls_logits(config, out, num_labels, deterministic)
+
+
+def _token_logits(config, out, num_labels, family, deterministic):
+  """Logits at every position by the family's token head ("span" or "tagging")."""
+  return families.get(config.family).token_logits(config, out, num_labels, family,
+                                                  deterministic)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -71,7 +73,7 @@ class BertForQuestionAnswering(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
     out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
-    logits = _head_dense(self.config, 2, "qa_outputs")(out["sequence_output"])  # [B, T, 2]
+    logits = _token_logits(self.config, out, 2, "span", deterministic)            # [B, T, 2]
     return logits[..., 0], logits[..., 1]                                        # [B, T] x 2
 
 
@@ -83,9 +85,7 @@ class BertForTokenClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
     out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
-    x = nn.Dropout(self.config.hidden_dropout_prob)(out["sequence_output"],
-                                                   deterministic=deterministic)  # [B, T, H]
-    return _head_dense(self.config, self.num_labels, "classifier")(x)           # [B, T, L]
+    return _token_logits(self.config, out, self.num_labels, "tagging", deterministic)  # [B, T, L]
 
 
 class BertForMultipleChoice(nn.Module):

@@ -5,9 +5,10 @@ The body is modernbert_cli_test's: a transformers ModernBertForMaskedLM of moder
 (3 x 128, window 16, 416 rows), every parameter random, with a 405-id byte-level BPE tokenizer.json
 learned on the standard library's docstrings, converted once. A [CLS] head (classification,
 regression, multiple choice: ModernBertPredictionHead + classifier) exports as transformers'
-ModernBertForSequenceClassification / ModernBertForMultipleChoice, and AutoModelFor* on the folder
-gives our logits within 1e-4 on real docstring text, padded rows included. Token heads (tagging,
-SQuAD) have no transformers class that computes ours (convert/modernbert.py says why): one line.
+ModernBertForSequenceClassification / ModernBertForMultipleChoice, a token head (tagging, SQuAD:
+the same head on every position, families/modernbert.token_logits) as
+ModernBertForTokenClassification / ModernBertForQuestionAnswering, and AutoModelFor* on the folder
+gives our logits within 1e-4 on real docstring text, padded rows included.
 """
 
 import json
@@ -31,7 +32,8 @@ TOL = 1e-4
 SEQ = 48
 
 
-def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1):
+def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1,
+                task_family=True, kernel_std=0.5):
   """A best_epoch{N}-style export of `family`'s head on the converted body, as finetune._save_best
   writes it: the head random (kernels 0.5 x normal, biases and norm scales off 0 and 1, so a
   wrong transpose or a dropped bias shows), the body the converted transformers model's."""
@@ -42,13 +44,15 @@ def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1):
   params = params["params"]
   rng = np.random.default_rng(seed)
   tree = {k: jax.tree_util.tree_map(
-      lambda a: (rng.standard_normal(a.shape) * 0.5 + (1.0 if a.ndim == 1 else 0.0)).astype(
+      lambda a: (rng.standard_normal(a.shape) * (kernel_std if a.ndim == 2 else 0.5)
+                 + (1.0 if a.ndim == 1 else 0.0)).astype(
           np.float32), v) for k, v in params.items() if k != "bert"}
   tree["bert"] = body["bert"]
   tok = os.path.join(export_dir, "tokenizer.json")
+  record = {"task_family": family} if task_family else {}   # finetune._save_best records it
   ckpt_lib.save_params(out, tree, config, meta=dict(
       task=task, epoch=1, do_lower_case=False, labels=list(labels), dev_metrics={},
-      **finetune.vocab_record(tok)))
+      **record, **finetune.vocab_record(tok)))
   return out, model, tree
 
 
@@ -106,17 +110,57 @@ def test_cls_heads_export_with_equal_logits(hf_folder, export, tmp_path, task, f
   np.testing.assert_allclose(ours, theirs, atol=TOL, rtol=TOL)
 
 
-@pytest.mark.parametrize("task,family,cls", [
-    ("conll03", "tagging", "ModernBertForTokenClassification"),
-    ("squad_v1", "span", "ModernBertForQuestionAnswering")])
-def test_token_heads_are_refused_in_one_line(export, tmp_path, task, family, cls):  # noqa: F811
-  best, _, _ = _fine_tuned(export, str(tmp_path / "best_epoch1"), task, family, 5)
-  assert convert.detect_source(str(tmp_path)) == "orbax"   # a finished fine-tuning workdir
-  with pytest.raises(convert.ConversionError,
-                     match=rf"a fine-tuned ModernBERT {family} model \(task {task}\) has no "
-                           rf"transformers equivalent: {cls} puts ModernBertPredictionHead") as e:
-    hf_export.export_to_hf(best, str(tmp_path / "hf"))
-  assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "hf")
+@pytest.mark.parametrize("task,family,num_labels,auto", [
+    ("conll03", "tagging", 9, "AutoModelForTokenClassification"),
+    ("squad_v1", "span", 2, "AutoModelForQuestionAnswering")])
+def test_token_heads_export_with_equal_logits(hf_folder, export, tmp_path,  # noqa: F811
+                                              task, family, num_labels, auto):
+  """Tagging and SQuAD heads: transformers' token classes give our logits at every position of
+  a padded batch of real text (SQuAD: question + context pairs, as its features are)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
+  labels = tuple(getattr(tasks.TASKS[task], "labels", ()) or ())
+  assert len(labels) == (num_labels if family == "tagging" else 0)
+  # The body's float32 difference at real positions is ~2e-5 (hidden states up to 4.5, 3
+  # layers); a head of 0.5-std kernels multiplies it by ~sqrt(128) x 0.5 = 5.7 twice (dense, then
+  # classifier after the norm): 1.2e-4 measured. Kernels of std 1/sqrt(H) keep the head's gain
+  # near 1 (fine-tuning's heads start at 0.02) and still show a transpose or a dropped bias.
+  best, model, tree = _fine_tuned(export, str(tmp_path / "best_epoch1"), task, family,
+                                  num_labels, labels, kernel_std=128 ** -0.5)
+  assert set(tree) == {"bert", "head", "classifier"} and set(tree["head"]) == {"dense", "norm"}
+  out = hf_export.export_to_hf(best, str(tmp_path / "hf"))
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    written = json.load(f)
+  cls = {"tagging": "ModernBertForTokenClassification",
+         "span": "ModernBertForQuestionAnswering"}[family]
+  assert written["architectures"] == [cls] and len(written["id2label"]) == num_labels
+  if labels:   # CoNLL-03's tags in class order
+    assert written["id2label"] == {str(i): t for i, t in enumerate(labels)}
+  hf = getattr(transformers, auto).from_pretrained(out, attn_implementation="eager").eval()
+  assert type(hf).__name__ == cls
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  text = _real_text(hf_folder, 4)
+  enc = (tok(text[:2], text[2:], padding=True, return_tensors="pt") if family == "span"
+         else tok(text, padding=True, return_tensors="pt"))
+  mask = enc["attention_mask"].numpy().astype(bool)
+  assert not mask.all()   # padded rows are part of the check
+  with torch.no_grad():
+    got = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+  ids = enc["input_ids"].numpy()
+  ours = model.apply({"params": tree}, ids, mask.astype(np.int32), np.zeros_like(ids))
+  if family == "span":   # ([B, T] start, [B, T] end) each
+    ours = np.stack([np.asarray(o) for o in ours], -1)
+    theirs = np.stack([got.start_logits.numpy(), got.end_logits.numpy()], -1)
+  else:
+    ours, theirs = np.asarray(ours), got.logits.numpy()
+  assert ours.shape == theirs.shape == ids.shape + (num_labels,)
+  assert np.abs(ours[mask]).max() > 0.1   # not a degenerate head
+  print(f"{family}: max |ours - transformers| at {int(mask.sum())} real positions "
+        f"{np.abs(ours[mask] - theirs[mask]).max():.2e}")
+  # Only real positions: at padded ones the two bodies' hidden states differ (0.74 measured),
+  # and tagging and SQuAD never read them (labels and answer spans lie on real tokens).
+  np.testing.assert_allclose(ours[mask], theirs[mask], atol=TOL, rtol=TOL)
 
 
 def test_task_of_a_tree():
@@ -133,6 +177,24 @@ def test_task_of_a_tree():
   assert task({"bert": {}, "mlm_head": {}}, {}, "w") is None
   with pytest.raises(convert.ConversionError, match=r"w: parameters \['bert', 'pooler'\]; "):
     task({"bert": {}, "pooler": {}}, {}, "w")
+  # Token heads have the same tree: the recorded task_family decides (a custom NER task is not
+  # registered), else the registered task's family.
+  t = task(three, {"task": "my_ner", "task_family": "tagging", "labels": ["O", "B", "I"]}, "w")
+  assert (t.family, t.config_fields()["architectures"], t.config_fields()["id2label"]) == (
+      "tagging", ["ModernBertForTokenClassification"], {"0": "O", "1": "B", "2": "I"})
+  assert "problem_type" not in t.config_fields()
+  two = dict(tree, classifier={"kernel": np.zeros((4, 2))})
+  assert task(two, {"task": "squad_v2"}, "w").family == "span"
+  assert task(two, {"task": "sst2", "task_family": "classification"}, "w").family == (
+      "classification")
+  with pytest.raises(convert.ConversionError, match=r"w: task 'x' \(span\) with a head of 3 "):
+    task(three, {"task": "x", "task_family": "span"}, "w")
+  # A ModernBERT token head fine-tuned before it had transformers' `head`: one line.
+  for old in ("classifier", "qa_outputs"):
+    with pytest.raises(convert.ConversionError, match=r"w: a fine-tuned ModernBERT token head "
+                                                      r"without `head` \(task conll03\)") as e:
+      task({"bert": {}, old: {}}, {"task": "conll03"}, "w")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.slow
@@ -141,7 +203,8 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
   export names the bundled tokenizer.json: modernbert_cli_test's fine-tune check, made on this
   run), then `python -m bert_jax.convert --input=WORKDIR`: transformers'
   AutoModelForSequenceClassification on the folder, with its AutoTokenizer's ids (= ours), gives
-  our logits on real text; a tagging run is one error line, exit 2, nothing written."""
+  our logits on real text; a tagging export goes the same way (ModernBertForTokenClassification), an
+old ModernBERT token head without `head` is one error line, exit 2, nothing written."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
@@ -158,6 +221,7 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
     meta = json.load(f)
   assert meta["tokenizer_json"] == os.path.join(export, "tokenizer.json")
   assert meta["bert_config"]["family"] == "modernbert" and "vocab_file" not in meta
+  assert meta["task_family"] == "classification"   # what the export reads the head's class by
   m = inference.load_for_inference(best, with_params=False)   # its export names its tokenizer
   assert m.tokenizer_json == meta["tokenizer_json"] and m.tokenizer.vocab.size == 405
   out = str(tmp_path / "hf")
@@ -180,10 +244,21 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
   model = heads.create_model("classification", m.config, num_labels=2)
   np.testing.assert_allclose(_ours(model, m.params, enc), theirs, atol=TOL, rtol=TOL)
 
-  tagging, _, _ = _fine_tuned(export, str(tmp_path / "ner" / "best_epoch1"), "conll03",
-                              "tagging", 9)
-  bad = _run("bert_jax.convert", f"--input={tagging}", f"--output={tmp_path / 'hf_ner'}",
+  # A tagging export (a constructed best_epoch1, as the fast test's) through the same CLI; a
+  # ModernBERT token head from before it had `head` (the tree without it) is one line, exit 2.
+  tagging, _, tree = _fine_tuned(export, str(tmp_path / "ner" / "best_epoch1"), "conll03",
+                                 "tagging", 9)
+  run = _run("bert_jax.convert", f"--input={tagging}", f"--output={tmp_path / 'hf_ner'}",
+             cache=tmp_path)
+  assert run.returncode == 0 and run.stderr == "", run.stderr
+  assert run.stdout.splitlines()[-1] == ("wrote Hugging Face ModernBertForTokenClassification to "
+                                         f"{tmp_path / 'hf_ner'}")
+  old = str(tmp_path / "old_ner" / "best_epoch1")
+  ckpt_lib.save_params(old, {"bert": tree["bert"], "classifier": tree["classifier"]}, m.config,
+                       meta=dict(task="conll03", epoch=1, do_lower_case=False, labels=[],
+                                 dev_metrics={}, **finetune.vocab_record(meta["tokenizer_json"])))
+  bad = _run("bert_jax.convert", f"--input={old}", f"--output={tmp_path / 'hf_old'}",
              cache=tmp_path)
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
-  assert bad.stderr.startswith(f"error: {tagging}: a fine-tuned ModernBERT tagging model")
-  assert not os.path.exists(tmp_path / "hf_ner")
+  assert bad.stderr.startswith(f"error: {old}: a fine-tuned ModernBERT token head without `head`")
+  assert not os.path.exists(tmp_path / "hf_old")

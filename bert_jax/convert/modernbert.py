@@ -391,43 +391,44 @@ def export_model(m, output):
 
 
 # ----------------------------------------------------------------------------------------------
-# A fine-tuned tree (bert_jax.finetune: heads.py with families/modernbert.cls_logits) -> the
-# transformers class that computes the same logits. transformers' ModernBertFor* all read the
-# last hidden state through ModernBertPredictionHead (dense H -> H, act, norm) then a classifier
-# nn.Linear with a bias; classifier_pooling "cls" takes [CLS] (position 0; MultipleChoice: the
-# first unpadded position, also 0 for our right-padded rows), classifier_dropout 0.0 as ours.
-#   task family      our tree                                    transformers
-#   classification   bert, head/{dense,norm}, classifier [H, L]  ModernBertForSequenceClassification
+# A fine-tuned tree (bert_jax.finetune: heads.py with families/modernbert's cls_logits and
+# token_logits) -> the transformers class that computes the same logits. transformers'
+# ModernBertFor* all read the last hidden state through ModernBertPredictionHead (dense H -> H,
+# act, norm) then a classifier nn.Linear with a bias, classifier_dropout 0.0 as ours; the [CLS]
+# classes with classifier_pooling "cls" (position 0; MultipleChoice: the first unpadded
+# position, also 0 for our right-padded rows), the token classes on every position.
+#   task family      our tree (all: bert, head/{dense,norm})   transformers
+#   classification   classifier [H, L] on [CLS]                  ModernBertForSequenceClassification
 #   regression       the same, L = 1                             the same, problem_type regression
 #   multiple_choice  the same, L = 1, each choice's [CLS]        ModernBertForMultipleChoice
-#   tagging          bert, classifier [H, L] on every position   refused: no PredictionHead here
-#   span             bert, qa_outputs [H, 2] on every position   refused: the same
-# The token heads (heads.py, shared by every family) put the classifier straight on the hidden
-# state; transformers' classes put dense + act + norm before it, which no weights turn into an
-# identity (the norm alone fixes each row's mean and variance): no folder computes our logits.
+#   tagging          classifier [H, L] on every position         ModernBertForTokenClassification
+#   span             classifier [H, 2] on every position         ModernBertForQuestionAnswering
+# The trees are alike, so the run's record names the family: best_epoch{N}'s task_family, else
+# its registered task's (data_pipelines.tasks), else (a custom task exported before task_family
+# was recorded, when ModernBERT token heads had no `head`) glue's by the number of outputs.
 # ----------------------------------------------------------------------------------------------
 _CLASSES = {"classification": "ModernBertForSequenceClassification",
             "regression": "ModernBertForSequenceClassification",
-            "multiple_choice": "ModernBertForMultipleChoice"}
-_TOKEN_HEADS = {"classifier": ("tagging", "ModernBertForTokenClassification"),
-                "qa_outputs": ("span", "ModernBertForQuestionAnswering")}
+            "multiple_choice": "ModernBertForMultipleChoice",
+            "tagging": "ModernBertForTokenClassification",
+            "span": "ModernBertForQuestionAnswering"}
 
 
 @dataclasses.dataclass
 class FineTuned:
-  family: str        # classification | regression | multiple_choice
+  family: str        # one of _CLASSES
   name: str          # the task's name (sst2, swag, a custom task's), "" if not recorded
-  num_labels: int    # the classifier's outputs: L, 1 for regression and multiple choice
+  num_labels: int    # the classifier's outputs: L, 1 for regression and multiple choice, 2 span
   labels: tuple      # the label names in class order (finetune records them), or ()
 
   def config_fields(self):
     """What config.json adds to ModernBertConfig for this head."""
-    names = (self.labels if len(self.labels) == self.num_labels and self.family ==
-             "classification" else tuple(f"LABEL_{i}" for i in range(self.num_labels)))
+    named = self.family in ("classification", "tagging") and len(self.labels) == self.num_labels
+    names = self.labels if named else tuple(f"LABEL_{i}" for i in range(self.num_labels))
     fields = {"architectures": [_CLASSES[self.family]], "classifier_pooling": "cls",
               "id2label": {str(i): str(t) for i, t in enumerate(names)},
               "label2id": {str(t): i for i, t in enumerate(names)}}
-    if self.family != "multiple_choice":   # transformers' loss picks MSE / cross-entropy by it
+    if self.family in ("classification", "regression"):   # its loss picks MSE / cross-entropy
       fields["problem_type"] = ("regression" if self.family == "regression"
                                 else "single_label_classification")
     return fields
@@ -440,25 +441,25 @@ def fine_tuned_task(params, meta, where):
   if "mlm_head" in keys:
     return None
   name = str(meta.get("task") or "")
-  if "head" not in keys and keys & set(_TOKEN_HEADS):
-    family, cls = _TOKEN_HEADS[sorted(keys & set(_TOKEN_HEADS))[0]]
+  if keys in ({"bert", "classifier"}, {"bert", "qa_outputs"}):
     raise ConversionError(
-        f"{where}: a fine-tuned ModernBERT {family} model (task {name or 'not recorded'}) has "
-        f"no transformers equivalent: {cls} puts ModernBertPredictionHead (dense + act + norm) "
-        f"before its classifier, our {family} head reads the hidden state directly; only [CLS] "
-        "tasks (classification, regression, multiple choice) export, this one predicts with "
-        "bert_jax.finetune --config.do_predict.")
+        f"{where}: a fine-tuned ModernBERT token head without `head` (task "
+        f"{name or 'not recorded'}): a bert_jax tagging/SQuAD head from before transformers' "
+        "ModernBertPredictionHead was added, which no transformers class computes; fine-tune "
+        "again (the head is now transformers') or predict with bert_jax.finetune "
+        "--config.do_predict.")
   if keys != {"bert", "head", "classifier"}:
     raise ConversionError(f"{where}: parameters {sorted(keys)}; a ModernBERT export reads a "
-                          "pre-training tree (bert, mlm_head) or a fine-tuned [CLS] head's "
+                          "pre-training tree (bert, mlm_head) or a fine-tuned head's "
                           "(bert, head, classifier).")
   num_labels = int(np.shape(_flatten(params["classifier"])["kernel"])[-1])   # kernel [H, L]
-  family = "classification" if num_labels > 1 else "regression"
-  from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
-  if name in tasks.TASKS:   # swag is L = 1 too; a custom task (not registered) is glue's
-    family = tasks.TASKS[name].family
-  if family not in _CLASSES:
-    raise ConversionError(f"{where}: task {name!r} ({family}) with a [CLS] head of "
-                          f"{num_labels} outputs; expected classification, regression or "
-                          "multiple choice.")
+  family = meta.get("task_family")
+  if family is None:
+    family = "classification" if num_labels > 1 else "regression"
+    from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
+    if name in tasks.TASKS:   # swag is L = 1 too; a custom task (not registered) is glue's
+      family = tasks.TASKS[name].family
+  if family not in _CLASSES or (family == "span" and num_labels != 2):
+    raise ConversionError(f"{where}: task {name!r} ({family}) with a head of {num_labels} "
+                          f"outputs; expected one of {', '.join(sorted(_CLASSES))} (span: 2).")
   return FineTuned(family, name, num_labels, tuple(meta.get("labels") or ()))

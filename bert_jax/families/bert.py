@@ -120,6 +120,17 @@ def cls_logits(config, out, num_labels, deterministic):
   return head_dense(config, num_labels, "classifier")(x)
 
 
+def token_logits(config, out, num_labels, family, deterministic):
+  """BERT's heads on every position (google-research/bert, HF's BertFor{QuestionAnswering,
+  TokenClassification}): span, dense(2) "qa_outputs" with no dropout; tagging, dropout + dense
+  "classifier". [B, T, H] -> [B, T, L]."""
+  x = out["sequence_output"]
+  if family == "span":
+    return head_dense(config, num_labels, "qa_outputs")(x)
+  x = nn.Dropout(config.hidden_dropout_prob)(x, deterministic=deterministic)
+  return head_dense(config, num_labels, "classifier")(x)
+
+
 def features_model(config):
   return model_lib.BertModel(config), None
 
@@ -222,7 +233,8 @@ FAMILY = families.register(families.Family(
     flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
     check_teacher=check_teacher, init_from_teacher=init_from_teacher,
     planning_teacher=planning_teacher, step_parts=step_parts,
-    encode=encode, cls_logits=cls_logits, features_model=features_model,
+    encode=encode, cls_logits=cls_logits, token_logits=token_logits,
+    features_model=features_model,
     check_fill_mask=check_fill_mask, mlm_logits=mlm_logits, describe=describe,
     hf_model_types=("bert",), hf_config_file=hf_config_file,
     tf_config_names=("bert_config.json",), config_from_json=config_from_json,

@@ -26,8 +26,9 @@ Parameter tree against transformers' ModernBertForMaskedLM (convert/modernbert.p
   bert/encoder/final_norm/scale                       model.final_norm.weight
   mlm_head/transform/kernel, transform_layer_norm     head.dense.weight, head.norm.weight
   mlm_head/output_bias [V]                            decoder.bias (decoder.weight tied)
-A fine-tuned [CLS] head is HF's ModernBertForSequenceClassification's: head/{dense,norm} on the
-[CLS] state (classifier_pooling="cls"), dropout, classifier.
+A fine-tuned head is HF's ModernBertFor{SequenceClassification,MultipleChoice,TokenClassification,
+QuestionAnswering}'s: head/{dense,norm} on the [CLS] state (classifier_pooling="cls") or on every
+position (tagging, span), dropout, classifier.
 """
 
 import dataclasses
@@ -220,13 +221,26 @@ class PredictionHead(nn.Module):
     return model_lib._layer_norm(c, "norm")(x).astype(c.dtype)
 
 
-def cls_logits(config, out, num_labels, deterministic):
-  """ModernBertForSequenceClassification's head (classifier_pooling="cls"): head (dense + GELU
-  + norm) on the last layer's [CLS] state, dropout (classifier_dropout 0.0), classifier dense
-  with a bias. The names are HF's: a fine-tuned tree reads {bert, head, classifier}."""
-  x = PredictionHead(config, name="head")(out["cls_output"])               # [B, (K,) H]
+def _head_logits(config, x, num_labels, deterministic):
+  """transformers' ModernBertFor* head: head (dense + GELU + norm), dropout (classifier_dropout
+  0.0), classifier dense with a bias. The names are HF's: a fine-tuned tree reads {bert, head,
+  classifier}. [..., H] -> [..., L]."""
+  x = PredictionHead(config, name="head")(x)
   x = nn.Dropout(0.0)(x, deterministic=deterministic)   # HF's classifier_dropout default
-  return bert.head_dense(config, num_labels, "classifier")(x)             # [B, (K,) L]
+  return bert.head_dense(config, num_labels, "classifier")(x)
+
+
+def cls_logits(config, out, num_labels, deterministic):
+  """ModernBertForSequenceClassification's head (classifier_pooling="cls") on the last layer's
+  [CLS] state: [B, (K,) H] -> [B, (K,) L]."""
+  return _head_logits(config, out["cls_output"], num_labels, deterministic)
+
+
+def token_logits(config, out, num_labels, family, deterministic):
+  """ModernBertForTokenClassification's (tagging) and ModernBertForQuestionAnswering's (span,
+  L = 2: start, end) head: the same head on every position, [B, T, H] -> [B, T, L]."""
+  del family   # both tasks' classes are the same network
+  return _head_logits(config, out["sequence_output"], num_labels, deterministic)
 
 
 def describe(config, purpose, params_keys=(), do_train=True):
@@ -241,9 +255,9 @@ def describe(config, purpose, params_keys=(), do_train=True):
     return f"ModernBERT: features of params['bert'] ({shape}; no token types)"
   if not do_train:
     return "ModernBERT: evaluating params['bert'] with its fine-tuned head"
-  return (f"ModernBERT: fine-tuning params['bert'] ({shape}); a [CLS] task gets "
-          "ModernBertForSequenceClassification's head, new (head: dense + GELU + norm on [CLS], "
-          "classifier)")
+  return (f"ModernBERT: fine-tuning params['bert'] ({shape}) under transformers' ModernBertFor* "
+          "head, new (head: dense + GELU + norm on [CLS], or on every position for tagging and "
+          "SQuAD; classifier)")
 
 
 def _hf_config_file(path):
@@ -295,6 +309,7 @@ FAMILY = families.register(dataclasses.replace(
             "GeGLU/SwiGLU, local+global attention, MLM only at 30%",
     token_types=False, pooler=False, exact_objectives=("mlm",), check_config=check_config,
     recipe=recipe, phase2=phase2, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
+    token_logits=token_logits,
     describe=describe, hf_model_types=("modernbert",), hf_config_file=_hf_config_file,
     tf_config_names=(), config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,
     hf_config_json=hf_config_json, hf_class="ModernBertForMaskedLM"))
