@@ -295,6 +295,28 @@ def test_one_step_squad_from_the_export(export, tmp_path):
     preds = json.load(f)
   assert sorted(preds) == sorted(contexts)
   assert all(text and text in contexts[q] and text == text.strip() for q, text in preds.items())
+  # The run exports as transformers' ModernBertForQuestionAnswering (its head is transformers':
+  # families/modernbert.token_logits) with our start/end logits at every real position.
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
+  out = hf_export.export_to_hf(summary["best_checkpoint"], str(tmp_path / "hf_squad"))
+  hf = transformers.AutoModelForQuestionAnswering.from_pretrained(
+      out, attn_implementation="eager").eval()
+  assert type(hf).__name__ == "ModernBertForQuestionAnswering"
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  enc = tok(["Where did John go?", "Where did Mary go?"], [contexts["q0"], contexts["q1"]],
+            padding=True, return_tensors="pt")
+  with torch.no_grad():
+    got = hf(**enc)
+  m = inference.load_for_inference(summary["best_checkpoint"])
+  ids, mask = enc["input_ids"].numpy(), enc["attention_mask"].numpy()
+  start, end = heads.create_model("span", m.config).apply({"params": m.params}, ids, mask,
+                                                          np.zeros_like(ids))
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(start)[real], got.start_logits.numpy()[real], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(end)[real], got.end_logits.numpy()[real], atol=1e-4)
 
 
 @pytest.mark.slow   # end to end: records, a training run, the export back
