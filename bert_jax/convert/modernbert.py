@@ -5,7 +5,8 @@ its docstring; model.py's modern fields build it).
   python -m bert_jax.convert --input=HF_DIR --output=ckpt/modernbert     # <- transformers
   python -m bert_jax.convert --input=WORKDIR --output=hf/modernbert      # -> transformers
   python -m bert_jax.convert --input=FINETUNE_WORKDIR --output=hf/sst2   # ModernBertFor
-                                     # SequenceClassification / MultipleChoice (fine_tuned_task)
+      # SequenceClassification / MultipleChoice / TokenClassification / QuestionAnswering
+      # by the run's task family (fine_tuned_task)
 
 Orientations: torch Linear weights are [out, in]; ours are [in, out] (transposed). Wqkv
 [3H, H] is q, k, v stacked (qkv.view(..., 3, N, D) in ModernBertAttention), each [H = N x D, H]:
@@ -132,8 +133,8 @@ def hf_config_json(config, pad_token_id=0, special_ids=None):
 # ----------------------------------------------------------------------------------------------
 def _pairs(config, head="mlm"):
   """[(our path, HF name)] of every plain tensor (transposed when 2-D): the body, then the MLM
-  head (head="mlm") or a fine-tuned [CLS] head (head="cls": ModernBertPredictionHead + the
-  classifier, which has a bias whatever classifier_bias says: nn.Linear's default)."""
+  head (head="mlm") or a fine-tuned head ([CLS] or token, head="cls": ModernBertPredictionHead +
+  the classifier, which has a bias whatever classifier_bias says: nn.Linear's default)."""
   b = "bert"
   out = [(f"{b}/embeddings/word_embeddings/embedding", "model.embeddings.tok_embeddings.weight")]
   norm = lambda ours, hf: [(f"{ours}/scale", f"{hf}.weight")] + (
@@ -163,8 +164,8 @@ def _to_ours(name, array):
 
 def hf_state_dict(params, config, head="mlm"):
   """{transformers name: array} of a modernbert tree: BertForPreTraining's (head="mlm":
-  ModernBertForMaskedLM) or a fine-tuned [CLS] head's (head="cls": ModernBertFor
-  SequenceClassification / MultipleChoice, the same names)."""
+  ModernBertForMaskedLM) or a fine-tuned head's (head="cls": every ModernBertFor* task class,
+  the same names)."""
   flat = _flatten(params)
   h, n, d = config.hidden_size, config.num_heads, config.head_dim
   out = {}
@@ -340,7 +341,7 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
   a tokenizer_config.json naming the special tokens (special_tokens: role -> text, "[MASK]"...:
   without it transformers' AutoTokenizer has no mask_token and fill-mask fails), or (a model
   pre-trained here on a WordPiece vocab) vocab.txt + BertTokenizer's config files. task (a
-  FineTuned, from fine_tuned_task): the fine-tuned [CLS] head's class instead of the MLM's."""
+  FineTuned, from fine_tuned_task): the fine-tuned head's class instead of the MLM's."""
   import shutil  # pylint: disable=g-import-not-at-top
   ids = special_ids or {}
   state = hf_state_dict(params, config, "cls" if task else "mlm")
