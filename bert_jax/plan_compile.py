@@ -288,12 +288,13 @@ class IsolatedCompiler:
 
 
 def model_config_factory(config):
-  """config -> BertConfig, as train makes it (the vocab file's size; BERT's 30,522 without one)."""
+  """config -> BertConfig, as train makes it (the vocabulary's size: its file's, a tokenizer.json's,
+  else the config's or the preset's, train.synthetic_vocab_size)."""
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  if config.vocab_file or config.spm_model_file:
+  if config.vocab_file or config.spm_model_file or config.get("tokenizer_json"):
     vocab = train.load_vocab(config)
   else:
-    vocab = train.input_source_vocab(config.model.vocab_size or 30522)
+    vocab = train.input_source_vocab(train.synthetic_vocab_size(config))
 
   def make(c):
     return train.create_model_config(c, vocab)

@@ -42,6 +42,7 @@ from bert_jax import model as model_lib
 from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import preflight
+from bert_jax import pretraining_heads
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
 from bert_jax import workdir_lock
@@ -60,7 +61,7 @@ ConfigError = trainer_lib.ConfigError  # one class for config problems in both l
 def forward(module, batch, deterministic):
   """BertForPreTraining on a batch dict -> {objective: logits} float32 (model.objective_list):
   mlm [B, P, V]; nsp or sop [B, 2] (packed: [B, K, 2], one per instance); sbo [B, P, V]."""
-  return model_lib.pretraining_outputs(module, batch, deterministic)
+  return pretraining_heads.pretraining_outputs(module, batch, deterministic)
 
 
 def pretraining_loss(outputs, batch, weights=None):
@@ -165,7 +166,7 @@ def load_vocab(config):
   tokenizer_json = config.get("tokenizer_json") or None   # a Hugging Face tokenizer.json
   if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file
                                                       or tokenizer_json):
-    return input_source_vocab(config.model.vocab_size or 30522)
+    return input_source_vocab(synthetic_vocab_size(config))
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
                                    spm_model_file=config.spm_model_file or None,
@@ -179,6 +180,14 @@ def load_vocab(config):
                                         tokenizer_json=tokenizer_json)
   config.do_lower_case = settings["do_lower_case"]
   return info
+
+
+def synthetic_vocab_size(config):
+  """The vocabulary size of a run without a vocabulary (synthetic input, bert_jax.plan): the
+  config's override, else the preset's (ModernBERT's 50,368, NeoBERT's 30,522). It was BERT's
+  30,522 for every preset, so `plan` sized modernbert-base's embedding and decoder 40% small."""
+  return int(config.model.get("vocab_size") or
+             model_lib.get_bert_config(config.model_name).vocab_size)
 
 
 def input_source_vocab(size):

@@ -402,3 +402,21 @@ def test_pretraining_reads_tokenizer_json_records(english, records, tmp_path):
   c.tokenizer_json = other
   with pytest.raises(Exception, match="other.json"):
     train.train_and_evaluate(c, str(tmp_path / "run2"))
+
+
+def test_plan_sizes_the_model_from_the_tokenizer_json_or_the_preset(tmp_path):
+  """bert_jax.plan's model (plan_compile.model_config_factory) has the vocabulary train would
+  read: a tokenizer.json's size, else the preset's (modernbert-base: 50,368). Before, it read
+  only vocab_file/spm_model_file and fell back to BERT's 30,522 for every preset."""
+  from bert_jax import plan_compile
+  from bert_jax.configs import pretrain
+  c = pretrain.get_config("modernbert-base")
+  make, vocab = plan_compile.model_config_factory(c)
+  assert vocab.size == make(c).vocab_size == 50_368
+  path, _ = _modernbert_like(str(tmp_path / "tok"))
+  c.tokenizer_json = path
+  make, vocab = plan_compile.model_config_factory(c)
+  assert vocab.size == make(c).vocab_size == vocab_lib.load_vocab_info(tokenizer_json=path).size
+  assert vocab.size < 1_000
+  b = pretrain.get_config("tiny")   # BERT presets keep BERT's vocabulary without a file
+  assert plan_compile.model_config_factory(b)[1].size == 30_522
