@@ -203,8 +203,9 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
   export names the bundled tokenizer.json: modernbert_cli_test's fine-tune check, made on this
   run), then `python -m bert_jax.convert --input=WORKDIR`: transformers'
   AutoModelForSequenceClassification on the folder, with its AutoTokenizer's ids (= ours), gives
-  our logits on real text; a tagging export goes the same way (ModernBertForTokenClassification), an
-old ModernBERT token head without `head` is one error line, exit 2, nothing written."""
+  our logits on real text; a 1-step conll03 fine-tune goes the same way
+(ModernBertForTokenClassification), an old ModernBERT token head without `head` is one error line,
+exit 2, nothing written."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
@@ -244,19 +245,33 @@ old ModernBERT token head without `head` is one error line, exit 2, nothing writ
   model = heads.create_model("classification", m.config, num_labels=2)
   np.testing.assert_allclose(_ours(model, m.params, enc), theirs, atol=TOL, rtol=TOL)
 
-  # A tagging export (a constructed best_epoch1, as the fast test's) through the same CLI; a
-  # ModernBERT token head from before it had `head` (the tree without it) is one line, exit 2.
-  tagging, _, tree = _fine_tuned(export, str(tmp_path / "ner" / "best_epoch1"), "conll03",
-                                 "tagging", 9)
-  run = _run("bert_jax.convert", f"--input={tagging}", f"--output={tmp_path / 'hf_ner'}",
+  # A 1-step conll03 fine-tune of the same export (finetune_test's tagging data) through the same
+  # CLI: ModernBertForTokenClassification with CoNLL's tags and our logits at real positions. A
+  # ModernBERT token head from before it had `head` (its tree without it) is one line, exit 2.
+  (tmp_path / "ner").mkdir()
+  finetune_test.test_one_step_tagging(tmp_path / "ner", (export, ""))
+  ner = str(tmp_path / "ner" / "run")
+  run = _run("bert_jax.convert", f"--input={ner}", f"--output={tmp_path / 'hf_ner'}",
              cache=tmp_path)
   assert run.returncode == 0 and run.stderr == "", run.stderr
   assert run.stdout.splitlines()[-1] == ("wrote Hugging Face ModernBertForTokenClassification to "
                                          f"{tmp_path / 'hf_ner'}")
+  hf = transformers.AutoModelForTokenClassification.from_pretrained(
+      str(tmp_path / "hf_ner"), attn_implementation="eager").eval()
+  from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
+  assert tuple(hf.config.id2label[i] for i in range(9)) == tasks.TASKS["conll03"].labels
+  enc = tok(text, padding=True, return_tensors="pt")
+  with torch.no_grad():
+    theirs = hf(**enc).logits.numpy()
+  m = inference.load_for_inference(ner)
+  model = heads.create_model("tagging", m.config, num_labels=9)
+  real = enc["attention_mask"].numpy().astype(bool)
+  np.testing.assert_allclose(_ours(model, m.params, enc)[real], theirs[real], atol=TOL, rtol=TOL)
   old = str(tmp_path / "old_ner" / "best_epoch1")
-  ckpt_lib.save_params(old, {"bert": tree["bert"], "classifier": tree["classifier"]}, m.config,
-                       meta=dict(task="conll03", epoch=1, do_lower_case=False, labels=[],
-                                 dev_metrics={}, **finetune.vocab_record(meta["tokenizer_json"])))
+  ckpt_lib.save_params(old, {"bert": m.params["bert"], "classifier": m.params["classifier"]},
+                       m.config, meta=dict(task="conll03", epoch=1, do_lower_case=False,
+                                           labels=[], dev_metrics={},
+                                           **finetune.vocab_record(meta["tokenizer_json"])))
   bad = _run("bert_jax.convert", f"--input={old}", f"--output={tmp_path / 'hf_old'}",
              cache=tmp_path)
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
