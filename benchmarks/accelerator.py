@@ -267,7 +267,8 @@ def backends_to_run(requested, *, packed, dtype, seq, interpret):
 # (instances per packed row cuDNN is told of), `xla@vpad128` (the MLM head's vocab padded to a
 # multiple of 128 inside its matmul), `xla@headbf16` (its backward GEMMs in bf16; any n turns it on).
 _KNOBS = {"bwd": ("attention", "PALLAS_BWD_BLOCK"), "M": ("attention", "CUDNN_MAX_SEGMENTS"),
-          "vpad": ("model", "VOCAB_PAD"), "headbf": ("model", "HEAD_BF16_BACKWARD")}
+          "vpad": ("pretraining_heads", "VOCAB_PAD"),
+          "headbf": ("pretraining_heads", "HEAD_BF16_BACKWARD")}
 
 
 def parse_variant(spec):
@@ -445,7 +446,7 @@ def main(argv=None):
         if r is not None:
           peers.append(r)
   import jax
-  from bert_jax import attention, model as model_lib
+  from bert_jax import attention, pretraining_heads
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)
@@ -457,7 +458,7 @@ def main(argv=None):
       for spec in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
                                   interpret=a.interpret):
         backend, knobs = parse_variant(spec)
-        modules = {"attention": attention, "model": model_lib}
+        modules = {"attention": attention, "pretraining_heads": pretraining_heads}
         saved = {(m, k): getattr(modules[m], k) for m, k in knobs}
         for (m, k), v in knobs.items():
           setattr(modules[m], k, v)

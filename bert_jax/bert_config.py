@@ -77,8 +77,8 @@ class BertConfig:
   embedding_norm: bool = True           # the embeddings' norm; prenorm with it: layer 0 has no
                                         #   attention norm (ModernBERT), without: it has (NeoBERT)
   use_bias: bool = True                 # biases in every dense of the body and MLM transform
-  # The MLM head (model.MaskedLMHead). BERT and ModernBERT: dense + act + norm, then the word
-  # table [V, E] as decoder (tied) + output_bias [V]. NeoBERT (chandar-lab/NeoBERT's
+  # The MLM head (pretraining_heads.MaskedLMHead). BERT and ModernBERT: dense + act + norm, then
+  # the word table [V, E] as decoder (tied) + output_bias [V]. NeoBERT (chandar-lab/NeoBERT's
   # NeoBERTLMHead): nn.Linear(H, V) with a bias straight on the final norm's output: False/False.
   mlm_transform: bool = True            # the dense + act + norm before the decoder
   tie_word_embeddings: bool = True      # False: its own mlm_head/decoder [V, E] (HF's name)

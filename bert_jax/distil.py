@@ -39,6 +39,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import trainer_lib
 from bert_jax_core import files as files_lib
 
@@ -329,7 +330,7 @@ def frozen_teacher(teacher: Teacher, dummy_batch, mesh, rules) -> trainer_lib.Fr
   """The teacher's bert + mlm_head parameters read once into their shardings (the student's
   logical-axis rules) and its outputs function: trainer_lib.build_steps(frozen=). A planning
   teacher (pretrained=None, planning_teacher) gives their shapes instead, nothing read."""
-  model = model_lib.BertForPreTraining(teacher.model_config)
+  model = pretraining_heads.BertForPreTraining(teacher.model_config)
   return trainer_lib.load_frozen(teacher.pretrained, model, outputs, dummy_batch,
                                  ("bert", "mlm_head"), mesh,
                                  functools.partial(teacher_outputs, model), rules)

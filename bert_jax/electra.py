@@ -1,5 +1,6 @@
 """ELECTRA (Clark et al. 2020): a small MLM generator and a replaced-token-detection discriminator
-in one Flax module, built from model.py's BertEmbeddings, BertEncoder and MaskedLMHead.
+in one Flax module, built from model.py's BertEmbeddings and BertEncoder and
+pretraining_heads.py's MaskedLMHead.
 
 One step (google-research/electra run_pretraining.PretrainingModel):
   1. generator: MLM on the masked input (the records' input_ids)          mlm  [B, P, V]
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 
 # The house Dense (truncated-normal init, logical axes) and activation of model.py.
 _dense = model_lib._dense            # pylint: disable=protected-access
@@ -167,7 +169,7 @@ class ElectraForPreTraining(nn.Module):
     self.bert = ElectraBody(c)                       # the discriminator + shared embeddings
     self.rtd_head = ReplacedTokenDetectionHead(c)
     self.generator = Generator(gc)
-    self.mlm_head = model_lib.MaskedLMHead(gc)
+    self.mlm_head = pretraining_heads.MaskedLMHead(gc)
 
   def generator_logits(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                        instance_ids=None, position_ids=None, deterministic=True):
@@ -206,7 +208,7 @@ class ElectraForPreTraining(nn.Module):
 
 def forward(module, batch, deterministic):
   """ElectraForPreTraining on a batch dict: the `forward` of trainer_lib.build_steps (and of
-  train.py for family electra), as model.pretraining_outputs is BERT's. Packed rows
+  train.py for family electra), as pretraining_heads.pretraining_outputs is BERT's. Packed rows
   (instance_ids, position_ids) attend within their instance; nsp_positions are not read."""
   positions = batch["masked_lm_positions"]
   if "masked_lm_ids" not in batch and module.is_initializing():   # shapes for init only

@@ -1,4 +1,4 @@
-"""BERT (Devlin et al., 2018) in Flax linen: config, embeddings, encoder, pooler, MLM/NSP heads.
+"""BERT (Devlin et al., 2018) in Flax linen: embeddings, attention, feed-forward, encoder, pooler.
 
 The same modules are ALBERT (embedding_size E > 0: tables of width E projected to H;
 share_layers: one layer applied L times, or its attention / FFN half shared) and SpanBERT (the
@@ -6,7 +6,9 @@ SBO head), chosen by BertConfig's family fields; ELECTRA (bert_jax/electra.py) c
 a generator and a discriminator sharing the embeddings (the generator_* fields); docs/models.md.
 
 Reads top to bottom (BertConfig and the presets are in bert_config.py, re-exported here): the
-modules from the bottom of the network (embeddings) to the top (MLM/NSP heads). Numerics follow google-research/bert `modeling.py`:
+modules from the bottom of the network (embeddings) to the top (BertModel: the encoder and its
+pooler); the pre-training heads on top of it (MLM, NSP/SOP, SBO) and BertForPreTraining, which
+composes them, are in pretraining_heads.py. Numerics follow google-research/bert `modeling.py`:
 post-LayerNorm layers, LayerNorm epsilon 1e-12, truncated-normal(0.02) init. GELU defaults to the
 exact erf form, as HF transformers' "gelu"; google's modeling.py `gelu()` is the tanh
 approximation ("gelu_tanh" here; the two differ by up to 4.7e-4 per activation).
@@ -15,7 +17,8 @@ Einsum letters used throughout:
   B batch, T query position, S key position, P masked position, N heads, D head dim (kv),
   H hidden (embed), V vocabulary.
 
-Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only):
+Parameter tree of BertForPreTraining (fine-tuning loads `params["bert"]` only; the heads are
+pretraining_heads.py's):
   bert/embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding, layer_norm
   bert/encoder/layer_{i}/attention/{query,key,value,output}/{kernel,bias}, attention_layer_norm,
                          intermediate/{kernel,bias}, output/{kernel,bias}, output_layer_norm
@@ -56,8 +59,21 @@ from bert_jax.bert_config import (  # noqa: F401  pylint: disable=unused-import
 from bert_jax import bert_config as _bert_config
 
 
+# The pre-training heads and BertForPreTraining moved to pretraining_heads.py (which imports this
+# module, so this one loads it on first use): `model.BertForPreTraining` and the rest still work.
+# Not the MLM head's knobs (VOCAB_PAD, HEAD_BF16_BACKWARD): setting model.VOCAB_PAD would change
+# nothing, so reading it fails too; set pretraining_heads.VOCAB_PAD.
+_PRETRAINING_NAMES = frozenset({
+    "MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_loss",
+    "pretraining_outputs", "pretraining_forward"})
+
+
 def __getattr__(name):
-  """PRESETS and FAMILIES, read from the registry each time (bert_config.py says how)."""
+  """The names above, from pretraining_heads.py; PRESETS and FAMILIES, read from the registry
+  each time (bert_config.py says how)."""
+  if name in _PRETRAINING_NAMES:
+    from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+    return getattr(pretraining_heads, name)
   return _bert_config.__getattr__(name)
 
 
@@ -400,196 +416,16 @@ class BertModel(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Pre-training heads.
+# Shared with the heads (pretraining_heads.py, heads.py); parameter counts and init.
 # ----------------------------------------------------------------------------------------------
 def gather_positions(x, positions):
   """[B, T, H], [B, P] int -> [B, P, H]: the hidden states at the masked positions."""
   return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
 
 
-class MaskedLMHead(nn.Module):
-  """dense + act + LayerNorm, then logits against the (tied) word embeddings + bias [V].
-
-  The transform maps H -> E (= H for BERT; ALBERT's E=128, as HF's AlbertMLMHead), so the
-  decoder is the [V, E] word table either way. NeoBERT's head (mlm_transform=False,
-  tie_word_embeddings=False): its own `decoder` [V, H] (torch's decoder.weight) on x as it is.
-  """
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, x, word_embeddings):
-    c = self.config
-    if c.mlm_transform:
-      x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)    # [B, P, E]
-      x = _activation(c.hidden_act)(x)
-      x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
-    if not c.tie_word_embeddings:
-      word_embeddings = self.param("decoder", _init(c, ("vocab", "embed")),
-                                   (c.vocab_size, c.embed_dim), c.param_dtype)   # [V, E]
-    return _tied_logits(c, self, x, word_embeddings)
-
-
-# Issue 29's MLM-head levers, A/B knobs of benchmarks/accelerator.py (`@vpad128`, `@headbf16`),
-# off until a run on the chip keeps them. The profile of 2026-11-26 (H200, base128) found the
-# head's three GEMMs at ~180 TFLOP/s (5.4 ms/step for ~1 TFLOP): V = 30,522 rows are not
-# 16-byte aligned for bf16 (cuBLAS ran an `align1` kernel), and the float32 logits' cotangent
-# makes both backward GEMMs float32 (a TF32 `s1688gemm` kernel among them).
-VOCAB_PAD = 1            # pad V to a multiple of this inside the matmul (128: 30,522 -> 30,592)
-HEAD_BF16_BACKWARD = False   # backward GEMMs on the cotangent cast to the compute dtype
-
-
-def _vocab_matmul(x, w):
-  """[B, P, E] @ [V, E]^T -> float32 [B, P, V], under the two knobs above. Padding is exact
-  (zero rows, sliced off: params, exports and predictions keep V)."""
-  v = w.shape[0]
-  pad = (-v) % VOCAB_PAD
-  if pad:
-    w = jnp.pad(w, ((0, pad), (0, 0)))
-  logits = (_bf16_backward_matmul(x, w) if HEAD_BF16_BACKWARD else
-            jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32))
-  return logits[..., :v] if pad else logits
-
-
-@jax.custom_vjp
-def _bf16_backward_matmul(x, w):
-  return jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32)
-
-
-def _bf16_backward_fwd(x, w):
-  return _bf16_backward_matmul(x, w), (x, w)
-
-
-def _bf16_backward_bwd(res, g):
-  # The cotangent (softmax - one-hot, in [-1, 1]) in the compute dtype, as every other layer's
-  # is; float32 accumulation. The forward logits stay float32 for the loss.
-  x, w = res
-  g = g.astype(x.dtype)
-  dx = jnp.einsum("BPV,VH->BPH", g, w, preferred_element_type=jnp.float32).astype(x.dtype)
-  dw = jnp.einsum("BPV,BPH->VH", g, x, preferred_element_type=jnp.float32).astype(w.dtype)
-  return dx, dw
-
-
-_bf16_backward_matmul.defvjp(_bf16_backward_fwd, _bf16_backward_bwd)
-
-
-def _tied_logits(c, module, x, word_embeddings):
-  """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V] (the decoder [V, E]:
-  the word table, or NeoBERT's own).
-
-  The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
-  float32 accumulation and float32 logits for the loss.
-  """
-  logits = _vocab_matmul(x, word_embeddings.astype(c.dtype))
-  bias = module.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
-  logits = logits + bias.astype(jnp.float32)
-  return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
-
-
-class SpanBoundaryHead(nn.Module):
-  """SpanBERT's span-boundary objective (Joshi et al. 2019, eq. 1-2): each masked token of a span
-  is predicted from the span's two boundary tokens x_{s-1}, x_{e+1} and its offset in the span:
-    h = LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s}])),  y = LN(GeLU(W2 h)),
-  then logits against the tied word embeddings (its own bias). Offsets past sbo_max_targets - 1
-  share the last position embedding.
-  """
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, sequence_output, positions, left, right, word_embeddings):
-    c = self.config
-    table = self.param("position_embeddings", _init(c, ("pos", "embed")),
-                       (c.sbo_max_targets, c.hidden_size), c.param_dtype)
-    offset = jnp.clip(positions - left - 1, 0, c.sbo_max_targets - 1)   # [B, P]
-    x = jnp.concatenate([gather_positions(sequence_output, left),        # [B, P, H]
-                         gather_positions(sequence_output, right),       # [B, P, H]
-                         table[offset].astype(sequence_output.dtype)], -1)  # [B, P, 3H]
-    act = _activation("gelu")
-    x = _dense(c, c.hidden_size, ("mlp", "embed"), "dense_1")(x)        # [B, P, H]
-    x = _layer_norm(c, "layer_norm_1")(act(x)).astype(c.dtype)
-    x = _dense(c, c.embed_dim, ("embed", "embed2"), "dense_2")(x)       # [B, P, E]
-    x = _layer_norm(c, "layer_norm_2")(act(x)).astype(c.dtype)
-    return _tied_logits(c, self, x, word_embeddings)
-
-
-class BertForPreTraining(nn.Module):
-  """BertModel + the heads of config.objectives (bert_jax/objectives.py composes their losses):
-    mlm  MaskedLMHead on the masked positions                          mlm_head
-    nsp  / sop  dense(2) on the pooled [CLS] (same shape, other data)   nsp_head / sop_head
-    sbo  SpanBoundaryHead on the masked positions                      sbo_head
-
-  Returns (mlm_logits, sentence_logits) as before -- sentence_logits is None without a sentence
-  task -- or, with return_dict=True, {objective: logits} (what `pretraining_forward` gives the
-  loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
-  prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
-  output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
-  [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
-  """
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-               instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
-               span_right=None, deterministic=True, return_dict=False, output_sequence=False):
-    c = self.config
-    bert = BertModel(c, name="bert")
-    out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
-               position_ids=position_ids, cls_positions=cls_positions,
-               deterministic=deterministic)
-    # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
-    # H x V projection runs on ~15% of the positions instead of all T.
-    masked = gather_positions(out["sequence_output"], masked_lm_positions)
-    table = bert.embeddings.word_embeddings.embedding                     # [V, E], tied
-    logits = {"mlm": MaskedLMHead(c, name="mlm_head")(masked, table)}   # [B, P, V] float32
-    sentence = c.sentence_objective
-    if sentence:
-      logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
-                                dtype=jnp.float32)(out["pooled_output"])  # [B, (K,) 2] float32
-    # SBO logits are computed where they are returned (the loss's dict) or created (init); the
-    # tuple form (predict's fill-mask) has no use for them and needs no span boundaries.
-    if "sbo" in c.objective_list and (return_dict or self.is_initializing()):
-      if span_left is None:
-        if not self.is_initializing():   # never a silent SBO on made-up boundaries
-          raise ValueError("BertForPreTraining: objectives include sbo but the batch has no "
-                           "masked_lm_span_left/right (span masking adds them: "
-                           "--config.masking=span).")
-        span_left = span_right = jnp.zeros_like(masked_lm_positions)  # shapes for init
-      logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
-          out["sequence_output"], masked_lm_positions, span_left, span_right, table)
-    if return_dict:
-      return {**logits, "sequence_output": out["sequence_output"]} if output_sequence else logits
-    return logits["mlm"], logits.get(sentence)
-
-
-def pretraining_loss(outputs, batch):
-  """google-research/bert's loss (MLM + NSP) on BertForPreTraining's (mlm, nsp) tuple; the
-  composed, objective-aware loss is bert_jax/objectives.py."""
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  if isinstance(outputs, (tuple, list)):
-    outputs = {"mlm": outputs[0], "nsp": outputs[1]}
-  return objectives.pretraining_loss(outputs, batch)
-
-
 # What a packed row (data_pipelines/packing.py) adds that the encoder reads, in pre-training and
 # fine-tuning alike: each token's instance, its position within it, each instance's [CLS].
 PACKED_ROW_KEYS = ("instance_ids", "position_ids", "cls_positions")
-# Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
-_FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span_left",
-                 "masked_lm_span_right": "span_right"}
-
-
-def pretraining_outputs(module, batch, deterministic):
-  """BertForPreTraining on a batch dict, packed or unpacked -> {objective: logits} (use as
-  `apply(..., method=)`; what the trainer's loss reads)."""
-  extra = {arg: batch[k] for k, arg in _FORWARD_KEYS.items() if k in batch}
-  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
-                **extra)
-
-
-def pretraining_forward(module, batch, deterministic):
-  """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining."""
-  out = pretraining_outputs(module, batch, deterministic)
-  return out["mlm"], out.get(module.config.sentence_objective)
 
 
 def count_params(params) -> int:
@@ -600,6 +436,7 @@ def count_params(params) -> int:
 
 def init_params(config: BertConfig, rng, seq_len=8, num_predictions=2, model_cls=None) -> Any:
   """Boxed (LogicallyPartitioned) params of `model_cls` (default BertForPreTraining)."""
+  from bert_jax.pretraining_heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
   model = (model_cls or BertForPreTraining)(config)
   ids = jnp.zeros((1, seq_len), jnp.int32)
   args = (ids, jnp.ones_like(ids), ids)

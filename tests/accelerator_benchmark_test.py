@@ -141,7 +141,8 @@ def test_a_backend_variant_names_its_knobs_and_a_bad_one_is_a_one_line_error():
   from bert_jax_core import errors
   assert accelerator.parse_variant("cudnn@M8") == ("cudnn", {("attention", "CUDNN_MAX_SEGMENTS"): 8})
   assert accelerator.parse_variant("xla@vpad128@headbf16") == (
-      "xla", {("model", "VOCAB_PAD"): 128, ("model", "HEAD_BF16_BACKWARD"): 16})
+      "xla", {("pretraining_heads", "VOCAB_PAD"): 128,
+              ("pretraining_heads", "HEAD_BF16_BACKWARD"): 16})
   assert accelerator.parse_variant("pallas_gpu") == ("pallas_gpu", {})
   with pytest.raises(errors.UserError, match="a variant is BACKEND@KNOBn") as e:
     accelerator.parse_variant("xla@tiles64")

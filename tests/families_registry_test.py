@@ -168,8 +168,8 @@ LOOP_MODULES = ("bert_jax/train.py", "bert_jax/finetune.py", "bert_jax/trainer_l
                 "bert_jax/predict.py", "bert_jax/extract_features.py", "bert_jax/heads.py",
                 "bert_jax/inference.py", "bert_jax/optimizer.py", "bert_jax/plan.py",
                 "bert_jax/plan_compile.py", "bert_jax/train_report.py", "bert_jax/batch_warmup.py",
-                "bert_jax/model.py", "bert_jax/configs/pretrain.py", "bert_jax/convert/__init__.py",
-                "bert_jax/convert/__main__.py")
+                "bert_jax/model.py", "bert_jax/pretraining_heads.py", "bert_jax/configs/pretrain.py",
+                "bert_jax/convert/__init__.py", "bert_jax/convert/__main__.py")
 FAMILY_MODULES = ("bert_jax.electra", "bert_jax.distil", "bert_jax.convert.electra",
                   "bert_jax.convert.distilbert", "bert_jax.convert.albert")
 

@@ -9,6 +9,7 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 
 TINY = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32)
 
@@ -40,7 +41,8 @@ def test_shapes_and_dtypes():
   np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
   assert "hidden_states" not in model_lib.BertModel(TINY).apply(
       {"params": params["bert"]}, ids, mask, seg)
-  mlm, nsp = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  mlm, nsp = pretraining_heads.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg,
+                                                              pos)
   assert mlm.shape == (2, 3, 99) and mlm.dtype == jnp.float32
   assert nsp.shape == (2, 2) and nsp.dtype == jnp.float32
 
@@ -48,7 +50,7 @@ def test_shapes_and_dtypes():
 def test_mlm_logits_only_at_masked_positions_and_tied_to_word_embeddings():
   params = nn.meta.unbox(_init(TINY))
   ids, mask, seg, pos = _batch()
-  mlm, _ = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  mlm, _ = pretraining_heads.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
   seq = model_lib.BertModel(TINY).apply({"params": params["bert"]}, ids, mask, seg)[
       "sequence_output"]
   h = params["mlm_head"]
@@ -96,7 +98,7 @@ def test_attention_dropout_path_matches_fused_path_without_drops():
                                      attention_dropout_prob=1e-9)
   params = _init(config)
   ids, mask, seg, pos = _batch()
-  model = model_lib.BertForPreTraining(config)
+  model = pretraining_heads.BertForPreTraining(config)
   fused = model.apply({"params": params}, ids, mask, seg, pos, deterministic=True)
   explicit = model.apply({"params": params}, ids, mask, seg, pos, deterministic=False,
                          rngs={"dropout": jax.random.key(3)})
@@ -107,7 +109,7 @@ def test_attention_dropout_path_matches_fused_path_without_drops():
 def test_dropout_depends_on_rng():
   params = _init(TINY)
   ids, mask, seg, pos = _batch()
-  model = model_lib.BertForPreTraining(TINY)
+  model = pretraining_heads.BertForPreTraining(TINY)
   run = lambda seed: model.apply({"params": params}, ids, mask, seg, pos, deterministic=False,
                                  rngs={"dropout": jax.random.key(seed)})[0]
   np.testing.assert_array_equal(run(1), run(1))
@@ -126,7 +128,7 @@ def test_remat_same_output_and_grads():
   ids, mask, seg, pos = _batch()
 
   def loss(p, config):
-    mlm, nsp = model_lib.BertForPreTraining(config).apply(
+    mlm, nsp = pretraining_heads.BertForPreTraining(config).apply(
         {"params": p}, ids, mask, seg, pos, deterministic=False,
         rngs={"dropout": jax.random.key(0)})
     return (mlm ** 2).mean() + nsp.sum()
@@ -143,9 +145,10 @@ def test_bfloat16_compute_float32_params_and_logits():
   params = _init(config)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(params)))
   ids, mask, seg, pos = _batch()
-  mlm16, nsp16 = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, seg,
-                                                            pos)
-  mlm32, nsp32 = model_lib.BertForPreTraining(TINY).apply({"params": params}, ids, mask, seg, pos)
+  mlm16, nsp16 = pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask,
+                                                                     seg, pos)
+  mlm32, nsp32 = pretraining_heads.BertForPreTraining(TINY).apply({"params": params}, ids, mask,
+                                                                   seg, pos)
   assert mlm16.dtype == jnp.float32 and nsp16.dtype == jnp.float32
   # bf16 has an 8-bit mantissa: logits of this size agree to a few 1e-2.
   np.testing.assert_allclose(mlm16, mlm32, atol=0.1)
@@ -258,8 +261,8 @@ def _packed(f, max_instances=4, max_preds=8):
 
 @functools.partial(jax.jit, static_argnums=2)
 def _forward(params, batch, config=TINY):
-  return model_lib.BertForPreTraining(config).apply(
-      {"params": params}, batch, True, method=model_lib.pretraining_forward)
+  return pretraining_heads.BertForPreTraining(config).apply(
+      {"params": params}, batch, True, method=pretraining_heads.pretraining_forward)
 
 
 def test_packed_rows_give_each_instance_its_unpacked_logits():
@@ -297,7 +300,7 @@ def test_packed_loss_and_gradients_equal_unpacked():
   p = _packed(f)
 
   def loss(params, batch):
-    return model_lib.pretraining_loss(_forward(params, batch, config), batch)
+    return pretraining_heads.pretraining_loss(_forward(params, batch, config), batch)
 
   grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
   (lu, mu), gu = grad_fn(params, f)
@@ -440,7 +443,7 @@ def test_albert_factorised_embeddings_and_mlm_head_shapes():
   assert params["mlm_head"]["transform"]["kernel"].shape == (128, 16)
   assert "sop_head" in params and "nsp_head" not in params
   ids, mask, seg, pos = _batch()
-  mlm, sop = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  mlm, sop = pretraining_heads.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
   assert mlm.shape == (2, 3, 99) and sop.shape == (2, 2)
 
 
@@ -451,22 +454,23 @@ def test_spanbert_sbo_head_reads_the_span_boundaries():
   ids, mask, seg, pos = _batch()
   batch = dict(input_ids=ids, input_mask=mask, segment_ids=seg, masked_lm_positions=pos,
                masked_lm_span_left=np.maximum(pos - 1, 0), masked_lm_span_right=pos + 1)
-  apply = lambda b: model_lib.BertForPreTraining(c).apply(  # noqa: E731
-      {"params": params}, b, True, method=model_lib.pretraining_outputs)
+  apply = lambda b: pretraining_heads.BertForPreTraining(c).apply(  # noqa: E731
+      {"params": params}, b, True, method=pretraining_heads.pretraining_outputs)
   out = apply(batch)
   assert set(out) == {"mlm", "sbo"} and out["sbo"].shape == (2, 3, 99)
   moved = dict(batch, masked_lm_span_right=np.minimum(pos + 2, 6))
   assert not np.allclose(apply(moved)["sbo"], out["sbo"])
   np.testing.assert_array_equal(apply(moved)["mlm"], out["mlm"])   # MLM does not read them
-  mlm, sentence = model_lib.BertForPreTraining(c).apply(
+  mlm, sentence = pretraining_heads.BertForPreTraining(c).apply(
       {"params": params}, ids, mask, seg, pos, span_left=batch["masked_lm_span_left"],
       span_right=batch["masked_lm_span_right"])
   assert sentence is None and mlm.shape == (2, 3, 99)
   with pytest.raises(ValueError, match="no masked_lm_span_left/right"):   # never made-up spans
-    model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos,
+    pretraining_heads.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos,
                                           return_dict=True)
   # The tuple form (fill-mask) needs no boundaries: MLM logits alone, the same.
-  mlm_only, _ = model_lib.BertForPreTraining(c).apply({"params": params}, ids, mask, seg, pos)
+  mlm_only, _ = pretraining_heads.BertForPreTraining(c).apply({"params": params}, ids, mask, seg,
+                                                              pos)
   np.testing.assert_array_equal(mlm_only, mlm)
 
 
@@ -499,7 +503,8 @@ def test_albert_sharing_with_remat_gives_the_same_outputs_and_gradients(share):
   ids, mask, seg, pos = _batch()
 
   def loss(p, config):
-    mlm, sop = model_lib.BertForPreTraining(config).apply({"params": p}, ids, mask, seg, pos)
+    mlm, sop = pretraining_heads.BertForPreTraining(config).apply({"params": p}, ids, mask, seg,
+                                                                  pos)
     return jnp.sum(mlm[..., 7]) + jnp.sum(sop)
 
   a, ga = jax.value_and_grad(loss)(params, c)
@@ -523,19 +528,19 @@ def test_packed_rows_tell_attention_how_many_instances_a_row_holds(monkeypatch):
   monkeypatch.setattr(attention, "dot_product_attention", spy)
   params = _init(TINY)
   p = _packed(_instances([20, 9, 12, 6, 30, 7]))
-  model_lib.BertForPreTraining(TINY).apply({"params": params}, p, True,
-                                           method=model_lib.pretraining_forward)
+  pretraining_heads.BertForPreTraining(TINY).apply({"params": params}, p, True,
+                                           method=pretraining_heads.pretraining_forward)
   assert seen and set(seen) == {p["cls_positions"].shape[1]} == {4}
   seen.clear()
   f = _instances([20, 9])
-  model_lib.BertForPreTraining(TINY).apply({"params": params}, f, True,
-                                           method=model_lib.pretraining_forward)
+  pretraining_heads.BertForPreTraining(TINY).apply({"params": params}, f, True,
+                                           method=pretraining_heads.pretraining_forward)
   assert set(seen) == {False}
 
 
 def _head_value_and_grads(x, w, cot):
-  f = lambda x, w: jnp.sum(model_lib._vocab_matmul(x, w) * cot)
-  return jax.value_and_grad(f, argnums=(0, 1))(x, w), model_lib._vocab_matmul(x, w)
+  f = lambda x, w: jnp.sum(pretraining_heads._vocab_matmul(x, w) * cot)
+  return jax.value_and_grad(f, argnums=(0, 1))(x, w), pretraining_heads._vocab_matmul(x, w)
 
 
 def test_mlm_head_levers_keep_the_logits_and_gradients(monkeypatch):
@@ -548,7 +553,7 @@ def test_mlm_head_levers_keep_the_logits_and_gradients(monkeypatch):
   w = jnp.asarray(rng.normal(size=(1000, 16)), jnp.bfloat16)
   cot = jnp.asarray(rng.normal(size=(2, 5, 1000)) * 0.01, jnp.float32)
   (ref, ref_g), ref_logits = _head_value_and_grads(x, w, cot)
-  monkeypatch.setattr(model_lib, "VOCAB_PAD", 128)
+  monkeypatch.setattr(pretraining_heads, "VOCAB_PAD", 128)
   (val, g), logits = _head_value_and_grads(x, w, cot)
   assert logits.shape == (2, 5, 1000) and logits.dtype == jnp.float32
   np.testing.assert_array_equal(logits, ref_logits)
@@ -556,10 +561,22 @@ def test_mlm_head_levers_keep_the_logits_and_gradients(monkeypatch):
     assert a.shape == b.shape and a.dtype == b.dtype
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6,
                                atol=1e-6)
-  monkeypatch.setattr(model_lib, "HEAD_BF16_BACKWARD", True)
+  monkeypatch.setattr(pretraining_heads, "HEAD_BF16_BACKWARD", True)
   (val, g), logits = _head_value_and_grads(x, w, cot)
   np.testing.assert_array_equal(logits, ref_logits)
   for a, b in zip(g, ref_g):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert np.max(np.abs(a - b)) <= 2 ** -7 * np.max(np.abs(b))
     assert not np.array_equal(a, b)          # the cotangent really was rounded
+
+
+def test_model_still_resolves_the_names_moved_to_pretraining_heads():
+  """The heads moved to pretraining_heads.py; `model.BertForPreTraining` and the rest (imported
+  by heads.py, convert/, families/) are the same objects. The head's knobs are not re-exported:
+  setting model.VOCAB_PAD would silently change nothing, so reading it fails."""
+  for name in ("MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_loss",
+               "pretraining_outputs", "pretraining_forward"):
+    assert getattr(model_lib, name) is getattr(pretraining_heads, name), name
+  for knob in ("VOCAB_PAD", "HEAD_BF16_BACKWARD", "_vocab_matmul"):
+    assert hasattr(pretraining_heads, knob) and not hasattr(model_lib, knob), knob
+  assert model_lib.gather_positions is pretraining_heads.gather_positions   # the encoder's own

@@ -1,5 +1,6 @@
 """SpanBERT (Joshi et al. 2019): BERT's encoder with span masking, one segment (no NSP) and the
-span-boundary objective (model.SpanBoundaryHead); converts and exports with BERT's names."""
+span-boundary objective (pretraining_heads.SpanBoundaryHead); converts and exports with BERT's
+names."""
 
 import dataclasses
 

@@ -1,0 +1,212 @@
+"""BERT's pre-training heads on model.py's encoder, and BertForPreTraining, which composes them.
+
+  MaskedLMHead      mlm  dense + act + LayerNorm, then logits against the tied word table
+  (a dense(2))      nsp / sop  on the pooled [CLS] (BertForPreTraining's {sentence}_head)
+  SpanBoundaryHead  sbo  SpanBERT's span-boundary objective
+then BertForPreTraining's forward on a batch dict (pretraining_outputs / pretraining_forward, the
+trainer's) and google-research/bert's MLM + NSP loss (pretraining_loss; the composed,
+objective-aware loss is objectives.py). model.py keeps the encoder (embeddings, attention,
+feed-forward, layers, BertModel); `model.BertForPreTraining` and the other names here still
+resolve there (model.__getattr__).
+
+Einsum letters as model.py's: B batch, T position, P masked position, H hidden, E embedding
+width (= H; ALBERT's E = 128), V vocabulary; K instances of a packed row (their [CLS]).
+
+Parameter tree of BertForPreTraining beside bert/ (BertModel's, model.py's docstring):
+  mlm_head/{transform/{kernel,bias}, transform_layer_norm, output_bias}    (decoder tied to
+           bert/embeddings/word_embeddings; NeoBERT: mlm_head/{decoder [V, H], output_bias},
+           the mlm_transform / tie_word_embeddings fields)
+  nsp_head/{kernel,bias}   (ALBERT: sop_head)
+  sbo_head/{position_embeddings, dense_1, layer_norm_1, dense_2, layer_norm_2, output_bias}
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+# model.py's building blocks (the house Dense, init, norm, activation) and encoder.
+from bert_jax.model import (  # pylint: disable=g-importing-member
+    PACKED_ROW_KEYS, BertConfig, BertModel, _activation, _constrain, _dense, _init, _layer_norm,
+    _zeros, gather_positions)
+
+
+class MaskedLMHead(nn.Module):
+  """dense + act + LayerNorm, then logits against the (tied) word embeddings + bias [V].
+
+  The transform maps H -> E (= H for BERT; ALBERT's E=128, as HF's AlbertMLMHead), so the
+  decoder is the [V, E] word table either way. NeoBERT's head (mlm_transform=False,
+  tie_word_embeddings=False): its own `decoder` [V, H] (torch's decoder.weight) on x as it is.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, word_embeddings):
+    c = self.config
+    if c.mlm_transform:
+      x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)    # [B, P, E]
+      x = _activation(c.hidden_act)(x)
+      x = _layer_norm(c, "transform_layer_norm")(x).astype(c.dtype)
+    if not c.tie_word_embeddings:
+      word_embeddings = self.param("decoder", _init(c, ("vocab", "embed")),
+                                   (c.vocab_size, c.embed_dim), c.param_dtype)   # [V, E]
+    return _tied_logits(c, self, x, word_embeddings)
+
+
+# Issue 29's MLM-head levers, A/B knobs of benchmarks/accelerator.py (`@vpad128`, `@headbf16`),
+# off until a run on the chip keeps them. The profile of 2026-11-26 (H200, base128) found the
+# head's three GEMMs at ~180 TFLOP/s (5.4 ms/step for ~1 TFLOP): V = 30,522 rows are not
+# 16-byte aligned for bf16 (cuBLAS ran an `align1` kernel), and the float32 logits' cotangent
+# makes both backward GEMMs float32 (a TF32 `s1688gemm` kernel among them).
+VOCAB_PAD = 1            # pad V to a multiple of this inside the matmul (128: 30,522 -> 30,592)
+HEAD_BF16_BACKWARD = False   # backward GEMMs on the cotangent cast to the compute dtype
+
+
+def _vocab_matmul(x, w):
+  """[B, P, E] @ [V, E]^T -> float32 [B, P, V], under the two knobs above. Padding is exact
+  (zero rows, sliced off: params, exports and predictions keep V)."""
+  v = w.shape[0]
+  pad = (-v) % VOCAB_PAD
+  if pad:
+    w = jnp.pad(w, ((0, pad), (0, 0)))
+  logits = (_bf16_backward_matmul(x, w) if HEAD_BF16_BACKWARD else
+            jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32))
+  return logits[..., :v] if pad else logits
+
+
+@jax.custom_vjp
+def _bf16_backward_matmul(x, w):
+  return jnp.einsum("BPH,VH->BPV", x, w, preferred_element_type=jnp.float32)
+
+
+def _bf16_backward_fwd(x, w):
+  return _bf16_backward_matmul(x, w), (x, w)
+
+
+def _bf16_backward_bwd(res, g):
+  # The cotangent (softmax - one-hot, in [-1, 1]) in the compute dtype, as every other layer's
+  # is; float32 accumulation. The forward logits stay float32 for the loss.
+  x, w = res
+  g = g.astype(x.dtype)
+  dx = jnp.einsum("BPV,VH->BPH", g, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  dw = jnp.einsum("BPV,BPH->VH", g, x, preferred_element_type=jnp.float32).astype(w.dtype)
+  return dx, dw
+
+
+_bf16_backward_matmul.defvjp(_bf16_backward_fwd, _bf16_backward_bwd)
+
+
+def _tied_logits(c, module, x, word_embeddings):
+  """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V] (the decoder [V, E]:
+  the word table, or NeoBERT's own).
+
+  The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
+  float32 accumulation and float32 logits for the loss.
+  """
+  logits = _vocab_matmul(x, word_embeddings.astype(c.dtype))
+  bias = module.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
+  logits = logits + bias.astype(jnp.float32)
+  return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+
+
+class SpanBoundaryHead(nn.Module):
+  """SpanBERT's span-boundary objective (Joshi et al. 2019, eq. 1-2): each masked token of a span
+  is predicted from the span's two boundary tokens x_{s-1}, x_{e+1} and its offset in the span:
+    h = LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s}])),  y = LN(GeLU(W2 h)),
+  then logits against the tied word embeddings (its own bias). Offsets past sbo_max_targets - 1
+  share the last position embedding.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output, positions, left, right, word_embeddings):
+    c = self.config
+    table = self.param("position_embeddings", _init(c, ("pos", "embed")),
+                       (c.sbo_max_targets, c.hidden_size), c.param_dtype)
+    offset = jnp.clip(positions - left - 1, 0, c.sbo_max_targets - 1)   # [B, P]
+    x = jnp.concatenate([gather_positions(sequence_output, left),        # [B, P, H]
+                         gather_positions(sequence_output, right),       # [B, P, H]
+                         table[offset].astype(sequence_output.dtype)], -1)  # [B, P, 3H]
+    act = _activation("gelu")
+    x = _dense(c, c.hidden_size, ("mlp", "embed"), "dense_1")(x)        # [B, P, H]
+    x = _layer_norm(c, "layer_norm_1")(act(x)).astype(c.dtype)
+    x = _dense(c, c.embed_dim, ("embed", "embed2"), "dense_2")(x)       # [B, P, E]
+    x = _layer_norm(c, "layer_norm_2")(act(x)).astype(c.dtype)
+    return _tied_logits(c, self, x, word_embeddings)
+
+
+class BertForPreTraining(nn.Module):
+  """BertModel + the heads of config.objectives (bert_jax/objectives.py composes their losses):
+    mlm  MaskedLMHead on the masked positions                          mlm_head
+    nsp  / sop  dense(2) on the pooled [CLS] (same shape, other data)   nsp_head / sop_head
+    sbo  SpanBoundaryHead on the masked positions                      sbo_head
+
+  Returns (mlm_logits, sentence_logits) as before -- sentence_logits is None without a sentence
+  task -- or, with return_dict=True, {objective: logits} (what `pretraining_forward` gives the
+  loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
+  prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
+  output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
+  [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
+               instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
+               span_right=None, deterministic=True, return_dict=False, output_sequence=False):
+    c = self.config
+    bert = BertModel(c, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
+               position_ids=position_ids, cls_positions=cls_positions,
+               deterministic=deterministic)
+    # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
+    # H x V projection runs on ~15% of the positions instead of all T.
+    masked = gather_positions(out["sequence_output"], masked_lm_positions)
+    table = bert.embeddings.word_embeddings.embedding                     # [V, E], tied
+    logits = {"mlm": MaskedLMHead(c, name="mlm_head")(masked, table)}   # [B, P, V] float32
+    sentence = c.sentence_objective
+    if sentence:
+      logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
+                                dtype=jnp.float32)(out["pooled_output"])  # [B, (K,) 2] float32
+    # SBO logits are computed where they are returned (the loss's dict) or created (init); the
+    # tuple form (predict's fill-mask) has no use for them and needs no span boundaries.
+    if "sbo" in c.objective_list and (return_dict or self.is_initializing()):
+      if span_left is None:
+        if not self.is_initializing():   # never a silent SBO on made-up boundaries
+          raise ValueError("BertForPreTraining: objectives include sbo but the batch has no "
+                           "masked_lm_span_left/right (span masking adds them: "
+                           "--config.masking=span).")
+        span_left = span_right = jnp.zeros_like(masked_lm_positions)  # shapes for init
+      logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
+          out["sequence_output"], masked_lm_positions, span_left, span_right, table)
+    if return_dict:
+      return {**logits, "sequence_output": out["sequence_output"]} if output_sequence else logits
+    return logits["mlm"], logits.get(sentence)
+
+
+def pretraining_loss(outputs, batch):
+  """google-research/bert's loss (MLM + NSP) on BertForPreTraining's (mlm, nsp) tuple; the
+  composed, objective-aware loss is bert_jax/objectives.py."""
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  if isinstance(outputs, (tuple, list)):
+    outputs = {"mlm": outputs[0], "nsp": outputs[1]}
+  return objectives.pretraining_loss(outputs, batch)
+
+
+# Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
+_FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span_left",
+                 "masked_lm_span_right": "span_right"}
+
+
+def pretraining_outputs(module, batch, deterministic):
+  """BertForPreTraining on a batch dict, packed or unpacked -> {objective: logits} (use as
+  `apply(..., method=)`; what the trainer's loss reads)."""
+  extra = {arg: batch[k] for k, arg in _FORWARD_KEYS.items() if k in batch}
+  return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
+                **extra)
+
+
+def pretraining_forward(module, batch, deterministic):
+  """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining."""
+  out = pretraining_outputs(module, batch, deterministic)
+  return out["mlm"], out.get(module.config.sentence_objective)
