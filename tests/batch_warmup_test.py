@@ -1,7 +1,6 @@
 """Batch-size warmup (bert_jax/batch_warmup.py): k(s), input positions, refusals, and a tiny
 ModernBERT run that ramps, is killed mid-ramp and resumes to the uninterrupted losses."""
 
-import os
 import signal
 
 import numpy as np
@@ -13,6 +12,7 @@ from bert_jax import input_source
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
+from tests import sigterm_testlib
 
 
 def ramp_config(preset="modernbert-tiny", **overrides):
@@ -156,15 +156,7 @@ def test_tiny_run_ramps_and_resumes_mid_ramp_to_the_same_losses(tmp_path, monkey
   assert full["summary"]["trained_tokens"] == (3 * 8 + 3 * 16 + 2 * 24) * 32
 
   # SIGTERM while stream batch 4 is read: step 4 (batches 3 and 4) -> checkpoint 4, exit.
-  real = input_source.make_batches
-
-  def killing_batches(*args, **kwargs):
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 4:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
   first = train.train_and_evaluate(config, str(tmp_path / "resumed"))
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   assert first["stopped_early"] and first["final_step"] == 4

@@ -3,7 +3,6 @@ distill_ce / distill_cos parts and trainer_lib's frozen network) on tiny configs
 
 import dataclasses
 import functools
-import os
 import signal
 
 import jax
@@ -12,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests import sigterm_testlib
 from tests import xla_test_flags
 from flax import linen as nn
 
@@ -306,23 +306,14 @@ def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
   losses of an uninterrupted one, and a resume with another teacher is one line naming both."""
   import shutil  # pylint: disable=g-import-not-at-top
   from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   c = _train_config("distilbert-tiny", teacher_checkpoint=teacher_workdir, num_train_steps=6)
   full = train.train_and_evaluate(c, str(tmp_path / "full"))
-  real = input_source.make_batches
-
-  def killing_batches(*args, **kwargs):
-    # Batch 4: train.py peeks at batches 0-3 before the loop installs its SIGTERM handler
-    # (synthetic rows: no input watchdog reading ahead); batch 4 is step 5's, so 5 of 6 steps.
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 4:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  # Batch 4: train.py peeks at batches 0-3 before the loop installs its SIGTERM handler
+  # (synthetic rows: no input watchdog reading ahead); batch 4 is step 5's, so 5 of 6 steps.
+  restore = sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
   first = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  monkeypatch.setattr(input_source, "make_batches", real)
+  restore()
   second = train.train_and_evaluate(c, str(tmp_path / "resumed"))
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   assert first["stopped_early"] and not second["stopped_early"]

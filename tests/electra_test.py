@@ -16,6 +16,7 @@ from bert_jax import model as model_lib
 from bert_jax import objectives
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
+from tests import sigterm_testlib
 
 VOCAB = 99
 # One layer per network: every test compiles both networks, and the box is a shared 2-core CPU.
@@ -248,9 +249,7 @@ def test_python_m_bert_jax_train_pretrains_electra_and_resumes_exactly(full_reco
   """The pre-training loop on an electra preset: both networks in one checkpoint, the logged
   FLOPs are ELECTRA's, and a run SIGTERMed mid-way and resumed logs the losses of an
   uninterrupted one (the replacements replay with the step's key)."""
-  import os  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
-  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain as pretrain_config  # pylint: disable=g-import-not-at-top
   c = pretrain_config.get_config("electra-tiny,runlocal")
@@ -259,19 +258,11 @@ def test_python_m_bert_jax_train_pretrains_electra_and_resumes_exactly(full_reco
   c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 8, 2, 1, 4
   c.async_checkpointing, c.shuffle_buffer = False, 100
   full = train.train_and_evaluate(c, str(tmp_path / "full"))
-  real = input_source.make_batches
-
-  def killing_batches(*args, **kwargs):
-    # Batch 6: the input watchdog's thread reads up to 2 batches past the 4 that train.py peeks
-    # at before the loop installs its SIGTERM handler (batch 4 killed the process outright).
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 6:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  # Batch 6: the input watchdog's thread reads up to 2 batches past the 4 that train.py peeks
+  # at before the loop installs its SIGTERM handler (batch 4 killed the process outright).
+  restore = sigterm_testlib.sigterm_at_batch(monkeypatch, 6)
   first = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  monkeypatch.setattr(input_source, "make_batches", real)
+  restore()
   second = train.train_and_evaluate(c, str(tmp_path / "resumed"))
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   assert first["stopped_early"] and not second["stopped_early"]

@@ -8,7 +8,6 @@ import signal
 import numpy as np
 import pytest
 
-from bert_jax import input_source
 from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
 from data_pipelines import build_vocab
@@ -17,6 +16,7 @@ from data_pipelines import dataset_info
 from data_pipelines import pretrain_input
 from data_pipelines import stdlib_corpus
 from data_pipelines import vocab as vocab_lib
+from tests import sigterm_testlib
 
 SEQ = 48
 
@@ -57,17 +57,9 @@ def _config(preset, records, kind, **overrides):
 def _train_interrupted_and_resumed(config, tmp_path, monkeypatch):
   """(losses of an uninterrupted run, of a run SIGTERMed at step 5 and resumed, last metrics)."""
   full = train.train_and_evaluate(config, str(tmp_path / "full"))
-  real = input_source.make_batches
-
-  def killing_batches(*args, **kwargs):
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 4:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  restore = sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
   first = train.train_and_evaluate(config, str(tmp_path / "resumed"))
-  monkeypatch.setattr(input_source, "make_batches", real)
+  restore()
   second = train.train_and_evaluate(config, str(tmp_path / "resumed"))
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   assert first["stopped_early"] and not second["stopped_early"]

@@ -26,6 +26,7 @@ from bert_jax import model as model_lib
 from bert_jax_core.tf_setup import tf
 from tests import gcs_emulator
 from tests import inference_test
+from tests import sigterm_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GS = f"gs://{gcs_emulator.BUCKET}"
@@ -252,19 +253,11 @@ def test_predict_and_extract_features_clis_on_a_gs_workdir_equal_local(gcs, copi
 def test_pretraining_saves_to_gs_and_resumes_like_local(gcs, tmp_path, monkeypatch):
   """Stopped (SIGTERM) after step 5 of 8 in a gs:// workdir, then resumed there: the losses are
   those of 8 uninterrupted local steps (as tests/train_test.py checks on local disk)."""
-  from bert_jax import input_source, train  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
   from tests import train_test  # pylint: disable=g-import-not-at-top
   config = train_test.tiny_config(num_train_steps=8, checkpoint_every=3)
   full = train.train_and_evaluate(config, str(tmp_path / "local"))
-  real = input_source.make_batches
-
-  def stopping_batches(*args, **kwargs):
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 4:
-        os.kill(os.getpid(), signal.SIGTERM)   # the loop saves step 5 and exits
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", stopping_batches)
+  sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
   remote = f"{GS}/pretrain"
   try:
     first = train.train_and_evaluate(config, remote)

@@ -16,6 +16,7 @@ from bert_jax import input_source
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
+from tests import sigterm_testlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,15 +95,7 @@ def test_loss_decreases_and_resume_matches_uninterrupted_with_accumulation(tmp_p
   assert np.mean(losses_full[-2:]) < losses_full[0] - 0.05, losses_full
 
   # Interrupt: SIGTERM arrives while batch 5 is read -> the loop saves step 5 and exits.
-  real = input_source.make_batches
-
-  def killing_batches(*args, **kwargs):
-    for i, b in enumerate(real(*args, **kwargs)):
-      if kwargs["start_batch"] == 0 and i == 4:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield b
-
-  monkeypatch.setattr(input_source, "make_batches", killing_batches)
+  sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
   first = train.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert first["stopped_early"] and first["final_step"] == 5
   manager = ckpt_lib.create_manager(str(tmp_path / "resumed"), async_save=False)
