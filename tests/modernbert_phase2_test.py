@@ -1,5 +1,8 @@
-"""ModernBERT's context extension as the `phase2` variant (families/modernbert.py phase2,
-train.model_from_init_checkpoint): the recipe's values, the global layers' RoPE theta raised from
+"""ModernBERT's two pre-training phases: the first as the defaults of the modernbert-base and
+-large presets (families/modernbert.py PHASE1, BATCH_WARMUP), its steps recounted from the yamls'
+tokens under the batch-size warmup; the context extension as the `phase2` variant
+(families/modernbert.py phase2, train.model_from_init_checkpoint): the recipe's values, the global
+layers' RoPE theta raised from
 the first phase's checkpoint with one line said, every other architecture field the
 checkpoint's, and the export after phase 2 carrying the new theta so transformers computes what
 we compute.
@@ -17,9 +20,13 @@ import os
 import numpy as np
 import pytest
 
+from bert_jax import batch_warmup
+from bert_jax import cli
 from bert_jax import model as model_lib
+from bert_jax import optimizer as opt_lib
 from bert_jax import train
 from bert_jax.configs import pretrain
+from bert_jax.families import modernbert
 
 TOL = 1e-4
 
@@ -27,6 +34,58 @@ TOL = 1e-4
 # ----------------------------------------------------------------------------------------------
 # The recipe (Warner et al. 2024, Table 3).
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset,batch,first,lr,warmup,steps", [
+    ("modernbert-base", 4_608, 768, 8e-4, 3_815, 374_901),     # modernbert-base-pretrain.yaml
+    ("modernbert-large", 4_928, 448, 5e-4, 1_666, 342_631)])   # modernbert-large-pretrain.yaml
+def test_the_first_phase_is_the_presets_default(preset, batch, first, lr, warmup, steps):
+  c = pretrain.get_config(preset)
+  assert (c.seq_length, c.max_predictions_per_seq, c.masked_lm_prob) == (1_024, 312, 0.3)
+  assert (c.optimizer, c.b1, c.b2, c.eps, c.weight_decay, c.weight_decay_all_tensors) == (
+      "stable_adamw", 0.9, 0.98, 1e-6, 1e-5, False)
+  assert (c.schedule, c.decay_steps, c.final_lr_fraction) == ("wsd", 0, 0.0)
+  assert (c.batch_size, c.batch_size_warmup_min_size, c.learning_rate) == (batch, first, lr)
+  assert (c.warmup_steps, c.num_train_steps) == (warmup, steps)
+  # The yamls' durations are tokens: the step at which the tokens trained on (the ramp's smaller
+  # steps counted) first reach 3B | 2B (warmup) and 1.719T (the phase).
+  ramp = batch_warmup.from_config(c)
+  tokens = lambda s: ramp.rows_through(s) * c.seq_length  # noqa: E731
+  warmup_tokens = modernbert.PHASE1_RATES[preset][2]
+  assert tokens(warmup - 1) < warmup_tokens <= tokens(warmup)
+  assert tokens(steps - 1) < modernbert.PHASE1_TOKENS <= tokens(steps)
+  # wsd with decay_steps 0: linear warmup, then the peak to the last step (no decay piece).
+  tx, schedule = opt_lib.from_config(c, num_train_steps=c.num_train_steps,
+                                     warmup_steps=c.warmup_steps)
+  del tx
+  np.testing.assert_allclose([schedule(s) for s in (0, warmup // 2, warmup, steps // 2, steps)],
+                             [0.0, lr * (warmup // 2) / warmup, lr, lr, lr], rtol=1e-5)
+
+
+def test_runlocal_and_the_cpu_presets_keep_what_they_had():
+  # runlocal still shrinks base to a laptop's run (the rest of the first phase's recipe stays).
+  c = pretrain.get_config("modernbert-base,runlocal")
+  assert (c.seq_length, c.max_predictions_per_seq, c.batch_size, c.batch_size_warmup_min_size,
+          c.num_train_steps, c.warmup_steps, c.learning_rate) == (128, 39, 32, 0, 1_500, 150,
+                                                                   1e-3)
+  assert (c.optimizer, c.schedule, c.decay_steps) == ("stable_adamw", "wsd", 0)
+  # tiny and mini keep BERT's loop (the quick start's and the CPU tests' values).
+  for preset in ("modernbert-tiny", "modernbert-mini"):
+    t = pretrain.get_config(preset)
+    assert (t.seq_length, t.max_predictions_per_seq, t.batch_size, t.optimizer, t.schedule,
+            t.learning_rate, t.warmup_steps, t.num_train_steps) == (128, 39, 256, "adamw",
+                                                                    "linear", 1e-4, 10_000,
+                                                                    900_000)
+
+
+def test_help_shows_the_first_phase_as_the_presets_defaults():
+  out = cli.config_help(pretrain.__file__, "modernbert-base")
+  for flag in ("--config.seq_length=1024", "--config.max_predictions_per_seq=312",
+               "--config.optimizer='stable_adamw'", "--config.learning_rate=0.0008",
+               "--config.b2=0.98", "--config.weight_decay=1e-05", "--config.schedule='wsd'",
+               "--config.warmup_steps=3815", "--config.num_train_steps=374901",
+               "--config.decay_steps=0", "--config.batch_size=4608"):
+    assert f"  {flag} " in out or f"  {flag}\n" in out, flag
+
+
 @pytest.mark.parametrize("preset,rows,steps,decay,lr,wd", [
     ("modernbert-base", 72, 508_626, 84_771, 3e-4, 1e-5),    # 300B / (72 x 8,192), 50B of it
     ("modernbert-large", 77, 475_598, 79_266, 5e-5, 1e-6)])

@@ -89,13 +89,56 @@ def check_config(config):
                      "ffn (geglu | swiglu).")
 
 
-# Batch-size warmup (section 2.2.2, Table 3; bert_jax/batch_warmup.py): the first phase's batch
-# grows from 768 to 4,608 rows (base: 6 sizes, +768 = 8 GPUs x 96 rows each) over the first 50B
-# tokens, 448 -> 4,928 (large: 11 sizes of 8 x 56) over 10B, each size for the same number of
-# steps. (batch_size, batch_size_warmup_min_size, batch_size_warmup_tokens). Off for neobert
-# (its paper has none) and the CPU presets (tiny, mini: a laptop's run is ~6M tokens); the
-# context extension (phase2) has none either.
+# ModernBERT's own training configs, the source of the first phase's numbers below (read
+# 2026-11-26): BASE_YAML = answerdotai/ModernBERT yamls/modernbert/modernbert-base-pretrain.yaml
+# (commit 94c82d1); LARGE_YAML = yamls/modernbert/modernbert-large-pretrain.yaml, which the stored
+# upstream snapshot lacks: read from a fork that keeps it unedited (qkchambers/ModernBERT-Diffusion
+# aa5c5ce; its line numbers are base's, the same keys in the same order). The paper (Warner et al.
+# 2024, section 2.2, Table 3) agrees where it gives a number.
+#
+# Batch-size warmup (section 2.2.2; bert_jax/batch_warmup.py): the first phase's batch grows from
+# 768 to 4,608 rows (base: 6 sizes, +768 = 8 GPUs x 96 rows each) over the first 50B tokens,
+# 448 -> 4,928 (large: 11 sizes of 8 x 56) over 10B, each size for the same number of steps.
+# (batch_size, batch_size_warmup_min_size, batch_size_warmup_tokens). Checked against the yamls:
+# line 117 global_train_batch_size 4608 | 4928; line 77 batch_size_warmup_min_size =
+# device_train_microbatch_size, line 123 96 | line 130 56 (one micro-batch a GPU: its packer,
+# src/sequence_packer.py GreedyBestFitSequencePacker.from_composer, counts the ramp in
+# micro-batches); line 78 batch_size_warmup_tokens 50_000_000_000tok | 10_000_000_000tok. The 8
+# GPUs are the paper's (and 4,608 / 96 = 48, 4,928 / 56 = 88: 8 GPUs x 6 | 11 units). Off for
+# neobert (its paper has none) and the CPU presets (tiny, mini: a laptop's run is ~6M tokens);
+# the context extension (phase2) has none either.
 BATCH_WARMUP = {"modernbert-base": (4_608, 768, 50e9), "modernbert-large": (4_928, 448, 10e9)}
+
+# The first phase, every field the yamls set (BASE_YAML / LARGE_YAML line numbers):
+#   line 4 max_seq_len 1024; line 6 mlm_probability 0.3 -> seq_length 1,024, 312 predictions
+#   lines 98-102 scheduler warmup_stable_decay, t_warmup 3_000_000_000tok (large 2_000_000_000),
+#     alpha_f 0.00, t_decay 0tok -> schedule wsd, decay_steps 0: linear warmup, then constant to
+#     the end (the 1-sqrt decay is the context extension's; optimizer.create_wsd_schedule takes
+#     decay_steps 0 as no decay piece)
+#   lines 104-111 optimizer decoupled_stableadamw, lr 8e-4 (large 5e-4), betas [0.9, 0.98], eps
+#     1.0e-06, weight_decay 1.0e-5; line 112 filter_bias_norm_wd true (no decay on norms and
+#     biases: weight_decay_all_tensors False, the default)
+#   line 115 max_duration 1_719_000_000_000tok
+# Large's 5e-4: line 106 says "This learning rate was too high and required a restart. You'll want
+# to reduce it."; the paper (section 2.2.3): 5e-4 for 900B tokens, then rolled back and restarted
+# at 5e-5 for the remaining 800B (weight decay 1e-6 after it: modernbert-large-context-extension
+# .yaml's optimizer comments). The preset keeps the yaml's start; the restart is not modelled
+# (docs/models.md). Large's start from base's weights (LARGE_YAML lines 120-125
+# init_from_checkpoint, tile_weights_from_middle) is not modelled either.
+PHASE1 = dict(seq_length=1_024, optimizer="stable_adamw", b1=0.9, b2=0.98, eps=1e-6,
+              schedule="wsd", decay_steps=0, final_lr_fraction=0.0)
+# Per preset: (learning rate, weight decay, warmup tokens). Durations are tokens in the yamls and
+# optimizer steps here: the step at which the tokens trained on (rows x 1,024, batch_warmup's
+# Ramp.rows_through, the ramp's smaller steps counted) first reach them. Base: the 3B warmup tokens
+# lie in the ramp's first size (768 x 1,024 = 786,432 a step): ceil(3e9 / 786,432) = 3,815 steps
+# (636 at the full batch, as docs/models.md said before, would be 0.5B tokens); the ramp's
+# 21,194 steps train 50.0B tokens, the rest 1,669.0B / 4,718,592 = 353,707.x: 374,901 steps.
+# Large: 2B tokens at step 1,666 (in the ramp's 5th size, 2,240 rows); the ramp's 3,965 steps
+# train 10.0B, then / 5,046,272: 342,631. Without the ramp (batch_size_warmup_min_size=0) 1.719T
+# is 364,304 steps (base) | 340,648 (large). tests/modernbert_phase2_test.py recounts them.
+PHASE1_TOKENS = 1.719e12
+PHASE1_RATES = {"modernbert-base": (8e-4, 1e-5, 3e9), "modernbert-large": (5e-4, 1e-5, 2e9)}
+PHASE1_STEPS = {"modernbert-base": (3_815, 374_901), "modernbert-large": (1_666, 342_631)}
 
 
 # NeoBERT's pre-training, from its reference code (github.com/chandar-lab/NeoBERT, the mirror's
@@ -128,17 +171,23 @@ NEOBERT_RECIPE = dict(
 
 def recipe(c, preset):
   """ModernBERT's pre-training (Warner et al. 2024, section 2.2): MLM at 30% with no sentence
-  objective (records from create_pretraining_data --no_nsp), 1,024-token rows in its first
-  phase. Predictions per row as google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024.
+  objective (records from create_pretraining_data --no_nsp). base, large: the first phase's
+  recipe (BATCH_WARMUP, PHASE1): 1,024-token rows, StableAdamW, warmup then constant, 1.719T
+  tokens; tiny, mini keep BERT's loop (128 tokens, adamw, linear). Predictions per row as
+  google's int((p + 0.005) x T): 39 at T=128, 312 at 1,024.
   neobert: NeoBERT's (NEOBERT_RECIPE): 20%, all [MASK], 209 predictions at 1,024."""
   c.masked_lm_prob = 0.3
   if preset == "neobert":
     c.update(NEOBERT_RECIPE)
-  if preset in BATCH_WARMUP:   # the first phase's batch and its warmup (base, large)
     # The reference's cosine ends at 900,000 of 1M steps: 9N // 10, a reference as phase2's, so
     # --config.num_train_steps=N moves it (runlocal's 1,500 steps: 1,350).
     c.decay_steps = c.get_ref("num_train_steps") * 9 // 10
+  if preset in BATCH_WARMUP:   # the first phase's batch and its warmup (base, large)
     c.batch_size, c.batch_size_warmup_min_size, c.batch_size_warmup_tokens = BATCH_WARMUP[preset]
+  if preset in PHASE1_STEPS:   # the first phase's optimizer and schedule (PHASE1)
+    c.update(PHASE1)
+    c.learning_rate, c.weight_decay, _ = PHASE1_RATES[preset]
+    c.warmup_steps, c.num_train_steps = PHASE1_STEPS[preset]
   c.max_predictions_per_seq = int((c.masked_lm_prob + 0.005) * c.seq_length)
   # RoPE theta of the global layers. None: the preset's from scratch (10,000, the first phase),
   # the checkpoint's own with init_checkpoint (a converted ModernBERT: 160,000). A value that
