@@ -206,17 +206,28 @@ def recipe(c, preset):
 # tokens, no warmup: 250B at a constant rate, then the decay phase, 50B tokens with a 1-sqrt
 # schedule (our wsd with warmup 0: the last 50/300 = 1/6 of the steps). StableAdamW, betas
 # (0.9, 0.98), eps 1e-6 in every phase. Per preset: (rows per batch, learning rate, weight
-# decay). Large's decay phase took 78 rows (77 before); one batch here. Base's rate is lowered
-# from its first phase's 8e-4; large already trained at 5e-5 (the paper's footnote 6).
-CONTEXT_EXTENSION = {"modernbert-base": (72, 3e-4, 1e-5), "modernbert-large": (77, 5e-5, 1e-6)}
-CONTEXT_EXTENSION_TOKENS, DECAY_TOKENS = 300e9, 50e9
+# decay). Base's rate is lowered from its first phase's 8e-4; large already trained at 5e-5 (the
+# paper's footnote 6: its first-phase restart). Checked against ModernBERT's yamls
+# (yamls/modernbert/modernbert-{base,large}-{context-extension,learning-rate-decay}.yaml, read in
+# qkchambers/ModernBERT-Diffusion aa5c5ce; upstream's are not in the stored snapshot), which win
+# where our comments differed before 2026-11-26:
+#   global_train_batch_size 576 | 616 rows (decay phase 576 | 624): global, as in the first
+#     phase (main.py divides it by the world size), i.e. 8 GPUs x Table 3's 72 | 77 (78), and the
+#     same tokens a step as phase 1 (576 x 8,192 = 4,608 x 1,024). This table said 72 | 77 rows,
+#     8x fewer tokens a step and 8x the steps (508,626 | 475,598) for the same 300B.
+#   lr 3e-4 | 5e-5, weight_decay 1e-5 | 1e-6; max_duration 250_000_000_000tok (scheduler
+#     constant_with_warmup, t_warmup 0tok) then 50_000_000_000tok (one_minus_sqrt, t_decay the
+#     whole run, alpha_f 0.001: the decay ends at 0.001 x lr, our final_lr_fraction; it said 0).
+# Large's decay phase took 624 rows (616 before): one batch here.
+CONTEXT_EXTENSION = {"modernbert-base": (576, 3e-4, 1e-5), "modernbert-large": (616, 5e-5, 1e-6)}
+CONTEXT_EXTENSION_TOKENS, DECAY_TOKENS, DECAY_FINAL_FRACTION = 300e9, 50e9, 0.001
 EXTENDED_THETA = 160_000.0
 
 
 def phase2(c, preset):
   """`--config=...:modernbert-base,phase2 --config.init_checkpoint=PHASE1`: the context
-  extension. base: 72 x 8,192 = 589,824 tokens a step, 300B / 589,824 = 508,626 steps, the last
-  84,771 (50B) decaying; large: 77 x 8,192 = 630,784, 475,598 steps, 79,266 decaying. The CPU
+  extension. base: 576 x 8,192 = 4,718,592 tokens a step, 300B / 4,718,592 = 63,578 steps, the
+  last 10,596 (50B) decaying; large: 616 x 8,192 = 5,046,272, 59,449 steps, 9,908 decaying. The CPU
   presets (tiny, mini) take base's rows, steps and rates at their own limit, 1,024 tokens."""
   if preset not in CONTEXT_EXTENSION and preset not in ("modernbert-tiny", "modernbert-mini"):
     raise ValueError(f"--config=...:{preset},phase2: no context-extension recipe for {preset} "
@@ -232,7 +243,7 @@ def phase2(c, preset):
   c.warmup_steps = 0
   c.learning_rate, c.weight_decay = lr, wd
   c.optimizer, c.b1, c.b2, c.eps = "stable_adamw", 0.9, 0.98, 1e-6
-  c.schedule, c.final_lr_fraction = "wsd", 0.0
+  c.schedule, c.final_lr_fraction = "wsd", DECAY_FINAL_FRACTION
   # The decay is the last sixth of whatever num_train_steps ends up (runlocal's 1,500, or
   # --config.num_train_steps=N): a reference, so it follows.
   c.decay_steps = c.get_ref("num_train_steps") // int(CONTEXT_EXTENSION_TOKENS // DECAY_TOKENS)
