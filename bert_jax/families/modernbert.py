@@ -92,9 +92,10 @@ def check_config(config):
 # ModernBERT's own training configs, the source of the first phase's numbers below (read
 # 2026-11-26): BASE_YAML = answerdotai/ModernBERT yamls/modernbert/modernbert-base-pretrain.yaml
 # (commit 94c82d1); LARGE_YAML = yamls/modernbert/modernbert-large-pretrain.yaml, which the stored
-# upstream snapshot lacks: read from a fork that keeps it unedited (qkchambers/ModernBERT-Diffusion
-# aa5c5ce; its line numbers are base's, the same keys in the same order). The paper (Warner et al.
-# 2024, section 2.2, Table 3) agrees where it gives a number.
+# upstream snapshot lacks: read from a fork's copy (qkchambers/ModernBERT-Diffusion aa5c5ce; the
+# same keys on the same lines as upstream's base; the fork edited its own base yaml, so this is a
+# copy, not upstream's file). The paper (Warner et al. 2024, section 2.2, Table 3) agrees where it
+# gives a number.
 #
 # Batch-size warmup (section 2.2.2; bert_jax/batch_warmup.py): the first phase's batch grows from
 # 768 to 4,608 rows (base: 6 sizes, +768 = 8 GPUs x 96 rows each) over the first 50B tokens,
