@@ -61,11 +61,34 @@ def estimate(c: Compiled, gen: tpu_specs.Generation):
                     "bandwidth); the compiler gave no step time")
 
 
+def splash_flops(config, model_config):
+  """Training FLOPs of one step's attention scores and context in the main network: 12 x T x S
+  x H a layer (3 x forward, 2 a multiply-add, QK^T and PV), S = T keys on global layers and
+  min(T, W + 1) on windowed ones (ModernBERT's local layers), x rows. On TPU they run in the
+  splash kernel, whose pallas_call carries no cost estimate (JAX 0.10.2): the compiled FLOPs and
+  libtpu's cost model both leave them out. modernbert-base at 8,192, 9 rows a chip: 4.6e13 of
+  the step's 1.0e14 analytic FLOPs a chip, and the compiled count was 0.55x the analytic
+  (2026-11-26, docs/models.md). A lower bound: ELECTRA's generator and a DistilBERT teacher run
+  splash too and are not counted here."""
+  t, h = int(config.seq_length), model_config.hidden_size
+  keys = [t if window is None else min(t, window + 1)
+          for window, _ in map(model_config.layer_attention, range(model_config.num_layers))]
+  return 12 * t * h * sum(keys) * int(config.batch_size)
+
+
 def predict(config, model_config, spec, c: Compiled, price, teacher=None):
   """The numbers a user pays by: tokens/s, MFU, hours, chip-hours and cost."""
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   gen = spec.generation
   step_s, how = estimate(c, gen)
+  if "splash in training" in (c.attention or ""):
+    # The cost model does not see the splash kernels: add their FLOPs at the chip's peak, the
+    # least time they can take (a tiny model's are ~nothing; long rows' are half the step).
+    unseen = splash_flops(config, model_config) / spec.chips
+    extra = unseen / (gen.peak_bf16_tflops * 1e12)
+    step_s += extra
+    how += (f"; + {extra:.4f} s for the splash attention kernels at peak ({unseen:.3e} FLOPs a "
+            "chip, which the compiled count leaves out and the cost model has no estimate of)")
   analytic = train.step_flops(config, model_config, layout_of(config), teacher) / spec.chips
   steps = int(config.num_train_steps)
   hours = steps * step_s / 3600
