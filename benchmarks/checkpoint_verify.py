@@ -29,12 +29,13 @@ import numpy as np
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 
 
 def random_state(size, with_moments):
   """{params, mu, nu}: random float32 numpy arrays of BertForPreTraining's shapes."""
   cfg = model_lib.get_bert_config(size)
-  model = model_lib.BertForPreTraining(cfg)
+  model = pretraining_heads.BertForPreTraining(cfg)
   ids = np.zeros((1, 8), np.int32)
   shapes = jax.eval_shape(lambda: model.init(
       {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0)}, ids, ids, ids,

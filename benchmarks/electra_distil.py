@@ -41,13 +41,14 @@ def inference_speed(presets, vocab_size, batch, reps, seq=128):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bert_jax import model as m  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   ids = jax.numpy.asarray(rng.integers(5, vocab_size, (batch, seq)), jax.numpy.int32)
   mask, seg = jax.numpy.ones_like(ids), jax.numpy.zeros_like(ids)
   fns = {}
   for preset in presets:
     c = m.get_bert_config(preset, vocab_size=vocab_size)
-    params = nn.meta.unbox(m.init_params(c, jax.random.key(0), model_cls=m.BertModel))
+    params = nn.meta.unbox(pretraining_heads.init_params(c, jax.random.key(0), model_cls=m.BertModel))
     fn = jax.jit(lambda p, model=m.BertModel(c): model.apply(
         {"params": p}, ids, mask, seg)["sequence_output"])
     jax.block_until_ready(fn(params))   # compile

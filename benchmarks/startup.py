@@ -45,12 +45,13 @@ def build_model(directory):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
   from bert_jax import checkpoint as ckpt_lib, model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
   from tests import hf_testlib  # pylint: disable=g-import-not-at-top
   vocab = os.path.join(directory, "vocab.txt")
   hf_testlib.write_vocab(vocab, 5000)
   cfg = model_lib.get_bert_config("tiny", vocab_size=5000)
-  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
   export = os.path.join(directory, "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))

@@ -42,7 +42,6 @@ table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside 
 
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,21 +58,21 @@ from bert_jax.bert_config import (  # noqa: F401  pylint: disable=unused-import
 from bert_jax import bert_config as _bert_config
 
 
-# The pre-training heads and BertForPreTraining moved to pretraining_heads.py (which imports this
-# module, so this one loads it on first use): `model.BertForPreTraining` and the rest still work.
-# Not the MLM head's knobs (VOCAB_PAD, HEAD_BF16_BACKWARD): setting model.VOCAB_PAD would change
-# nothing, so reading it fails too; set pretraining_heads.VOCAB_PAD.
-_PRETRAINING_NAMES = frozenset({
+# The pre-training heads, BertForPreTraining and init_params moved to pretraining_heads.py
+# (2026-11-26). That module imports this one, so this one cannot import it back, not even inside
+# a function (tests/layers_test.py: no import cycle): an old `model.BertForPreTraining` is an
+# AttributeError that names the new home.
+_MOVED_TO_PRETRAINING_HEADS = frozenset({
     "MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_loss",
-    "pretraining_outputs", "pretraining_forward"})
+    "pretraining_outputs", "pretraining_forward", "init_params", "VOCAB_PAD",
+    "HEAD_BF16_BACKWARD"})
 
 
 def __getattr__(name):
-  """The names above, from pretraining_heads.py; PRESETS and FAMILIES, read from the registry
-  each time (bert_config.py says how)."""
-  if name in _PRETRAINING_NAMES:
-    from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-    return getattr(pretraining_heads, name)
+  """PRESETS and FAMILIES, read from the registry each time (bert_config.py says how)."""
+  if name in _MOVED_TO_PRETRAINING_HEADS:
+    raise AttributeError(f"bert_jax.model.{name} moved to bert_jax.pretraining_heads.{name}: "
+                         "`from bert_jax import pretraining_heads`")
   return _bert_config.__getattr__(name)
 
 
@@ -433,13 +432,3 @@ def count_params(params) -> int:
   leaves = jax.tree.leaves(nn.meta.unbox(params))
   return int(sum(math.prod(x.shape) for x in leaves))
 
-
-def init_params(config: BertConfig, rng, seq_len=8, num_predictions=2, model_cls=None) -> Any:
-  """Boxed (LogicallyPartitioned) params of `model_cls` (default BertForPreTraining)."""
-  from bert_jax.pretraining_heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
-  model = (model_cls or BertForPreTraining)(config)
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  args = (ids, jnp.ones_like(ids), ids)
-  if model_cls in (None, BertForPreTraining):
-    args += (jnp.zeros((1, num_predictions), jnp.int32),)
-  return model.init(rng, *args)["params"]

@@ -20,6 +20,8 @@ Parameter tree of BertForPreTraining beside bert/ (BertModel's, model.py's docst
   sbo_head/{position_embeddings, dense_1, layer_norm_1, dense_2, layer_norm_2, output_bias}
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -210,3 +212,13 @@ def pretraining_forward(module, batch, deterministic):
   """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining."""
   out = pretraining_outputs(module, batch, deterministic)
   return out["mlm"], out.get(module.config.sentence_objective)
+
+
+def init_params(config, rng, seq_len=8, num_predictions=2, model_cls=None) -> Any:
+  """Boxed (LogicallyPartitioned) params of `model_cls` (default BertForPreTraining)."""
+  model = (model_cls or BertForPreTraining)(config)
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  args = (ids, jnp.ones_like(ids), ids)
+  if model_cls in (None, BertForPreTraining):
+    args += (jnp.zeros((1, num_predictions), jnp.int32),)
+  return model.init(rng, *args)["params"]

@@ -233,6 +233,7 @@ def test_model_with_a_fused_kernel_equals_the_xla_model():
   # The whole packed pre-training forward and its parameter gradients, through model.py's
   # SelfAttention: pallas_gpu (interpret mode on CPU) against xla, float32, dropout off.
   from bert_jax import model as model_lib
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   t = 32
   ids = _ids(t, packed=True)
   rng = np.random.default_rng(1)
@@ -246,12 +247,12 @@ def test_model_with_a_fused_kernel_equals_the_xla_model():
   def loss_and_grads(backend):
     cfg = model_lib.get_bert_config("tiny", vocab_size=99, hidden_dropout_prob=0.0,
                                     attention_dropout_prob=0.0, attention=backend)
-    module = model_lib.BertForPreTraining(cfg)
-    params = nn.meta.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0), seq_len=t,
+    module = pretraining_heads.BertForPreTraining(cfg)
+    params = nn.meta.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0), seq_len=t,
                                                  num_predictions=3))
 
     def loss(p):
-      mlm, nsp = module.apply({"params": p}, batch, False, method=model_lib.pretraining_forward)
+      mlm, nsp = module.apply({"params": p}, batch, False, method=pretraining_heads.pretraining_forward)
       return jnp.sum(jax.nn.log_softmax(mlm)[..., 7]) + jnp.sum(nsp[..., 0])
 
     return jax.value_and_grad(loss)(params)

@@ -12,6 +12,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax.convert import hf_export
 from bert_jax import inference
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax.convert import sentencepiece_export
 from data_pipelines import build_vocab, tokenization
 
@@ -77,7 +78,7 @@ def _sentencepiece_export(spm_model, directory):
   """A random tiny BertForPreTraining saved as an Orbax params export with its .model beside."""
   vocab = tokenization.get_tokenizer(spm_model_file=spm_model).vocab
   config = model_lib.get_bert_config("tiny", vocab_size=vocab.size)
-  params = flax.linen.meta.unbox(model_lib.init_params(config, jax.random.PRNGKey(0)))
+  params = flax.linen.meta.unbox(pretraining_heads.init_params(config, jax.random.PRNGKey(0)))
   params = jax.tree_util.tree_map(np.asarray, params)
   ckpt_lib.save_params(directory, params, config, meta={"do_lower_case": False})
   with open(spm_model, "rb") as src, open(os.path.join(directory, "spm.model"), "wb") as dst:

@@ -29,13 +29,14 @@ def _two_layer_export(tmp):
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
   from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
   vocab = tasks_testlib.write_vocab(tmp, "the cat sat on the mat . a dog ran")
   with open(vocab) as f:
     size = len(f.read().splitlines())
   cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=2, max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
   export = os.path.join(tmp, "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))

@@ -18,6 +18,7 @@ from bert_jax import checkpoint as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
 from bert_jax.convert import hf_export  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import pretraining_heads
 from bert_jax.convert import albert  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
 from tests import hf_testlib  # noqa: E402
@@ -62,13 +63,13 @@ def _hf_outputs(model, ids, mask, seg, pos):
 
 
 def _our_outputs(params, config, ids, mask, seg, pos):
-  return model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, seg, pos)
+  return pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask, seg, pos)
 
 
 def test_name_table_covers_the_albert_model_exactly():
   config = model_lib.get_bert_config("albert-tiny", vocab_size=50, embedding_size=16,
                                      max_position_embeddings=20)
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: pretraining_heads.init_params(config, jax.random.key(0)))
   flat = {k: tuple(v.value.shape) for k, v in names.flatten(dict(shapes)).items()}
   table = albert.specs(config)
   assert {s.path: s.shape for s in table} == flat
@@ -98,7 +99,7 @@ def test_hf_albert_import_gives_transformers_outputs(hf_model, hf_dir, tmp_path)
 def test_our_albert_exports_to_transformers_with_equal_outputs(tmp_path):
   config = model_lib.get_bert_config("albert-tiny", vocab_size=VOCAB, embedding_size=16,
                                      max_position_embeddings=40)
-  params = nn.meta.unbox(model_lib.init_params(config, jax.random.key(7)))
+  params = nn.meta.unbox(pretraining_heads.init_params(config, jax.random.key(7)))
   # Every leaf moved off its init (LayerNorm 1/0, biases 0), so a swapped one would show.
   rng = np.random.default_rng(7)
   params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),

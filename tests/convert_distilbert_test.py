@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax import checkpoint as ckpt_lib  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import pretraining_heads
 from bert_jax.convert import distilbert  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
 from tests import hf_testlib  # noqa: E402
@@ -46,7 +47,7 @@ def _hf_outputs(model, ids, mask, pos):
 
 
 def _our_outputs(params, config, ids, mask, pos):
-  out = model_lib.BertForPreTraining(config).apply(
+  out = pretraining_heads.BertForPreTraining(config).apply(
       {"params": params}, ids, mask, np.zeros_like(ids), pos, return_dict=True,
       output_sequence=True)
   return np.asarray(out["mlm"]), np.asarray(out["sequence_output"])
@@ -55,7 +56,7 @@ def _our_outputs(params, config, ids, mask, pos):
 def test_name_table_is_exactly_transformers_and_our_tree():
   hf = transformers.DistilBertForMaskedLM(_hf_config())
   config = distilbert.config_from_json(hf.config.to_dict(), "config.json")
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: pretraining_heads.init_params(config, jax.random.key(0)))
   flat = {k: tuple(v.value.shape) for k, v in names.flatten(dict(shapes)).items()}
   table = distilbert.specs(config)
   assert {s.path: s.shape for s in table} == flat
@@ -98,7 +99,7 @@ def test_our_distilbert_exports_to_transformers_with_equal_outputs_and_back(tmp_
                                      hidden_size=32, num_heads=4, intermediate_size=48,
                                      max_position_embeddings=40, hidden_dropout_prob=0.0,
                                      attention_dropout_prob=0.0)
-  params = nn.meta.unbox(model_lib.init_params(config, jax.random.key(7)))
+  params = nn.meta.unbox(pretraining_heads.init_params(config, jax.random.key(7)))
   rng = np.random.default_rng(7)
   params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),
                         params)

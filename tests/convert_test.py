@@ -16,6 +16,7 @@ from bert_jax import checkpoint as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
 from bert_jax.convert import hf_export  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import pretraining_heads
 from bert_jax.convert import names  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from tests import hf_testlib  # noqa: E402
@@ -43,7 +44,7 @@ def _assert_trees_equal(a, b):
 def test_name_table_covers_the_model_exactly():
   config = model_lib.BertConfig(vocab_size=50, hidden_size=48, num_layers=3, num_heads=3,
                                 intermediate_size=80, max_position_embeddings=20)
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: pretraining_heads.init_params(config, jax.random.key(0)))
   flat = {k: tuple(v.value.shape) for k, v in names.flatten(dict(shapes)).items()}
   table = names.specs(config)
   assert {s.path: s.shape for s in table} == flat

@@ -20,6 +20,7 @@ from bert_jax import extract_features as ef
 from bert_jax import heads
 from bert_jax import inference
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import predict
 from tests import finetune_test
 from tests import tasks_testlib
@@ -39,7 +40,7 @@ def pretrained(tmp_path_factory):
   d = tmp_path_factory.mktemp("distilbert_export")
   vocab_file = tasks_testlib.write_vocab(str(d), " ".join(finetune_test.WORDS) + " .")
   cfg = _config(tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size)
-  params = jax.jit(lambda r: nn.unbox(model_lib.init_params(cfg, r)))(jax.random.PRNGKey(0))
+  params = jax.jit(lambda r: nn.unbox(pretraining_heads.init_params(cfg, r)))(jax.random.PRNGKey(0))
   path = ckpt_lib.save_params(str(d / "export"), params, cfg, meta={"do_lower_case": True})
   return path, vocab_file, cfg
 
@@ -52,7 +53,7 @@ def test_heads_load_the_distilbert_body_and_use_its_head_not_a_pooler(family):
   ids, mask, seg = heads.dummy_inputs(family, 8)
   params = nn.unbox(jax.eval_shape(lambda r: model.init(r, ids, mask, seg),
                                    jax.random.PRNGKey(0))["params"])
-  pretraining = jax.eval_shape(lambda r: nn.unbox(model_lib.init_params(cfg, r)),
+  pretraining = jax.eval_shape(lambda r: nn.unbox(pretraining_heads.init_params(cfg, r)),
                                jax.random.PRNGKey(0))
   # params["bert"] is exactly a distillation checkpoint's body: no pooler, no token types.
   assert "pooler" not in params["bert"] and set(params["bert"]) == {"embeddings", "encoder"}
@@ -116,7 +117,7 @@ def test_predict_fills_masks_with_the_mlm_head(pretrained, capsys):
   result = predict.predict(predictor, "the cat sat on the [MASK] .", top_k=3)
   ids, mask, seg = predict.encode(predictor, "the cat sat on the [MASK] .")
   position = np.nonzero(ids[0] == predictor.tokenizer.vocab.mask_id)[0][None]
-  mlm, _ = model_lib.BertForPreTraining(cfg).apply({"params": predictor.params}, ids, mask, seg,
+  mlm, _ = pretraining_heads.BertForPreTraining(cfg).apply({"params": predictor.params}, ids, mask, seg,
                                                    position)
   want = np.asarray(jax.nn.softmax(mlm[0, 0]))
   top = np.argsort(-want, kind="stable")[:3]
@@ -203,7 +204,7 @@ def test_a_bert_teacher_distils_a_distilbert_student_in_finetune(tmp_path, pretr
   bert_cfg = model_lib.get_bert_config("tiny", vocab_size=cfg.vocab_size, num_layers=1,
                                        max_position_embeddings=128)
   bert = ckpt_lib.save_params(str(tmp_path / "bert"), jax.jit(lambda r: nn.unbox(
-      model_lib.init_params(bert_cfg, r)))(jax.random.PRNGKey(2)), bert_cfg,
+      pretraining_heads.init_params(bert_cfg, r)))(jax.random.PRNGKey(2)), bert_cfg,
       meta={"do_lower_case": True})
   finetune_test._sst2(tmp_path, np.random.default_rng(0), 8, 8)   # pylint: disable=protected-access
   teacher, _ = finetune_test._one_step(tmp_path, (bert, vocab_file), "glue_sst2")  # pylint: disable=protected-access
@@ -323,7 +324,7 @@ def test_distilled_workdir_feeds_finetune_predict_and_extract_features(tmp_path)
   size = tasks_testlib.ReferenceTokenizer(vocab).vocab.size
   teacher_cfg = model_lib.get_bert_config("tiny", vocab_size=size)   # 512 positions, as the student
   teacher = ckpt_lib.save_params(
-      str(tmp_path / "teacher"), jax.jit(lambda r: nn.unbox(model_lib.init_params(
+      str(tmp_path / "teacher"), jax.jit(lambda r: nn.unbox(pretraining_heads.init_params(
           teacher_cfg, r)))(jax.random.PRNGKey(0)), teacher_cfg,
       meta={"do_lower_case": True, "vocab_file": vocab})
   workdir = str(tmp_path / "distil")

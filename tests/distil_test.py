@@ -17,6 +17,7 @@ from flax import linen as nn
 
 from bert_jax import distil
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import objectives
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
@@ -45,7 +46,7 @@ def test_param_counts_equal_transformers_distilbert(name):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   c = model_lib.get_bert_config(name)
-  abstract = jax.eval_shape(lambda r: model_lib.init_params(c, r), jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(lambda r: pretraining_heads.init_params(c, r), jax.random.PRNGKey(0))
   ours = (model_lib.count_params(abstract["bert"]), model_lib.count_params(abstract))
   with torch.device("meta"):   # shapes only
     hc = transformers.DistilBertConfig(vocab_size=c.vocab_size, dim=c.hidden_size,
@@ -62,14 +63,14 @@ def test_param_counts_equal_transformers_distilbert(name):
 
 def test_distilbert_has_no_token_types_and_no_pooler():
   c = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB, max_position_embeddings=32)
-  params = nn.meta.unbox(model_lib.init_params(c, jax.random.PRNGKey(0)))
+  params = nn.meta.unbox(pretraining_heads.init_params(c, jax.random.PRNGKey(0)))
   assert set(params) == {"bert", "mlm_head"} and set(params["bert"]) == {"embeddings", "encoder"}
   assert set(params["bert"]["embeddings"]) == {"word_embeddings", "position_embeddings",
                                                "layer_norm"}
   assert c.to_dict()["family"] == "distilbert" and c.to_dict()["type_vocab_size"] == 0
   assert model_lib.BertConfig.from_dict(c.to_dict()) == c
   ids = jnp.arange(5, 13)[None]
-  model = model_lib.BertForPreTraining(c)
+  model = pretraining_heads.BertForPreTraining(c)
   a = model.apply({"params": params}, ids, jnp.ones_like(ids), jnp.zeros_like(ids),
                   jnp.array([[1, 2]]))
   b = model.apply({"params": params}, ids, jnp.ones_like(ids), jnp.ones_like(ids),
@@ -101,7 +102,7 @@ STUDENT = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB,
 
 @functools.lru_cache(maxsize=None)
 def _params(config, seed):
-  return jax.jit(lambda k: nn.meta.unbox(model_lib.init_params(config, k)))(
+  return jax.jit(lambda k: nn.meta.unbox(pretraining_heads.init_params(config, k)))(
       jax.random.PRNGKey(seed))
 
 
@@ -192,7 +193,7 @@ def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_studen
   weights = distil.loss_weights(config)
   loss_fn = lambda out, b: objectives.pretraining_loss(out, b, weights)  # noqa: E731
   steps = trainer_lib.build_steps(
-      model=model_lib.BertForPreTraining(student_config), forward=distil.student_forward(config),
+      model=pretraining_heads.BertForPreTraining(student_config), forward=distil.student_forward(config),
       loss_fn=loss_fn, eval_fn=lambda out, b: loss_fn(out, b)[1], dummy_batch=dummy,
       tx=optax.adam(3e-3), schedule=optax.constant_schedule(3e-3), mesh=mesh, frozen=frozen)
   word = frozen.params["bert"]["embeddings"]["word_embeddings"]["embedding"]

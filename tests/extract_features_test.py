@@ -11,6 +11,7 @@ from flax import linen as nn
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import extract_features as ef
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from tests import tasks_testlib
 
 TEXT = "the cat sat on the mat . a dog ran in the park ."
@@ -24,7 +25,7 @@ def setup(tmp_path_factory):
   cfg = model_lib.get_bert_config("tiny", vocab_size=tokenizer.vocab.size, hidden_size=32,
                                   num_heads=2, intermediate_size=64, num_layers=4,
                                   max_position_embeddings=32)
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  params = nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   return d, vocab_file, tokenizer, cfg, params
 
 

@@ -13,6 +13,7 @@ from bert_jax import checkpoint as ckpt_lib
 from bert_jax import extract_features as ef
 from bert_jax import finetune
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import predict
 from tests import finetune_test
 from tests import tasks_testlib
@@ -30,7 +31,7 @@ def pretrained(request, tmp_path_factory):
   cfg = model_lib.get_bert_config(kw.pop("name"), vocab_size=vocab.size,
                                   max_position_embeddings=128, hidden_size=64, num_heads=2,
                                   intermediate_size=128, **kw)
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  params = nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   path = ckpt_lib.save_params(str(d / "export"), params, cfg, meta={"do_lower_case": True})
   return path, vocab_file, cfg
 

@@ -157,11 +157,12 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step(preset):
   import jax  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config(preset, vocab_size=1000)
   b, t, p = 2, 64, 10
-  model = model_lib.BertForPreTraining(cfg)
-  params = jax.eval_shape(lambda: nn.unbox(model_lib.init_params(cfg, jax.random.key(0))))
+  model = pretraining_heads.BertForPreTraining(cfg)
+  params = jax.eval_shape(lambda: nn.unbox(pretraining_heads.init_params(cfg, jax.random.key(0))))
   ints = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
   batch = dict(input_ids=ints(b, t), input_mask=ints(b, t) + 1, segment_ids=ints(b, t),
                masked_lm_positions=ints(b, p) + 3, masked_lm_ids=ints(b, p),
@@ -170,7 +171,7 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step(preset):
     batch.update(masked_lm_span_left=ints(b, p) + 2, masked_lm_span_right=ints(b, p) + 4)
 
   def loss(params):
-    out = model.apply({"params": params}, batch, True, method=model_lib.pretraining_outputs)
+    out = model.apply({"params": params}, batch, True, method=pretraining_heads.pretraining_outputs)
     return objectives.pretraining_loss(out, batch)[0]
 
   counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)

@@ -346,10 +346,11 @@ def _teacher_export(tmp_path, vocab_size, *, meta=None, bundle=None):
   from flax import linen as nn
   from bert_jax import checkpoint as ckpt_lib
   from bert_jax import model as model_lib
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, num_layers=2,
                                   max_position_embeddings=64)
   params = jax.tree.map(np.asarray, nn.unbox(jax.jit(
-      lambda r: model_lib.init_params(cfg, r))(jax.random.PRNGKey(0))))
+      lambda r: pretraining_heads.init_params(cfg, r))(jax.random.PRNGKey(0))))
   path = ckpt_lib.save_params(str(tmp_path / "teacher"), params, cfg, meta=meta or {})
   if bundle:
     shutil.copyfile(bundle, os.path.join(path, "vocab.txt"))

@@ -11,6 +11,7 @@ from bert_jax_core import errors
 from bert_jax import finetune
 from bert_jax import metrics_writer
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax.configs import finetune as finetune_config
 from tests import tasks_testlib
 
@@ -26,7 +27,7 @@ def pretrained(tmp_path_factory):
   vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab.size, max_position_embeddings=128,
                                   hidden_size=64, num_heads=2, intermediate_size=128)
-  params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
+  params = pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))
   from flax import linen as nn
   path = ckpt_lib.save_params(str(d / "export"), nn.unbox(params), cfg,
                               meta={"do_lower_case": True})

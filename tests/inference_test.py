@@ -14,6 +14,7 @@ from flax import linen as nn
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import inference
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from tests import tasks_testlib
 
 TEXT = "the cat sat on the mat . a dog ran in the park ."
@@ -47,7 +48,7 @@ def tiny_model(d):
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=2,
                                   max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
   return vocab_file, cfg, params
 
 

@@ -8,6 +8,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import pretraining_heads
 from tests import hf_testlib  # noqa: E402
 
 CONFIGS = {
@@ -37,7 +38,7 @@ def test_converted_model_matches_transformers(name, tmp_path):
     ref_body = hf.bert(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(segments))
     ref = hf(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(segments))
   body = model_lib.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments)
-  mlm, nsp = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
+  mlm, nsp = pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
                                                         positions)
   valid = mask.astype(bool)  # HF computes pad positions too; only real tokens are defined
   ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)
@@ -58,8 +59,8 @@ def test_gelu_choice_changes_outputs_beyond_tolerance(tmp_path):
   params2, config2, _ = convert.import_checkpoint(str(tmp_path / "hf"), gelu="gelu_tanh")
   assert (config.hidden_act, config2.hidden_act) == ("gelu", "gelu_tanh")
   ids, mask, segments, positions = hf_testlib.batch(config.vocab_size)
-  a = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
+  a = pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
                                                  positions)[0]
-  b = model_lib.BertForPreTraining(config2).apply({"params": params2}, ids, mask, segments,
+  b = pretraining_heads.BertForPreTraining(config2).apply({"params": params2}, ids, mask, segments,
                                                   positions)[0]
   assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3

@@ -377,8 +377,9 @@ def test_modern_preset_parameter_counts(preset, encoder, with_head):
   untied)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config(preset)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  abstract = jax.eval_shape(lambda: pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   assert family.num_params(cfg) == model_lib.count_params(abstract["bert"]) == encoder
   assert family.num_params(cfg, with_mlm_head=True) == model_lib.count_params(abstract) == \
       with_head

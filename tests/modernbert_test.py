@@ -23,6 +23,7 @@ import pytest
 from bert_jax import convert
 from bert_jax import families
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax.convert import modernbert as convert_modernbert
 from bert_jax.families import modernbert as family
 from tests.families_train_test import records  # noqa: F401 (the records fixture)
@@ -56,7 +57,7 @@ def test_parameter_counts_equal_transformers(preset, expected):
     counted = sum(p.numel() for p in transformers.ModernBertModel(hf).parameters())
   assert counted == expected == family.num_params(cfg)
   # Ours, from the shapes of the abstract init (no allocation).
-  abstract = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  abstract = jax.eval_shape(lambda: pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   assert model_lib.count_params(abstract["bert"]) == expected
 
 
@@ -111,7 +112,7 @@ def test_packed_rows_equal_their_instances_alone():
   """RoPE reads each instance's own positions and the window stays inside it: a packed row of
   two instances gives each the hidden states it has alone."""
   cfg = model_lib.get_bert_config("modernbert-tiny", local_window=4)
-  params = model_lib.init_params(cfg, jax.random.PRNGKey(1), seq_len=16)["bert"]
+  params = pretraining_heads.init_params(cfg, jax.random.PRNGKey(1), seq_len=16)["bert"]
   body = model_lib.BertModel(cfg)
   rng = np.random.default_rng(0)
   a, b = rng.integers(5, 96, 9), rng.integers(5, 96, 7)
@@ -172,7 +173,7 @@ def _ours(params, config, ids, mask):
   ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
   b, t = ids.shape
   positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-  out = model_lib.BertForPreTraining(config).apply(
+  out = pretraining_heads.BertForPreTraining(config).apply(
       {"params": params}, ids, mask, jnp.zeros_like(ids), positions, return_dict=True,
       output_sequence=True)
   return np.asarray(out["sequence_output"]), np.asarray(out["mlm"])
@@ -253,15 +254,15 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   from tests.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("modernbert-tiny", vocab_size=1000)
   b, t, p = 2, 64, 10
-  model = model_lib.BertForPreTraining(cfg)
-  params = jax.eval_shape(lambda: nn.unbox(model_lib.init_params(cfg, jax.random.key(0))))
+  model = pretraining_heads.BertForPreTraining(cfg)
+  params = jax.eval_shape(lambda: nn.unbox(pretraining_heads.init_params(cfg, jax.random.key(0))))
   ints = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
   batch = dict(input_ids=ints(b, t), input_mask=ints(b, t) + 1, segment_ids=ints(b, t),
                masked_lm_positions=ints(b, p) + 3, masked_lm_ids=ints(b, p),
                masked_lm_weights=np.ones((b, p), np.float32))
 
   def loss(params):
-    out = model.apply({"params": params}, batch, True, method=model_lib.pretraining_outputs)
+    out = model.apply({"params": params}, batch, True, method=pretraining_heads.pretraining_outputs)
     return objectives.pretraining_loss(out, batch)[0]
 
   counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)

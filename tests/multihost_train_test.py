@@ -99,13 +99,14 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
   from flax import linen as nn
   from bert_jax import checkpoint as ckpt_lib
   from bert_jax import model as model_lib
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   from tests import finetune_test, tasks_testlib
   vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
   vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab.size, max_position_embeddings=128,
                                   hidden_size=64, num_heads=2, intermediate_size=128)
   export = ckpt_lib.save_params(str(tmp_path / "export"),
-                                nn.unbox(model_lib.init_params(cfg, jax.random.PRNGKey(0))), cfg,
+                                nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))), cfg,
                                 meta={"do_lower_case": True})
   (tmp_path / "sst").mkdir()
   finetune_test._sst2(tmp_path / "sst", np.random.default_rng(0), 64, 16)  # pylint: disable=protected-access

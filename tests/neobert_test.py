@@ -41,6 +41,7 @@ import numpy as np
 import pytest
 
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import modern_layers
 from bert_jax.convert import formats
 from bert_jax.families import modernbert as family
@@ -83,7 +84,7 @@ def test_neobert_preset_equals_reference_shapes_and_count():
   assert (cfg.layer_norm_eps, cfg.rope_theta_global, cfg.max_position_embeddings,
           cfg.vocab_size, cfg.use_bias, cfg.embedding_norm) == (1e-5, 10_000.0, 4096, 30522,
                                                                 False, False)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.PRNGKey(0)))
+  abstract = jax.eval_shape(lambda: pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   assert model_lib.count_params(abstract) == family.num_params(cfg, with_mlm_head=True) == total
   assert model_lib.count_params(abstract["bert"]) == family.num_params(cfg) == 221_665_536
   # Tensor by tensor: each reference tensor is the same number of our scalars (to_ours below
@@ -247,7 +248,7 @@ def _ours_cfg():
 
 def _run_ours(cfg, params, ids, mask):
   positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-  out = model_lib.BertForPreTraining(cfg).apply(
+  out = pretraining_heads.BertForPreTraining(cfg).apply(
       {"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.zeros_like(ids),
       jnp.asarray(positions), return_dict=True, output_sequence=True)
   return np.asarray(out["sequence_output"]), np.asarray(out["mlm"])
@@ -295,7 +296,7 @@ def test_head_fields_default_to_the_tied_transform_head():
          if k not in ("mlm_transform", "tie_word_embeddings")}
   old_cfg = model_lib.BertConfig.from_dict(old)
   assert old_cfg.mlm_transform and old_cfg.tie_word_embeddings
-  tree = jax.eval_shape(lambda: model_lib.init_params(
+  tree = jax.eval_shape(lambda: pretraining_heads.init_params(
       dataclasses.replace(old_cfg, num_layers=1), jax.random.PRNGKey(0)))
   assert set(tree["mlm_head"]) == {"transform", "transform_layer_norm", "output_bias"}
   # Fields of what the weights are (train.py's init_checkpoint keeps the checkpoint's).
@@ -304,7 +305,7 @@ def test_head_fields_default_to_the_tied_transform_head():
 
 def test_untied_decoder_is_the_one_used():
   cfg = dataclasses.replace(_ours_cfg(), num_layers=1)
-  params = nn_unbox(model_lib.init_params(cfg, jax.random.PRNGKey(1)))
+  params = nn_unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(1)))
   ids = np.arange(1, 9, dtype=np.int32)[None]
   mask = np.ones_like(ids)
   _, logits = _run_ours(cfg, params, ids, mask)

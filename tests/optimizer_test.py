@@ -8,6 +8,7 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import optimizer as opt_lib
 
 
@@ -116,7 +117,7 @@ def test_weight_decay_all_tensors_decays_norms_and_biases(optimizer):
 
 
 def test_decay_mask_on_bert_params():
-  params = nn.meta.unbox(model_lib.init_params(model_lib.get_bert_config("tiny", vocab_size=50),
+  params = nn.meta.unbox(pretraining_heads.init_params(model_lib.get_bert_config("tiny", vocab_size=50),
                                                jax.random.key(0)))
   mask = opt_lib.decay_mask_fn(params)
   flat = {jax.tree_util.keystr(k, simple=True, separator="/"): v

@@ -12,6 +12,7 @@ from flax import linen as nn
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import input_source
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax import trainer_lib
@@ -24,7 +25,7 @@ def _sgd_steps(config, mesh, accum):
   config.model.attention_dropout_prob = 0.0
   mc = train.create_model_config(config, train.load_vocab(config))
   return trainer_lib.build_steps(
-      model=model_lib.BertForPreTraining(mc), forward=train.forward,
+      model=pretraining_heads.BertForPreTraining(mc), forward=train.forward,
       loss_fn=train.pretraining_loss, eval_fn=train.eval_metrics,
       dummy_batch=train.dummy_batch(config), tx=optax.sgd(1.0),
       schedule=optax.constant_schedule(1.0), mesh=mesh, grad_accum_steps=accum)
@@ -67,7 +68,7 @@ def test_dropout_key_depends_on_step_and_micro_batch():
 
 
 def _export(tmp_path, mc, seed=7):
-  params = nn.unbox(model_lib.init_params(mc, jax.random.PRNGKey(seed)))
+  params = nn.unbox(pretraining_heads.init_params(mc, jax.random.PRNGKey(seed)))
   return ckpt_lib.save_params(str(tmp_path / "export"), params, mc), params
 
 

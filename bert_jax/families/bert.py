@@ -15,6 +15,7 @@ from flax import linen as nn
 
 from bert_jax.families import registry as families
 from bert_jax import model as model_lib
+from bert_jax import pretraining_heads
 
 
 def _miniatures():
@@ -229,7 +230,7 @@ FAMILY = families.register(families.Family(
     name="bert", presets=PRESETS, title="BERT",
     summary="BERT (Devlin et al. 2018): post-LN encoder, MLM + NSP; the RoBERTa recipe is "
             "objectives=mlm on --no_nsp records",
-    pretraining_model=model_lib.BertForPreTraining, forward=model_lib.pretraining_outputs,
+    pretraining_model=pretraining_heads.BertForPreTraining, forward=pretraining_heads.pretraining_outputs,
     flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
     check_teacher=check_teacher, init_from_teacher=init_from_teacher,
     planning_teacher=planning_teacher, step_parts=step_parts,

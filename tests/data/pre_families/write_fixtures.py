@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.getcwd())
 from bert_jax import convert, electra, extract_features, heads, inference, model, predict  # noqa
+from bert_jax import pretraining_heads  # noqa
 
 OUT = sys.argv[1]
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]
@@ -38,7 +39,7 @@ with open(vocab, "w", encoding="utf-8") as f:
   f.write("\n".join(WORDS) + "\n")
 expected = {}
 for name, config in CONFIGS.items():
-  init = electra.init_params if name == "electra" else model.init_params
+  init = electra.init_params if name == "electra" else pretraining_heads.init_params
   params = jax.tree.map(np.asarray, jax.device_get(
       __import__("flax").linen.meta.unbox(init(config, jax.random.PRNGKey(1)))))
   out = os.path.join(OUT, name)
