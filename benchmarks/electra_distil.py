@@ -48,7 +48,8 @@ def inference_speed(presets, vocab_size, batch, reps, seq=128):
   fns = {}
   for preset in presets:
     c = m.get_bert_config(preset, vocab_size=vocab_size)
-    params = nn.meta.unbox(pretraining_heads.init_params(c, jax.random.key(0), model_cls=m.BertModel))
+    params = nn.meta.unbox(pretraining_heads.init_params(c, jax.random.key(0),
+                                                         model_cls=m.BertModel))
     fn = jax.jit(lambda p, model=m.BertModel(c): model.apply(
         {"params": p}, ids, mask, seg)["sequence_output"])
     jax.block_until_ready(fn(params))   # compile

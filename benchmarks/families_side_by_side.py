@@ -170,7 +170,8 @@ def count_params(preset, vocab_size):
   from bert_jax import model as m  # pylint: disable=g-import-not-at-top
   from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   c = m.get_bert_config(preset, vocab_size=vocab_size)
-  enc = jax.eval_shape(lambda: pretraining_heads.init_params(c, jax.random.key(0), model_cls=m.BertModel))
+  enc = jax.eval_shape(lambda: pretraining_heads.init_params(c, jax.random.key(0),
+                                                             model_cls=m.BertModel))
   full = jax.eval_shape(lambda: pretraining_heads.init_params(c, jax.random.key(0)))
   return dict(params=m.count_params(enc), params_with_heads=m.count_params(full))
 

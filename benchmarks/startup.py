@@ -51,7 +51,8 @@ def build_model(directory):
   vocab = os.path.join(directory, "vocab.txt")
   hf_testlib.write_vocab(vocab, 5000)
   cfg = model_lib.get_bert_config("tiny", vocab_size=5000)
-  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg,
+                                                                           jax.random.PRNGKey(0))))
   export = os.path.join(directory, "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))

@@ -252,7 +252,8 @@ def test_model_with_a_fused_kernel_equals_the_xla_model():
                                                  num_predictions=3))
 
     def loss(p):
-      mlm, nsp = module.apply({"params": p}, batch, False, method=pretraining_heads.pretraining_forward)
+      mlm, nsp = module.apply({"params": p}, batch, False,
+                              method=pretraining_heads.pretraining_forward)
       return jnp.sum(jax.nn.log_softmax(mlm)[..., 7]) + jnp.sum(nsp[..., 0])
 
     return jax.value_and_grad(loss)(params)

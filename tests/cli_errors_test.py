@@ -36,7 +36,8 @@ def _two_layer_export(tmp):
     size = len(f.read().splitlines())
   cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=2, max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg,
+                                                                           jax.random.PRNGKey(0))))
   export = os.path.join(tmp, "export")
   ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   shutil.copyfile(vocab, os.path.join(export, "vocab.txt"))

@@ -117,7 +117,8 @@ def test_predict_fills_masks_with_the_mlm_head(pretrained, capsys):
   result = predict.predict(predictor, "the cat sat on the [MASK] .", top_k=3)
   ids, mask, seg = predict.encode(predictor, "the cat sat on the [MASK] .")
   position = np.nonzero(ids[0] == predictor.tokenizer.vocab.mask_id)[0][None]
-  mlm, _ = pretraining_heads.BertForPreTraining(cfg).apply({"params": predictor.params}, ids, mask, seg,
+  mlm, _ = pretraining_heads.BertForPreTraining(cfg).apply({"params": predictor.params}, ids,
+                                                           mask, seg,
                                                    position)
   want = np.asarray(jax.nn.softmax(mlm[0, 0]))
   top = np.argsort(-want, kind="stable")[:3]

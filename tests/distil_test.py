@@ -193,7 +193,8 @@ def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_studen
   weights = distil.loss_weights(config)
   loss_fn = lambda out, b: objectives.pretraining_loss(out, b, weights)  # noqa: E731
   steps = trainer_lib.build_steps(
-      model=pretraining_heads.BertForPreTraining(student_config), forward=distil.student_forward(config),
+      model=pretraining_heads.BertForPreTraining(student_config),
+      forward=distil.student_forward(config),
       loss_fn=loss_fn, eval_fn=lambda out, b: loss_fn(out, b)[1], dummy_batch=dummy,
       tx=optax.adam(3e-3), schedule=optax.constant_schedule(3e-3), mesh=mesh, frozen=frozen)
   word = frozen.params["bert"]["embeddings"]["word_embeddings"]["embedding"]

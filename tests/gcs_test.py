@@ -158,7 +158,8 @@ def test_vocab_built_on_gs_and_its_settings_are_found_from_a_gs_workdir(gcs, tmp
   assert not tf.io.gfile.exists(vocab + ".tmp") and not tf.io.gfile.exists(vocab + ".meta.json.tmp")
   cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=1, max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(1))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg,
+                                                                           jax.random.PRNGKey(1))))
   remote = inference_test.make_workdir(f"{GS}/cased", params, cfg, vocab, do_lower_case=False)
   m = inference.load_for_inference(remote, with_params=False)
   assert m.vocab_file == vocab and m.do_lower_case is False
@@ -177,7 +178,8 @@ def test_sentencepiece_model_bundled_in_a_gs_workdir(gcs, tmp_path):
   build_vocab.build(str(tmp_path / "*.txt"), 300, built, lower_case=False, model_type="unigram")
   cfg = model_lib.get_bert_config("tiny", vocab_size=300, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=1, max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(2))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg,
+                                                                           jax.random.PRNGKey(2))))
   remote = inference_test.make_workdir(f"{GS}/spm_run", params, cfg, built, do_lower_case=False)
   for suffix in ("", ".meta.json"):   # bundle model + settings, then drop the originals
     tf.io.gfile.copy(built + suffix, f"{remote}/tok.model{suffix}")

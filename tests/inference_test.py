@@ -48,7 +48,8 @@ def tiny_model(d):
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=2,
                                   max_position_embeddings=32)
-  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(cfg,
+                                                                           jax.random.PRNGKey(0))))
   return vocab_file, cfg, params
 
 

@@ -38,7 +38,8 @@ def test_converted_model_matches_transformers(name, tmp_path):
     ref_body = hf.bert(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(segments))
     ref = hf(input_ids=t(ids), attention_mask=t(mask), token_type_ids=t(segments))
   body = model_lib.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments)
-  mlm, nsp = pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
+  mlm, nsp = pretraining_heads.BertForPreTraining(config).apply({"params": params}, ids, mask,
+                                                                segments,
                                                         positions)
   valid = mask.astype(bool)  # HF computes pad positions too; only real tokens are defined
   ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)

@@ -106,7 +106,8 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab.size, max_position_embeddings=128,
                                   hidden_size=64, num_heads=2, intermediate_size=128)
   export = ckpt_lib.save_params(str(tmp_path / "export"),
-                                nn.unbox(pretraining_heads.init_params(cfg, jax.random.PRNGKey(0))), cfg,
+                                nn.unbox(pretraining_heads.init_params(cfg,
+                                                                       jax.random.PRNGKey(0))), cfg,
                                 meta={"do_lower_case": True})
   (tmp_path / "sst").mkdir()
   finetune_test._sst2(tmp_path / "sst", np.random.default_rng(0), 64, 16)  # pylint: disable=protected-access

@@ -117,7 +117,8 @@ def test_weight_decay_all_tensors_decays_norms_and_biases(optimizer):
 
 
 def test_decay_mask_on_bert_params():
-  params = nn.meta.unbox(pretraining_heads.init_params(model_lib.get_bert_config("tiny", vocab_size=50),
+  params = nn.meta.unbox(pretraining_heads.init_params(model_lib.get_bert_config("tiny",
+                                                                                 vocab_size=50),
                                                jax.random.key(0)))
   mask = opt_lib.decay_mask_fn(params)
   flat = {jax.tree_util.keystr(k, simple=True, separator="/"): v

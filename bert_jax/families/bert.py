@@ -230,7 +230,8 @@ FAMILY = families.register(families.Family(
     name="bert", presets=PRESETS, title="BERT",
     summary="BERT (Devlin et al. 2018): post-LN encoder, MLM + NSP; the RoBERTa recipe is "
             "objectives=mlm on --no_nsp records",
-    pretraining_model=pretraining_heads.BertForPreTraining, forward=pretraining_heads.pretraining_outputs,
+    pretraining_model=pretraining_heads.BertForPreTraining,
+    forward=pretraining_heads.pretraining_outputs,
     flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
     check_teacher=check_teacher, init_from_teacher=init_from_teacher,
     planning_teacher=planning_teacher, step_parts=step_parts,
