@@ -70,10 +70,9 @@ def splash_flops(config, model_config):
   the step's 1.0e14 analytic FLOPs a chip, and the compiled count was 0.55x the analytic
   (2026-11-26, docs/models.md). A lower bound: ELECTRA's generator and a DistilBERT teacher run
   splash too and are not counted here."""
-  t, h = int(config.seq_length), model_config.hidden_size
-  keys = [t if window is None else min(t, window + 1)
-          for window, _ in map(model_config.layer_attention, range(model_config.num_layers))]
-  return 12 * t * h * sum(keys) * int(config.batch_size)
+  from bert_jax.families import bert  # pylint: disable=g-import-not-at-top
+  return (bert.attention_flops_per_sequence(model_config, int(config.seq_length))
+          * int(config.batch_size))
 
 
 def predict(config, model_config, spec, c: Compiled, price, teacher=None):

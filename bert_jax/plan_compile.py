@@ -291,7 +291,7 @@ def model_config_factory(config):
   """config -> BertConfig, as train makes it (the vocabulary's size: its file's, a tokenizer.json's,
   else the config's or the preset's, train.synthetic_vocab_size)."""
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  if config.vocab_file or config.spm_model_file or config.get("tokenizer_json"):
+  if train.names_a_vocab(config):
     vocab = train.load_vocab(config)
   else:
     vocab = train.input_source_vocab(train.synthetic_vocab_size(config))

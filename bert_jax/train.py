@@ -162,10 +162,15 @@ def expand_files(pattern, field):
   return kept
 
 
+def names_a_vocab(config):
+  """Whether the config names a vocabulary: a WordPiece vocab file, a SentencePiece model or a
+  Hugging Face tokenizer.json (train.load_vocab and bert_jax.plan read it alike)."""
+  return bool(config.vocab_file or config.spm_model_file or config.get("tokenizer_json"))
+
+
 def load_vocab(config):
   tokenizer_json = config.get("tokenizer_json") or None   # a Hugging Face tokenizer.json
-  if config.train_input_files == "synthetic" and not (config.vocab_file or config.spm_model_file
-                                                      or tokenizer_json):
+  if config.train_input_files == "synthetic" and not names_a_vocab(config):
     return input_source_vocab(synthetic_vocab_size(config))
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,

@@ -39,6 +39,17 @@ PRESETS = {
 # ----------------------------------------------------------------------------------------------
 # FLOPs (train.py's TFLOP/s and MFU, plan's estimates, the benchmarks' equal-compute budgets).
 # ----------------------------------------------------------------------------------------------
+def attention_flops_per_sequence(cfg, seq_length):
+  """Training FLOPs of one sequence's attention scores and context: 12 x T x S x H a layer (3 x
+  forward, 2 a multiply-add, QK^T and PV), S = T keys on a global layer and min(T, W + 1) on a
+  windowed one (ModernBERT's local layers, |i - j| <= W/2: what the blocked kernel's output
+  depends on, not the 3W/2 keys it computes). Every BERT-family layer is global: 12 x L x T^2 x H."""
+  t = seq_length
+  keys = [t if window is None else min(t, window + 1)
+          for window, _ in map(cfg.layer_attention, range(cfg.num_layers))]
+  return 12 * t * cfg.hidden_size * sum(keys)
+
+
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
   """Analytic training FLOPs per sequence: the matmuls, forward + backward = 3 x forward
   (2 FLOPs a multiply-add); element-wise work (LayerNorm, softmax, GeLU) is not counted.
@@ -56,7 +67,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   e, v = cfg.embed_dim, cfg.vocab_size
   per_layer = 4 * h * h + 2 * h * i                         # q,k,v,o + two FFN matrices
   dense = 6 * l * per_layer * t
-  attention = 12 * l * t * t * h
+  attention = attention_flops_per_sequence(cfg, t)        # 12 x L x T^2 x H
   projection = 6 * t * e * h if cfg.factorised else 0   # ALBERT: [E, H]
   mlm_head = 6 * num_predictions * (h * e + e * v)
   objectives = cfg.objective_list

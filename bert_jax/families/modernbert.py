@@ -262,9 +262,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   h, l, t, i, v = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size, \
       cfg.vocab_size
   dense = 6 * l * (4 * h * h + 3 * h * i) * t
-  keys = [t if window is None else min(t, window + 1)
-          for window, _ in map(cfg.layer_attention, range(l))]
-  attention = sum(12 * t * s * h for s in keys)
+  attention = bert.attention_flops_per_sequence(cfg, t)
   mlm_head = 6 * num_predictions * ((h * h if cfg.mlm_transform else 0) + h * v)
   return dense + attention + mlm_head
 
