@@ -7,6 +7,7 @@
                                a crash never leaves a complete-looking file under the final name
   atomic_path(path)            the same as a context manager, for writers that want a file name
                                (a TFRecordWriter, np.savez)
+  open_file(path, mode)        a file object; makedirs(path): a directory and its parents
   check_output_file(path, flag)  the one check every program makes of a file it will write,
                                before any work: a one-line OutputPathError
 
@@ -36,14 +37,23 @@ def _gfile():
   return tf.io.gfile
 
 
-def _open(path, mode):
+def open_file(path, mode):
+  """A file object for a local path (open) or a gs:// one (tf.io.gfile.GFile)."""
   return _gfile().GFile(str(path), mode) if is_remote(path) else open(path, mode)
+
+
+def makedirs(path):
+  """Creates a local or gs:// directory and its parents; an existing one is fine."""
+  if is_remote(path):
+    _gfile().makedirs(str(path))
+  else:
+    os.makedirs(path, exist_ok=True)
 
 
 def sha256_file(path, chunk_bytes=CHUNK) -> str:
   """The hex SHA-256 of a (local or gs://) file's bytes, read in chunks of chunk_bytes."""
   h = hashlib.sha256()
-  with _open(path, "rb") as f:
+  with open_file(path, "rb") as f:
     while chunk := f.read(chunk_bytes):
       h.update(chunk)
   return h.hexdigest()
@@ -93,7 +103,7 @@ def write_atomic(path, data) -> str:
   if isinstance(data, str):
     data = data.encode("utf-8")
   with atomic_path(path) as tmp:
-    with _open(tmp, "wb") as f:
+    with open_file(tmp, "wb") as f:
       f.write(data)
   return str(path)
 
