@@ -43,7 +43,16 @@ jax.config.update("jax_disable_most_optimizations",
                   xla_test_flags.IN_PROCESS_DISABLE_MOST_OPTIMIZATIONS)
 
 
-# The two xdist workers take the longest units first (tests/xdist_order.py says why and how).
+# The two xdist workers take the fast tests first, then the slow ones, the longest units of each
+# first (tests/xdist_order.py says why and how).
+def pytest_configure(config):
+  from tests import xdist_order  # pylint: disable=g-import-not-at-top
+  if not xdist_order.under_xdist_worker() and config.getvalue("dist") == "loadfile":
+    # Set before the workers start, so they inherit it (one file per run).
+    os.environ[xdist_order.TIERS_ENV] = os.path.join(
+        tempfile.mkdtemp(prefix="bert_jax_tiers_"), "slow_ids.json")
+
+
 def pytest_collection_modifyitems(config, items):
   del config
   from tests import xdist_order  # pylint: disable=g-import-not-at-top

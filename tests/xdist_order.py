@@ -5,80 +5,128 @@ worker its next file while that worker still has two tests to run. This suite's 
 files of few long tests (2-process pods, kill -9, TPU compiles, fine-tuning runs): they started
 last, and the last of them ran alone on one worker while the other worker idled. Here instead:
 
-  * the longest units first (longest-processing-time-first: the short ones fill in at the end);
-  * a unit is a file, except a test named in SLOW, which is a unit of its own, so a file's two
-    long tests can run on both workers at once (each then sets up the file's module fixtures, so
-    only tests whose shared fixtures are cheap are named);
+  * one session, the fast tier first: every fast test is handed out before any slow one (a
+    file's fast tests and its slow tests are two units), so the slow units fill the fast tier's
+    end instead of an idle worker, and the workers collect the suite once, not once a tier;
+  * in each tier the longest units first (longest-processing-time-first: the short ones fill in
+    at the end);
+  * a unit is a file's tests of one tier, except a test named in SLOW, which is a unit of its
+    own, so a file's two long tests can run on both workers at once (each then sets up the
+    file's module fixtures, so only tests whose shared fixtures are cheap are named);
   * a worker gets its next unit when it starts its last test (not its second to last), so the
     units still queued go to whichever worker is free first.
 
-FAST and SLOW: about how many wall seconds each unit takes in its tier on the 2-core box (a file
-key counts that tier's tests of the file). Sources, 2026-11-25: the last full runs' figures
-(issue 32's notes, commit messages: plan search ~200 s, stream ~200 s each, kill 83 / 132 s, the
-BERT-teaches-DistilBERT run ~140 s) and single-file runs on the box under load, scaled by 1/3.
-Only the order depends on them: a stale figure costs minutes, never a test. A unit not listed
-counts as DEFAULT_SECONDS (after the listed ones, in file order). Re-measure with
-`pytest -m slow --durations=0` (and `-m "not slow"`) on a quiet box when a file grows.
+FAST and SLOW: how many wall seconds each unit took in its tier (a file key counts that tier's
+tests of the file), measured 2026-11-26 at commit cf9976c on the idle 2-core box, fresh
+compilation cache: `bash scripts/run_tests.sh --durations=0` (then two sessions: fast 18:27,
+slow 30:09). Only the order depends on them: a stale figure costs minutes, never a test. A unit
+not listed counts as DEFAULT_SECONDS (after the listed ones, in file order). Re-measure with
+`bash scripts/run_tests.sh --durations=0` on a quiet box when a file grows.
 """
 
+import json
 import os
 
 DEFAULT_SECONDS = 5.0
+# A file the controller names (tests/conftest.py) and the workers write: the slow node ids.
+TIERS_ENV = "BERT_JAX_TEST_TIERS"
 
-FAST = {   # -m "not slow": whole files
-    "tests/plan_test.py": 145,             # TPU compiles, 145 CPU s (2026-11-26, SMALL programs)
-    "tests/packing_test.py": 120,          # in-process fine-tunes, packed and not
-    "tests/create_pretraining_data_test.py": 150,   # 190 CPU s, 2 worker processes in 4 runs
-    "tests/cli_errors_test.py": 115,       # 114 CPU s: every CLI started, one bad input each
-    "tests/local_pod_test.py": 60,         # five 2-process pods
-    "tests/trainer_lib_test.py": 45,       # accumulation: two train steps compiled
-    "tests/launch_test.py": 30,
-    "tests/pretrain_input_test.py": 25,
-    "tests/modernbert_cli_test.py": 45,    # 43 CPU s, 2026-11-26 (its CLI run moved to slow)
+FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
+    "tests/train_test.py": 139,
+    "tests/plan_test.py": 136,
+    "tests/create_pretraining_data_test.py": 119,
+    "tests/families_finetune_test.py": 118,
+    "tests/families_train_test.py": 105,
+    "tests/model_test.py": 104,
+    "tests/finetune_test.py": 103,
+    "tests/packing_test.py": 98,
+    "tests/attention_test.py": 67,
+    "tests/cli_errors_test.py": 56,
+    "tests/pretrain_input_test.py": 55,
+    "tests/electra_test.py": 52,
+    "tests/build_vocab_test.py": 50,
+    "tests/beam_pipeline_test.py": 45,
+    "tests/trainer_lib_test.py": 39,
+    "tests/distil_test.py": 39,
+    "tests/electra_finetune_test.py": 37,
+    "tests/tf_setup_test.py": 36,
+    "tests/faults_second_pass_test.py": 35,
+    "tests/modernbert_export_test.py": 33,
+    "tests/distil_finetune_test.py": 31,
+    "tests/modernbert_test.py": 31,
+    "tests/accelerator_benchmark_test.py": 28,
+    "tests/bpe_tokenizer_test.py": 28,
+    "tests/gcs_test.py": 28,
+    "tests/convert_electra_test.py": 26,
+    "tests/cli_test.py": 25,
+    "tests/word_boundaries_test.py": 25,
+    "tests/korean_test.py": 22,
+    "tests/heads_test.py": 22,
+    "tests/local_pod_test.py": 21,
+    "tests/tokenization_test.py": 20,
+    "tests/convert_albert_test.py": 20,
+    "tests/families_registry_test.py": 19,
+    "tests/neobert_recipe_test.py": 16,
+    "tests/neobert_test.py": 15,
+    "tests/convert_test.py": 15,
 }
 
 SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of its slow tests
-    # Added 2026-11-26 (single runs under load, seconds): ModernBERT's CLI paths (3 tests, ~200 s,
-    # + its one-step SQuAD, 93 s), its two-phase context extension (2 tests, 249 s), a pod with a
-    # host 40 s late and one that times out (115 + 22 s).
-    "tests/modernbert_cli_test.py": 115,   # CPU s, 2026-11-26 after sharing the reference model
-    "tests/modernbert_phase2_test.py": 112,
-    "tests/modernbert_export_test.py": 95,
-    "tests/batch_warmup_test.py": 100,     # 66 s warm cache, 138 s cold
-    "tests/korean_modern_test.py": 30,
-    "tests/late_host_test.py": 140,
-    # 515 s alone on the idle box, 2026-11-26: plan's TPU compiles no longer use the persistent
-    # cache (issue 32), so the search compiles every candidate; 260 CPU s on SMALL programs.
-    "tests/plan_test.py::test_search_finds_settings_that_fit": 260,
-    "tests/stream_test.py::test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_"
-    "each_other": 200,                     # 329 s wall in the 2026-11-26 slow run (loaded)
-    "tests/stream_test.py::test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_"
-    "other": 160,
-    "tests/multihost_train_test.py::test_two_process_pod_matches_one_process_and_resumes": 150,
-    "tests/kill_test.py::test_sigkill_at_random_moments_resumes_bit_exactly[electra-tiny]": 200,
-    "tests/finetune_test.py": 150,         # six fine-tuning runs on one 'pretrained' fixture
-    "tests/distil_finetune_test.py::test_a_bert_teacher_distils_a_distilbert_student_in_"
-    "finetune": 140,
-    "tests/distil_test.py::test_two_host_pod_distils_like_one_host_with_the_teacher_sharded_"
-    "across_hosts": 120,
-    "tests/multihost_train_test.py::test_two_process_fsdp_finetune_exports_the_one_process_"
-    "parameters": 100,
-    "tests/kill_test.py::test_sigkill_at_random_moments_resumes_bit_exactly[tiny]": 130,
-    "tests/e2e_pretrain_test.py": 160,     # 265 s wall in the 2026-11-26 slow run (loaded box)
-    "tests/packaging_test.py": 90,         # 147 s wall there: a pip install into a fresh venv
-    "tests/electra_test.py": 150,          # 2026-11-26 loaded: RTD learns 174 s, pre-train + resume 108 s
-    "tests/gcs_test.py": 60,
-    "tests/distil_finetune_test.py::test_distilled_workdir_feeds_finetune_predict_and_extract_"
-    "features": 60,
-    "tests/electra_finetune_test.py::test_pretrained_electra_workdir_feeds_finetune_predict_and_"
-    "extract_features": 60,
-    "tests/distil_test.py": 50,
-    "tests/electra_finetune_test.py": 50,
+    "tests/stream_test.py::"
+    "test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_each_other": 277,
+    "tests/finetune_test.py": 248,
+    "tests/plan_test.py::"
+    "test_search_finds_settings_that_fit": 226,
+    "tests/stream_test.py::"
+    "test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other": 222,
+    "tests/e2e_pretrain_test.py": 210,
+    "tests/kill_test.py::"
+    "test_sigkill_at_random_moments_resumes_bit_exactly[electra-tiny]": 160,
+    "tests/packaging_test.py": 139,
+    "tests/gcs_test.py": 139,
+    "tests/electra_test.py::"
+    "test_the_discriminator_learns_to_detect_easy_replacements": 133,
+    "tests/distil_test.py::"
+    "test_two_host_pod_distils_like_one_host_with_the_teacher_sharded_across_hosts": 132,
+    "tests/multihost_train_test.py::"
+    "test_two_process_pod_matches_one_process_and_resumes": 122,
+    "tests/accelerator_benchmark_test.py": 117,
+    "tests/late_host_test.py": 107,
+    "tests/multihost_train_test.py::"
+    "test_two_process_fsdp_finetune_exports_the_one_process_parameters": 106,
+    "tests/electra_finetune_test.py::"
+    "test_pretrained_electra_workdir_feeds_finetune_predict_and_extract_features": 99,
+    "tests/kill_test.py::"
+    "test_sigkill_at_random_moments_resumes_bit_exactly[tiny]": 95,
+    "tests/electra_test.py": 95,
+    "tests/distil_test.py": 77,
+    "tests/checkpoint_test.py": 74,
+    "tests/distil_finetune_test.py::"
+    "test_distilled_workdir_feeds_finetune_predict_and_extract_features": 71,
+    "tests/wordpiece_py_test.py": 67,
+    "tests/modernbert_cli_test.py": 59,
+    "tests/electra_finetune_test.py": 51,
+    "tests/modernbert_phase2_test.py": 48,
+    "tests/families_registry_test.py": 47,
+    "tests/faults_second_pass_test.py": 46,
+    "tests/modernbert_test.py": 45,
+    "tests/batch_warmup_test.py": 43,
+    "tests/modernbert_export_test.py": 39,
+    "tests/distil_finetune_test.py::"
+    "test_a_bert_teacher_distils_a_distilbert_student_in_finetune": 28,
+    "tests/extract_features_test.py": 26,
+    "tests/beam_pipeline_test.py": 24,
+    "tests/faults_test.py": 24,
+    "tests/korean_modern_test.py": 21,
+    "tests/bpe_tokenizer_test.py": 18,
+    "tests/tokenization_test.py": 17,
+    "tests/profile_table_test.py": 17,
+    "tests/cjk_test.py": 7,
 }
 
 
-def unit(nodeid):
-  """The scheduling unit of a test: its own node id if SLOW names it, else its file."""
+def _key(nodeid):
+  """The SLOW/FAST key of a test: its own node id if SLOW names it, else its file."""
   base = nodeid.split("[", 1)[0]          # a parametrized test named without its case: one unit
   for name in (nodeid, base):
     if name in SLOW:
@@ -86,18 +134,38 @@ def unit(nodeid):
   return nodeid.split("::", 1)[0]
 
 
+def unit(nodeid, slow):
+  """The scheduling unit of a test: its own node id if SLOW names it, else its file's tests of
+  its tier (a file's fast tests and its slow ones are two units: the fast ones must not wait)."""
+  key = _key(nodeid)
+  return f"{key} (slow)" if slow and "::" not in key else key
+
+
+def is_slow(item):
+  return item.get_closest_marker("slow") is not None
+
+
 def seconds(item):
-  table = SLOW if item.get_closest_marker("slow") else FAST
-  return table.get(unit(item.nodeid), DEFAULT_SECONDS)
+  return (SLOW if is_slow(item) else FAST).get(_key(item.nodeid), DEFAULT_SECONDS)
 
 
 def longest_first(items):
-  """Sorts collected items in place: units by decreasing seconds, each unit's tests together and
-  in their file's order (a stable sort on (-seconds, the unit's first position))."""
+  """Sorts collected items in place: every fast test before every slow one (the suite's fast
+  feedback first), and in each tier units by decreasing seconds, each unit's tests together and
+  in their file's order (a stable sort on (tier, -seconds, the unit's first position)). Writes
+  the slow tests' node ids where TIERS_ENV says, for the scheduler in the controller process,
+  which sees node ids only."""
   first = {}
   for i, item in enumerate(items):
-    first.setdefault(unit(item.nodeid), i)
-  items.sort(key=lambda item: (-seconds(item), first[unit(item.nodeid)]))
+    first.setdefault(unit(item.nodeid, is_slow(item)), i)
+  items.sort(key=lambda item: (is_slow(item), -seconds(item),
+                               first[unit(item.nodeid, is_slow(item))]))
+  path = os.environ.get(TIERS_ENV)
+  if path:
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump([item.nodeid for item in items if is_slow(item)], f)
+    os.replace(tmp, path)       # both workers write the same list; neither reads a half of one
 
 
 def under_xdist_worker():
@@ -110,8 +178,13 @@ def make_scheduler(config, log):
 
   class LongestFirst(LoadFileScheduling):
 
+    slow_ids = None
+
     def _split_scope(self, nodeid):
-      return unit(nodeid)
+      if self.slow_ids is None:    # the workers wrote it before their collections reached here
+        path = os.environ.get(TIERS_ENV)
+        self.slow_ids = set(json.load(open(path))) if path and os.path.exists(path) else set()
+      return unit(nodeid, nodeid in self.slow_ids)
 
     def _reschedule(self, node):
       # xdist's LoadScopeScheduling._reschedule with "> 2" pending tests made "> 1": a worker

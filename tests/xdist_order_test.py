@@ -1,6 +1,7 @@
 """tests/xdist_order.py: every unit it names exists, and the order it gives the workers."""
 
 import ast
+import json
 import os
 
 import pytest
@@ -42,15 +43,29 @@ class _Item:
     return name == "slow" and self.slow or None
 
 
-def test_longest_units_first_and_each_units_tests_together_in_file_order(monkeypatch):
+def test_fast_tests_first_then_longest_units_first_each_units_tests_together(monkeypatch,
+                                                                            tmp_path):
   monkeypatch.setattr(xdist_order, "SLOW", {"a_test.py::test_big": 100, "b_test.py": 50})
-  items = [_Item(n, slow=True) for n in (
-      "a_test.py::test_small", "a_test.py::test_big[1]", "a_test.py::test_big[2]",
-      "b_test.py::test_one", "c_test.py::test_x", "b_test.py::test_two")]
+  monkeypatch.setattr(xdist_order, "FAST", {"c_test.py": 30})
+  ids = tmp_path / "slow_ids.json"
+  monkeypatch.setenv(xdist_order.TIERS_ENV, str(ids))
+  items = [_Item(n, slow=slow) for n, slow in (
+      ("a_test.py::test_small", True), ("a_test.py::test_big[1]", True),
+      ("a_test.py::test_big[2]", True), ("a_test.py::test_fast", False),
+      ("b_test.py::test_one", True), ("c_test.py::test_x", False), ("b_test.py::test_two", True),
+      ("c_test.py::test_y", True))]
   xdist_order.longest_first(items)
   assert [i.nodeid for i in items] == [
-      "a_test.py::test_big[1]", "a_test.py::test_big[2]",   # 100 s: its own unit
-      "b_test.py::test_one", "b_test.py::test_two",         # 50 s
-      "a_test.py::test_small", "c_test.py::test_x"]         # unlisted: in file order
-  assert xdist_order.unit("a_test.py::test_big[2]") == "a_test.py::test_big"
-  assert xdist_order.unit("a_test.py::test_small") == "a_test.py"
+      "c_test.py::test_x",                                  # fast, 30 s
+      "a_test.py::test_fast",                               # fast, unlisted
+      "a_test.py::test_big[1]", "a_test.py::test_big[2]",   # slow, 100 s: its own unit
+      "b_test.py::test_one", "b_test.py::test_two",         # slow, 50 s
+      "a_test.py::test_small", "c_test.py::test_y"]         # slow, unlisted: in file order
+  # What the scheduler in the controller reads: the slow node ids, and its units from them.
+  slow = set(json.loads(ids.read_text()))
+  assert slow == {i.nodeid for i in items if i.slow}
+  unit = {i.nodeid: xdist_order.unit(i.nodeid, i.nodeid in slow) for i in items}
+  assert unit["a_test.py::test_big[2]"] == "a_test.py::test_big"
+  assert unit["a_test.py::test_small"] == "a_test.py (slow)"
+  assert unit["a_test.py::test_fast"] == "a_test.py"       # a file's fast tests: another unit
+  assert unit["c_test.py::test_y"] != unit["c_test.py::test_x"]
