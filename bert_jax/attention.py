@@ -188,6 +188,31 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   return Choice("xla", "auto fell back: " + "; ".join(refusals))
 
 
+def local_window(model_config):
+  """The span of the model's windowed layers (ModernBERT's local layers: 128), None when every
+  layer is global (every BERT-family model): what the start-up line and the planner pass as
+  `window`. Only RoPE models window their layers (model.py's attention)."""
+  if getattr(model_config, "position_embedding", None) != "rope":
+    return None
+  windows = {w for w, _ in map(model_config.layer_attention, range(model_config.num_layers))}
+  windows.discard(None)
+  assert len(windows) <= 1, windows        # one local span a model (bert_config's local_window)
+  return windows.pop() if windows else None
+
+
+def training_backends(model_config, *, packed, seq_len, platform_name=None):
+  """{"global": kernel, "local": kernel} of the training step's attention ("local" only when the
+  model has windowed layers): the same choices as startup_line, as data (the planner adds the
+  splash kernels' FLOPs by them). Raises AttentionError as startup_line does."""
+  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
+            platform_name=platform_name, dropout=model_config.attention_dropout_prob)
+  out = {"global": select_backend(model_config.attention, **kw).backend}
+  window = local_window(model_config)
+  if window is not None:
+    out["local"] = select_backend(model_config.attention, window=window, **kw).backend
+  return out
+
+
 def startup_line(model_config, *, packed, seq_len, platform_name=None, window=None):
   """"attention: <kernel> in training (<why>)[, <kernel> in evaluation (<why>)]" for the log,
   then "; local layers (window W): ..." the same for the windowed layers if `window` is set.

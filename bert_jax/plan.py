@@ -61,9 +61,10 @@ def estimate(c: Compiled, gen: tpu_specs.Generation):
                     "bandwidth); the compiler gave no step time")
 
 
-def splash_flops(config, model_config):
-  """Training FLOPs of one step's attention scores and context in the main network: 12 x T x S
-  x H a layer (3 x forward, 2 a multiply-add, QK^T and PV), S = T keys on global layers and
+def splash_flops(config, model_config, kinds=("global", "local")):
+  """Training FLOPs of one step's attention scores and context in the main network, on the
+  layers of `kinds` ("global", "local": those whose training kernel is splash): 12 x T x S x H a
+  layer (3 x forward, 2 a multiply-add, QK^T and PV), S = T keys on global layers and
   min(T, W + 1) on windowed ones (ModernBERT's local layers), x rows. On TPU they run in the
   splash kernel, whose pallas_call carries no cost estimate (JAX 0.10.2): the compiled FLOPs and
   libtpu's cost model both leave them out. modernbert-base at 8,192, 9 rows a chip: 4.6e13 of
@@ -71,7 +72,7 @@ def splash_flops(config, model_config):
   (2026-11-26, docs/models.md). A lower bound: ELECTRA's generator and a DistilBERT teacher run
   splash too and are not counted here."""
   from bert_jax.families import bert  # pylint: disable=g-import-not-at-top
-  return (bert.attention_flops_per_sequence(model_config, int(config.seq_length))
+  return (bert.attention_flops_per_sequence(model_config, int(config.seq_length), kinds)
           * int(config.batch_size))
 
 
@@ -80,10 +81,11 @@ def predict(config, model_config, spec, c: Compiled, price, teacher=None):
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   gen = spec.generation
   step_s, how = estimate(c, gen)
-  if "splash in training" in (c.attention or ""):
+  splash = tuple(kind for kind, kernel in (c.kernels or {}).items() if kernel == "splash")
+  if splash:
     # The cost model does not see the splash kernels: add their FLOPs at the chip's peak, the
     # least time they can take (a tiny model's are ~nothing; long rows' are half the step).
-    unseen = splash_flops(config, model_config) / spec.chips
+    unseen = splash_flops(config, model_config, splash) / spec.chips
     extra = unseen / (gen.peak_bf16_tflops * 1e12)
     step_s += extra
     how += (f"; + {extra:.4f} s for the splash attention kernels at peak ({unseen:.3e} FLOPs a "

@@ -125,7 +125,8 @@ class Compiled:
   compiler_raw_seconds: float = 0.0  # ... as cost_analysis()["optimal_seconds"] gives it
   concat_bitcasts: int = 0     # ConcatBitcast custom calls in the program (the correction)
   collectives: dict = dataclasses.field(default_factory=dict)   # op -> [count, bytes]
-  attention: str = ""
+  attention: str = ""          # the start-up line's words
+  kernels: dict = dataclasses.field(default_factory=dict)  # {"global"[, "local"]: kernel}, training
   num_params: int = 0          # the model's, whole
   crashed: bool = False        # the compiler process died (no verdict on memory)
 
@@ -182,9 +183,11 @@ def compile_step(config, model_config, devices):
 
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
                                  grad_accum_steps=int(config.grad_accum_steps), devices=devices)
-  attention = attention_lib.startup_line(model_config, packed=bool(config.pack),
-                                         seq_len=config.seq_length,
-                                         platform_name=devices[0].platform)
+  where = dict(packed=bool(config.pack), seq_len=config.seq_length,
+               platform_name=devices[0].platform)
+  attention = attention_lib.startup_line(model_config, window=attention_lib.local_window(
+      model_config), **where)
+  kernels = attention_lib.training_backends(model_config, **where)
   t = train.build_training(config, model_config, mesh,
                            teacher=families.get(model_config.family).planning_teacher(
                                config, model_config))
@@ -202,7 +205,7 @@ def compile_step(config, model_config, devices):
       raise
     return Compiled(False, time.perf_counter() - start,
                     error=" ".join(str(e).split()).rstrip("."), attention=attention,
-                    num_params=_num_params(t.abstract_state["params"]))
+                    kernels=kernels, num_params=_num_params(t.abstract_state["params"]))
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -223,7 +226,7 @@ def compile_step(config, model_config, devices):
       flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
       compiler_seconds=float(cost.get("optimal_seconds", 0.0)) + concat_bitcasts,
       compiler_raw_seconds=float(cost.get("optimal_seconds", 0.0)), concat_bitcasts=concat_bitcasts,
-      collectives=collectives(hlo), attention=attention)
+      collectives=collectives(hlo), attention=attention, kernels=kernels)
 
 
 def _compile_worker(conn, topology):

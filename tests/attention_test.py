@@ -4,6 +4,8 @@ The Pallas kernels run in interpret mode on CPU (slow per element, so the shapes
 tiles the sequence by 128 lanes, so its rows are 128 long). cuDNN runs only on a GPU.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -431,6 +433,27 @@ def test_a_bad_window_is_a_one_line_error(window):
   q, k, v, _ = _qkv(32, jnp.float32)
   with pytest.raises(attention.AttentionError, match=f"window={window!r}: must be an even"):
     attention.dot_product_attention(q, k, v, _ids(32, True), packed=True, window=window)
+
+
+def test_local_window_and_the_training_kernels_of_each_layer_kind():
+  """What train's and plan's start-up line pass as the window (it printed the global layers'
+  kernel alone, so an explicit kernel the local layers refuse passed the start-up check), and
+  the planner's kernels as data."""
+  from bert_jax import model as model_lib
+  bert = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16",
+                                   attention_dropout_prob=0.0)
+  assert attention.local_window(bert) is None
+  assert attention.training_backends(bert, packed=True, seq_len=1024,
+                                     platform_name="gpu") == {"global": "pallas_gpu"}
+  modern = model_lib.get_bert_config("modernbert-tiny", attention="auto", dtype="bfloat16")
+  assert attention.local_window(modern) == modern.local_window == 16   # the tiny preset's
+  assert attention.training_backends(modern, packed=True, seq_len=1024, platform_name="gpu") == {
+      "global": "pallas_gpu", "local": "xla"}
+  assert attention.training_backends(modern, packed=True, seq_len=1024,
+                                     platform_name="cpu") == {"global": "xla", "local": "xla"}
+  with pytest.raises(attention.AttentionError, match="cudnn on the local layers"):
+    attention.training_backends(dataclasses.replace(modern, attention="cudnn"), packed=False,
+                                seq_len=1024, platform_name="gpu")
 
 
 def test_startup_line_names_the_local_layers_kernel():

@@ -215,7 +215,8 @@ def test_the_step_estimate_adds_the_splash_kernels_the_cost_model_cannot_see():
   """JAX 0.10.2's splash attention gives its pallas_call no cost estimate, so the compiled FLOPs
   and libtpu's step time leave attention out: modernbert-base at 8,192 on v5p-16 compiled 0.55x
   the analytic FLOPs and the plan said MFU 67%. The estimate now adds the attention FLOPs at the
-  chip's peak (a floor); an xla-attention program is left as it was."""
+  chip's peak (a floor) of the layers whose training kernel is splash (Compiled.kernels, from
+  the same choice as the start-up line); an xla-attention program is left as it was."""
   from bert_jax.plan_compile import Compiled
   c = config("modernbert-base,phase2", batch=72)
   make, _ = plan_lib.model_config_factory(c)
@@ -223,18 +224,29 @@ def test_the_step_estimate_adds_the_splash_kernels_the_cost_model_cannot_see():
   spec = tpu_specs.parse_topology("v5p:2x2x2")
   # 8 global layers of 8,192 keys, 14 local ones of 129 (window 128): 12 x T x S x H x rows.
   t, h = 8192, 768
-  want = 12 * t * h * (8 * t + 14 * 129) * 72
-  assert plan_lib.splash_flops(c, mc) == want
+  want = {"global": 12 * t * h * 8 * t * 72, "local": 12 * t * h * 14 * 129 * 72}
+  assert plan_lib.splash_flops(c, mc) == want["global"] + want["local"]
   peak = spec.generation.peak_bf16_tflops * 1e12
   base = dict(fits=True, compile_seconds=1.0, flops=5.556e13, compiler_seconds=0.328)
-  xla = plan_lib.predict(c, mc, spec, Compiled(**base, attention="attention: xla in training"),
-                         1.0)
-  splash = plan_lib.predict(c, mc, spec, Compiled(**base, attention=(
-      "attention: splash in training (auto: fastest kernel for packed rows on tpu)")), 1.0)
+
+  def step(kernels):
+    return plan_lib.predict(c, mc, spec, Compiled(**base, kernels=kernels), 1.0)
+
+  xla = step({"global": "xla", "local": "xla"})
   assert xla["step_seconds"] == 0.328 and "splash" not in xla["step_time_source"]
-  assert splash["step_seconds"] == pytest.approx(0.328 + want / spec.chips / peak)
+  splash = step({"global": "splash", "local": "splash"})
+  assert splash["step_seconds"] == pytest.approx(0.328 + sum(want.values()) / spec.chips / peak)
   assert "splash attention kernels at peak" in splash["step_time_source"]
   assert splash["mfu"] < xla["mfu"]
+  # Only the layers that run splash are added (a global kernel without a local one, or back).
+  for kind in want:
+    other = "local" if kind == "global" else "global"
+    mixed = step({kind: "splash", other: "xla"})
+    assert mixed["step_seconds"] == pytest.approx(0.328 + want[kind] / spec.chips / peak), kind
+  # What the compile records: the kernels as the start-up line chose them, for the slice.
+  from bert_jax import attention as attention_lib
+  assert attention_lib.training_backends(mc, packed=True, seq_len=t, platform_name="tpu") == {
+      "global": "splash", "local": "splash"}
 
 
 def test_largest_batch_compiles_each_batch_once():

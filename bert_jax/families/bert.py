@@ -39,14 +39,16 @@ PRESETS = {
 # ----------------------------------------------------------------------------------------------
 # FLOPs (train.py's TFLOP/s and MFU, plan's estimates, the benchmarks' equal-compute budgets).
 # ----------------------------------------------------------------------------------------------
-def attention_flops_per_sequence(cfg, seq_length):
+def attention_flops_per_sequence(cfg, seq_length, kinds=("global", "local")):
   """Training FLOPs of one sequence's attention scores and context: 12 x T x S x H a layer (3 x
   forward, 2 a multiply-add, QK^T and PV), S = T keys on a global layer and min(T, W + 1) on a
   windowed one (ModernBERT's local layers, |i - j| <= W/2: what the blocked kernel's output
-  depends on, not the 3W/2 keys it computes). Every BERT-family layer is global: 12 x L x T^2 x H."""
+  depends on, not the 3W/2 keys it computes). Every BERT-family layer is global: 12 x L x T^2 x H.
+  kinds: the layers counted, "global" and/or "local" (windowed)."""
   t = seq_length
   keys = [t if window is None else min(t, window + 1)
-          for window, _ in map(cfg.layer_attention, range(cfg.num_layers))]
+          for window, _ in map(cfg.layer_attention, range(cfg.num_layers))
+          if ("global" if window is None else "local") in kinds]
   return 12 * t * cfg.hidden_size * sum(keys)
 
 
