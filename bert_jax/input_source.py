@@ -36,10 +36,15 @@ def _synthetic_global(batch_size, seq_length, max_predictions_per_seq, vocab_siz
     input_ids[:, 0] = 2                                                 # [CLS]-like
     segment_ids = ((pos >= (lengths[:, None] // 2)) * input_mask).astype(np.int32)
     n_pred = max_predictions_per_seq
-    positions = np.sort(np.stack([rng.choice(np.arange(1, l), size=n_pred, replace=False)
-                                  for l in lengths]), axis=-1)        # [B, P]
+    # A row of l tokens has l - 1 to predict ([CLS] is not): a shorter row than the predictions
+    # (modernbert-tiny's 39 at --config.seq_length=64: rows of 32-64 tokens) pads the rest, as
+    # real records do (it was numpy's "Cannot take a larger sample than population").
+    picked = [np.sort(rng.choice(np.arange(1, l), size=min(n_pred, l - 1), replace=False))
+              for l in lengths]
+    positions = np.stack([np.pad(p, (0, n_pred - len(p))) for p in picked])   # [B, P]
     weights = np.ones((batch_size, n_pred), np.float32)
     weights[:, n_pred - n_pred // 4:] = 0.0                           # some padding predictions
+    weights[np.arange(n_pred)[None, :] >= np.array([len(p) for p in picked])[:, None]] = 0.0
     positions = np.where(weights > 0, positions, 0)
     ids = np.take_along_axis(input_ids, positions, axis=1) * (weights > 0)
     yield dict(input_ids=input_ids.astype(np.int32), input_mask=input_mask,

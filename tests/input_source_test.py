@@ -30,6 +30,24 @@ def test_synthetic_batches_match_the_spec():
   assert _as_spec(batch) == input_source.batch_spec(c, None)
 
 
+def test_synthetic_rows_shorter_than_the_predictions_pad_them():
+  """60 predictions at seq 64 (rows of 32-64 tokens; modernbert-tiny's 39 failed so at seq 64):
+  a short row predicts each of its tokens but [CLS] once and pads the rest (weight 0, position
+  0); it was numpy's "Cannot take a larger sample than population" traceback."""
+  for batch in itertools.islice(input_source.synthetic_batches(
+      batch_size=16, seq_length=64, max_predictions_per_seq=60, vocab_size=100, seed=0), 3):
+    lengths = batch["input_mask"].sum(-1)
+    weights, positions = batch["masked_lm_weights"], batch["masked_lm_positions"]
+    assert positions.shape == weights.shape == (16, 60)
+    real = weights > 0                        # the last quarter always pads: 45 at most
+    assert (real.sum(-1) == np.minimum(lengths - 1, 60 - 60 // 4)).all()
+    assert (lengths - 1 < 45).any()                                  # some rows were short
+    assert ((positions >= 1) & (positions < lengths[:, None]))[real].all()
+    assert (positions[~real] == 0).all() and (batch["masked_lm_ids"][~real] == 0).all()
+    for row, mask in zip(positions, real):          # distinct positions, in order
+      assert (np.diff(row[mask]) > 0).all()
+
+
 @pytest.mark.parametrize("pack", [False, True])
 def test_record_batches_match_the_spec(tmp_path, pack):
   vocab = write_vocab(tmp_path / "vocab.txt")
