@@ -74,16 +74,12 @@ def atomic_path(path):
   path = str(path)
   tmp = f"{path}.tmp-{os.getpid()}"
   parent = os.path.dirname(path)
-  if is_remote(path):
-    gfile = _gfile()
-    if parent:
-      gfile.makedirs(parent)
-  elif parent:
-    os.makedirs(parent, exist_ok=True)
+  if parent:
+    makedirs(parent)
   try:
     yield tmp
     if is_remote(path):
-      gfile.rename(tmp, path, overwrite=True)
+      _gfile().rename(tmp, path, overwrite=True)
     else:
       os.replace(tmp, path)
   except BaseException:
@@ -91,8 +87,8 @@ def atomic_path(path):
     # full or read-only disk, must not replace it).
     with contextlib.suppress(Exception):
       if is_remote(path):
-        if gfile.exists(tmp):
-          gfile.remove(tmp)
+        if _gfile().exists(tmp):
+          _gfile().remove(tmp)
       elif os.path.lexists(tmp):
         os.remove(tmp)
     raise
