@@ -109,30 +109,55 @@ def describe_exit(code: int) -> str:
 _GLOO_CONNECTED = re.compile(r"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
                              r"Expected number of connected peer ranks is : (\d+)")
 # gloo writes that line in 7 `<<` pieces from each communicator's thread, and a process builds its
-# communicators on several threads at once, so two lines can interleave piece by piece (CI of
-# 2026-11-26: `[Gloo] Rank [Gloo] Rank 3 is connected to 7 peer ranks. Expected number of
-# connected peer ranks is : 7` then `2 is connected to 7 peer ranks. Expected ... : 7`). A line
-# made only of those pieces is dropped too. Its counts cannot be paired any more, but nothing is
-# lost: gloo follows a short count with its own `is NOT connected to: [...]` line
-# (Context::printConnectivityInfo), which is not made of these pieces and is always relayed.
-_GLOO_PIECES = re.compile(r"(?:\[Gloo\] Rank | is connected to | peer ranks\. "
-                          r"|Expected number of connected peer ranks is : |\d+)+")
+# communicators on several threads at once, so copies interleave piece by piece and the newlines
+# fall anywhere among them (CIs of 2026-11-26: `[Gloo] Rank [Gloo] Rank 3 is connected to 7 peer
+# ranks. Expected number of connected peer ranks is : 7` then `2 is connected to 7 peer ranks.
+# Expected ... : 7`; another run: `Expected number of connected peer ranks is : 7` alone). A line
+# made only of those pieces, with at least one of the words, is dropped. Its counts cannot be
+# paired any more, but nothing is lost: gloo follows a short count with its own `is NOT connected
+# to: [...]` line (Context::printConnectivityInfo), which is not made of these pieces and is always
+# relayed. A split can also leave a number alone on a line; GlooFilter drops such a line only
+# while the stream's gloo words still owe a number (each of `Rank `, ` is connected to ` and
+# `is : ` is followed by one), so a program's own bare number is relayed.
+_GLOO_WORDS = ("[Gloo] Rank ", " is connected to ", " peer ranks. ",
+               "Expected number of connected peer ranks is : ")
+_GLOO_PIECES = re.compile("(?:" + "|".join(re.escape(w) for w in _GLOO_WORDS) + r"|\d+)+")
+# The words after which gloo writes a number: the rank, the count connected, the count expected.
+_GLOO_NUMBER_BEFORE = ("Rank ", " is connected to ", "ranks is : ")
 
 
 def is_gloo_connected_line(line: str) -> bool:
   """True for gloo's all-peers-connected line (see _GLOO_CONNECTED), whole or interleaved with
-  another thread's copy (_GLOO_PIECES), and nothing else."""
+  another thread's copy (_GLOO_PIECES), and nothing else; a bare number is GlooFilter's call."""
   line = line.rstrip("\n")
   m = _GLOO_CONNECTED.fullmatch(line)
   if m:
     return m[1] == m[2]
-  return (("[Gloo] Rank " in line or " peer ranks. " in line)
-          and _GLOO_PIECES.fullmatch(line) is not None)
+  return any(w in line for w in _GLOO_WORDS) and _GLOO_PIECES.fullmatch(line) is not None
+
+
+class GlooFilter:
+  """One process's stdout: drops gloo's connected lines, and a bare number while gloo owes one."""
+
+  def __init__(self):
+    self.numbers_owed = 0
+
+  def drop(self, line: str) -> bool:
+    text = line.rstrip("\n")
+    if is_gloo_connected_line(text):
+      owed = sum(text.count(w) for w in _GLOO_NUMBER_BEFORE) - len(re.findall(r"\d+", text))
+      self.numbers_owed = max(0, self.numbers_owed + owed)
+      return True
+    if text.isdigit() and self.numbers_owed > 0:
+      self.numbers_owed -= 1
+      return True
+    return False
 
 
 def _pump(prefix: str, stream, out, lock: threading.Lock, show_gloo_lines: bool = False):
+  gloo = GlooFilter()
   for line in iter(stream.readline, ""):
-    if not show_gloo_lines and is_gloo_connected_line(line):
+    if not show_gloo_lines and gloo.drop(line):
       continue
     with lock:
       out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")

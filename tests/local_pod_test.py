@@ -93,6 +93,9 @@ def test_relay_drops_only_gloos_all_connected_line():
       "ranks is : 7\n")
   assert local_pod.is_gloo_connected_line(
       "2 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n")
+  # The tail alone (the CI of stop 36, verbatim), and with its number split off.
+  assert local_pod.is_gloo_connected_line("Expected number of connected peer ranks is : 7\n")
+  assert local_pod.is_gloo_connected_line("Expected number of connected peer ranks is : \n")
   # ...but not a bare number, nor a NOT-connected line caught in the interleaving.
   assert not local_pod.is_gloo_connected_line("7\n")
   assert not local_pod.is_gloo_connected_line("[Gloo] Rank [Gloo] Rank 3 is NOT connected to: [1]\n")
@@ -105,6 +108,26 @@ def test_relay_drops_only_gloos_all_connected_line():
   assert relay(False) == ["[p1] step 1/2", "[p1] [Gloo] Rank 5 is NOT connected to: [1]",
                           "[p1] end"]
   assert relay(True)[1] == "[p1] " + _CONNECTED.strip()
+
+
+def test_gloo_filter_drops_a_bare_number_only_while_gloo_owes_one():
+  def kept(lines):
+    f = local_pod.GlooFilter()
+    return [l for l in lines if not f.drop(l)]
+  # A program's bare number, with no gloo words before it: relayed.
+  assert kept(["7\n", "step 1\n"]) == ["7\n", "step 1\n"]
+  # A copy cut after `is : ` by another copy written whole, then its own number on a line.
+  assert kept(["[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer "
+               "ranks is : " + _CONNECTED, "7\n", "7\n"]) == ["7\n"]
+  # Two heads and one tail on one line owe the second copy's numbers to the next line, which pays.
+  assert kept(["[Gloo] Rank [Gloo] Rank 3 is connected to 7 peer ranks. Expected number of "
+               "connected peer ranks is : 7\n",
+               "2 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n",
+               "3\n"]) == ["3\n"]
+  # A NOT-connected line is relayed whatever is owed.
+  assert kept(["[Gloo] Rank 3 is connected to 6 peer ranks. Expected number of connected peer "
+               "ranks is : \n", "[Gloo] Rank 3 is NOT connected to: [1]\n", "7\n"]) == [
+                   "[Gloo] Rank 3 is NOT connected to: [1]\n"]
 
 
 def test_config_mismatch_is_an_error_on_every_host():
