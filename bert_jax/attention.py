@@ -200,17 +200,34 @@ def local_window(model_config):
   return windows.pop() if windows else None
 
 
+def step_choices(model_config, *, packed, seq_len, platform_name=None, window=None):
+  """{"global": (training Choice, evaluation Choice)[, "local": (...)]}: the kernels a step runs,
+  chosen once for the start-up line (words) and the planner (data); "local" when `window` is set.
+  model.py makes the same select_backend call per layer at trace time.
+
+  Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
+  """
+  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
+            platform_name=platform_name)
+
+  def pair(w):
+    return (select_backend(model_config.attention, dropout=model_config.attention_dropout_prob,
+                           window=w, **kw),
+            select_backend(model_config.attention, dropout=0.0, window=w, **kw))
+
+  out = {"global": pair(None)}
+  if window is not None:
+    out["local"] = pair(window)
+  return out
+
+
 def training_backends(model_config, *, packed, seq_len, platform_name=None):
   """{"global": kernel, "local": kernel} of the training step's attention ("local" only when the
-  model has windowed layers): the same choices as startup_line, as data (the planner adds the
+  model has windowed layers): step_choices' training kernels, as data (the planner adds the
   splash kernels' FLOPs by them). Raises AttentionError as startup_line does."""
-  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
-            platform_name=platform_name, dropout=model_config.attention_dropout_prob)
-  out = {"global": select_backend(model_config.attention, **kw).backend}
-  window = local_window(model_config)
-  if window is not None:
-    out["local"] = select_backend(model_config.attention, window=window, **kw).backend
-  return out
+  choices = step_choices(model_config, packed=packed, seq_len=seq_len,
+                         platform_name=platform_name, window=local_window(model_config))
+  return {kind: train.backend for kind, (train, _) in choices.items()}
 
 
 def startup_line(model_config, *, packed, seq_len, platform_name=None, window=None):
@@ -219,23 +236,20 @@ def startup_line(model_config, *, packed, seq_len, platform_name=None, window=No
 
   Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
   platform_name: the chips the step runs on (default: this host's, see `platform`).
-  window: the local layers' span (ModernBERT's local_attention), None if every layer is global.
+  window: the local layers' span (ModernBERT's local_attention: `local_window(model_config)`),
+  None if every layer is global.
   """
-  kw = dict(packed=packed, dtype=model_config.dtype, seq_len=seq_len,
-            platform_name=platform_name)
-
-  def choices(w):
-    train = select_backend(model_config.attention, dropout=model_config.attention_dropout_prob,
-                           window=w, **kw)
-    evaluation = select_backend(model_config.attention, dropout=0.0, window=w, **kw)
+  def words(train, evaluation):
     text = f"{train.backend} in training ({train.reason})"
     if evaluation.backend != train.backend:
       text += f", {evaluation.backend} in evaluation ({evaluation.reason})"
     return text
 
-  line = "attention: " + choices(None)
-  if window is not None:
-    line += f"; local layers (window {window}): " + choices(window)
+  choices = step_choices(model_config, packed=packed, seq_len=seq_len,
+                         platform_name=platform_name, window=window)
+  line = "attention: " + words(*choices["global"])
+  if "local" in choices:
+    line += f"; local layers (window {window}): " + words(*choices["local"])
   return line
 
 
