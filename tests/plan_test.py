@@ -190,25 +190,71 @@ def test_without_libtpu_is_a_one_line_error(monkeypatch):
 
 @pytest.mark.slow
 def test_search_finds_settings_that_fit(tmp_path):
-  # Budget: what a per-chip batch of 4 needs; ask for 16 per chip. Plain data parallelism cannot
-  # hold it, so the search must reach for FSDP / remat / accumulation, and its pick must fit.
-  # Through the CLI, as users run it (each plan in its own process). SMALL tiny: 19 s of CPU a
-  # compile instead of 65 s, and the search compiles ~16 programs.
+  # Budget: what a per-chip batch of 1 needs (+2%); ask for 2 per chip. Plain data parallelism
+  # cannot hold it (per-chip 2 compiled 13% above per-chip 1), so the search must reach for FSDP /
+  # remat / accumulation, and its pick must fit. Through the CLI, as users run it (each plan in
+  # its own process), with real TPU compiles: per-chip 1 and 2 are 2 compiles a setting, at most
+  # 9 in all (per-chip 4 asked for 16 was ~16 compiles, 212 s of the suite). The search's own
+  # arithmetic (the line, halving, doubling, the accumulation it settles for) is checked at
+  # larger batches with a model of memory: test_search_settles_for_accumulation_*, and
+  # test_largest_batch_compiles_each_batch_once.
   common = ("--config=bert_jax/configs/pretrain.py:tiny", "--topology=v5e:2x2",
             "--config.model.dtype=bfloat16", *SMALL_FLAGS)
-  p = _cli(*common, "--config.batch_size=16", f"--json={tmp_path}/small.json")
+  p = _cli(*common, "--config.batch_size=4", f"--json={tmp_path}/small.json")
   assert p.returncode == 0, p.stderr[-2000:]
   budget = json.loads((tmp_path / "small.json").read_text())["compiled"]["total"] * 1.02
-  p = _cli(*common, "--config.batch_size=64", "--search", f"--hbm_gib={budget / plan_lib.GiB}",
+  p = _cli(*common, "--config.batch_size=8", "--search", f"--hbm_gib={budget / plan_lib.GiB}",
            f"--json={tmp_path}/search.json")
   assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-2000:])
   result = json.loads((tmp_path / "search.json").read_text())
   found = result["search"]["found"]
   assert result["fits"] and result["compiled"]["total"] <= budget, p.stdout
-  assert found["per_chip"] * found["accum"] == 16
-  assert result["search"]["largest_per_chip_batch"]["data parallel"][0] < 16
+  assert found["per_chip"] * found["accum"] == 2
+  assert result["search"]["largest_per_chip_batch"]["data parallel"][0] < 2
   assert "--config.grad_accum_steps=" in result["search"]["train_flags"]
-  assert "flags for bert_jax.train: --config.batch_size=64" in p.stdout
+  assert "flags for bert_jax.train: --config.batch_size=8" in p.stdout
+
+
+class _MemoryModel:
+  """plan.IsolatedCompiler's stand-in: HBM = fixed + per_row x per-chip batch, where fsdp shards
+  the fixed part (parameters, optimizer state) 4 ways and remat halves the per-row part."""
+  asked = []
+
+  def __init__(self, topology):
+    del topology
+
+  def __call__(self, c):
+    fsdp, per_chip = c.mesh_shape[1] == -1, c.batch_size // 4
+    total = (4 if fsdp else 16) + (2 if c.model.remat else 4) * per_chip
+    _MemoryModel.asked.append((fsdp, bool(c.model.remat), per_chip))
+    return plan_lib.Compiled(fits=True, compile_seconds=0.0, total=total)
+
+  def close(self):
+    pass
+
+
+def test_search_settles_for_accumulation_when_no_setting_holds_the_batch(monkeypatch):
+  """Per-chip 16 asked, 36 of HBM: data parallel holds 4 (16 + 4 x 4 = 32), fsdp 8, remat 8 and
+  fsdp + remat 16 (4 + 2 x 16 = 36): the last holds it and is taken. At 30 of HBM none does: the
+  setting with the largest micro-batch (fsdp + remat, 8) with the fewest accumulation steps (2)."""
+  monkeypatch.setattr(plan_lib, "IsolatedCompiler", _MemoryModel)
+  c = config(batch=64)
+  _MemoryModel.asked = []
+  found, largest = plan_lib.search(c, "v5e:2x2", 36, log=lambda _: None)
+  assert found == dict(label="fsdp + remat", mesh_shape=(1, -1, 1), remat=True, accum=1,
+                       per_chip=16)
+  assert {k: v[0] for k, v in largest.items()} == {
+      "data parallel": 4, "fsdp": 8, "data parallel + remat": 8, "fsdp + remat": 16}
+  found, largest = plan_lib.search(c, "v5e:2x2", 30, log=lambda _: None)
+  assert found == dict(label="fsdp + remat", mesh_shape=(1, -1, 1), remat=True, accum=2,
+                       per_chip=8)
+  assert {k: v[0] for k, v in largest.items()} == {
+      "data parallel": 2, "fsdp": 4, "data parallel + remat": 4, "fsdp + remat": 8}
+  # A setting that holds the batch ends the search: fsdp at 64 of HBM, remat never compiled.
+  _MemoryModel.asked = []
+  found, _ = plan_lib.search(c, "v5e:2x2", 68, log=lambda _: None)
+  assert (found["label"], found["accum"]) == ("fsdp", 1)
+  assert not any(remat for _, remat, _ in _MemoryModel.asked)
 
 
 def test_the_step_estimate_adds_the_splash_kernels_the_cost_model_cannot_see():
