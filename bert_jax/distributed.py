@@ -203,6 +203,8 @@ def maybe_initialize_distributed(
     with _without_jax_info_lines():
       jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                  process_id=process_id, **timeouts)
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
+      persistent_cache_on_every_process()
     return "env"
   if distributed is False:
     return "single"
@@ -211,6 +213,51 @@ def maybe_initialize_distributed(
       jax.distributed.initialize(**timeouts)
     return "auto"
   return "single"
+
+
+def persistent_cache_on_every_process() -> bool:
+  """Lets every process of a CPU pod on one machine (path 1 with JAX_PLATFORMS=cpu: the local
+  pod) write its compiled programs to the persistent compilation cache, not only process 0.
+
+  JAX writes the cache from process 0 only (jax/_src/compiler.py `_cache_write`: "problems with
+  contention for writes on some filesystems, e.g., GCS"), and on CPU each process's programs have
+  keys of their own (the compile options name the process), so processes 1..N-1 of a local pod
+  found nothing and compiled every program on every run, while process 0 waited for them at the
+  first step's meeting. Here all processes share one local disk and write disjoint keys. Measured
+  on the 2-core box (2026-11-26, BERT-tiny, 2 x 4 pod, 3 steps, warm cache, second run):
+  process 1 took 16.0 CPU s before and 8.0 after, the pod 16 s wall before and 9 s after.
+  Only the process check is lifted: host callbacks and the minimum compile time are JAX's rules
+  as before (JAX's own function runs for them), as is its warning when a write fails. Returns
+  False (JAX's behaviour kept) when this JAX has no such function.
+  """
+  try:
+    from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+    from jax._src import compiler  # pylint: disable=g-import-not-at-top
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+    jax_write = compiler._cache_write  # pylint: disable=protected-access
+    put = compilation_cache.put_executable_and_time
+  except (ImportError, AttributeError):
+    return False
+  if getattr(jax_write, "every_process", False):
+    return True
+
+  def cache_write(cache_key, compile_time_secs, module_name, backend, executable,
+                  host_callbacks):
+    if (jax_distributed.global_state.process_id == 0 or host_callbacks
+        or compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs):
+      return jax_write(cache_key, compile_time_secs, module_name, backend, executable,
+                       host_callbacks)
+    try:
+      put(cache_key, module_name, executable, backend, int(compile_time_secs))
+    except Exception as ex:  # pylint: disable=broad-except  # JAX's own handling of a failed write
+      import warnings  # pylint: disable=g-import-not-at-top
+      warnings.warn(f"Error writing persistent compilation cache entry for '{module_name}': "
+                    f"{type(ex).__name__}: {ex}")
+    return None
+
+  cache_write.every_process = True
+  compiler._cache_write = cache_write  # pylint: disable=protected-access
+  return True
 
 
 # ----------------------------------------------------------------------------------------------

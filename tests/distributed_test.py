@@ -232,3 +232,49 @@ def test_initialize_runs_without_jax_info_lines_unless_logs_were_asked_for(monke
       assert logger.level == logging.NOTSET and logger.isEnabledFor(logging.INFO)
   finally:
     jax_logger.setLevel(previous)
+
+
+def test_every_process_of_a_cpu_pod_writes_the_persistent_cache(tmp_path, monkeypatch):
+  """JAX writes the persistent cache from process 0 only, and on CPU each process's programs have
+  keys of their own, so a local pod's process 1 compiled every program on every run. After
+  persistent_cache_on_every_process, a process other than 0 writes its programs too; host
+  callbacks still are not written (JAX's rule)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  was = {k: getattr(jax.config, k) for k in keys}
+  monkeypatch.setattr(compiler, "_cache_write", compiler._cache_write)  # put back afterwards
+  monkeypatch.setattr(jax_distributed.global_state, "process_id", 1)
+
+  def entries():
+    return sorted(p.name.split("-")[0] for p in tmp_path.glob("*-cache"))
+
+  def three(x):
+    return x * 3 + 1
+
+  def five(x):
+    return x * 5 - 2
+
+  def seven(x):
+    jax.debug.callback(print, x)
+    return x * 7
+
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
+    jax.jit(three)(np.ones(7, np.float32))
+    assert entries() == []                       # JAX's rule: process 1 writes nothing
+    assert distributed.persistent_cache_on_every_process()
+    assert distributed.persistent_cache_on_every_process()   # twice: wrapped once
+    jax.jit(five)(np.ones(9, np.float32))
+    assert entries() == ["jit_five"]
+    jax.jit(seven)(np.ones(3, np.float32))
+    assert entries() == ["jit_five"]             # a host callback: never written
+  finally:
+    for k, v in was.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
