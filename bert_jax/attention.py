@@ -236,8 +236,8 @@ def startup_line(model_config, *, packed, seq_len, platform_name=None, window=No
 
   Raises AttentionError (before any compute) if an explicitly requested kernel cannot run.
   platform_name: the chips the step runs on (default: this host's, see `platform`).
-  window: the local layers' span (ModernBERT's local_attention: `local_window(model_config)`),
-  None if every layer is global.
+  window: the local layers' span; None: the model's own (`local_window`: ModernBERT's local
+  attention, none for the BERT family), so no caller can leave the local layers out.
   """
   def words(train, evaluation):
     text = f"{train.backend} in training ({train.reason})"
@@ -245,6 +245,8 @@ def startup_line(model_config, *, packed, seq_len, platform_name=None, window=No
       text += f", {evaluation.backend} in evaluation ({evaluation.reason})"
     return text
 
+  if window is None:
+    window = local_window(model_config)
   choices = step_choices(model_config, packed=packed, seq_len=seq_len,
                          platform_name=platform_name, window=window)
   line = "attention: " + words(*choices["global"])

@@ -185,8 +185,7 @@ def compile_step(config, model_config, devices):
                                  grad_accum_steps=int(config.grad_accum_steps), devices=devices)
   where = dict(packed=bool(config.pack), seq_len=config.seq_length,
                platform_name=devices[0].platform)
-  attention = attention_lib.startup_line(model_config, window=attention_lib.local_window(
-      model_config), **where)
+  attention = attention_lib.startup_line(model_config, **where)
   kernels = attention_lib.training_backends(model_config, **where)
   t = train.build_training(config, model_config, mesh,
                            teacher=families.get(model_config.family).planning_teacher(

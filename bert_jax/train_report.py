@@ -41,8 +41,7 @@ def print_mesh_line(config, model_config, mesh, local_batch, is_main):
   """
   accum = int(config.grad_accum_steps)
   attention_line = attention_lib.startup_line(model_config, packed=bool(config.get("pack")),
-                                              seq_len=config.seq_length,
-                                              window=attention_lib.local_window(model_config))
+                                              seq_len=config.seq_length)
   if is_main:
     print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
           f"host(s); global batch {config.batch_size} = {jax.process_count()} x {local_batch} "

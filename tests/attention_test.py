@@ -451,6 +451,11 @@ def test_local_window_and_the_training_kernels_of_each_layer_kind():
       "global": "pallas_gpu", "local": "xla"}
   assert attention.training_backends(modern, packed=True, seq_len=1024,
                                      platform_name="cpu") == {"global": "xla", "local": "xla"}
+  # The start-up line finds the local layers by itself, as training_backends does.
+  assert "; local layers (window 16): xla in training" in attention.startup_line(
+      modern, packed=True, seq_len=1024, platform_name="cpu")
+  assert "local layers" not in attention.startup_line(bert, packed=True, seq_len=1024,
+                                                      platform_name="cpu")
   with pytest.raises(attention.AttentionError, match="cudnn on the local layers"):
     attention.training_backends(dataclasses.replace(modern, attention="cudnn"), packed=False,
                                 seq_len=1024, platform_name="gpu")
