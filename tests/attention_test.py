@@ -436,9 +436,9 @@ def test_a_bad_window_is_a_one_line_error(window):
 
 
 def test_local_window_and_the_training_kernels_of_each_layer_kind():
-  """What train's and plan's start-up line pass as the window (it printed the global layers'
-  kernel alone, so an explicit kernel the local layers refuse passed the start-up check), and
-  the planner's kernels as data."""
+  """The window the start-up line of train and plan finds for the local layers (it printed the
+  global layers' kernel alone, so an explicit kernel the local layers refuse passed the start-up
+  check), and the planner's kernels as data."""
   from bert_jax import model as model_lib
   bert = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16",
                                    attention_dropout_prob=0.0)
