@@ -47,7 +47,8 @@ jax.config.update("jax_disable_most_optimizations",
 # first (tests/xdist_order.py says why and how).
 def pytest_configure(config):
   from tests import xdist_order  # pylint: disable=g-import-not-at-top
-  if not xdist_order.under_xdist_worker() and config.getvalue("dist") == "loadfile":
+  # getoption(..., None): under `-p no:xdist` the option does not exist.
+  if not xdist_order.under_xdist_worker() and config.getoption("dist", None) == "loadfile":
     # Set before the workers start, so they inherit it (one file per run).
     os.environ[xdist_order.TIERS_ENV] = os.path.join(
         tempfile.mkdtemp(prefix="bert_jax_tiers_"), "slow_ids.json")
@@ -63,6 +64,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's, absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
   from tests import xdist_order  # pylint: disable=g-import-not-at-top
-  if config.getvalue("dist") == "loadfile":
+  if config.getoption("dist", None) == "loadfile":
     return xdist_order.make_scheduler(config, log)
   return None
