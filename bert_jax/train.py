@@ -28,12 +28,12 @@ import numpy as np
 
 from bert_jax import batch_warmup
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import checkpoint_fit
 from bert_jax import distributed
 from bert_jax import families
 from bert_jax.families import bert as families_bert
 from bert_jax import cli
 from bert_jax_core import errors
-from bert_jax_core import files as files_lib
 from bert_jax import guard
 from bert_jax import inference
 from bert_jax import input_source
@@ -218,13 +218,15 @@ def create_model_config(config, vocab):
 # ----------------------------------------------------------------------------------------------
 # State: resume > init_checkpoint > fresh init.
 # ----------------------------------------------------------------------------------------------
-def restore_or_init(manager, t, config, model_config, workdir, latest, teacher=None):
+def restore_or_init(manager, t, config, model_config, workdir, latest, teacher=None,
+                    position=None):
   """(state, step) from checkpoint `latest` (verified; None: none) in workdir, else a fresh (or
-  pre-trained; a DistilBERT student: from its teacher's layers) start."""
+  pre-trained; a DistilBERT student: from its teacher's layers) start. `position`: the data
+  stream's input position at `latest` (None: the checkpoint's; a restarted stream's is 0)."""
   if latest is not None:   # of this model and vocab: checked before the input (check_same_run)
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
     print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
-          f"{meta['input_position']})", flush=True)
+          f"{meta['input_position'] if position is None else position})", flush=True)
     return state, int(latest)
   state = t.init_state(jax.random.PRNGKey(config.seed))
   if config.init_checkpoint:
@@ -249,41 +251,29 @@ def check_same_run(manager, latest, model_config, workdir, config, vocab_hash, t
 
 
 def _check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher):
+  # checkpoint_fit: the one owner of "does this checkpoint fit this run".
   meta = ckpt_lib.read_meta(manager, latest)
   families.get(model_config.family).check_teacher(meta, teacher, workdir)
-  stored = meta["model_config"]
-  if stored != model_config.to_dict():
-    diff = {k: (stored.get(k), v) for k, v in model_config.to_dict().items()
-            if stored.get(k) != v}
-    preset = (meta.get("config") or {}).get("model_name")
-    raise ConfigError(f"--workdir={workdir} holds a checkpoint of another model "
-                      + (f"(trained with --config.model_name={preset}) " if preset else "")
-                      + f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
-  recorded = meta.get("vocab_hash")
-  if recorded and vocab_hash and not (files_lib.same_sha256(recorded, vocab_hash) or
-                                       files_lib.same_sha256(vocab_hash, recorded)):  # prefixes
-    stored = meta.get("config") or {}
-    was = (stored.get("vocab_file") or stored.get("spm_model_file")
-           or stored.get("tokenizer_json"))
-    now = config.vocab_file or config.spm_model_file or config.get("tokenizer_json")
-    raise ConfigError(f"--workdir={workdir} was trained with the vocab {was} (sha256 "
-                      f"{recorded[:16]}) but this run has {now} (sha256 {vocab_hash[:16]}); "
-                      "resume with the run's own vocab, or use a new --workdir.")
+  checkpoint_fit.check_same_model(workdir, meta, model_config, error=ConfigError)
+  checkpoint_fit.check_resume_vocab(workdir, meta, config, vocab_hash, error=ConfigError)
 
 
-INIT_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-              "max_position_embeddings", "type_vocab_size")
+INIT_SIZES = checkpoint_fit.INIT_SIZES
 
 
-def model_from_init_checkpoint(config, model_config):
+def model_from_init_checkpoint(config, model_config, vocab_hash=None):
   """The model of a run starting from config.init_checkpoint, read from its config (no array)
-  before anything is built: the preset's sizes must be the checkpoint's, every other encoder
-  field (the activation, layer_norm_eps, ...) is the checkpoint's, an explicit
-  --config.model.<field> that contradicts it is one line naming both values
-  (checkpoint.config_from_checkpoint, as fine-tuning), and the run fields are the config's."""
+  before anything is built: the preset's sizes (ELECTRA's generator too) and the run's
+  vocabulary (`vocab_hash`: its sha256; None: read here) must be the checkpoint's
+  (checkpoint_fit), every other encoder field (the activation, layer_norm_eps, ...) is the
+  checkpoint's, an explicit --config.model.<field> that contradicts it is one line naming both
+  values (checkpoint.config_from_checkpoint, as fine-tuning), and the run fields are the
+  config's."""
   path = config.init_checkpoint
-  stored = (inference.from_hf_folder(path) if inference.is_hf_folder(path) else path)
-  stored = ckpt_lib.describe(stored, verify=False).config
+  described = ckpt_lib.describe(
+      inference.from_hf_folder(path) if inference.is_hf_folder(path) else path, verify=False)
+  stored = described.config
+  checkpoint_fit.check_init_vocab(config, path, described, vocab_hash, error=ConfigError)
   if config.get("tokenizer_json") and stored.vocab_size > model_config.vocab_size:
     # A tokenizer.json's ids in a table padded past them (ModernBERT: 50,280 ids, 50,368
     # rows): the rows are the checkpoint's; no input id reaches the padding.
@@ -291,11 +281,10 @@ def model_from_init_checkpoint(config, model_config):
           f"{model_config.vocab_size} ids of {config.tokenizer_json} (padded rows kept)",
           flush=True)
     model_config = dataclasses.replace(model_config, vocab_size=stored.vocab_size)
-  diff = {k: (getattr(stored, k), getattr(model_config, k)) for k in INIT_SIZES
-          if getattr(stored, k) != getattr(model_config, k)}
-  if diff:
-    raise ConfigError(f"init_checkpoint={path} is another model size (checkpoint vs config: "
-                      f"{diff}); set --config.model_name (and the vocab) to the checkpoint's.")
+  checkpoint_fit.check_sizes(f"init_checkpoint={path}", stored, model_config, error=ConfigError,
+                             fix="set --config.model_name (and the vocab) to the checkpoint's.")
+  checkpoint_fit.check_generator(f"init_checkpoint={path}", stored, model_config, config,
+                                 error=ConfigError)
   explicit = {k: v for k, v in config.model.items()
               if v is not None and k in ckpt_lib.ENCODER_FIELDS and k != "vocab_size"}
   # The modern encoder's fields (RoPE, window, norms: what the weights were trained under) are
@@ -361,11 +350,11 @@ def validate_inputs(config, workdir):
                 if config.eval_input_files else None)
   vocab = load_vocab(config)
   model_config = create_model_config(config, vocab)
+  vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
   if config.init_checkpoint:
-    model_config = model_from_init_checkpoint(config, model_config)
+    model_config = model_from_init_checkpoint(config, model_config, vocab_hash)
   check_objectives(config, model_config)
   trainer_lib.check_max_length(config.seq_length, "seq_length", model_config)
-  vocab_hash = trainer_lib.check_same_on_all_hosts(config, vocab.path, vocab.size)
   teacher = families.get(model_config.family).load_teacher(config, model_config)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
   note = print if jax.process_index() == 0 else (lambda _: None)
@@ -388,13 +377,15 @@ def first_checked_batch(train_iter, config, vocab, layout, num_files, local_batc
   return train_iter
 
 
-def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher, ramp):
+def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher, ramp, stream=None):
   """What a checkpoint records beside the state: the config, the vocab's hash, the model, where
-  the input stream is (stream batches consumed: the step, or more under a batch-size warmup), its
-  layout, the warmup and (DistilBERT) the teacher; resuming checks them."""
+  the input stream is (stream batches consumed: the step, or more under a batch-size warmup;
+  minus those before a restarted stream began), its layout and record files and seed
+  (checkpoint_fit.data_stream), the warmup and (DistilBERT) the teacher; resuming checks them."""
   return dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
-              model_config=model_config.to_dict(), input_position=ramp.position(step), step=step,
-              stream_layout=layout, batch_warmup=ramp.record(),
+              model_config=model_config.to_dict(), step=step,
+              input_position=ramp.position(step) - (stream or {}).get("start_position", 0),
+              stream_layout=layout, data_stream=stream, batch_warmup=ramp.record(),
               teacher=teacher.record if teacher else None)
 
 
@@ -420,13 +411,13 @@ def _train_and_evaluate(config, workdir):
   unit_rows = run.ramp.unit // jax.process_count()
   train_iter = first_checked_batch(
       input_source.stream(config, run.vocab, run.layout, unit_rows, run.train_files, config.seed,
-                          run.ramp.position(run.latest or 0)),
+                          run.position(run.latest or 0)),
       config, run.vocab, run.layout, len(run.train_files), unit_rows, run.is_main)
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, run.model_config, run.mesh, run.teacher)  # DistilBERT: its teacher
   with trainer_lib.mesh_rules(run.mesh):
     state, start_step = restore_or_init(run.manager, t, config, run.model_config, workdir,
-                                        run.latest, run.teacher)
+                                        run.latest, run.teacher, run.position(run.latest or 0))
   out = RunOutputs(run, t.eval_step)
   step = train_loop(run, t, state, start_step, train_iter, out)
   run.manager.wait_until_finished()
@@ -459,6 +450,12 @@ class Run:
   layout: object            # the stream layout fixed at the first run
   is_main: bool
   total_steps: int
+  stream: dict = None       # record files, seed, where the stream began (checkpoint_fit)
+
+  def position(self, step):
+    """The data stream's input position after `step`: stream batches consumed since it began
+    (step 0, or the step a --config.restart_data_stream started it afresh at)."""
+    return self.ramp.position(step) - (self.stream or {}).get("start_position", 0)
 
 
 def prepare_run(config, workdir):
@@ -475,12 +472,17 @@ def prepare_run(config, workdir):
   ramp = batch_warmup.from_config(config, mesh)
   if is_main and ramp.on:
     print(ramp.startup_line(), flush=True)
-  manager, latest, layout = resume_point(config, workdir, train_files, ramp)
+  manager, latest, meta = resume_point(config, workdir, ramp)
   if latest is not None:   # the same model, vocab and teacher, from the checkpoint's meta
     check_same_run(manager, latest, model_config, workdir, config, vocab_hash, teacher)
+  try:   # the same data stream (record files, seed, layout), or one started afresh
+    layout, stream = stream_at(config, workdir, train_files, ramp, latest, meta)
+  except errors.UserError:
+    manager.close()
+    raise
   return Run(config, workdir, train_files, eval_files, vocab, model_config, vocab_hash, teacher,
              mesh, local_batch, ramp, manager, latest, layout, is_main,
-             int(config.num_train_steps))
+             int(config.num_train_steps), stream)
 
 
 class RunOutputs:
@@ -527,7 +529,8 @@ class RunOutputs:
   def save(self, step, state, force=False):
     run = self.run
     ckpt_lib.save(run.manager, step, state, checkpoint_meta(
-        run.config, step, run.vocab_hash, run.model_config, run.layout, run.teacher, run.ramp),
+        run.config, step, run.vocab_hash, run.model_config, run.layout, run.teacher, run.ramp,
+        run.stream),
                   force=force)
 
 
@@ -576,11 +579,9 @@ def train_loop(run, t, state, start_step, train_iter, out):
   return step
 
 
-def resume_point(config, workdir, train_files, ramp):
-  """(checkpoint manager, newest step that verifies against its SHA-256 manifest or None, the
-  stream layout). The layout (logical shards, packing, the stream's batch: ramp.unit rows) is
-  fixed at the first run and kept in the checkpoint with the batch-size warmup; resuming on
-  another host count continues the same stream."""
+def resume_point(config, workdir, ramp):
+  """(checkpoint manager, newest step that verifies against its SHA-256 manifest or None, its
+  meta or {}); the batch-size warmup checked against the checkpoint's."""
   manager = ckpt_lib.create_manager(workdir, max_to_keep=config.keep_checkpoints,
                                     keep_period=config.keep_every or None,
                                     async_save=config.async_checkpointing)
@@ -592,9 +593,26 @@ def resume_point(config, workdir, train_files, ramp):
     except ConfigError:
       manager.close()
       raise
-  layout = input_source.stream_layout(config, train_files, jax.process_count(),
-                                      stored=meta.get("stream_layout"), global_batch=ramp.unit)
-  return manager, latest, layout
+  return manager, latest, meta
+
+
+def stream_at(config, workdir, train_files, ramp, latest, meta):
+  """(stream layout, stream record) of the training data. The layout (logical shards,
+  packing, the stream's batch: ramp.unit rows) is fixed at the first run and kept in the
+  checkpoint with the record files and seed; resuming (on any host count) continues the same
+  stream, and other files, seed or layout are refused unless --config.restart_data_stream
+  starts this run's afresh (checkpoint_fit.resume_stream)."""
+  def layout_of(stored):
+    return input_source.stream_layout(config, train_files, jax.process_count(), stored=stored,
+                                      global_batch=ramp.unit)
+  stream = checkpoint_fit.data_stream(config, train_files)
+  if latest is None:
+    return layout_of(None), stream
+  stream, layout = checkpoint_fit.resume_stream(
+      meta, stream, workdir=workdir, step=latest, position=ramp.position(latest),
+      layout_of=layout_of, restart=bool(config.get("restart_data_stream", False)),
+      error=ConfigError)
+  return layout, stream
 
 
 def evaluate_params(eval_step, params, num_steps, mesh, batches):

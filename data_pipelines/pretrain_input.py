@@ -248,6 +248,14 @@ def num_logical_shards_for(num_files, global_batch, requested=0):
 def check_layout(num_logical_shards, *, num_files, global_batch, process_count, what="config"):
   """One-line errors for a logical-shard layout that the host count or batch cannot use."""
   l = num_logical_shards
+  if l > num_files and what == "from the checkpoint":
+    # Not "set num_logical_shards <= N": the resumed stream must keep the checkpoint's L, so that
+    # advice was refused by the next run (issue 39).
+    raise InputPipelineError(
+        f"the checkpoint's data stream has num_logical_shards={l} but the pattern matches "
+        f"{num_files} file(s) now; resume with the checkpoint's record files, pass "
+        "--config.restart_data_stream=True to start a new stream of these files from the "
+        "resumed step, or use a new --workdir.")
   if l > num_files:
     raise InputPipelineError(
         f"num_logical_shards={l} but the pattern matches {num_files} file(s); every logical shard "
@@ -288,7 +296,8 @@ def stream_layout(*, num_files, global_batch, process_count, num_logical_shards=
           "the checkpoint's data stream differs from this run's (checkpoint vs now: "
           + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
           + "); resuming would silently read other data: use the checkpoint's settings "
-          "(--config.<field>) or a new --workdir.")
+          "(--config.<field>), pass --config.restart_data_stream=True to start a new stream "
+          "from the resumed step, or use a new --workdir.")
   check_layout(layout["num_logical_shards"], num_files=num_files, global_batch=global_batch,
                process_count=process_count,
                what="from the checkpoint" if stored else "config")

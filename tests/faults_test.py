@@ -361,8 +361,9 @@ def test_resume_with_another_vocab_or_preset_is_refused_before_input_and_model(
   files = _records(tmp_path / "rec")
   wd = _checkpoint_of(tmp_path, _real(tmp_path, files, vocab))
   shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")   # same size
-  with pytest.raises(train.ConfigError, match=r"trained with the vocab .*vocab.txt \(sha256 "
-                     r"[0-9a-f]{16}\) but this run has .*shuffled.txt \(sha256 [0-9a-f]{16}\)"):
+  with pytest.raises(train.ConfigError, match=r"trained with another vocabulary \(sha256 "
+                     r"[0-9a-f]{16}, its .*vocab.txt\) than this run's --config.vocab_file=.*"
+                     r"shuffled.txt \(sha256 [0-9a-f]{16}\); resume with the run's own vocab"):
     no_model.train_and_evaluate(_real(tmp_path, files, shuffled), wd)
   other = _real(tmp_path, files, vocab)
   other.model_name = "mini"                                    # another preset

@@ -116,6 +116,10 @@ def _input_fields(c):
   # count dividing this; 0 = gcd(#files, batch_size), fixed at the first run and kept in the
   # checkpoint.
   c.num_logical_shards = 0
+  # Resuming checks that the record files (names, byte sizes), the data seed (config.seed) and
+  # the layout are the checkpoint's; other ones are refused. True: start this run's stream
+  # afresh from the resumed step instead (said in the run's output; the same stream continues).
+  c.restart_data_stream = False
 
 
 def _optimizer_and_loop_fields(c):

@@ -11,6 +11,7 @@ import dataclasses
 import os
 
 from flax import linen as nn
+from ml_collections import config_dict
 
 from bert_jax import electra as electra_lib
 from bert_jax.families import registry as families
@@ -49,6 +50,13 @@ def recipe(c, preset):
   766k steps; large 2048 x 512, lr 2e-4, 400k steps, 25% masking. Predictions per sequence as
   google's int((mask_prob + 0.005) * seq_length): 19 at 128, 79 at 512 (15%), 130 at 512 (25%).
   The loss weights (MLM 1, RTD 50) are objectives.WEIGHTS."""
+  # The generator's size (None: the preset's, 1/4 or 1/3 of the width above). A checkpoint's
+  # generator must match it (checkpoint_fit.check_generator): transformers' electra-small pair
+  # has a generator as wide as its discriminator, 256 (--config.model.generator_hidden_size=256
+  # --config.model.generator_num_heads=4 --config.model.generator_intermediate_size=1024).
+  for field in ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
+                "generator_intermediate_size"):
+    c.model[field] = config_dict.placeholder(int)
   size = preset.split("-", 1)[1]
   if size in ("base", "large"):
     c.seq_length, c.learning_rate = 512, 2e-4

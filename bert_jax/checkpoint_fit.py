@@ -1,0 +1,242 @@
+"""Does this checkpoint fit this run? The one place every path that continues from state asks.
+
+  resume            train.check_same_run: the model (sizes, family), vocabulary, DistilBERT's
+                    teacher; train.resume_point: the data stream (record files, seed, layout)
+  init_checkpoint   train.model_from_init_checkpoint: sizes, ELECTRA's generator, vocabulary
+  finetune, predict, extract_features (inference.load_for_inference): vocabulary, its size
+  the teachers      DistilBERT's (distil.load_teacher): sizes, vocabulary; a task-distillation
+                    teacher (finetune.load_distill_teacher) loads through inference
+
+A vocabulary is identified by content: the sha256 a checkpoint records (`vocab_hash`: a training
+run's file, a conversion's bundled one, a fine-tuning export's), else that of the file bundled
+with it or named by its config. A data stream is identified by its record files (names and byte
+sizes, in order) and the data seed. Every refusal is one line naming both sides and the fix,
+before any compute; `error` is the caller's UserError class (ConfigError for the trainers'
+configs, InferenceLoadError for a loaded checkpoint), so their `except` clauses keep working.
+"""
+
+import hashlib
+import os
+
+from bert_jax_core import errors
+from bert_jax_core import files as files_lib
+
+
+class CheckpointFitError(errors.UserError):
+  """A checkpoint does not fit the run that continues from it (the default `error`)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Vocabulary (or tokenizer): by content.
+# ----------------------------------------------------------------------------------------------
+def checkpoint_vocab(kind, directory, meta):
+  """(sha256, where it comes from) of a checkpoint's vocabulary: the vocab_hash it records, else
+  the sha256 of the vocab.txt / *.model / tokenizer.json bundled with it or named by its config;
+  (None, None) when it identifies none (an old export without either)."""
+  recorded = meta.get("vocab_hash")
+  if recorded:
+    return str(recorded), "recorded in the checkpoint"
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top  (inference imports us)
+  try:
+    files = inference.find_tokenizer_files(kind, str(directory), meta)
+  except inference.InferenceLoadError:
+    return None, None
+  return files_lib.sha256_file(files.path), f"{files.path}, {files[2]}"
+
+
+def same_vocab(recorded, actual):
+  """Whether two sha256s name one file (either may be an older record's 16-character prefix)."""
+  return files_lib.same_sha256(recorded, actual) or files_lib.same_sha256(actual, recorded)
+
+
+def check_vocab(checkpoint, recorded, how, run, path, *, fix, actual=None,
+                error=CheckpointFitError):
+  """`checkpoint` (what it is, for the message) was trained with the vocabulary of sha256
+  `recorded` (`how`: where that comes from); `run` (e.g. "this run's --config.vocab_file") has
+  the file `path` (sha256 `actual`, computed if None). Another one is `error`, naming both."""
+  actual = actual or files_lib.sha256_file(path)
+  if same_vocab(recorded, actual):
+    return
+  raise error(f"{checkpoint} was trained with another vocabulary (sha256 {str(recorded)[:16]}, "
+              f"{how}) than {run}={path} (sha256 {actual[:16]}); {fix}")
+
+
+def run_vocab_flag(config):
+  """(flag, file) of the vocabulary a run's config names, or (None, None)."""
+  for key in ("vocab_file", "spm_model_file", "tokenizer_json"):
+    if config.get(key):
+      return f"--config.{key}", config.get(key)
+  return None, None
+
+
+def check_init_vocab(config, path, described, vocab_hash, error=CheckpointFitError):
+  """Pre-training from --config.init_checkpoint: the run's vocabulary must be the checkpoint's
+  (issue 39: another one trained on silently, step-1 MLM loss 11.0, worse than a uniform
+  guess). A run without a vocabulary (synthetic input) or a checkpoint that identifies none is
+  said in a note."""
+  flag, file = run_vocab_flag(config)
+  if not file:
+    return
+  recorded, how = checkpoint_vocab(described.kind, described.directory, described.meta)
+  where = f"init_checkpoint={path}"
+  if recorded is None:
+    print(f"note: {where} records no vocabulary and bundles none: this run's {file} is taken "
+          "on its size alone.", flush=True)
+    return
+  own = ("" if how == "recorded in the checkpoint" else
+         f" ({flag}={how.split(', ')[0]})")   # its bundled or recorded file
+  check_vocab(where, recorded, how, f"this run's {flag}", file, actual=vocab_hash, error=error,
+              fix=f"pre-train with the checkpoint's own vocabulary{own} on records made with "
+                  "it, or start without --config.init_checkpoint.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes, family, ELECTRA's generator.
+# ----------------------------------------------------------------------------------------------
+INIT_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+GENERATOR_FIELDS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
+                    "generator_intermediate_size")
+
+
+def differences(stored, now, fields):
+  """{field: (checkpoint's, this run's)} of the fields that differ (BertConfigs)."""
+  return {k: (getattr(stored, k), getattr(now, k)) for k in fields
+          if getattr(stored, k) != getattr(now, k)}
+
+
+def check_sizes(where, stored, now, *, fix, fields=INIT_SIZES, error=CheckpointFitError):
+  diff = differences(stored, now, fields)
+  if diff:
+    raise error(f"{where} is another model size (checkpoint vs config: {diff}); {fix}")
+
+
+def check_generator(where, stored, now, config, error=CheckpointFitError):
+  """ELECTRA: a checkpoint's generator is a trained network of its own size; the run's is the
+  preset's unless --config.model.generator_* set it (configs/pretrain.py, ELECTRA's recipe).
+  Another size is one line naming the generator and those flags (issue 39: it was a key-bias
+  shape mismatch, and no flag for the generator's size was found)."""
+  if not stored.generator_hidden_size and not now.generator_hidden_size:
+    return
+  diff = differences(stored, now, GENERATOR_FIELDS)
+  if not diff:
+    return
+  size = lambda c: (f"{c.generator_num_layers} layers of width {c.generator_hidden_size}, "  # noqa: E731
+                    f"{c.generator_num_heads} heads, FFN {c.generator_intermediate_size}")
+  flags = " ".join(f"--config.model.{k}={getattr(stored, k)}" for k in GENERATOR_FIELDS)
+  raise error(f"{where} has a generator of {size(stored)} but this run's generator "
+              f"(config.model_name={config.model_name}'s, unless --config.model.generator_* "
+              f"set it) has {size(now)}; the generator's size is set by {flags}.")
+
+
+def check_same_model(workdir, meta, now, error=CheckpointFitError):
+  """Resume: the workdir's checkpoint must be of this run's model, every field (family and
+  sizes included)."""
+  stored = meta["model_config"]
+  if stored != now.to_dict():
+    diff = {k: (stored.get(k), v) for k, v in now.to_dict().items() if stored.get(k) != v}
+    preset = (meta.get("config") or {}).get("model_name")
+    raise error(f"--workdir={workdir} holds a checkpoint of another model "
+                + (f"(trained with --config.model_name={preset}) " if preset else "")
+                + f"(checkpoint vs config: {diff}); use a new workdir or the same config.")
+
+
+def check_resume_vocab(workdir, meta, config, vocab_hash, error=CheckpointFitError):
+  """Resume: the vocabulary the workdir's checkpoint recorded must be the run's."""
+  recorded = meta.get("vocab_hash")
+  if not recorded or not vocab_hash:
+    return
+  stored = meta.get("config") or {}
+  was = (stored.get("vocab_file") or stored.get("spm_model_file")
+         or stored.get("tokenizer_json"))
+  flag, now = run_vocab_flag(config)
+  check_vocab(f"--workdir={workdir}", recorded, f"its {was}", f"this run's {flag}", now,
+              actual=vocab_hash, error=error,
+              fix="resume with the run's own vocab, or use a new --workdir.")
+
+
+# ----------------------------------------------------------------------------------------------
+# The data stream (resume).
+# ----------------------------------------------------------------------------------------------
+RESTART_FLAG = "--config.restart_data_stream=True"
+
+
+def _size(path):
+  if files_lib.is_remote(path):
+    from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+    return tf.io.gfile.stat(path).length
+  return os.path.getsize(path)
+
+
+def files_sha256(files):
+  """sha256 over the record files' names and byte sizes, in stream order (a moved copy of the
+  same records keeps it; other, added or removed shards change it); "synthetic" as is."""
+  if files == "synthetic":
+    return "synthetic"
+  h = hashlib.sha256()
+  for f in files:
+    h.update(f"{os.path.basename(str(f))}:{_size(f)};".encode())
+  return h.hexdigest()
+
+
+def data_stream(config, files):
+  """This run's training data stream as its checkpoints record it (meta["data_stream"]): the
+  record files and the data seed, and where the stream began (start_step; start_position: the
+  stream batches consumed before it, so the stream's own position at step s is
+  ramp.position(s) - start_position)."""
+  return dict(train_input_files=str(config.train_input_files),
+              num_files=0 if files == "synthetic" else len(files),
+              files_sha256=files_sha256(files), seed=int(config.seed),
+              start_step=0, start_position=0)
+
+
+def _describe_stream(s):
+  what = ("synthetic batches" if s["files_sha256"] == "synthetic" else
+          f"{s['num_files']} file(s) of {s['train_input_files']} (sha256 "
+          f"{s['files_sha256'][:16]})")
+  return f"{what}, seed {s['seed']}"
+
+
+def stream_differs(stored, now):
+  """Whether a recorded stream (None: a checkpoint from before the record) is not this run's."""
+  return bool(stored) and (stored["files_sha256"] != now["files_sha256"]
+                           or int(stored["seed"]) != int(now["seed"]))
+
+
+def resume_stream(meta, now, *, workdir, step, position, layout_of, restart,
+                  error=CheckpointFitError):
+  """(the stream record to continue with, the stream layout) for resuming checkpoint `step`.
+
+  The same record files and seed continue the checkpoint's stream at its input position, in its
+  layout (`layout_of(stored layout)`: input_source.stream_layout). Other ones are refused naming
+  both, unless `restart` (--config.restart_data_stream): then this run's stream starts afresh
+  at `step` (its batch 0, in a layout of its own; `position`: ramp.position(step)), said in one
+  line. A layout the checkpoint's stream cannot keep (changed shard count, batch, packing) is
+  the same choice: layout_of's error, or with `restart` a fresh stream."""
+  stored = meta.get("data_stream")
+  if stream_differs(stored, now) and not restart:
+    raise error(f"--workdir={workdir}: checkpoint {step} read its data stream from "
+                f"{_describe_stream(stored)}, this run from {_describe_stream(now)}; resuming "
+                f"would continue at input position {meta.get('input_position')} of other "
+                f"data: resume with the checkpoint's --config.train_input_files and "
+                f"--config.seed, pass {RESTART_FLAG} to start this run's stream afresh from "
+                f"step {step}, or use a new --workdir.")
+  why = None
+  if not stream_differs(stored, now):
+    try:
+      layout = layout_of(meta.get("stream_layout"))
+      if restart:
+        print(f"restart_data_stream: the checkpoint's data stream is this run's "
+            f"({_describe_stream(now)}): continuing it at input position "
+            f"{meta.get('input_position')}, not restarting", flush=True)
+      return stored or now, layout
+    except errors.UserError as e:   # input_source.stream_layout's: the stored layout cannot go on
+      if not restart:
+        raise
+      why = f"its layout cannot go on ({e})"
+  why = why or (f"the checkpoint's stream ({_describe_stream(stored)}) is not this run's "
+                f"({_describe_stream(now)})")
+  print(f"restart_data_stream: {why}: this run's stream starts afresh at step {step} (its "
+      "batch 0, a new shuffle of its files); the checkpoint's input position is not used",
+      flush=True)
+  return dict(now, start_step=int(step), start_position=int(position)), layout_of(None)
