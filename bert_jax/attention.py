@@ -336,6 +336,21 @@ def xla_attention(q, k, v, ids, *, packed, window=None, dropout_rate=0.0, dropou
   return jnp.einsum("BNTS,BSND->BTND", probs, v)                         # [B, T, N, D]
 
 
+def scored_attention(q, k, v, ids, *, packed, window=None, dropout_rate=0.0, dropout_rng=None):
+  """(ctx [B, T, N, D], scores [B, N, T, S] float32): the xla path with its pre-softmax scores
+  q k^T / sqrt(D) before any mask (layer-wise distillation's, TinyBERT's attention_scores less
+  its additive mask; the loss masks them: bert_jax/layerwise.py). Full T x S, also with a
+  window (no blocked form: the scores are the point). Same maths as xla_attention's dropout
+  path, so ctx equals xla_attention's to float tolerance."""
+  if dropout_rate > 0 and dropout_rng is None:
+    raise AttentionError("scored attention: dropout_rate > 0 needs a dropout_rng.")
+  scores = jnp.einsum("BTND,BSND->BNTS", q, k,
+                      preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+  logits = jnp.where(attention_mask(ids, packed, window), scores, _MASK_VALUE)   # [B, N, T, S]
+  probs = _dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype), dropout_rate, dropout_rng)
+  return jnp.einsum("BNTS,BSND->BTND", probs, v), scores                 # [B, T, N, D]
+
+
 def _dropout(probs, rate, rng):
   if rate == 0:
     return probs
