@@ -49,6 +49,10 @@ class BertConfig:
   # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/attention.py). How the model
   # runs, not what it is: left out of to_dict(), so checkpoints never pin a kernel.
   attention: str = "xla"
+  # The MLM loss C predictions a row at a time (pretraining_heads.chunked_cross_entropy; issue
+  # 42): a 256k vocabulary's [B, P, V] float32 logits are never all made. 0: whole logits. How
+  # the step runs, not what the model is: left out of to_dict(), as attention.
+  mlm_loss_chunk: int = 0
   # The family fields (docs/models.md). Their defaults are BERT, and to_dict() leaves a field at
   # its default out, so a BERT checkpoint's stored config is what it was before they existed.
   family: str = "bert"              # bert | albert | spanbert | electra | distilbert
@@ -96,6 +100,9 @@ class BertConfig:
     if self.attention not in attention_lib.BACKENDS:
       raise ValueError(f"BertConfig: attention={self.attention!r} is not one of "
                        f"{attention_lib.BACKENDS}.")
+    if self.mlm_loss_chunk < 0:
+      raise ValueError(f"BertConfig: mlm_loss_chunk={self.mlm_loss_chunk}; predictions a row per "
+                       "chunk of the MLM loss (e.g. 128), 0 for whole logits.")
     family = _family(self.family)   # bert_jax/families/: what this family may set
     if self.share_layers not in SHARE_LAYERS:
       raise ValueError(f"BertConfig: share_layers={self.share_layers!r} is not one of "
@@ -217,7 +224,7 @@ class BertConfig:
   def to_dict(self) -> dict:
     """The model's identity (what checkpoints store and resuming compares); no kernel choice."""
     d = dataclasses.asdict(self)
-    del d["attention"]
+    del d["attention"], d["mlm_loss_chunk"]
     for f in FAMILY_FIELDS:   # BERT's values left out: old checkpoints compare equal
       if d[f] == _DEFAULTS[f]:
         del d[f]

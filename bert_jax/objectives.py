@@ -2,7 +2,8 @@
 `pretraining_loss` sums the parts a model produced, in one place.
 
   part  logits (BertForPreTraining, return_dict=True)   targets (batch keys)
-  mlm   [B, P, V] at masked_lm_positions                 masked_lm_ids, masked_lm_weights
+  mlm   [B, P, V] at masked_lm_positions (or, with        masked_lm_ids, masked_lm_weights
+        mlm_loss_chunk, their pieces: made in the loss)
   nsp   [B, 2] or packed [B, K, 2] on the pooled [CLS]   next_sentence_labels (1 = random next)
   sop   the same head shape, ALBERT's sentence order     next_sentence_labels (1 = swapped)
   sbo   [B, P, V] from the span's boundary tokens        masked_lm_ids, masked_lm_weights
@@ -37,8 +38,18 @@ def _weighted_ce(logits, labels, weights):
 
 
 def masked_lm(name, logits, batch):
-  """MLM (and SBO, which predicts the same tokens from the span's boundaries)."""
-  loss, accuracy = _weighted_ce(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+  """MLM (and SBO, which predicts the same tokens from the span's boundaries). `logits` may be
+  the pieces they are made of (config.model.mlm_loss_chunk > 0: pretraining_heads.mlm_chunks),
+  then made C predictions at a time: the same loss and gradients, never all at once."""
+  if isinstance(logits, dict):
+    from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+    weights = batch["masked_lm_weights"]
+    ce_sum, hit_sum = pretraining_heads.chunked_cross_entropy(logits, batch["masked_lm_ids"],
+                                                              weights)
+    denom = jnp.sum(weights) + 1e-5   # as _weighted_ce
+    loss, accuracy = ce_sum / denom, hit_sum / denom
+  else:
+    loss, accuracy = _weighted_ce(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
   return loss, {f"{name}_loss": loss, f"{name}_accuracy": accuracy}
 
 

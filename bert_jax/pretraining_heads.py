@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import linen as nn
 
 # model.py's building blocks (the house Dense, init, norm, activation) and encoder.
@@ -42,7 +43,7 @@ class MaskedLMHead(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, word_embeddings):
+  def __call__(self, x, word_embeddings, chunked=False):
     c = self.config
     if c.mlm_transform:
       x = _dense(c, c.embed_dim, ("embed", "embed2"), "transform")(x)    # [B, P, E]
@@ -51,7 +52,7 @@ class MaskedLMHead(nn.Module):
     if not c.tie_word_embeddings:
       word_embeddings = self.param("decoder", _init(c, ("vocab", "embed")),
                                    (c.vocab_size, c.embed_dim), c.param_dtype)   # [V, E]
-    return _tied_logits(c, self, x, word_embeddings)
+    return _tied_logits(c, self, x, word_embeddings, chunked)
 
 
 # Issue 29's MLM-head levers, A/B knobs of benchmarks/accelerator.py (`@vpad128`, `@headbf16`),
@@ -97,17 +98,71 @@ def _bf16_backward_bwd(res, g):
 _bf16_backward_matmul.defvjp(_bf16_backward_fwd, _bf16_backward_bwd)
 
 
-def _tied_logits(c, module, x, word_embeddings):
+def _tied_logits(c, module, x, word_embeddings, chunked=False):
   """[B, P, E] @ [V, E]^T + output_bias [V] -> float32 logits [B, P, V] (the decoder [V, E]:
   the word table, or NeoBERT's own).
 
   The vocabulary projection is the largest matmul of the heads (H x 30522): bf16 inputs,
   float32 accumulation and float32 logits for the loss.
+
+  chunked (config.mlm_loss_chunk > 0, the training forward only): no logits here; the pieces
+  they are made of, {"hidden" [B, n, C, E], "decoder" [V, E], "bias" [V]}, for
+  `chunked_cross_entropy` to make C predictions' logits at a time inside the loss.
   """
-  logits = _vocab_matmul(x, word_embeddings.astype(c.dtype))
   bias = module.param("output_bias", _zeros(("vocab",)), (c.vocab_size,), c.param_dtype)
+  if chunked:
+    # The decoder rounded to the compute dtype as below, but held in the parameters' float32:
+    # each chunk casts it down, so its gradient sums over the chunks in float32, not bf16.
+    decoder = word_embeddings.astype(c.dtype).astype(word_embeddings.dtype)
+    return mlm_chunks(x, decoder, bias, c.mlm_loss_chunk)
+  logits = _vocab_matmul(x, word_embeddings.astype(c.dtype))
   logits = logits + bias.astype(jnp.float32)
   return _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+
+
+# ----------------------------------------------------------------------------------------------
+# The MLM loss a chunk of predictions at a time (issue 42 item 4; config.model.mlm_loss_chunk).
+# ----------------------------------------------------------------------------------------------
+# A 256k vocabulary (mmBERT, Gemma) makes the head's float32 logits the step's largest tensor:
+# modernbert-base at 8,192 tokens has 2,498 predictions a row, 2,498 x 256,000 x 4 B = 2.56 GB a
+# row, and the backward holds their cotangent too. Chunked, the loss is a lax.scan over the
+# predictions, C a row at a time: each chunk's logits [B, C, V] are made, reduced to (sum of
+# weighted cross-entropy, sum of weighted hits) and dropped; the body is rematerialised
+# (jax.checkpoint), so the backward saves only each chunk's inputs and remakes its logits.
+# Every prediction still sees the whole vocabulary at once (its own full softmax and argmax):
+# the sums are the plain loss's, up to float32 summation order.
+def mlm_chunks(x, decoder, bias, chunk):
+  """[B, P, E] -> {"hidden": [B, n, C, E] (P padded with zero rows to n x C), "decoder" [V, E],
+  "bias" [V]}: the chunk width travels in the shape, so the loss needs no static argument."""
+  b, p, e = x.shape
+  n = -(-p // chunk)
+  x = jnp.pad(x, ((0, 0), (0, n * chunk - p), (0, 0)))
+  return {"hidden": x.reshape(b, n, chunk, e), "decoder": decoder, "bias": bias}
+
+
+def chunked_cross_entropy(parts, labels, weights):
+  """(sum over predictions of weights x cross-entropy, sum of weights x [argmax == label]) of the
+  logits `parts` (mlm_chunks') stand for, C predictions a row at a time. labels, weights [B, P]."""
+  hidden, decoder, bias = parts["hidden"], parts["decoder"], parts["bias"]
+  b, n, c, _ = hidden.shape
+  pad = n * c - labels.shape[1]
+  labels = jnp.pad(labels, ((0, 0), (0, pad))).reshape(b, n, c)
+  weights = jnp.pad(weights.astype(jnp.float32), ((0, 0), (0, pad))).reshape(b, n, c)
+
+  @jax.checkpoint   # the backward remakes a chunk's logits instead of storing every chunk's
+  def body(sums, xs):
+    h, y, w = xs                                                 # [B, C, E], [B, C], [B, C]
+    logits = (_vocab_matmul(h, decoder.astype(jnp.promote_types(h.dtype, jnp.bfloat16)))
+              + bias.astype(jnp.float32))                          # [B, C, V] float32
+    logits = _constrain(logits, "activation_batch", "activation_length", "activation_vocab")
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)      # [B, C]
+    hit = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+    return (sums[0] + jnp.sum(ce * w), sums[1] + jnp.sum(hit * w)), None
+
+  xs = (jnp.moveaxis(hidden, 1, 0), jnp.moveaxis(labels, 1, 0), jnp.moveaxis(weights, 1, 0))
+  zero = jnp.zeros((), jnp.float32)
+  (ce_sum, hit_sum), _ = jax.lax.scan(body, (zero, zero), xs)
+  return ce_sum, hit_sum
 
 
 class SpanBoundaryHead(nn.Module):
@@ -148,13 +203,16 @@ class BertForPreTraining(nn.Module):
   prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
   output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
   [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
+  chunked_mlm=True (with return_dict; the training forward when config.mlm_loss_chunk > 0): "mlm"
+  is mlm_chunks' pieces instead of the [B, P, V] logits, for objectives.masked_lm's chunked loss.
   """
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
-               span_right=None, deterministic=True, return_dict=False, output_sequence=False):
+               span_right=None, deterministic=True, return_dict=False, output_sequence=False,
+               chunked_mlm=False):
     c = self.config
     bert = BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
@@ -164,7 +222,8 @@ class BertForPreTraining(nn.Module):
     # H x V projection runs on ~15% of the positions instead of all T.
     masked = gather_positions(out["sequence_output"], masked_lm_positions)
     table = bert.embeddings.word_embeddings.embedding                     # [V, E], tied
-    logits = {"mlm": MaskedLMHead(c, name="mlm_head")(masked, table)}   # [B, P, V] float32
+    chunked = chunked_mlm and return_dict and not self.is_initializing()
+    logits = {"mlm": MaskedLMHead(c, name="mlm_head")(masked, table, chunked)}  # [B, P, V] f32
     sentence = c.sentence_objective
     if sentence:
       logits[sentence] = _dense(c, 2, ("embed", "classes"), f"{sentence}_head",
@@ -199,18 +258,21 @@ _FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span
                  "masked_lm_span_right": "span_right"}
 
 
-def pretraining_outputs(module, batch, deterministic):
+def pretraining_outputs(module, batch, deterministic, chunked_mlm=None):
   """BertForPreTraining on a batch dict, packed or unpacked -> {objective: logits} (use as
-  `apply(..., method=)`; what the trainer's loss reads)."""
+  `apply(..., method=)`; what the trainer's loss reads). With config.mlm_loss_chunk > 0, "mlm"
+  holds the pieces of the logits (mlm_chunks), made a chunk at a time in the loss."""
   extra = {arg: batch[k] for k, arg in _FORWARD_KEYS.items() if k in batch}
   return module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
                 batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
-                **extra)
+                chunked_mlm=(module.config.mlm_loss_chunk > 0 if chunked_mlm is None else
+                             chunked_mlm), **extra)
 
 
 def pretraining_forward(module, batch, deterministic):
-  """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining."""
-  out = pretraining_outputs(module, batch, deterministic)
+  """The same -> (mlm_logits, sentence_logits or None), the tuple of BertForPreTraining (whole
+  logits, whatever config.mlm_loss_chunk says)."""
+  out = pretraining_outputs(module, batch, deterministic, chunked_mlm=False)
   return out["mlm"], out.get(module.config.sentence_objective)
 
 

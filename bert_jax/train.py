@@ -94,6 +94,13 @@ def check_objectives(config, model_config):
   if scheme not in ("token", "ngram", "span"):   # masking.SCHEMES, without importing TF here
     raise ConfigError(f"config.masking={scheme!r}: expected token (BERT), ngram (ALBERT) or "
                       "span (SpanBERT).")
+  family = families.get(model_config.family)
+  if model_config.mlm_loss_chunk and (family.forward is not pretraining_heads.pretraining_outputs
+                                      or family.step_parts is not families_bert.step_parts):
+    # ELECTRA samples from its generator's logits, DistilBERT compares them with its teacher's.
+    raise ConfigError(f"config.model.mlm_loss_chunk={model_config.mlm_loss_chunk}: "
+                      f"{family.display}'s step reads the whole MLM logits outside the loss, so "
+                      "they cannot be made a chunk at a time there: set it to 0.")
   if "sbo" in model_config.objective_list and config.train_input_files == "synthetic":
     raise ConfigError("config.train_input_files=synthetic has no span boundaries for the SBO "
                       "objective; train SpanBERT on records (create_pretraining_data --no_nsp).")

@@ -65,6 +65,9 @@ def get_config(arg="base"):
       # chip (TPU splash; GPU cuDNN / Pallas; CPU xla). Attention dropout > 0 in training needs
       # the probabilities, so auto trains on xla unless the `fast` variant sets it to 0.
       attention="auto",
+      # The MLM loss this many predictions a row at a time (0: whole [B, P, V] logits); for large
+      # vocabularies (256k: mmBERT, Gemma), where the logits are the step's largest tensor.
+      mlm_loss_chunk=0,
   ))
 
   _input_fields(c)
