@@ -52,13 +52,38 @@ def same_vocab(recorded, actual):
 def check_vocab(checkpoint, recorded, how, run, path, *, fix, actual=None,
                 error=CheckpointFitError):
   """`checkpoint` (what it is, for the message) was trained with the vocabulary of sha256
-  `recorded` (`how`: where that comes from); `run` (e.g. "this run's --config.vocab_file") has
-  the file `path` (sha256 `actual`, computed if None). Another one is `error`, naming both."""
+  `recorded` (`how`: where that comes from); the run's is the file `path` (`run`: how to name
+  it, e.g. "this run's --config.vocab_file=PATH"; sha256 `actual`, computed if None). Another one
+  is `error`, naming both sides, with `fix`."""
   actual = actual or files_lib.sha256_file(path)
   if same_vocab(recorded, actual):
     return
   raise error(f"{checkpoint} was trained with another vocabulary (sha256 {str(recorded)[:16]}, "
-              f"{how}) than {run}={path} (sha256 {actual[:16]}); {fix}")
+              f"{how}) than {run} (sha256 {actual[:16]}); {fix}")
+
+
+def check_loaded_vocab(meta, path, directory, own=None, error=CheckpointFitError):
+  """A checkpoint loaded for fine-tuning, predict, extract_features or as a task-distillation
+  teacher (inference.load_for_inference), with the tokenizer file `path`: the sha256 the
+  checkpoint records (`vocab_hash`: the full digest, or a 16-character prefix before
+  2026-11-25) must be the file's. Without a record (exports from before records), the
+  checkpoint's own vocab file (`own`: inference's candidates, bundled or named by its config)
+  identifies it by content; with neither, a note says the vocab was taken on its size alone
+  (issue 32)."""
+  recorded, how = meta.get("vocab_hash"), "recorded in the checkpoint"
+  if not recorded:
+    if own is None:   # the checkpoint's own file was taken: nothing to compare it with
+      return
+    mine = [f for f in own if f.path]
+    if not mine:
+      print(f"note: {directory} records no vocabulary and bundles none; {path} is taken on "
+            "its size alone.", flush=True)
+      return
+    if any(os.path.realpath(str(f.path)) == os.path.realpath(str(path)) for f in mine):
+      return
+    recorded, how = files_lib.sha256_file(mine[0].path), f"{mine[0].path}, {mine[0][2]}"
+  check_vocab(directory, recorded, how, f"the vocabulary {path}", path, error=error,
+              fix="pass the run's own vocab file.")
 
 
 def run_vocab_flag(config):
@@ -85,7 +110,8 @@ def check_init_vocab(config, path, described, vocab_hash, error=CheckpointFitErr
     return
   own = ("" if how == "recorded in the checkpoint" else
          f" ({flag}={how.split(', ')[0]})")   # its bundled or recorded file
-  check_vocab(where, recorded, how, f"this run's {flag}", file, actual=vocab_hash, error=error,
+  check_vocab(where, recorded, how, f"this run's {flag}={file}", file, actual=vocab_hash,
+              error=error,
               fix=f"pre-train with the checkpoint's own vocabulary{own} on records made with "
                   "it, or start without --config.init_checkpoint.")
 
@@ -150,7 +176,7 @@ def check_resume_vocab(workdir, meta, config, vocab_hash, error=CheckpointFitErr
   was = (stored.get("vocab_file") or stored.get("spm_model_file")
          or stored.get("tokenizer_json"))
   flag, now = run_vocab_flag(config)
-  check_vocab(f"--workdir={workdir}", recorded, f"its {was}", f"this run's {flag}", now,
+  check_vocab(f"--workdir={workdir}", recorded, f"its {was}", f"this run's {flag}={now}", now,
               actual=vocab_hash, error=error,
               fix="resume with the run's own vocab, or use a new --workdir.")
 

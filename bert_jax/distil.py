@@ -36,12 +36,12 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import checkpoint_fit
 from bert_jax import inference
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
 from bert_jax import pretraining_heads
 from bert_jax import trainer_lib
-from bert_jax_core import files as files_lib
 
 ConfigError = trainer_lib.ConfigError
 # The teacher's outputs as the step adds them to the batch (what `forward` pairs the student's
@@ -132,8 +132,7 @@ def load_teacher(config, model_config) -> Teacher:
     raise ConfigError(f"{where} has no trained MLM head ({why}); "
                       "distillation matches the teacher's MLM logits: use a BertForPreTraining "
                       "or BertForMaskedLM checkpoint.")
-  diff = {k: (getattr(t, k), getattr(s, k)) for k in ("vocab_size", "hidden_size")
-          if getattr(t, k) != getattr(s, k)}
+  diff = checkpoint_fit.differences(t, s, ("vocab_size", "hidden_size"))
   if diff:
     raise ConfigError(f"{where} does not fit the student {config.model_name} (teacher vs "
                       f"student: {diff}); the logits and hidden states are compared one to one: "
@@ -148,40 +147,24 @@ def load_teacher(config, model_config) -> Teacher:
   return Teacher(path, pre, _as_teacher(t, s), teacher_record(path, described))
 
 
-def teacher_vocab(pre, described):
-  """(sha256, where it comes from) of the teacher's vocabulary by content: the vocab_hash its
-  checkpoint records (a training run's, an export's, a converted folder's bundled file), else
-  the sha256 of the vocab file bundled with it or named by its config; (None, None) if none."""
-  recorded = pre.meta.get("vocab_hash")
-  if recorded:
-    return str(recorded), "recorded in its checkpoint"
-  try:
-    files = inference.find_tokenizer_files(described.kind, str(described.directory), pre.meta)
-  except inference.InferenceLoadError:
-    return None, None
-  return files_lib.sha256_file(files.path), f"{files.path}, {files[2]}"
-
-
 def check_teacher_vocab(config, pre, described, where):
   """The teacher's logits index its own vocabulary, so the student (and the records, which the
   data contract ties to the student's vocab) must use the same one, identified by content
-  (issue 32: a teacher with another vocab of the same size trained, silently wrong). A teacher
-  that identifies no vocabulary is said so in a note; synthetic runs have no vocab file."""
-  student = config.get("vocab_file") or config.get("spm_model_file")
+  (issue 32: a teacher with another vocab of the same size trained, silently wrong;
+  checkpoint_fit owns the comparison). A teacher that identifies no vocabulary is said so in a
+  note; synthetic runs have no vocab file."""
+  flag, student = checkpoint_fit.run_vocab_flag(config)
   if not student:
     return
-  recorded, how = teacher_vocab(pre, described)
+  recorded, how = checkpoint_fit.checkpoint_vocab(described.kind, described.directory, pre.meta)
   if recorded is None:
     print(f"note: {where} records no vocabulary and bundles none: the student's {student} "
           "cannot be compared with the teacher's (only their sizes match).", flush=True)
     return
-  actual = files_lib.sha256_file(student)
-  if not files_lib.same_sha256(recorded, actual):
-    flag = "vocab_file" if config.get("vocab_file") else "spm_model_file"
-    raise ConfigError(f"{where} was trained with another vocabulary (sha256 {recorded[:16]}, "
-                      f"{how}) than the student's --config.{flag}={student} (sha256 "
-                      f"{actual[:16]}); the teacher's logits index its own vocabulary: train "
-                      "the student with the teacher's vocab, on records made with it.")
+  checkpoint_fit.check_vocab(
+      where, recorded, how, f"the student's {flag}={student}", student, error=ConfigError,
+      fix="the teacher's logits index its own vocabulary: train the student with the "
+          "teacher's vocab, on records made with it.")
 
 
 def _as_teacher(t, s):

@@ -54,9 +54,9 @@ import json
 import os
 
 from bert_jax import checkpoint as ckpt_lib
+from bert_jax import checkpoint_fit
 from bert_jax_core import errors
 from bert_jax import families
-from bert_jax_core import files as files_lib
 from bert_jax import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
@@ -272,27 +272,10 @@ def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=
 
 
 def check_vocab_hash(meta, path, directory, own=None):
-  """The training run recorded its vocab's sha256 (`vocab_hash`: the full digest, or a 16-character
-  prefix before 2026-11-25): refuse another. Without a record (exports from before records), the
-  checkpoint's own vocab file (`own`: _candidates', bundled or named by its config) identifies it
-  by content; with neither, a note says the vocab was taken on its size alone (issue 32)."""
-  recorded = meta.get("vocab_hash")
-  if not recorded:
-    if own is None:   # the checkpoint's own file was taken: nothing to compare it with
-      return
-    mine = [f.path for f in own if f.path]
-    if not mine:
-      print(f"note: {directory} records no vocabulary and bundles none; {path} is taken on "
-            "its size alone.", flush=True)
-      return
-    if any(os.path.realpath(str(f)) == os.path.realpath(str(path)) for f in mine):
-      return
-    recorded = files_lib.sha256_file(mine[0])
-  actual = files_lib.sha256_file(path)
-  if not files_lib.same_sha256(recorded, actual):
-    raise InferenceLoadError(
-        f"{path} (sha256 {actual[:16]}) is not the vocabulary {directory} was trained with "
-        f"(sha256 {str(recorded)[:16]}); pass the run's own vocab file.")
+  """The tokenizer file `path` is the vocabulary the checkpoint was trained with, by content
+  (checkpoint_fit.check_loaded_vocab, the one owner of that check; `own`: _candidates, for a
+  checkpoint that records no hash)."""
+  checkpoint_fit.check_loaded_vocab(meta, path, directory, own, error=InferenceLoadError)
 
 
 def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=None,

@@ -114,8 +114,8 @@ def test_mismatches_are_one_line_errors_naming_both_sides(setup, tmp_path):
     tokens[-2], tokens[-3] = tokens[-3], tokens[-2]
     f.write("\n".join(tokens))
   with pytest.raises(inference.InferenceLoadError,
-                     match=r"other_vocab.txt \(sha256 \w+\) is not the vocabulary .* was "
-                     r"trained with \(sha256 \w+\)"):
+                     match=r"was trained with another vocabulary \(sha256 \w+, recorded in "
+                     r"the checkpoint\) than the vocabulary .*other_vocab.txt \(sha256 \w+\)"):
     inference.load_for_inference(workdir, vocab_file=other, with_params=False)
   with pytest.raises(inference.InferenceLoadError,
                      match=r"--do_lower_case=False .*--do_lower_case=True"):
