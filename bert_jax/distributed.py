@@ -372,31 +372,43 @@ def assert_same_on_all_hosts(name: str, value: bytes | str) -> str:
 
 
 class PreemptionCheck:
-  """`check(step) -> bool`: True once the job has been told to stop (SIGTERM).
+  """`check(step) -> bool`: True once the job has been told to stop (SIGTERM, or Ctrl-C).
 
-  One process: a SIGTERM handler sets a flag, so the loop saves at its next step and exits; the
-  handler that was there before is put back by `close()` (or on leaving a `with` block), so the
-  process is left as it was found. Several processes: JAX's preemption sync point (registered by
-  jax.distributed.initialize) answers True on every host at the same step, so all hosts save the
-  same checkpoint; nothing is installed here.
+  One process: SIGTERM and SIGINT (Ctrl-C) handlers set a flag, so the loop saves at its next
+  step and exits; `signal_name` says which one came, for the loop's one line. A second Ctrl-C
+  while the step finishes or saves is the previous SIGINT handler's again (Python's: a
+  KeyboardInterrupt), so a user can still quit at once. The handlers that were there before are
+  put back by `close()` (or on leaving a `with` block), so the process is left as it was found.
+  Several processes: JAX's preemption sync point (registered by jax.distributed.initialize)
+  answers True on every host at the same step, so all hosts save the same checkpoint; nothing is
+  installed here (a pod is stopped by SIGTERM from its launcher, not by a terminal's Ctrl-C).
 
     with distributed.preemption_check() as preempted:
       for step in ...:
         if preempted(step): save(step); break
   """
 
+  SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+
   def __init__(self):
     self._stop = False
-    self._installed = False
-    self._previous = None
+    self.signal_name = "SIGTERM"   # what the multi-host sync point answers for
+    self._previous = {}            # signal -> the handler found there (None: not from Python)
     self._multihost = jax.process_count() > 1
     if not self._multihost:
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-      self._installed = True
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._on_signal)
 
-  def _on_sigterm(self, signum, frame):
-    del signum, frame
+  def _on_signal(self, signum, frame):
+    del frame
     self._stop = True
+    self.signal_name = self.SIGNALS[signum]
+    if signum == signal.SIGINT:   # the next Ctrl-C interrupts, as it would have without us
+      signal.signal(signal.SIGINT, self._handler_before(signal.SIGINT))
+
+  def _handler_before(self, sig):
+    previous = self._previous.get(sig)
+    return signal.SIG_DFL if previous is None else previous
 
   def __call__(self, step: int) -> bool:
     if self._multihost:
@@ -405,10 +417,11 @@ class PreemptionCheck:
     return self._stop
 
   def close(self):
-    """Puts the previous SIGTERM handler back (SIG_DFL if it was not set from Python)."""
-    if self._installed:
-      signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-      self._installed = False
+    """Puts the previous SIGTERM and SIGINT handlers back (SIG_DFL where one was not set from
+    Python)."""
+    for sig in list(self._previous):
+      signal.signal(sig, self._handler_before(sig))
+    self._previous = {}
 
   def __enter__(self):
     return self
@@ -418,5 +431,6 @@ class PreemptionCheck:
 
 
 def preemption_check() -> PreemptionCheck:
-  """A PreemptionCheck; use it in a `with` block (or call close()) to restore SIGTERM."""
+  """A PreemptionCheck; use it in a `with` block (or call close()) to restore SIGTERM and
+  SIGINT."""
   return PreemptionCheck()

@@ -24,7 +24,9 @@ best feature-based NER result concatenates the last four layers (96.1 dev F1 vs 
 
 Output (.npz, np.load without pickle):
   features       [tokens, D] float32   per word piece, D = H * len(layers) (concat) or H (sum)
-  tokens         [tokens] str          the pieces, with [CLS] and [SEP]
+  tokens         [tokens] str          the pieces as text, with [CLS] and [SEP] (a byte-level
+                                       BPE's decoded by its tokenizer.json: ' 입력', not
+                                       'Ġìŀħëł¥')
   token_offsets  [lines + 1] int64     line i owns tokens[token_offsets[i]:token_offsets[i+1]]
   word_index     [tokens] int32        index of the piece's word within its line, -1 for
                                        [CLS]/[SEP]; the words of text_b follow those of text_a
@@ -206,7 +208,7 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
   word_features /= np.maximum(counts, 1)[:, None]
   return dict(
       features=features.astype(np.float32),
-      tokens=np.asarray(tokenizer.id_to_token(all_ids), dtype=str),
+      tokens=np.asarray(tokenizer.token_texts(all_ids), dtype=str),   # text, not byte symbols
       token_offsets=np.cumsum([0] + token_counts).astype(np.int64),
       word_index=word_index,
       segment_ids=np.concatenate([s for _, s in per_line]),

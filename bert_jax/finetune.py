@@ -563,7 +563,8 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10), what="fine-tuning")
   n = len(train.features["input_ids"])
-  # SIGTERM (preemption): save at the next step and stop; the handler is undone on leaving.
+  # SIGTERM (preemption) or Ctrl-C: save at the next step and stop; the handlers are undone on
+  # leaving.
   with trainer_lib.mesh_rules(run.mesh), distributed.preemption_check() as preempted:
     while step < num_train_steps:
       epoch, i = divmod(step, steps_per_epoch)  # epochs are 1-based in logs and results
@@ -591,8 +592,8 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
         if not epoch_end:
           save(step)
         if run.is_main:
-          print(f"SIGTERM: saved step {step} (epoch {epoch + 1}); re-run the same command to "
-                "resume", flush=True)
+          print(f"{preempted.signal_name}: saved step {step} (epoch {epoch + 1}); re-run the "
+                "same command to resume", flush=True)
         manager.close()
         return state, step, True, start_step
   manager.close()

@@ -15,7 +15,7 @@
     ($BERT_JAX_CACHE, default ~/.cache/bert_jax/hf/<hash of the folder's files>) and loaded from
     there; the run prints where. ELECTRA (bert_jax/convert/electra.py): a discriminator folder
     (ElectraForPreTraining / ElectraModel, converted alone: no generator), or a folder holding
-    discriminator/ and generator/ as `python -m bert_jax.convert.electra` exports the pair.
+    discriminator/ and generator/ as `python -m bert_jax.convert` exports the pair.
     DistilBERT (bert_jax/convert/distilbert.py): a DistilBertForMaskedLM or DistilBertModel
     folder (the latter's MLM head starts random: fine for fine-tuning and features, not
     fill-mask), with its vocab.txt in the folder.

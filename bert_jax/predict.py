@@ -11,11 +11,12 @@ of its step directories, local or gs://, or a Hugging Face folder (converted on 
 SentencePiece model or tokenizer.json bundled with it (or --vocab_file / --spm_model_file /
 --tokenizer_json) and its recorded casing are used. A ModernBERT (a converted transformers folder:
 byte-level BPE) writes its own mask token, "[MASK]", as the text's mask. Prints, for each [MASK],
-the top-k tokens with their probabilities, and with --text_b the NSP probability P(IsNext). The
-probabilities are a softmax over the full vocabulary, as transformers' fill-mask pipeline. An
-ELECTRA checkpoint fills masks with its generator (the network trained on MLM; it says so), and has
-no sentence-pair head; a DistilBERT fills masks with its own MLM head (a distillation workdir or a
-DistilBertForMaskedLM folder) and has none either.
+the top-k tokens with their probabilities (as text: a byte-level BPE's pieces decoded by its
+tokenizer.json's decoder, ' 입력' not 'Ġìŀħëł¥'), and with --text_b the NSP probability
+P(IsNext). The probabilities are a softmax over the full vocabulary, as transformers' fill-mask
+pipeline. An ELECTRA checkpoint fills masks with its generator (the network trained on MLM; it
+says so), and has no sentence-pair head; a DistilBERT fills masks with its own MLM head (a
+distillation workdir or a DistilBertForMaskedLM folder) and has none either.
 """
 
 import functools
@@ -107,7 +108,7 @@ def predict(predictor, text_a, text_b=None, top_k=5):
   masks = []
   for p in range(len(positions)):
     top = np.argsort(-probs[p], kind="stable")[:top_k]
-    tokens = predictor.tokenizer.id_to_token(top)
+    tokens = predictor.tokenizer.token_texts(top)   # text, not byte-level symbols ('Ġìŀħ')
     masks.append([(t, int(i), float(probs[p, i])) for t, i in zip(tokens, top)])
   # NSP label 0 = IsNext (google-research/bert and the batch contract).
   return {"masks": masks,

@@ -182,7 +182,7 @@ def load_vocab(config):
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
                                    spm_model_file=config.spm_model_file or None,
-                                   tokenizer_json=tokenizer_json)
+                                   tokenizer_json=tokenizer_json, prefix="--config.")
   # Casing from the vocab's own settings (None takes them; a contradiction is a one-line error),
   # recorded in the config so the records' check and the checkpoints carry the real value.
   settings = vocab_lib.resolve_settings(config.vocab_file or None,
@@ -542,7 +542,8 @@ class RunOutputs:
 
 
 def train_loop(run, t, state, start_step, train_iter, out):
-  """Steps start_step + 1 .. total_steps (or until SIGTERM, saved first); returns the last step."""
+  """Steps start_step + 1 .. total_steps (or until SIGTERM or Ctrl-C, saved first); returns the
+  last step."""
   config, ramp, total_steps = run.config, run.ramp, run.total_steps
   timer, step, pending = trainer_lib.StepTimer(), start_step, []
   # The compiled step of each size (ramp.sizes of them; off: the one), and the global batches.
@@ -580,7 +581,8 @@ def train_loop(run, t, state, start_step, train_iter, out):
           out.save(step, state)
       if step < total_steps and preempted(step):
         if run.is_main:
-          print(f"SIGTERM: saving step {step} and exiting", flush=True)
+          print(f"{preempted.signal_name}: saving step {step} and exiting; re-run the same "
+                "command to resume", flush=True)
         out.save(step, state, force=True)
         break
   return step

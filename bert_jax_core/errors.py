@@ -16,10 +16,12 @@ This module imports no project module (it is the bottom layer): what a bert_jax 
 (multi-host start-up, --help generated from its config, configs read from the installed package)
 comes in as arguments, from `bert_jax.cli.run`.
 
-What `run` turns into `error: ...` + exit code 2:
+What `run` turns into `error: ...` + exit code 2 (and a Ctrl-C outside a training loop into
+"interrupted (Ctrl-C)" + exit code 130, no traceback):
   - a `UserError` (or absl's `app.UsageError`) raised by main or by `setup` (multi-host start-up);
   - a flag absl cannot parse (unknown flag, bad value), where absl prints two lines and exits 1;
-  - ml_collections config flags: a `--config=FILE` that does not exist, a `get_config` that
+  - ml_collections config flags: a `--config.FIELD=V` without `--config` ("--config is
+    required"), a `--config=FILE` that does not exist, a `get_config` that
     raises a ValueError/TypeError (absl folds the traceback into its message: we keep the last
     line), and an override of a field the config does not have (`--config.learning_rat=1`, an
     AttributeError chained three times inside ml_collections).
@@ -31,6 +33,7 @@ import re
 import sys
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C'd program
 
 
 class UserError(ValueError):
@@ -67,11 +70,20 @@ def run_main(main, argv, *, setup=None):
     return main(argv)
   except (UserError, app.UsageError) as e:
     line = format_error(e)
+  except KeyboardInterrupt:
+    # Ctrl-C outside a training loop (start-up, compiling, a second Ctrl-C while a step saves):
+    # one line, not Python's traceback. Inside the loops Ctrl-C saves first
+    # (distributed.PreemptionCheck) and main returns normally.
+    line = None
   # Exit outside the handler, after a collection: the error's traceback holds the frames of the
   # failed run, and with them live tf.data iterators whose tf.numpy_function stages (the packer)
   # deadlock if they are first destroyed during interpreter shutdown (seen: a user error raised
   # after the input pipeline started printed its line, then hung for good).
   gc.collect()
+  if line is None:
+    sys.stdout.flush()
+    print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED)
   fail(line[len("error: "):])
 
 
@@ -120,6 +132,19 @@ def _check_config_files(argv, names):
                "bert_jax/configs/pretrain.py:tiny).")
 
 
+def _check_overrides_have_config(argv, names, flag_values):
+  """`--config.batch_size=8` without `--config=FILE`: absl only knows a config's fields once the
+  file is given, and would say "Unknown command line flag 'config.batch_size'"; say what is
+  missing instead."""
+  for name in names:
+    given = any(a in (f"--{name}", f"-{name}") or a.startswith((f"--{name}=", f"-{name}="))
+                for a in argv[1:])
+    overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith(f"--{name}.")]
+    if overrides and not given:
+      fail(f"--{name} is required: {overrides[0]} sets a field of it. "
+           f"{flag_values[name].help}")
+
+
 def _unknown_override(argv, names, key_error):
   """(`--config.a.b` argument whose field the config lacks, ml_collections' hint) or None.
 
@@ -161,6 +186,7 @@ def parse_flags(argv, parser=None, *, print_help=None, packaged_configs=None):
     sys.exit(0)
   argv = _packaged_configs(argv, names, packaged_configs)
   _check_config_files(argv, names)
+  _check_overrides_have_config(argv, names, flags.FLAGS)
   try:
     return (parser or flags.FLAGS)(argv)
   except flags.Error as e:

@@ -222,6 +222,11 @@ class WordPieceTokenizer:
   def id_to_token(self, ids):
     return [self.tokens[int(i)] for i in ids]
 
+  def token_texts(self, ids):
+    """What each id reads as, for a person: the pieces themselves (text already; a byte-level
+    tokenizer.json decodes its pieces, tokenizer_json.JsonTokenizer.token_texts)."""
+    return self.id_to_token(ids)
+
 
 def _warn_jamo(texts):
   """Says once that uncased WordPiece splits Hangul (BERT's NFD); True when it said so."""
@@ -268,9 +273,14 @@ class SentencePieceTokenizer:
   def id_to_token(self, ids):
     return [self.tokens[int(i)] for i in ids]
 
+  def token_texts(self, ids):
+    """What each id reads as, for a person: the pieces themselves (text already; a byte-level
+    tokenizer.json decodes its pieces, tokenizer_json.JsonTokenizer.token_texts)."""
+    return self.id_to_token(ids)
+
 
 # One name for either in-graph kind; tokenizer_json.JsonTokenizer has the same interface (vocab,
-# do_lower_case, tokenize, encode, id_to_token).
+# do_lower_case, tokenize, encode, id_to_token, token_texts).
 Tokenizer = WordPieceTokenizer | SentencePieceTokenizer
 
 

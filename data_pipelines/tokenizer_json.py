@@ -44,6 +44,7 @@ token before it when that token is a candidate.
 """
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -235,9 +236,37 @@ def _same_length(t):
     return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in t)
 
 
+def _byte_level_alphabet():
+  """{character: byte} of the byte-level alphabet (GPT-2's bytes_to_unicode, which tokenizers'
+  ByteLevel uses): printable Latin-1 bytes stand for themselves, the other 68 bytes (controls,
+  space, ...) for U+0100 onwards in byte order ('Ġ' = U+0120 is the space, 0x20)."""
+  kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+          *range(ord("®"), ord("ÿ") + 1)]
+  moved = [b for b in range(256) if b not in kept]
+  return {**{chr(b): b for b in kept}, **{chr(256 + k): b for k, b in enumerate(moved)}}
+
+
+def _show_bytes(data):
+  """UTF-8 bytes as text, a byte no character completes as <0xEC> (byte-fallback pieces'
+  spelling): b' \xec\x9e' -> ' <0xEC><0x9E>'."""
+  out, i = [], 0
+  while i < len(data):
+    for j in range(min(len(data), i + 4), i, -1):   # the longest character starting at i
+      try:
+        out.append(data[i:j].decode("utf-8"))
+        i = j
+        break
+      except UnicodeDecodeError:
+        pass
+    else:
+      out.append(f"<0x{data[i]:02X}>")
+      i += 1
+  return "".join(out)
+
+
 class JsonTokenizer:
   """A tokenizer.json; the interface of tokenization.WordPieceTokenizer (vocab, do_lower_case,
-  tokenize, encode, id_to_token)."""
+  tokenize, encode, id_to_token, token_texts)."""
 
   def __init__(self, path, flag=FLAG):
     loaded = load(path, flag)
@@ -288,6 +317,35 @@ class JsonTokenizer:
     padded rows: ModernBERT has 50,368 rows for 50,280 ids, and fill-mask ranks them all)."""
     n = len(self.tokens)
     return [self.tokens[int(i)] if int(i) < n else "" for i in ids]
+
+  def token_texts(self, ids):
+    """What each id reads as, for a person (fill-mask's candidates, extract_features' tokens):
+    a byte-level piece decoded by the file's own decoder (tokenizers' ByteLevel), so 'Ġìŀħëł¥'
+    shows as ' 입력', its leading space the word start, as transformers' fill-mask token_str
+    (tokenizer.decode([id])). A piece holding only part of a character's UTF-8 bytes (small
+    vocabularies cut Hangul syllables: 'Ġìŀ' 'ħ') decodes to U+FFFD there; here its bytes are
+    shown instead, ' <0xEC><0x9E>' '<0x85>', as byte-fallback pieces are written. Other kinds of
+    file: the pieces, which are text already. "" as id_to_token."""
+    pieces = self.id_to_token(ids)
+    if self.alphabet != "bytes" or self._tok.decoder is None:
+      return pieces
+    known = [int(i) for i, p in zip(ids, pieces) if p]
+    texts = iter(self._tok.decode_batch([[i] for i in known], skip_special_tokens=False))
+    out = []
+    for p in pieces:
+      text = next(texts) if p else ""
+      if "\ufffd" in text and p in self.tokens_bytes:   # a cut character: show its bytes
+        text = _show_bytes(self.tokens_bytes[p])
+      out.append(text)
+    return out
+
+  @functools.cached_property
+  def tokens_bytes(self):
+    """{byte-level piece: its bytes} (GPT-2's alphabet, what tokenizers' ByteLevel maps), for the
+    pieces whose text the decoder cannot show."""
+    byte_of = _byte_level_alphabet()
+    return {t: bytes(byte_of[c] for c in t) for t in self.tokens
+            if t and all(c in byte_of for c in t)}
 
   def encode_words(self, lines):
     """list[list[str]] (the whitespace words of each line) -> [(ids, word_index)] per line: the

@@ -26,31 +26,58 @@ from data_pipelines.vocab_base import (SPECIAL_TOKENS, VocabError, VocabInfo,  #
                                        _check_file, _gfile_exists, _read_bytes)
 
 
-def load_wordpiece_vocab(path, flag="--vocab_file"):
-  """Returns the list of tokens of a BERT vocab.txt (index = id)."""
-  _check_file(path, flag)
+def load_wordpiece_vocab(path, flag="--vocab_file", json_flag=None):
+  """Returns the list of tokens of a BERT vocab.txt (index = id). flag: the flag that named the
+  file, or None for a file found without one (a checkpoint's bundled vocab.txt): the errors then
+  name the file alone, not a flag the user never passed. json_flag: the flag that reads a
+  tokenizer.json instead (default: flag's with tokenizer_json for vocab_file; "" where none
+  does, as in convert, which takes a family's tokenizer.json by --vocab_file itself)."""
+  _check_file(path, flag or "the vocab file")
+  where = f"{flag}={path}" if flag else path
   raw = _read_bytes(path)
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise VocabError(f"{flag}={path}: not UTF-8 text (byte {e.start}); a BERT vocab.txt is "
+    raise VocabError(f"{where}: not UTF-8 text (byte {e.start}); a BERT vocab.txt is "
                      "UTF-8, one token per line.") from e
+  _refuse_tokenizer_json(text, path, where, flag, json_flag)
   # google-research/bert's load_vocab strips each line; an empty line is still a token id.
   tokens = [t.strip() for t in text.split("\n")]
   if tokens and tokens[-1] == "":
     tokens.pop()
   if not tokens:
-    raise VocabError(f"{flag}={path}: the file is empty.")
+    raise VocabError(f"{where}: the file is empty.")
   # A token listed twice has no single id: google-research/bert's load_vocab keeps the last line,
   # tensorflow_text's lookup table refuses the file (a RuntimeError traceback from
   # create_pretraining_data, issue 23 fault 7). Refused here, for every path, naming both lines.
   first = {}
   for line, t in enumerate(tokens, start=1):
     if first.setdefault(t, line) != line:
-      raise VocabError(f"{flag}={path}: token {t!r} is listed twice (lines {first[t]} and {line}); "
+      raise VocabError(f"{where}: token {t!r} is listed twice (lines {first[t]} and {line}); "
                        "each token needs one id: remove one of the lines (or rebuild the vocab "
                        "with python -m data_pipelines.build_vocab).")
   return tokens
+
+
+def _refuse_tokenizer_json(text, path, where, flag, json_flag):
+  """A Hugging Face tokenizer.json passed where a vocab.txt goes: its JSON lines are no tokens
+  (the checks below would report a line listed twice or [PAD] missing, which the file has);
+  point at the flag that reads it (--vocab_file -> --tokenizer_json, --config.vocab_file ->
+  --config.tokenizer_json)."""
+  if not text.lstrip().startswith("{"):   # a vocab.txt starts with a token ([PAD])
+    return
+  try:
+    spec = json.loads(text)
+  except json.JSONDecodeError:
+    return
+  if isinstance(spec, dict) and isinstance(spec.get("model"), dict):
+    if json_flag is None:
+      json_flag = (flag[:-len("vocab_file")] + "tokenizer_json"
+                   if flag and flag.endswith("vocab_file") else "--tokenizer_json")
+    fix = (f"pass it as {json_flag}={path}" if json_flag else
+           "this needs the WordPiece vocab.txt that belongs to the checkpoint")
+    raise VocabError(f"{where}: a Hugging Face tokenizer.json, not a WordPiece vocab.txt; "
+                     f"{fix}.")
 
 
 def wordpiece_info(path, flag="--vocab_file"):
@@ -58,7 +85,8 @@ def wordpiece_info(path, flag="--vocab_file"):
   index = {t: i for i, t in enumerate(tokens)}   # tokens are unique (load_wordpiece_vocab)
   missing = [t for t in SPECIAL_TOKENS if t not in index]
   if missing:
-    raise VocabError(f"{flag}={path}: missing special token(s) {', '.join(missing)}; a BERT "
+    raise VocabError(f"{f'{flag}={path}' if flag else path}: missing special token(s) "
+                     f"{', '.join(missing)}; a BERT "
                      "vocab needs [PAD] [UNK] [CLS] [SEP] [MASK] (build_vocab reserves them).")
   is_cont = np.array([t.startswith("##") and len(t) > 2 for t in tokens], dtype=bool)
   is_special = np.array([t.startswith("[") and t.endswith("]") and len(t) > 2 for t in tokens],
@@ -106,16 +134,17 @@ ONE_OF = ("pass exactly one of --vocab_file (WordPiece vocab.txt), --spm_model_f
           "(SentencePiece .model) or --tokenizer_json (Hugging Face tokenizer.json).")
 
 
-def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None):
-  """Exactly one of the three paths must be given."""
+def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None, prefix="--"):
+  """Exactly one of the three paths must be given. prefix: how the caller's flags are spelt,
+  "--" (--vocab_file) or "--config." (train's --config.vocab_file), for the errors."""
   if sum(map(bool, (vocab_file, spm_model_file, tokenizer_json))) != 1:
     raise VocabError(ONE_OF)
   if vocab_file:
-    return wordpiece_info(vocab_file)
+    return wordpiece_info(vocab_file, f"{prefix}vocab_file")
   if tokenizer_json:
     from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
-    return tj.info(tokenizer_json)
-  return sentencepiece_info(spm_model_file)
+    return tj.info(tokenizer_json, f"{prefix}tokenizer_json")
+  return sentencepiece_info(spm_model_file, f"{prefix}spm_model_file")
 
 
 # ----------------------------------------------------------------------------------------------

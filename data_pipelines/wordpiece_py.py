@@ -166,3 +166,8 @@ class PythonWordPieceTokenizer:
 
   def id_to_token(self, ids):
     return [self.tokens[int(i)] for i in ids]
+
+  def token_texts(self, ids):
+    """What each id reads as, for a person: the pieces themselves (text already; a byte-level
+    tokenizer.json decodes its pieces, tokenizer_json.JsonTokenizer.token_texts)."""
+    return self.id_to_token(ids)

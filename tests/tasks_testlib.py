@@ -63,3 +63,6 @@ class ReferenceTokenizer:
 
   def id_to_token(self, ids):
     return [self._tokens[i] for i in ids]
+
+  def token_texts(self, ids):   # WordPiece pieces are text already
+    return self.id_to_token(ids)

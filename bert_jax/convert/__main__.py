@@ -10,8 +10,9 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   python -m bert_jax.convert --input=hf/electra-disc,hf/electra-gen --output=ckpt/electra
   python -m bert_jax.convert --input=runs/electra --output=hf/electra   # discriminator/ + generator/
 
-Every family converts through this one command (bert_jax/families/<name>.py says how);
-bert_jax.convert.electra and bert_jax.convert.distilbert remain as aliases.
+Every family converts through this one command (bert_jax/families/<name>.py says how); the
+former aliases bert_jax.convert.electra and bert_jax.convert.distilbert are one-line errors
+naming it.
 
 The direction follows from --input (auto-detected; --source overrides). Every user error is one
 line on stderr and exit code 2 (bert_jax_core.errors).

@@ -18,8 +18,9 @@ A bare DistilBertModel has no MLM head: it starts fresh (model.py's init) and th
 lists it under initialized_randomly. transformers' DistilBERT fixes LayerNorm eps at 1e-12 and has
 no token types and no pooler, as ours.
 
-  python -m bert_jax.convert.distilbert --input=WORKDIR --output=hf/distilbert   # -> transformers
-  python -m bert_jax.convert.distilbert --input=HF_DIR --output=ckpt/distilbert  # <- transformers
+  python -m bert_jax.convert --input=WORKDIR --output=hf/distilbert   # -> transformers
+  python -m bert_jax.convert --input=HF_DIR --output=ckpt/distilbert  # <- transformers
+(`python -m bert_jax.convert.distilbert`, once an alias, is a one-line error naming this.)
 """
 
 import dataclasses
@@ -286,32 +287,10 @@ def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_cas
                       do_lower_case=do_lower_case)
 
 
-def main(argv):
-  from absl import flags, logging  # pylint: disable=g-import-not-at-top
-  f = flags.FLAGS
-  logging.set_verbosity(logging.WARNING)   # Orbax logs every read at INFO
-  if len(argv) > 1 or not f.input or not f.output:
-    raise ConversionError("pass --input=CHECKPOINT_OR_HF_DIR --output=NEW_DIR.")
-  hf = os.path.isfile(os.path.join(f.input, "config.json"))
-  if hf:
-    meta = convert_to_orbax(f.input, f.output)
-    print(f"wrote {f.output} (a DistilBERT export: predict, --config.init_checkpoint); "
-          f"initialised randomly: {meta['initialized_randomly'] or 'nothing'}")
-  else:
-    out = export_checkpoint_to_hf(f.input, f.output, vocab_file=f.vocab_file)
-    print(f"wrote {out} (DistilBertForMaskedLM)")
-
-
-def define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("input", None, "A DistilBERT workdir / export (-> transformers), or a "
-                      "transformers DistilBERT folder (-> Orbax).")
-  flags.DEFINE_string("output", None, "A new directory.")
-  flags.DEFINE_string("vocab_file", None, "vocab.txt for the exported tokenizer files (default: "
-                      "the one the checkpoint records or bundles).")
-
-
 if __name__ == "__main__":
+  # This module was also a second command line (an alias of `python -m bert_jax.convert`, which
+  # converts DistilBERT both ways); it is gone, as convert.electra's (issue 39).
   from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
-  define_flags()
-  errors.run(main)
+  errors.fail("python -m bert_jax.convert.distilbert is no longer a command: run python -m "
+              "bert_jax.convert --input=CHECKPOINT_OR_HF_DIR --output=DIR, the converter of "
+              "every family.")

@@ -17,8 +17,9 @@ one ElectraForPreTraining parameter tree (bert_jax/electra.py).
 they are equal (else a one-line error naming both folders) and export writes them into both.
 The decoder generator_lm_head.weight is tied to the word embeddings (checked when present).
 
-  python -m bert_jax.convert.electra --input=WORKDIR --output=hf/electra       # -> transformers
-  python -m bert_jax.convert.electra --discriminator=D --generator=G --output=ckpt/electra
+  python -m bert_jax.convert --input=WORKDIR --output=hf/electra          # -> transformers
+  python -m bert_jax.convert --input=D,G --output=ckpt/electra            # <- transformers
+(`python -m bert_jax.convert.electra`, once an alias, is a one-line error naming these.)
 """
 
 import dataclasses
@@ -394,47 +395,12 @@ def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_cas
   return export_to_hf(params, config, output, vocab_file=vocab_file, do_lower_case=do_lower_case)
 
 
-def export_vocab(meta):
-  """The vocab.txt a checkpoint's meta names (a pre-training step's config, or an export's)."""
-  return (meta.get("config") or {}).get("vocab_file") or meta.get("vocab_file") or None
-
-
-def main(argv):
-  from absl import flags, logging  # pylint: disable=g-import-not-at-top
-  f = flags.FLAGS
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every read and save at INFO
-  if len(argv) > 1:
-    raise ConversionError(f"unexpected arguments {argv[1:]}; pass options as --flag=value.")
-  if not f.output or bool(f.input) == bool(f.discriminator or f.generator) or (
-      not f.input and not (f.discriminator and f.generator)):
-    raise ConversionError("pass --output and either --input=CHECKPOINT (export to transformers) "
-                          "or --discriminator=DIR --generator=DIR (import).")
-  if f.input:
-    from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-    vocab = f.vocab_file or export_vocab(ckpt_lib.load_params(f.input)[2])
-    out = export_checkpoint_to_hf(f.input, f.output, vocab_file=vocab)
-    print(f"wrote {out}/discriminator (ElectraForPreTraining) and {out}/generator "
-          f"(ElectraForMaskedLM)" + ("" if vocab else "; no vocab recorded: pass --vocab_file "
-                                     "to write the tokenizer files"))
-  else:
-    meta = convert_to_orbax(f.discriminator, f.generator, f.output, vocab_file=f.vocab_file)
-    print(f"wrote {f.output} (one ELECTRA tree and its {meta.get('vocab_file', 'vocab')}, usable "
-          f"as --config.init_checkpoint); initialised randomly: "
-          f"{meta['initialized_randomly'] or 'nothing'}")
-
-
-def define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("input", None, "An ELECTRA export, pre-training workdir or step dir.")
-  flags.DEFINE_string("discriminator", None, "transformers ElectraForPreTraining/ElectraModel dir.")
-  flags.DEFINE_string("generator", None, "transformers ElectraForMaskedLM dir (with "
-                      "--discriminator).")
-  flags.DEFINE_string("output", None, "A new directory.")
-  flags.DEFINE_string("vocab_file", None, "vocab.txt for the exported tokenizer files (default: "
-                      "the one the checkpoint records).")
-
-
 if __name__ == "__main__":
+  # This module was also a second command line (an alias of `python -m bert_jax.convert`); it
+  # drifted from the converter (issue 39: its export looked for the bundled vocab.txt in the
+  # working directory) and is gone: one converter for every family.
   from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
-  define_flags()
-  errors.run(main)
+  errors.fail("python -m bert_jax.convert.electra is no longer a command: run python -m "
+              "bert_jax.convert --input=DISCRIMINATOR_DIR,GENERATOR_DIR --output=DIR (import a "
+              "transformers pair) or --input=CHECKPOINT --output=DIR (export), the converter of "
+              "every family.")

@@ -128,7 +128,8 @@ def hf_config_json(config, pad_token_id=0):
 def read_vocab(path, flag="--vocab_file"):
   from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   try:
-    return vocab_lib.load_wordpiece_vocab(path, flag)
+    # convert has no --tokenizer_json: a family that reads one takes it by --vocab_file.
+    return vocab_lib.load_wordpiece_vocab(path, flag, json_flag="")
   except vocab_lib.VocabError as e:
     raise ConversionError(str(e)) from e
 

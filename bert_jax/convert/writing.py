@@ -54,6 +54,8 @@ def _read_tokenizer(base, vocab_file, config, config_file):
   """The checkpoint's vocab: --vocab_file, else its vocab.txt, else (ALBERT ships one) its
   SentencePiece *.model. Returns {key, path, size, tokens (WordPiece only)}."""
   if vocab_file or os.path.isfile(os.path.join(base, VOCAB_NAME)):
+    # Errors name --vocab_file only when the user passed it; a bundled file is named alone.
+    flag = "--vocab_file" if vocab_file else None
     vocab_file = vocab_file or os.path.join(base, VOCAB_NAME)
     if not os.path.isfile(vocab_file):
       raise ConversionError(f"--vocab_file={vocab_file}: not found; pass the vocab.txt of this "
@@ -61,15 +63,14 @@ def _read_tokenizer(base, vocab_file, config, config_file):
     if vocab_file.endswith(".model"):
       spm_files = [vocab_file]
     else:
-      tokens = formats.read_vocab(vocab_file)
+      tokens = formats.read_vocab(vocab_file, flag)
       formats.check_vocab_size(tokens, config, vocab_file, config_file)
       return dict(key="vocab_file", path=vocab_file, size=len(tokens), tokens=tokens)
   else:
     spm_files = sorted(glob.glob(os.path.join(base, "*.model")))
   if not spm_files:
-    raise ConversionError(f"--vocab_file={os.path.join(base, VOCAB_NAME)}: not found; pass the "
-                          "vocab.txt (or SentencePiece .model) of this checkpoint with "
-                          "--vocab_file.")
+    raise ConversionError(f"{base}: no {VOCAB_NAME} (or SentencePiece .model) beside the "
+                          "checkpoint; pass the vocab of this checkpoint with --vocab_file.")
   if len(spm_files) > 1:
     raise ConversionError(f"{base}: no {VOCAB_NAME} and {len(spm_files)} SentencePiece *.model "
                           "files; pass the checkpoint's vocab with --vocab_file.")
