@@ -1,13 +1,23 @@
 """Layer-wise distillation (bert_jax/layerwise.py): the encoder's attention scores on request,
 the layer map, the loss parts, the start-up checks, and one student step against a teacher."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import optax
 import pytest
+from flax import linen as nn
 
 from bert_jax import attention as attention_lib
+from bert_jax import layerwise
 from bert_jax import model as model_lib
+from bert_jax import objectives
+from bert_jax import sharding as sharding_lib
+from bert_jax import trainer_lib
 
 
 def _qkv(seed=0, b=2, t=8, n=2, d=4):
@@ -49,3 +59,187 @@ def test_encoder_gives_scores_only_when_asked():
   assert sorted(layers) == [f"layer_{i}" for i in range(c.num_layers)]
   (s0,) = layers["layer_0"]["attention"]["scores"]
   assert s0.shape == (2, c.num_heads, 8, 8) and s0.dtype == jnp.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer map, the checks, the loss parts.
+# ----------------------------------------------------------------------------------------------
+VOCAB = 99
+
+
+def ml_dict(**kw):
+  """A pretrain-like ConfigDict with the layer-wise fields (TinyBERT's recipe values)."""
+  c = ml_collections.ConfigDict(dict(model_name="tinybert-4l-312", teacher_checkpoint="",
+                                     seq_length=16, pack=False))
+  layerwise.recipe_fields(c, fit_size=128)
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def test_uniform_layer_map_is_tinybert_g_and_any_map_is_checked():
+  c = ml_dict()
+  assert layerwise.layer_map(c, 12, 4) == [3, 6, 9, 12]      # g(m) = m x N / M
+  assert layerwise.layer_map(c, 12, 6) == [2, 4, 6, 8, 10, 12]
+  assert layerwise.layer_map(ml_dict(layer_map="1,2,3,12"), 12, 4) == [1, 2, 3, 12]
+  for bad in ("1,2,3,13", "0,2,3,4", "1,2,3", "a,b"):
+    with pytest.raises(layerwise.ConfigError, match="config.layer_map"):
+      layerwise.layer_map(ml_dict(layer_map=bad), 12, 4)
+  with pytest.raises(layerwise.ConfigError, match=r"teacher layers \[0, 1, 1, 2\]"):
+    layerwise.layer_map(c, 2, 4)                                # deeper student than teacher
+
+
+def test_teacher_checks_name_the_map_the_projection_the_vocab_and_the_heads():
+  teacher = model_lib.get_bert_config("tiny", vocab_size=VOCAB)            # 2 x 128, 2 heads
+  student = model_lib.get_bert_config("tinybert-4l-312", vocab_size=VOCAB, num_layers=2,
+                                      hidden_size=64, num_heads=2, intermediate_size=100)
+  where = "config.teacher_checkpoint=T"
+  layerwise.check_teacher_config(ml_dict(), teacher, student, where)        # fit_size 128: ok
+  with pytest.raises(layerwise.ConfigError, match="set --config.fit_size=128"):
+    layerwise.check_teacher_config(ml_dict(fit_size=0), teacher, student, where)
+  with pytest.raises(layerwise.ConfigError, match="config.fit_size=768.*--config.fit_size=128"):
+    layerwise.check_teacher_config(ml_dict(fit_size=768), teacher, student, where)
+  with pytest.raises(layerwise.ConfigError, match="layer_map"):
+    layerwise.check_teacher_config(ml_dict(layer_map="1,3"), teacher, student, where)
+  with pytest.raises(layerwise.ConfigError, match="vocabulary of 100 tokens and the student 99"):
+    layerwise.check_teacher_config(ml_dict(), dataclasses.replace(teacher, vocab_size=100),
+                                   student, where)
+  four_heads = dataclasses.replace(student, num_heads=4)
+  with pytest.raises(layerwise.ConfigError, match="2 heads and the student 4"):
+    layerwise.check_teacher_config(ml_dict(), teacher, four_heads, where)
+  layerwise.check_teacher_config(ml_dict(alpha_att=0.0), teacher, four_heads, where)
+  with pytest.raises(layerwise.ConfigError, match="all 0"):
+    layerwise.weights(ml_dict(alpha_emb=0.0, alpha_hidden=0.0, alpha_att=0.0))
+  with pytest.raises(layerwise.ConfigError, match="alpha_hidden=-1"):
+    layerwise.weights(ml_dict(alpha_hidden=-1.0))
+
+
+def test_a_fused_kernel_is_named_when_the_scores_are_distilled():
+  """cuDNN on a GPU (requested, or auto's pick) cannot give the scores: one line naming it;
+  xla passes; without score distillation (alpha_att=0) the fused kernel is fine."""
+  gpu = dict(platform_name="gpu")
+  student = model_lib.get_bert_config("tiny", vocab_size=VOCAB, dtype="bfloat16",
+                                      attention_dropout_prob=0.0)
+  for kernel, how in (("cudnn", "requested"), ("auto", "auto's choice on gpu")):
+    with pytest.raises(layerwise.ConfigError, match=f"fused cudnn kernel \\({how}\\) never"):
+      layerwise.check_kernels(ml_dict(), dataclasses.replace(student, attention=kernel), **gpu)
+  layerwise.check_kernels(ml_dict(), dataclasses.replace(student, attention="xla"), **gpu)
+  layerwise.check_kernels(ml_dict(alpha_att=0.0), dataclasses.replace(student, attention="cudnn"),
+                          **gpu)
+
+
+def test_loss_parts_are_tinybert_mse_and_soft_cross_entropy_over_real_positions():
+  rng = np.random.default_rng(0)
+  s, t = rng.normal(size=(3, 2, 4, 5)), rng.normal(size=(3, 2, 4, 5))        # [B, L, T, F]
+  mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+  loss, _ = layerwise.layer_mse("h", dict(student=s, teacher=t, mask=mask), {})
+  want = sum(((s[:, l] - t[:, l]) ** 2)[mask > 0].mean() for l in range(2))
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  # Scores: a masked key or padding query changes nothing.
+  sa, ta = rng.normal(size=(3, 2, 2, 4, 4)), rng.normal(size=(3, 2, 2, 4, 4))   # [B, L, N, T, S]
+  pairs = np.asarray(attention_lib.attention_mask(jnp.asarray(mask), False)
+                     & (mask != 0)[:, None, :, None])                        # [B, 1, T, S]
+  loss_a, _ = layerwise.score_mse("a", dict(student=sa, teacher=ta, mask=pairs), {})
+  sb = np.where(pairs[:, None], sa, sa + 100.0)
+  np.testing.assert_allclose(layerwise.score_mse("a", dict(student=sb, teacher=ta, mask=pairs),
+                                                 {})[0], loss_a, rtol=1e-6)
+  full = np.broadcast_to(pairs[:, None], sa.shape)
+  want_a = sum(((sa[:, l] - ta[:, l]) ** 2)[full[:, l]].mean() for l in range(2))
+  np.testing.assert_allclose(loss_a, want_a, rtol=1e-5)
+  # Prediction layer: TinyBERT's soft_cross_entropy(z_s / T, z_t / T), no T^2.
+  zs, zt = rng.normal(size=(2, 3, 7)), rng.normal(size=(2, 3, 7))
+  w = np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+  loss_p, m = layerwise.soft_cross_entropy(
+      "p", dict(student=zs, teacher=zt, temperature=2.0), {"masked_lm_weights": w})
+  ce = -(jax.nn.softmax(zt / 2, -1) * jax.nn.log_softmax(zs / 2, -1)).sum(-1)
+  np.testing.assert_allclose(loss_p, (ce * w).sum() / w.sum(), rtol=1e-4)
+  assert {"p_loss", "p_accuracy"} <= set(m)
+  assert objectives.PARTS["distill_att"] is layerwise.score_mse
+
+
+# ----------------------------------------------------------------------------------------------
+# The student and the frozen teacher in one step.
+# ----------------------------------------------------------------------------------------------
+def _batch(rows=4, seq=16, preds=3, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, VOCAB, (rows, seq)).astype(np.int32)
+  mask = (np.arange(seq)[None] < rng.integers(seq // 2, seq + 1, rows)[:, None]).astype(np.int32)
+  positions = np.tile(np.arange(1, preds + 1), (rows, 1)).astype(np.int32)
+  return dict(input_ids=ids * mask, input_mask=mask, segment_ids=np.zeros_like(mask),
+              masked_lm_positions=positions,
+              masked_lm_ids=rng.integers(5, VOCAB, (rows, preds)).astype(np.int32),
+              masked_lm_weights=np.ones((rows, preds), np.float32))
+
+
+def _init(config, seed, batch, **kw):
+  return nn.meta.unbox(layerwise.LayerwiseModel(config).init(
+      jax.random.PRNGKey(seed), batch, True, method=functools.partial(
+          layerwise._run, scores=False, **kw))["params"])
+
+
+def test_a_student_equal_to_its_teacher_has_zero_distillation_loss():
+  """The same network and parameters on both sides, the identity map, no projection: every
+  layer-wise part is 0 (and not 0 once the student's parameters move)."""
+  c = model_lib.get_bert_config("tiny", vocab_size=VOCAB, objectives="mlm",
+                                hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  batch = _batch()
+  params = _init(c, 0, batch)
+  config = ml_dict(fit_size=0, alpha_pred=1.0)
+  w = layerwise.weights(config)
+  parts = tuple(p for p, v in w.items() if v > 0)
+  model = layerwise.LayerwiseModel(c)
+  fwd = functools.partial(layerwise.forward, fit_size=0, parts=parts, temperature=1.0)
+
+  def losses(student_params):
+    b = dict(batch, **layerwise.teacher_outputs(model, params, batch, layers=[1, 2], scores=True))
+    out = model.apply({"params": student_params}, b, True, method=fwd)
+    return objectives.pretraining_loss(out, b, w)[1]
+
+  same = losses(params)
+  for part in ("distill_emb", "distill_hidden", "distill_att"):
+    assert float(same[f"{part}_loss"]) < 1e-10, (part, same)
+  assert float(same["distill_pred_accuracy"]) > 0.99
+  moved = losses(jax.tree.map(lambda x: x * 1.1, params))
+  for part in ("distill_emb", "distill_hidden", "distill_att"):
+    assert float(moved[f"{part}_loss"]) > 1e-4, (part, moved)
+
+
+@pytest.mark.slow
+def test_the_step_trains_student_and_projection_with_the_teacher_frozen(tmp_path):
+  """trainer_lib.build_steps with layerwise.step_parts: the teacher's parameters are an argument
+  of the jitted step (sharded as the student's), the state holds the student and fit_dense, the
+  teacher stays bit-equal, every part's loss falls."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  teacher_config = model_lib.get_bert_config("tiny", vocab_size=VOCAB, objectives="mlm")
+  student_config = model_lib.get_bert_config(
+      "tinybert-4l-312", vocab_size=VOCAB, num_layers=1, hidden_size=64, num_heads=2,
+      intermediate_size=100, hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  batch = _batch(rows=8)
+  ckpt_lib.save_params(str(tmp_path / "teacher"), _init(teacher_config, 1, batch),
+                       teacher_config)
+  config = ml_dict(teacher_checkpoint=str(tmp_path / "teacher"), alpha_pred=1.0)
+  teacher = layerwise.load_teacher(config, student_config)
+  mesh = sharding_lib.create_mesh((4, 2, 1))
+  dummy = jax.tree.map(lambda x: x[:1], batch)
+  fwd, w, frozen = layerwise.step_parts(config, student_config, teacher, dummy, mesh,
+                                        sharding_lib.LOGICAL_AXIS_RULES)
+  loss_fn = lambda out, b: objectives.pretraining_loss(out, b, w)  # noqa: E731
+  steps = trainer_lib.build_steps(
+      model=layerwise.LayerwiseModel(student_config), forward=fwd, loss_fn=loss_fn,
+      eval_fn=lambda out, b: loss_fn(out, b)[1], dummy_batch=dummy, tx=optax.adam(3e-3),
+      schedule=optax.constant_schedule(3e-3), mesh=mesh, frozen=frozen)
+  before = jax.device_get(frozen.params)
+  with trainer_lib.mesh_rules(mesh):
+    state = steps.init_state(jax.random.PRNGKey(0))
+    history = []
+    for _ in range(6):
+      state, metrics = steps.train_step(state, batch)
+      history.append(jax.device_get(metrics))
+  assert set(state["params"]) == {"bert", "mlm_head", "fit_dense"}
+  assert state["params"]["fit_dense"]["kernel"].shape == (64, 128)   # W_h [H_s, H_t]
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(frozen.params))):
+    np.testing.assert_array_equal(a, b)
+  first, last = history[0], history[-1]
+  for part in ("distill_emb", "distill_hidden", "distill_pred"):
+    assert last[f"{part}_loss"] < first[f"{part}_loss"], (part, first, last)
+  assert last["loss"] < first["loss"] and last["distill_att_loss"] > 0

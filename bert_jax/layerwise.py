@@ -1,0 +1,411 @@
+"""Layer-wise distillation (TinyBERT, Jiao et al. 2019, arXiv 1909.10351): a student matches a
+frozen teacher layer by layer, in the same sharded step as DistilBERT's teacher (bert_jax/
+distil.py: trainer_lib.build_steps(frozen=)). A shared objective: a family plugs in this module's
+hooks (load_teacher, step_parts, ...; bert_jax/families/tinybert.py does) and sets the weights.
+
+Student layer m (1..M) learns from teacher layer g(m) (1..N); g is TinyBERT's uniform map
+g(m) = m x N / M (their code: layers_per_block = N // M) unless --config.layer_map=g(1),...,g(M)
+gives any other. Hidden state 0 (the embedding output) is matched to the teacher's 0.
+
+  part            what                                               config weight (TinyBERT)
+  distill_emb     MSE(E_s W_h, E_t), the embedding outputs           alpha_emb   1
+  distill_hidden  sum over m of MSE(H_s^m W_h, H_t^g(m))             alpha_hidden 1
+  distill_att     sum over m of MSE(A_s^m, A_t^g(m)), the pre-softmax alpha_att   1
+                  scores [B, N, T, S] of every head; masked keys and padding queries excluded
+  distill_pred    soft cross-entropy -sum softmax(z_t/T) log softmax(z_s/T) over the masked
+                  positions' MLM logits, temperature T (config.temperature)   alpha_pred  0
+  mlm             the student's own MLM cross-entropy                 alpha_mlm   0
+
+TinyBERT's general distillation is the first three (their general_distill.py); the prediction
+layer is task distillation's. W_h (`fit_dense`, TinyBERT's name) is a learned [H_s, F] dense,
+F = config.fit_size = the teacher's width, trained with the student; 0 = none (same widths).
+MSE is a mean over the real tokens' (or real query-key pairs') elements, not TinyBERT's mean over
+the padded tensor, so the padding of a batch does not dilute it; TinyBERT zeroes the masked
+scores (-10000 after its additive mask) in both, which excludes them from the sum only.
+
+Attention scores: the model is applied with the `attention_scores` collection mutable (model.py's
+SelfAttention then runs the xla path and sows them); a fused kernel never makes them, so with
+alpha_att > 0 a step that would run one (requested, or auto's choice on this chip) is refused at
+start-up, naming it (`check_kernels`). With alpha_att = 0 nothing is asked and any kernel runs.
+
+Bad input, one line and exit 2 before compute: a layer map outside the teacher's depth, a student
+whose width differs from the teacher's without --config.fit_size (or with another), a teacher of
+another vocabulary (size, or content as distil.check_teacher_vocab), heads that differ with
+alpha_att > 0.
+"""
+
+import functools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bert_jax import attention as attention_lib
+from bert_jax import checkpoint as ckpt_lib
+from bert_jax import distil
+from bert_jax import inference
+from bert_jax import model as model_lib
+from bert_jax import objectives
+from bert_jax import trainer_lib
+from bert_jax.pretraining_heads import MaskedLMHead
+
+ConfigError = trainer_lib.ConfigError
+WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_pred", "alpha_mlm")
+# What the frozen teacher adds to each micro-batch (trainer_lib.with_frozen).
+TEACHER_KEYS = ("teacher_mlm", "teacher_hidden", "teacher_scores")
+TEACHER_FAMILIES = (*distil.TEACHER_FAMILIES, "tinybert")
+
+
+def recipe_fields(c, *, fit_size=768):
+  """TinyBERT's general-distillation weights (their general_distill.py: rep_loss + att_loss, no
+  prediction layer) as config fields: what a family's recipe calls."""
+  c.alpha_emb = 1.0                # embedding-output MSE (through fit_dense when widths differ)
+  c.alpha_hidden = 1.0             # hidden-state MSE, summed over the mapped layers
+  c.alpha_att = 1.0                # attention-score MSE (needs the xla kernel: module docstring)
+  c.alpha_pred = 0.0               # soft cross-entropy of the MLM logits (task distillation's)
+  c.alpha_mlm = 0.0                # the student's own MLM loss
+  c.temperature = 1.0              # T of distill_pred (TinyBERT's default 1)
+  # Teacher layer g(m) of student layer m = 1..M, comma-separated, 1-based; "" = uniform
+  # g(m) = m x N / M (a 12-layer teacher, 4-layer student: 3,6,9,12).
+  c.layer_map = ""
+  # Width F of the learned projection W_h [H_s, F] of the student's hidden states: the teacher's
+  # hidden size (TinyBERT's fit_size, 768 for BERT-base); 0 = none (student as wide as teacher).
+  c.fit_size = fit_size
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer map and the start-up checks.
+# ----------------------------------------------------------------------------------------------
+def layer_map(config, teacher_layers, student_layers):
+  """[g(1), ..., g(M)], teacher layers 1..N: --config.layer_map, or TinyBERT's uniform m x N / M."""
+  spec = str(config.get("layer_map", "") or "")
+  try:
+    layers = ([int(x) for x in spec.split(",") if x.strip()] if spec else
+              [m * teacher_layers // student_layers for m in range(1, student_layers + 1)])
+  except ValueError:
+    raise ConfigError(f"config.layer_map={spec!r}: expected comma-separated teacher layers "
+                      "1..N, e.g. 3,6,9,12.") from None
+  if len(layers) != student_layers or not all(1 <= g <= teacher_layers for g in layers):
+    raise ConfigError(f"config.layer_map={spec or 'uniform m x N / M'} gives teacher layers "
+                      f"{layers} for a {student_layers}-layer student of a {teacher_layers}-layer "
+                      f"teacher; give {student_layers} layer numbers from 1 to {teacher_layers} "
+                      "(--config.layer_map=...).")
+  return layers
+
+
+def weights(config):
+  """{part: weight} of the parts in the loss; a weight must be finite and >= 0, one > 0."""
+  w = {k: config.get(k, 0.0) for k in WEIGHTS}
+  for k, v in w.items():
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0):
+      raise ConfigError(f"config.{k}={v!r}: expected a loss weight >= 0.")
+  if not any(w[k] for k in WEIGHTS[:4]):
+    raise ConfigError(f"config.{', '.join(WEIGHTS[:4])} are all 0: nothing is distilled; give "
+                      "at least one a positive weight (TinyBERT's general distillation: "
+                      "emb, hidden and att 1).")
+  t = config.get("temperature", 1.0)
+  if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+    raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 (TinyBERT's 1).")
+  return {"distill_emb": float(w["alpha_emb"]), "distill_hidden": float(w["alpha_hidden"]),
+          "distill_att": float(w["alpha_att"]), "distill_pred": float(w["alpha_pred"]),
+          "mlm": float(w["alpha_mlm"])}
+
+
+def check_kernels(config, model_config, platform_name=None):
+  """With alpha_att > 0 the step reads every layer's attention scores, which only the xla path
+  makes: a step that would run a fused kernel (requested, or auto's choice on this platform, in
+  training or evaluation) is a one-line error naming it. Explicit kernels that cannot run at all
+  are attention.py's own AttentionError."""
+  if not config.get("alpha_att", 0.0):
+    return
+  choices = attention_lib.step_choices(
+      model_config, packed=bool(config.get("pack")), seq_len=int(config.seq_length),
+      platform_name=platform_name, window=attention_lib.local_window(model_config))
+  fused = sorted({c.backend for pair in choices.values() for c in pair if c.backend != "xla"})
+  if fused:
+    how = ("requested" if model_config.attention != "auto" else
+           f"auto's choice on {platform_name or attention_lib.platform()}")
+    raise ConfigError(f"config.alpha_att={config.alpha_att}: attention-score distillation reads "
+                      f"each layer's pre-softmax scores [B, N, T, T], which the fused "
+                      f"{'/'.join(fused)} kernel ({how}) never makes; set "
+                      "--config.model.attention=xla, or --config.alpha_att=0.")
+
+
+def check_fit(config, t, s, where):
+  """The student's widths against the teacher's: a projection to the teacher's width is needed
+  when they differ (config.fit_size = H_t), and scores need as many heads."""
+  fit = int(config.get("fit_size", 0) or 0)
+  if fit and fit != t.hidden_size:
+    raise ConfigError(f"{where} is {t.hidden_size} wide but config.fit_size={fit}: the projection "
+                      f"W_h maps the student's hidden states to the teacher's width; set "
+                      f"--config.fit_size={t.hidden_size}.")
+  if not fit and s.hidden_size != t.hidden_size:
+    raise ConfigError(f"{where} is {t.hidden_size} wide and the student {s.hidden_size}: their "
+                      "hidden states are compared through a learned projection it is not given; "
+                      f"set --config.fit_size={t.hidden_size}.")
+  if config.get("alpha_att", 0.0) and t.num_heads != s.num_heads:
+    raise ConfigError(f"{where} has {t.num_heads} heads and the student {s.num_heads}: attention "
+                      "scores are compared head by head; use a student of as many heads, or "
+                      "--config.alpha_att=0.")
+
+
+def load_teacher(config, model_config) -> distil.Teacher:
+  """The teacher of a layer-wise run: described (no array read), checked against the student
+  (vocab, widths, depth and layer map, heads, kernels), recorded. One-line ConfigError before
+  any compute."""
+  path = config.get("teacher_checkpoint", "")
+  weights(config)
+  if not path:
+    raise ConfigError(f"config.model_name={config.model_name} is distilled layer by layer from a "
+                      "teacher: pass --config.teacher_checkpoint=WORKDIR, export or Hugging Face "
+                      "BERT folder.")
+  if not (inference.is_hf_folder(path) or os.path.exists(path) or "://" in path):
+    raise ConfigError(f"config.teacher_checkpoint={path}: no such directory; give a BERT "
+                      "workdir, a params export or a Hugging Face folder.")
+  source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
+  pre = trainer_lib.read_pretrained(source)
+  t, s = pre.model_config, model_config
+  where = f"config.teacher_checkpoint={path}"
+  check_teacher_config(config, t, s, where)
+  if config.get("alpha_pred", 0.0):
+    fresh = [p for p in pre.meta.get("initialized_randomly", []) if p.startswith("mlm_head/")]
+    if trainer_lib.stored_subtree(pre, "mlm_head") is None or fresh:
+      raise ConfigError(f"{where} has no trained MLM head; config.alpha_pred > 0 matches its MLM "
+                        "logits: use a BertForPreTraining or BertForMaskedLM checkpoint, or "
+                        "--config.alpha_pred=0.")
+  described = ckpt_lib.describe(source, verify=False)
+  distil.check_teacher_vocab(config, pre, described, where)
+  check_kernels(config, s)
+  return distil.Teacher(path, pre, distil._as_teacher(t, s),  # pylint: disable=protected-access
+                        distil.teacher_record(path, described))
+
+
+def check_teacher_config(config, t, s, where):
+  """The teacher's encoder `t` against the student `s` (no file read): family, vocab, depth and
+  layer map, widths, positions."""
+  if t.family not in TEACHER_FAMILIES or t.factorised or t.share_layers != "none":
+    raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
+                      f"({', '.join(TEACHER_FAMILIES)}) without factorised or shared layers.")
+  if t.vocab_size != s.vocab_size:
+    raise ConfigError(f"{where} has a vocabulary of {t.vocab_size} tokens and the student "
+                      f"{s.vocab_size}: the teacher's logits and embeddings index its own "
+                      "vocabulary; train the student with the teacher's vocab.")
+  layer_map(config, t.num_layers, s.num_layers)
+  check_fit(config, t, s, where)
+  if s.max_position_embeddings > t.max_position_embeddings:
+    raise ConfigError(f"{where} has max_position_embeddings={t.max_position_embeddings} but the "
+                      f"student {s.max_position_embeddings}; set --config.model."
+                      f"max_position_embeddings={t.max_position_embeddings}.")
+
+
+def planning_teacher(config, model_config):
+  """The teacher bert_jax.plan compiles with, as shapes: the --config.teacher_checkpoint's, else
+  BERT-base of the student's vocab (TinyBERT's teacher)."""
+  if config.get("teacher_checkpoint", ""):
+    return load_teacher(config, model_config)._replace(pretrained=None)
+  weights(config)
+  t = model_lib.get_bert_config("base", vocab_size=model_config.vocab_size,
+                                max_position_embeddings=model_config.max_position_embeddings)
+  check_teacher_config(config, t, model_config, "the base preset (planning teacher)")
+  check_kernels(config, model_config)
+  return distil.Teacher("the base preset (shapes only: no --config.teacher_checkpoint)", None,
+                        distil._as_teacher(t, model_config), None)  # pylint: disable=protected-access
+
+
+def init_from_teacher(state, steps, config, teacher, num_layers):
+  """TinyBERT's general distillation starts the student from random weights (its widths differ
+  from the teacher's): the state as it is."""
+  del steps, config, num_layers
+  if jax.process_index() == 0:
+    print(f"layer-wise distillation from teacher {teacher.path} "
+          f"({teacher.model_config.num_layers} layers, hidden {teacher.model_config.hidden_size}"
+          "); the student starts from its random initialisation", flush=True)
+  return state
+
+
+# ----------------------------------------------------------------------------------------------
+# The network: BertModel + MLM head (+ fit_dense), the student's and the teacher's.
+# ----------------------------------------------------------------------------------------------
+class LayerwiseModel(nn.Module):
+  """BertModel ("bert") and its MLM head ("mlm_head"), BertForPreTraining's names for an
+  MLM-only model, plus TinyBERT's `fit_dense` [H, F] when called with fit_size=F > 0 (the
+  training forward creates it; fill-mask, which never passes it, leaves it unread).
+
+  Called as BertForPreTraining: (mlm logits [B, P, V], None), or with return_dict=True
+  {"mlm", "sequence_output"[, "hidden_states": [B, L+1, T, F or H]]} (batch first, as the
+  data-parallel sharding splits it).
+  """
+  config: model_lib.BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
+               instance_ids=None, position_ids=None, cls_positions=None, deterministic=True,
+               return_dict=False, output_hidden_states=False, fit_size=0, **unused):
+    del unused   # span boundaries etc.: an MLM-only model reads none
+    c = self.config
+    bert = model_lib.BertModel(c, name="bert")
+    out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
+               position_ids=position_ids, cls_positions=cls_positions,
+               deterministic=deterministic, output_hidden_states=output_hidden_states)
+    masked = model_lib.gather_positions(out["sequence_output"], masked_lm_positions)
+    mlm = MaskedLMHead(c, name="mlm_head")(
+        masked, bert.embeddings.word_embeddings.embedding)                # [B, P, V] float32
+    if not return_dict:
+      return mlm, None
+    res = {"mlm": mlm, "sequence_output": out["sequence_output"]}
+    if output_hidden_states:
+      hidden = jnp.stack(out["hidden_states"], axis=1)                   # [B, L+1, T, H]
+      if fit_size:   # W_h: one dense for every layer and the embeddings (TinyBERT's fit_dense)
+        hidden = model_lib._dense(c, fit_size, ("embed", "embed2"),  # pylint: disable=protected-access
+                                  "fit_dense")(hidden)                   # [B, L+1, T, F]
+      res["hidden_states"] = hidden
+    return res
+
+
+def _args(batch):
+  extra = {k: batch[k] for k in model_lib.PACKED_ROW_KEYS if k in batch}
+  return (batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+          batch["masked_lm_positions"]), extra
+
+
+def plain_forward(module, batch, deterministic):
+  """The model without a teacher: {"mlm": logits} (Family.forward)."""
+  args, extra = _args(batch)
+  return {"mlm": module(*args, deterministic=deterministic, return_dict=True, **extra)["mlm"]}
+
+
+def _run(module, batch, deterministic, *, scores, fit_size=0):
+  """(outputs dict, scores [B, L, N, T, S] or None) of a bound `module` on `batch`. Scores: the
+  same parameters applied again as a fresh apply with the `attention_scores` collection mutable
+  (the step's apply is not; the nested one is a function of the same traced parameters, so the
+  gradient reaches them), dropout keys drawn from the step's."""
+  args, extra = _args(batch)
+  kw = dict(deterministic=deterministic, return_dict=True, output_hidden_states=True,
+            fit_size=fit_size, **extra)
+  if not scores or module.is_initializing():
+    return module(*args, **kw), None
+  rngs = {} if deterministic else {"dropout": module.make_rng("dropout")}
+  out, state = module.clone(parent=None).apply(
+      module.variables, *args, mutable=["attention_scores"], rngs=rngs, **kw)
+  layers = state["attention_scores"]["bert"]["encoder"]
+  # One [B, N, T, S] per layer, in layer order (sow keeps a tuple per call: one call each).
+  return out, jnp.stack([layers[f"layer_{i}"]["attention"]["scores"][0]
+                         for i in range(module.config.num_layers)], axis=1)
+
+
+def teacher_outputs(model, params, batch, *, layers, scores):
+  """The frozen teacher's {teacher_mlm [B, P, V], teacher_hidden [B, M+1, T, H_t] (its hidden
+  states 0, g(1), ..., g(M)), teacher_scores [B, M, N, T, S] (layers g(m), when distilled)}."""
+  fn = functools.partial(_run, scores=scores)
+  out, att = model.apply({"params": params}, batch, True, method=fn)
+  res = {"teacher_mlm": out["mlm"],
+         "teacher_hidden": out["hidden_states"][:, jnp.array([0, *layers])]}
+  if att is not None:
+    res["teacher_scores"] = att[:, jnp.array([g - 1 for g in layers])]
+  return jax.lax.stop_gradient(res)
+
+
+def forward(module, batch, deterministic, *, fit_size, parts, temperature):
+  """The student on a batch carrying the teacher's outputs -> objectives parts (`parts`: those
+  with weight > 0, and mlm). Without them (model.init) the parts are not built."""
+  out, att = _run(module, batch, deterministic, scores="distill_att" in parts,
+                  fit_size=fit_size)
+  res = {"mlm": out["mlm"]}
+  if "teacher_hidden" not in batch:   # init: the parameters are made, the loss is not
+    return res
+  hidden, t_hidden = out["hidden_states"], batch["teacher_hidden"]        # [B, M+1, T, F]
+  real = batch["input_mask"]
+  if "distill_emb" in parts:
+    res["distill_emb"] = {"student": hidden[:, :1], "teacher": t_hidden[:, :1], "mask": real}
+  if "distill_hidden" in parts:
+    res["distill_hidden"] = {"student": hidden[:, 1:], "teacher": t_hidden[:, 1:], "mask": real}
+  if "distill_att" in parts:
+    packed = "instance_ids" in batch
+    ids = batch["instance_ids"] if packed else real
+    pairs = attention_lib.attention_mask(ids, packed) & (ids != 0)[:, None, :, None]
+    res["distill_att"] = {"student": att, "teacher": batch["teacher_scores"],
+                          "mask": pairs}                                 # [B, 1, T, S]
+  if "distill_pred" in parts:
+    res["distill_pred"] = {"student": out["mlm"], "teacher": batch["teacher_mlm"],
+                           "temperature": temperature}
+  return res
+
+
+# ----------------------------------------------------------------------------------------------
+# The loss parts (objectives.PARTS): each (name, outputs, batch) -> (loss, metrics).
+# ----------------------------------------------------------------------------------------------
+def layer_mse(name, outputs, batch):
+  """sum over layers of the mean squared error over the real tokens' elements: student and
+  teacher [B, L, T, F], mask [B, T] (TinyBERT's MSELoss per layer, summed)."""
+  del batch
+  s, t = (outputs[k].astype(jnp.float32) for k in ("student", "teacher"))
+  w = (outputs["mask"] > 0).astype(jnp.float32)                           # [B, T]
+  denom = jnp.sum(w) * s.shape[-1] + 1e-6
+  per_layer = jnp.sum(jnp.sum((s - t) ** 2, -1) * w[:, None], axis=(0, 2)) / denom   # [L]
+  return jnp.sum(per_layer), {f"{name}_loss": jnp.sum(per_layer)}
+
+
+def score_mse(name, outputs, batch):
+  """sum over layers of the MSE of the pre-softmax scores over the real query-key pairs:
+  student and teacher [B, L, N, T, S], mask [B, 1, T, S] (TinyBERT zeroes the masked ones)."""
+  del batch
+  s, t = (outputs[k].astype(jnp.float32) for k in ("student", "teacher"))
+  w = outputs["mask"].astype(jnp.float32)[:, None]                       # [B, 1, 1, T, S]
+  denom = jnp.sum(w) * s.shape[2] + 1e-6
+  per_layer = jnp.sum((s - t) ** 2 * w, axis=(0, 2, 3, 4)) / denom        # [L]
+  return jnp.sum(per_layer), {f"{name}_loss": jnp.sum(per_layer)}
+
+
+def soft_cross_entropy(name, outputs, batch):
+  """TinyBERT's prediction-layer loss: -sum softmax(z_t/T) log softmax(z_s/T) per masked position,
+  the mean over masked_lm_weights (no T^2, as their soft_cross_entropy); `accuracy`: the
+  student's top-1 is the teacher's."""
+  t = outputs["temperature"]
+  s_logits, t_logits = outputs["student"], outputs["teacher"]            # [B, P, V] float32
+  ce = -jnp.sum(jax.nn.softmax(t_logits / t, -1) * jax.nn.log_softmax(s_logits / t, -1), -1)
+  w = batch["masked_lm_weights"]
+  denom = jnp.sum(w) + 1e-5
+  agree = (jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1)) * w
+  loss = jnp.sum(ce * w) / denom
+  return loss, {f"{name}_loss": loss, f"{name}_accuracy": jnp.sum(agree) / denom}
+
+
+PARTS = {"distill_emb": layer_mse, "distill_hidden": layer_mse, "distill_att": score_mse,
+         "distill_pred": soft_cross_entropy}
+objectives.PARTS.update(PARTS)   # objectives are an open table; these are this module's
+
+
+# ----------------------------------------------------------------------------------------------
+# The family hooks' step (Family.step_parts) and FLOPs.
+# ----------------------------------------------------------------------------------------------
+def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
+  """(student forward, loss weights, the frozen teacher) for trainer_lib.build_steps."""
+  teacher = teacher or load_teacher(config, model_config)
+  w = weights(config)
+  parts = tuple(p for p, v in w.items() if v > 0)
+  layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
+  fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0), parts=parts,
+                          temperature=float(config.get("temperature", 1.0)))
+  model = LayerwiseModel(teacher.model_config)
+  apply = functools.partial(teacher_outputs, model, layers=layers,
+                            scores="distill_att" in parts)
+  keys = ("bert", "mlm_head")
+  frozen = trainer_lib.load_frozen(teacher.pretrained, model, _teacher_init, dummy_batch, keys,
+                                   mesh, apply, rules)
+  return fwd, w, frozen
+
+
+def _teacher_init(module, batch, deterministic):
+  return _run(module, batch, deterministic, scores=False)[0]
+
+
+def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
+  """The student's training FLOPs plus, with a teacher, the teacher's forward (distil's count)."""
+  from bert_jax.families import bert  # pylint: disable=g-import-not-at-top
+  if teacher_config is None:
+    return bert.flops_per_sequence(cfg, seq_length, num_predictions, num_nsp)
+  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
+                                   bert.flops_per_sequence)
