@@ -86,6 +86,15 @@ def check_loaded_vocab(meta, path, directory, own=None, error=CheckpointFitError
               fix="pass the run's own vocab file.")
 
 
+def check_vocab_size(vocab, size, checkpoint, vocab_size, error=CheckpointFitError):
+  """A WordPiece / SentencePiece vocabulary (`vocab`: named for the message) of `size` tokens
+  indexes the checkpoint's vocab_size embedding rows one to one. (A tokenizer.json may have
+  fewer ids than rows: inference._json_tokenizer checks it against the conversion's record.)"""
+  if size != vocab_size:
+    raise error(f"{vocab} has {size} tokens but {checkpoint} has vocab_size={vocab_size}; use "
+                "the checkpoint's own vocabulary.")
+
+
 def run_vocab_flag(config):
   """(flag, file) of the vocabulary a run's config names, or (None, None)."""
   for key in ("vocab_file", "spm_model_file", "tokenizer_json"):
@@ -142,8 +151,13 @@ def check_generator(where, stored, now, config, error=CheckpointFitError):
   preset's unless --config.model.generator_* set it (configs/pretrain.py, ELECTRA's recipe).
   Another size is one line naming the generator and those flags (issue 39: it was a key-bias
   shape mismatch, and no flag for the generator's size was found)."""
-  if not stored.generator_hidden_size and not now.generator_hidden_size:
-    return
+  if not now.generator_hidden_size:   # the run trains no generator (an ELECTRA checkpoint's
+    return                             # discriminator body may start a BERT: not refused here)
+  if not stored.generator_hidden_size:
+    raise error(f"{where} is a {stored.family} model without a generator, but "
+                f"config.model_name={config.model_name} trains an ELECTRA pair (generator + "
+                f"discriminator); start from an ELECTRA checkpoint, or pick a {stored.family} "
+                "preset of its size.")
   diff = differences(stored, now, GENERATOR_FIELDS)
   if not diff:
     return

@@ -366,10 +366,9 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
     check_vocab_hash(meta, files.path, directory)
     settings = resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file)
     tokenizer = _tokenizer(vocab_file, spm_model_file, settings, python_tokenizer)
-    if tokenizer.vocab.size != config.vocab_size:
-      raise InferenceLoadError(
-          f"{vocab_file or spm_model_file} ({how}) has {tokenizer.vocab.size} tokens but "
-          f"{directory} has vocab_size={config.vocab_size}; use the checkpoint's own vocabulary.")
+    checkpoint_fit.check_vocab_size(f"{vocab_file or spm_model_file} ({how})",
+                                    tokenizer.vocab.size, directory, config.vocab_size,
+                                    error=InferenceLoadError)
   lower, casing = settings["do_lower_case"], settings["casing_source"]
   if how == "given" and not meta.get("vocab_hash"):   # no record: the checkpoint's own file
     check_vocab_hash(meta, files.path, directory, _candidates(kind, directory, meta))

@@ -125,6 +125,14 @@ def test_electra_pair_with_a_wider_generator_names_the_generator_and_its_flags(t
   c.model.generator_intermediate_size = 256
   mc = train.validate_inputs(c, str(tmp_path / "wd"))[3]
   assert (mc.generator_hidden_size, mc.generator_intermediate_size) == (64, 256)
+  # A BERT of the discriminator's sizes has no generator to start one from: said so.
+  c = pretrain.get_config("electra-tiny,runlocal")
+  bert = _export(tmp_path, "bert", vocab_size=512, hidden_size=128, num_layers=2, num_heads=2,
+                 intermediate_size=512)
+  c.train_input_files, c.model.vocab_size, c.init_checkpoint = "synthetic", 512, bert
+  with pytest.raises(train.ConfigError, match=r"init_checkpoint=.*bert is a bert model without a "
+                     r"generator, but config.model_name=electra-tiny trains an ELECTRA pair"):
+    train.validate_inputs(c, str(tmp_path / "wd"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,3 +289,34 @@ def test_a_restarted_stream_trains_on_and_a_later_resume_continues_it(tmp_path, 
   meta = ckpt_lib.read_meta(manager, 8)
   manager.close()
   assert meta["input_position"] == 5 and meta["data_stream"]["start_step"] == 3
+
+
+@pytest.mark.slow
+def test_electra_from_a_pair_with_a_wider_generator_trains_with_the_flags_the_error_names(
+    tmp_path, capsys):
+  """End to end: a pair pre-trained with a 64-wide generator (electra-tiny's is 32); training
+  from it without the flags is the one line, with them it loads both networks and trains."""
+  from bert_jax import train
+  from bert_jax.configs import pretrain
+
+  def config(steps, **generator):
+    c = pretrain.get_config("electra-tiny,runlocal")
+    c.train_input_files, c.model.vocab_size, c.seq_length = "synthetic", 512, 32
+    c.max_predictions_per_seq, c.batch_size, c.num_train_steps = 6, 8, steps
+    c.warmup_steps, c.log_every, c.checkpoint_every, c.async_checkpointing = 1, 1, steps, False
+    for k, v in generator.items():
+      c.model[k] = v
+    return c
+  wide = dict(generator_hidden_size=64, generator_num_heads=1, generator_intermediate_size=256)
+  pair = str(tmp_path / "pair")
+  train.train_and_evaluate(config(1, **wide), pair)
+  c = config(1)
+  c.init_checkpoint = pair
+  with pytest.raises(train.ConfigError, match=r"has a generator of 2 layers of width 64"):
+    train.train_and_evaluate(c, str(tmp_path / "refused"))
+  c = config(1, **wide)
+  c.init_checkpoint = pair
+  capsys.readouterr()
+  out = train.train_and_evaluate(c, str(tmp_path / "continued"))
+  assert out["final_step"] == 1 and np.isfinite(out["history"]["train"][-1][1]["mlm_loss"])
+  assert f"initialised parameters from step 1 of {pair}" in capsys.readouterr().out
