@@ -49,6 +49,15 @@ class BertConfig:
   # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/attention.py). How the model
   # runs, not what it is: left out of to_dict(), so checkpoints never pin a kernel.
   attention: str = "xla"
+  # FP8 matmuls (e4m3/e5m2, delayed scaling) for the encoder's QKV, attention output and FFN
+  # (bert_jax/fp8.py; issue 38); the scales live beside the params. How the step runs, not what
+  # the model is (the parameters are the same): left out of to_dict(), as attention.
+  fp8: bool = False
+  # Epilogues in formulations XLA fuses (bert_jax/fused_ops.py; issue 38), how the step runs as
+  # well: the FFN's bias + tanh GELU (needs hidden_act="gelu_tanh": cuBLASLt has no erf GELU) and
+  # post-LN's residual + LayerNorm with a written-out backward.
+  fused_bias_gelu: bool = False
+  fused_residual_norm: bool = False
   # The MLM loss C predictions a row at a time (pretraining_heads.chunked_cross_entropy; issue
   # 42): a 256k vocabulary's [B, P, V] float32 logits are never all made. 0: whole logits. How
   # the step runs, not what the model is: left out of to_dict(), as attention.
@@ -103,6 +112,17 @@ class BertConfig:
     if self.mlm_loss_chunk < 0:
       raise ValueError(f"BertConfig: mlm_loss_chunk={self.mlm_loss_chunk}; predictions a row per "
                        "chunk of the MLM loss (e.g. 128), 0 for whole logits.")
+    if self.fused_bias_gelu and (self.hidden_act != "gelu_tanh" or self.ffn != "dense"):
+      raise ValueError(
+          f"BertConfig: fused_bias_gelu=True with hidden_act={self.hidden_act!r}, "
+          f"ffn={self.ffn!r}: cuBLASLt's bias+GELU epilogue computes the tanh GELU of a dense "
+          "FFN only; set hidden_act='gelu_tanh' too (google's gelu(); a change of the recipe: it "
+          "differs from the exact erf GELU by up to 4.7e-4 per activation), or leave it off.")
+    if self.fused_residual_norm and (self.prenorm or self.norm != "layer_norm"):
+      raise ValueError(
+          f"BertConfig: fused_residual_norm=True with prenorm={self.prenorm}, norm="
+          f"{self.norm!r}: it fuses post-LN's LN(x + dropout(y)) with a LayerNorm (BERT, ALBERT, "
+          "ELECTRA); the pre-norm layers (ModernBERT, NeoBERT) have no such sum to fuse.")
     family = _family(self.family)   # bert_jax/families/: what this family may set
     if self.share_layers not in SHARE_LAYERS:
       raise ValueError(f"BertConfig: share_layers={self.share_layers!r} is not one of "
@@ -225,6 +245,7 @@ class BertConfig:
     """The model's identity (what checkpoints store and resuming compares); no kernel choice."""
     d = dataclasses.asdict(self)
     del d["attention"], d["mlm_loss_chunk"]
+    del d["fp8"], d["fused_bias_gelu"], d["fused_residual_norm"]   # switches of the step
     for f in FAMILY_FIELDS:   # BERT's values left out: old checkpoints compare equal
       if d[f] == _DEFAULTS[f]:
         del d[f]

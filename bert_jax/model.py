@@ -48,6 +48,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bert_jax import attention as attention_lib
+from bert_jax import fp8 as fp8_lib
+from bert_jax import fused_ops
 from bert_jax import modern_layers
 from bert_jax import rope as rope_lib
 
@@ -97,11 +99,13 @@ def _activation(name):
   return jax.nn.relu
 
 
-def _dense(config, features, names, name, dtype=None):
-  """Dense with kernel [in, out] named `names` and bias named names[1:]."""
+def _dense(config, features, names, name, dtype=None, fp8=False):
+  """Dense with kernel [in, out] named `names` and bias named names[1:]. fp8: an encoder matmul
+  that config.fp8 runs in FP8 (bert_jax/fp8.py)."""
   return nn.Dense(features, dtype=dtype or config.dtype, param_dtype=config.param_dtype,
                   use_bias=config.use_bias, kernel_init=_init(config, names),
-                  bias_init=_zeros(names[1:]), name=name)
+                  bias_init=_zeros(names[1:]), name=name,
+                  dot_general_cls=fp8_lib.dot_general_cls(config) if fp8 else None)
 
 
 def _layer_norm(config, name):
@@ -114,6 +118,14 @@ def _layer_norm(config, name):
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
                                                               ("norm",)),
                       bias_init=_zeros(("norm",)), name=name)
+
+
+def _residual_norm(config, name, x, y):
+  """LN(x + y) as `name` (post-LN's residual and norm). config.fused_residual_norm: the same
+  parameters through fused_ops.ResidualLayerNorm (written-out backward); float32 out."""
+  if config.fused_residual_norm and config.norm == "layer_norm":
+    return fused_ops.ResidualLayerNorm(config.layer_norm_eps, config.param_dtype, name=name)(x, y)
+  return _layer_norm(config, name)(x + y)
 
 
 def _constrain(x, *names):
@@ -137,13 +149,15 @@ class _HeadsDense(nn.Module):
   @nn.compact
   def __call__(self, x):
     c = self.config
+    # config.fp8: the einsum in FP8 with its scales in their own collection (bert_jax/fp8.py).
+    einsum = fp8_lib.Einsum(name="fp8") if c.fp8 else jnp.einsum
     kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
     if not c.use_bias:   # ModernBERT: attention_bias=False
       x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=c.dtype)
-      return jnp.einsum(self.equation, x, kernel)
+      return einsum(self.equation, x, kernel)
     bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=c.dtype)
-    return jnp.einsum(self.equation, x, kernel) + bias
+    return einsum(self.equation, x, kernel) + bias
 
 
 BTH = ("activation_batch", "activation_length", "activation_embed")
@@ -275,7 +289,7 @@ def _attention_block(c, x, attention_ids, deterministic, block_diagonal, positio
     return _constrain(x + y, *BTH)                                       # [B, T, H]
   y = attention(x, attention_ids, deterministic, block_diagonal, position_ids)
   y = nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
-  x = _layer_norm(c, "attention_layer_norm")(x + y).astype(c.dtype)     # [B, T, H]
+  x = _residual_norm(c, "attention_layer_norm", x, y).astype(c.dtype)   # [B, T, H]
   return _constrain(x, *BTH)
 
 
@@ -287,11 +301,15 @@ def _ffn(c, x, deterministic):
         c.hidden_size, c.intermediate_size, c.hidden_act if c.ffn == "geglu" else "silu",
         use_bias=c.use_bias, dropout_rate=c.hidden_dropout_prob, dtype=c.dtype,
         param_dtype=c.param_dtype, kernel_init=nn.initializers.truncated_normal(
-            c.initializer_range), name="mlp")(x, deterministic)
-  y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-  y = _constrain(_activation(c.hidden_act)(y),
+            c.initializer_range), dot_general_cls=fp8_lib.dot_general_cls(c),
+        name="mlp")(x, deterministic)
+  y = _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate", fp8=True)(x)
+  # fused_bias_gelu: the tanh GELU spelt as XLA's GEMM rewriter fuses it with the dense's bias
+  # (fused_ops.py; BertConfig requires hidden_act="gelu_tanh" with it).
+  act = fused_ops.gelu_tanh if c.fused_bias_gelu else _activation(c.hidden_act)
+  y = _constrain(act(y),
                  "activation_batch", "activation_length", "activation_mlp")  # [B, T, I]
-  y = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(y)          # [B, T, H]
+  y = _dense(c, c.hidden_size, ("mlp", "embed"), "output", fp8=True)(y)  # [B, T, H]
   return nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
 
 
@@ -301,7 +319,7 @@ def _ffn_block(c, x, deterministic):
   if c.prenorm:
     h = _layer_norm(c, "output_layer_norm")(x).astype(c.dtype)
     return _constrain(x + _ffn(c, h, deterministic), *BTH)
-  x = _layer_norm(c, "output_layer_norm")(x + _ffn(c, x, deterministic)).astype(c.dtype)
+  x = _residual_norm(c, "output_layer_norm", x, _ffn(c, x, deterministic)).astype(c.dtype)
   return _constrain(x, *BTH)
 
 

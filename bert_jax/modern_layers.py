@@ -62,6 +62,7 @@ class GatedFeedForward(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   kernel_init: nn.initializers.Initializer = _truncated_normal()
   names: tuple = ("Wi", "Wo")
+  dot_general_cls: object = None   # bert_jax/fp8.py's FP8 matmul under config.fp8 (None: plain)
 
   @nn.compact
   def __call__(self, x, deterministic=True):
@@ -76,7 +77,7 @@ class GatedFeedForward(nn.Module):
                       kernel_init=nn.with_logical_partitioning(self.kernel_init, axes),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                              axes[1:]),
-                      name=name)
+                      dot_general_cls=self.dot_general_cls, name=name)
 
     wi, wo = self.names
     y = dense(2 * self.intermediate_size, ("embed", "mlp"), wi)(x)       # [B, T, 2I]

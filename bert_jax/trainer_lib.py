@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
+from bert_jax import fp8 as fp8_lib
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import guard
@@ -64,11 +65,16 @@ def split_micro_batches(x, k, mesh):
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, ("data", "fsdp"))))
 
 
-def apply_gradients(state, grads, tx):
-  """One optax update of dict(step, params, opt_state, rng); the step counts optimizer steps."""
+def apply_gradients(state, grads, tx, fp8_scales=None):
+  """One optax update of dict(step, params, opt_state, rng[, fp8]); the step counts optimizer
+  steps. fp8_scales: the FP8 scales' next values (their "gradient"), which overwrite
+  state["fp8"] and never reach the optimizer (bert_jax/fp8.py; flax's OWG semantics)."""
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  return dict(state, step=state["step"] + 1, opt_state=opt_state,
-              params=optax.apply_updates(state["params"], updates))
+  new = dict(state, step=state["step"] + 1, opt_state=opt_state,
+             params=optax.apply_updates(state["params"], updates))
+  if fp8_scales is not None:
+    new["fp8"] = fp8_scales
+  return new
 
 
 def with_frozen(batch, frozen_params, frozen_apply):
@@ -90,35 +96,45 @@ def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx,
   """
   k = grad_accum_steps
 
+  # FP8 (bert_jax/fp8.py): the scales go in beside the params and their gradient is their next
+  # value (None when the model has no FP8 matmuls).
+  scales = state.get("fp8")
+
   def grads_and_metrics(params, micro, j):
     micro = with_frozen(micro, frozen_params, frozen_apply)
 
-    def loss(p):
-      outputs = model.apply({"params": p}, micro, False, method=forward,
+    def loss(p, f):
+      outputs = model.apply(fp8_lib.variables(p, f), micro, False, method=forward,
                             rngs={"dropout": dropout_key(state["rng"], state["step"], j)})
       return loss_fn(outputs, micro)
-    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(state["params"])
-    return grads, metrics
+    (_, metrics), (grads, new_scales) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        params, scales)
+    return grads, metrics, (None if scales is None else fp8_lib.from_max_grad(new_scales))
 
   if k == 1:
-    grads, metrics = grads_and_metrics(state["params"], batch, 0)
+    grads, metrics, new_scales = grads_and_metrics(state["params"], batch, 0)
   else:
     micro = jax.tree.map(lambda x: split_micro_batches(x, k, mesh), batch)
 
-    def body(total, xs):
+    def body(carry, xs):
+      total, prev_scales = carry
       j, mb = xs
-      return jax.tree.map(jnp.add, total, grads_and_metrics(state["params"], mb, j)), None
+      grads, metrics, next_scales = grads_and_metrics(state["params"], mb, j)
+      # Gradients and metrics add up; the scales take the larger amax (fp8.combine).
+      return (jax.tree.map(jnp.add, total, (grads, metrics)),
+              fp8_lib.combine(prev_scales, next_scales)), None
 
-    shapes = jax.eval_shape(grads_and_metrics, state["params"], jax.tree.map(lambda x: x[0],
-                                                                            micro), 0)
+    shapes = jax.eval_shape(lambda p, mb: grads_and_metrics(p, mb, 0)[:2], state["params"],
+                            jax.tree.map(lambda x: x[0], micro))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
-    total, _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
+    lowest = None if scales is None else jax.tree.map(jnp.zeros_like, scales)   # amax >= 0
+    (total, new_scales), _ = jax.lax.scan(body, (zeros, lowest), (jnp.arange(k), micro))
     grads, metrics = jax.tree.map(lambda t, s: (t / k).astype(s.dtype), total, shapes)
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads),   # of the applied mean gradient
                  learning_rate=schedule(state["step"]))
   # The non-finite guard: a NaN/Inf loss, gradient or update leaves params and optimizer state
   # as they were, bit for bit, and metrics["skipped"] = 1 (guard.py; the loops count it).
-  return guard.select(state, apply_gradients(state, grads, tx), metrics)
+  return guard.select(state, apply_gradients(state, grads, tx, new_scales), metrics)
 
 
 def eval_step(params, batch, frozen_params=None, *, model, forward, eval_fn, frozen_apply=None):
@@ -172,9 +188,13 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   def init_state(rng):
     params_rng, dropout_rng = jax.random.split(rng)
     with nn.logical_axis_rules(()):
-      params = nn.unbox(init_variables(params_rng)["params"])
-    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                rng=dropout_rng)
+      variables = init_variables(params_rng)
+    params = nn.unbox(variables["params"])
+    state = dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                 rng=dropout_rng)
+    if fp8_lib.COLLECTION in variables:   # config.fp8: the FP8 scales (bert_jax/fp8.py)
+      state["fp8"] = variables[fp8_lib.COLLECTION]
+    return state
 
   # Shapes only: an abstract key, so nothing runs on (or needs) a live device. The mesh may be a
   # compile-only TPU topology on a CPU host (bert_jax/plan.py).
@@ -186,6 +206,9 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
     abstract_state = jax.eval_shape(init_state, key)
   state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
                                                        param_shardings, mesh)
+  if "fp8" in abstract_state:   # scalars and 1024-step histories: replicated
+    state_shardings["fp8"] = jax.tree.map(lambda _: sharding_lib.replicated(mesh),
+                                          abstract_state["fp8"])
   abstract_state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
       state_shardings)

@@ -65,6 +65,14 @@ def get_config(arg="base"):
       # chip (TPU splash; GPU cuDNN / Pallas; CPU xla). Attention dropout > 0 in training needs
       # the probabilities, so auto trains on xla unless the `fast` variant sets it to 0.
       attention="auto",
+      # FP8 matmuls for the encoder's QKV, attention output and FFN (bert_jax/fp8.py; Hopper's
+      # FP8 GEMMs; on CPU an emulation of the same numerics). The scales are checkpointed with
+      # the state and never exported.
+      fp8=False,
+      # Epilogues XLA fuses (bert_jax/fused_ops.py): the FFN's bias + GELU (needs
+      # hidden_act="gelu_tanh", a change of the recipe: say so), post-LN's residual + LayerNorm.
+      fused_bias_gelu=False,
+      fused_residual_norm=False,
       # The MLM loss this many predictions a row at a time (0: whole [B, P, V] logits); for large
       # vocabularies (256k: mmBERT, Gemma), where the logits are the step's largest tensor.
       mlm_loss_chunk=0,
@@ -87,6 +95,13 @@ def _input_fields(c):
   # Input: TFRecords from `python -m data_pipelines.create_pretraining_data`.
   c.train_input_files = ""         # glob, comma-separated globs allowed
   c.eval_input_files = ""          # held-out records; empty = no evaluation
+  # A mixture of named sources instead (data_pipelines/mixture.py; then train_input_files stays
+  # empty): 'ko=data/ko/train-*;en=data/en/train-*', each from its own create_pretraining_data
+  # run. Shares: source_weights 'ko=0.7,en=0.3', else records^source_tau (1.0 proportional to
+  # size; XLM-R 0.3, mBERT 0.7). Start-up prints the shares, the summary each source's tokens.
+  c.train_sources = ""
+  c.source_weights = ""
+  c.source_tau = 1.0
   c.vocab_file = ""                # WordPiece vocab.txt ...
   c.spm_model_file = ""            # ... or a SentencePiece model
   c.tokenizer_json = ""            # ... or a Hugging Face tokenizer.json (BPE/Unigram)
