@@ -7,14 +7,16 @@ value may attend to each other. A padded batch passes its `input_mask` (0/1); a 
 (several instances per row) passes its per-token instance ids (1, 1, 2, 2, 2, 0, ...).
 
 Backends (`--config.model.attention=...`):
-  xla         the einsum path spelt out (the reference, and the CPU default). The only backend
-              with dropout on the attention probabilities (BERT's attention_dropout_prob=0.1).
+  xla         the einsum path spelt out (the reference, and the CPU default): dropout on the
+              attention probabilities (BERT's attention_dropout_prob=0.1) as google's BERT.
   cudnn       cuDNN flash attention. Padded rows: jax.nn.dot_product_attention(implementation=
               "cudnn") with per-row lengths. Packed rows: the public API has no segment ids
               (JAX 0.10.2-0.11.2), so `_cudnn_packed` calls jax's cuDNN wrapper
               (jax._src.cudnn.fused_attention_stablehlo.dot_product_attention, the one the
               public API calls) with per-instance offsets and lengths (cuDNN's ragged "THD"
-              layout; Hopper or newer). bfloat16/float16 only, GPU only.
+              layout; Hopper or newer). bfloat16/float16 only, GPU only. The one fused kernel
+              with attention dropout (issue 38): cuDNN drops the probabilities inside the
+              kernel (padded and packed rows: the wrapper's dropout_rate; see "Dropout" below).
   pallas_gpu  the Pallas (Triton) flash kernel jax.experimental.pallas.ops.gpu.attention.mha,
               which takes segment ids: padded and packed rows. GPU (or CPU interpret mode).
   splash      Pallas splash attention for TPU (jax.experimental.pallas.ops.tpu.splash_attention)
@@ -39,6 +41,17 @@ contiguous in a row, so row distance is distance within the instance. Where it r
   pallas_gpu  refused: the Pallas GPU mha of JAX 0.10.2 has no window argument.
 A refused window is a one-line AttentionError, never a silent full attention.
 
+Dropout on the probabilities (training only; evaluation runs every kernel without): xla draws its
+mask from the step's dropout key (flax's rule); cudnn draws it inside the kernel from cuDNN's
+Philox generator. jax's wrapper takes that generator's seed as a compile-time constant: each cuDNN
+call site gets its own (`_next_cudnn_seed`, in trace order, so layers do not share a mask), and
+how the generator's offset moves between runs of the compiled step (a new mask per step, the
+backward on the forward's mask) is XLA's runtime: tests/attention_test.py's GPU test
+test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_forwards checks both on the
+chip. pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
+AttentionError; auto: the next kernel, named with the reason in the start-up line), never run
+with a silent 0.
+
 What a padding query sees differs between kernels (xla: every real key of a padded row, nothing in
 a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a
 real token (keys are masked) or the loss (heads read real positions only), so the outputs at real
@@ -47,6 +60,7 @@ float32 <= 1e-5).
 """
 
 import functools
+import itertools
 import math
 from typing import NamedTuple
 
@@ -59,6 +73,8 @@ from bert_jax_core import errors
 
 BACKENDS = ("auto", "xla", "cudnn", "pallas_gpu", "splash")
 FUSED = ("cudnn", "pallas_gpu", "splash")
+# Fused kernels that apply attention dropout themselves (the module docstring's "Dropout").
+DROPOUT_IN_KERNEL = ("cudnn",)
 # Where each fused kernel runs natively ("cpu" for the Pallas ones means interpret mode only).
 _PLATFORMS = {"cudnn": ("gpu",), "pallas_gpu": ("gpu",), "splash": ("tpu",)}
 # Logical axes of q/k/v/ctx in model.py; the sharding rules map them onto the mesh.
@@ -110,10 +126,11 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
   dtype = jnp.dtype(dtype)
   if backend == "xla":
     return None
-  if dropout > 0:
-    return (f"attention_dropout_prob={dropout} in training needs the attention probabilities, "
-            f"which the fused {backend} kernel never materialises (use attention=xla, or the "
-            "fast preset with attention_dropout_prob=0)")
+  if dropout > 0 and backend not in DROPOUT_IN_KERNEL:
+    return (f"attention_dropout_prob={dropout} in training needs dropout on the attention "
+            f"probabilities, which the fused {backend} kernel never materialises (use "
+            "attention=cudnn, whose kernel drops them, or xla, or the fast preset with "
+            "attention_dropout_prob=0)")
   native = platform_name in _PLATFORMS[backend]
   interpretable = backend != "cudnn" and platform_name == "cpu" and allow_interpret
   if not (native or interpretable):
@@ -239,8 +256,13 @@ def startup_line(model_config, *, packed, seq_len, platform_name=None, window=No
   window: the local layers' span; None: the model's own (`local_window`: ModernBERT's local
   attention, none for the BERT family), so no caller can leave the local layers out.
   """
+  rate = model_config.attention_dropout_prob
+
   def words(train, evaluation):
     text = f"{train.backend} in training ({train.reason})"
+    if rate > 0:   # which kernel drops the probabilities, and where
+      where = "in the kernel" if train.backend in DROPOUT_IN_KERNEL else "on the probabilities"
+      text += f" with attention dropout {rate:g} {where}"
     if evaluation.backend != train.backend:
       text += f", {evaluation.backend} in evaluation ({evaluation.reason})"
     return text
@@ -266,8 +288,9 @@ def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, d
   (an int K: cuDNN's packed form sizes its bookkeeping by it; True: T).
   `window` (an even number of tokens, ModernBERT's 128): also mask keys with |i - j| > window/2.
   `backend` must be concrete (resolve "auto" with `select_backend`). Dropout on the attention
-  probabilities (rate `dropout_rate`, key `dropout_rng`) runs when not `deterministic`; only
-  `xla` has it, and a fused backend asked for it is an AttentionError, never a silent skip.
+  probabilities (rate `dropout_rate`, key `dropout_rng`) runs when not `deterministic`: on `xla`
+  with that key, on `cudnn` inside the kernel (its own generator: the module docstring); any
+  other fused backend asked for it is an AttentionError, never a silent skip.
   `interpret` (default: on CPU) runs the Pallas kernels in interpret mode (for tests).
   """
   dropout = 0.0 if deterministic else float(dropout_rate)
@@ -286,6 +309,8 @@ def dot_product_attention(q, k, v, ids, *, packed, backend="xla", window=None, d
   interpret = platform() == "cpu" if interpret is None else interpret
   max_segments = packed if type(packed) is int else None   # pylint: disable=unidiomatic-typecheck
   cudnn = functools.partial(_cudnn_packed, max_segments=max_segments) if packed else _cudnn
+  if backend == "cudnn" and dropout > 0:
+    cudnn = functools.partial(cudnn, dropout_rate=dropout, seed=_next_cudnn_seed())
   kernel = {"cudnn": cudnn, "pallas_gpu": functools.partial(_pallas_gpu, interpret=interpret),
             "splash": functools.partial(_splash, interpret=interpret, window=window)}[backend]
   return _per_shard(kernel, q, k, v, ids)
@@ -431,7 +456,16 @@ def packed_offsets(ids, max_segments):
   return offsets, jnp.where(present, lengths, -1)
 
 
-def _cudnn_packed(q, k, v, ids, *, max_segments=None):
+_cudnn_seeds = itertools.count(1)
+
+
+def _next_cudnn_seed():
+  """A distinct seed for each cuDNN dropout call site traced (layer by layer, in trace order), so
+  the layers of a step draw different masks; the same order gives the same seeds in every run."""
+  return next(_cudnn_seeds) % (1 << 31)
+
+
+def _cudnn_packed(q, k, v, ids, *, max_segments=None, dropout_rate=0.0, seed=0):
   """cuDNN flash attention on packed rows (see the module docstring). Padding tokens belong to
   no instance, so cuDNN leaves their output (and their dQ/dK/dV) unwritten: q/k/v go in and the
   context comes out through a select on the real tokens, whose gradient discards whatever cuDNN
@@ -445,14 +479,20 @@ def _cudnn_packed(q, k, v, ids, *, max_segments=None):
   offsets, lengths = packed_offsets(ids, CUDNN_MAX_SEGMENTS or max_segments or ids.shape[1])
   out = cudnn_fa.dot_product_attention(
       q, k, v, None, None, lengths, lengths, offsets, offsets,
-      scale=1.0 / math.sqrt(q.shape[-1]), mask_type=cudnn_fa.MaskType.PADDING)
+      scale=1.0 / math.sqrt(q.shape[-1]), mask_type=cudnn_fa.MaskType.PADDING,
+      dropout_rate=dropout_rate, seed=seed)
   return jnp.where(real, out, jnp.zeros((), out.dtype))                  # [B, T, N, D]
 
 
-def _cudnn(q, k, v, ids):
+def _cudnn(q, k, v, ids, *, dropout_rate=0.0, seed=0):
   # BERT rows are right-padded (input_mask = 1...1 0...0), so a row's real tokens are its first
   # `length` tokens and the lengths describe the mask exactly.
   lengths = jnp.sum(ids > 0, axis=1, dtype=jnp.int32)                     # [b]
+  if dropout_rate > 0:   # the public API has no dropout: jax's wrapper, which it calls, has
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+    return cudnn_fa.dot_product_attention(
+        q, k, v, None, None, lengths, lengths, scale=1.0 / math.sqrt(q.shape[-1]),
+        mask_type=cudnn_fa.MaskType.PADDING, dropout_rate=dropout_rate, seed=seed)
   return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths,
                                       key_value_seq_lengths=lengths, implementation="cudnn")
 

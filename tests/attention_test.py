@@ -103,6 +103,93 @@ def test_cudnn_equals_xla_bfloat16(t, packed, max_segments, monkeypatch):
   _check_equal_to_xla("cudnn", t, packed, jnp.bfloat16, BF16_TOL)
 
 
+def test_attention_dropout_runs_in_cudnn_or_xla_and_the_startup_line_says_where(monkeypatch):
+  """Issue 38: with the recipe's attention dropout 0.1, auto trains on cuDNN (dropout in its
+  kernel) where cuDNN runs, else falls back to xla and names why; pallas_gpu and splash asked for
+  it explicitly are one-line errors; the start-up line says which kernel drops and where."""
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")   # dropout 0.1
+  gpu = dict(seq_len=128, platform_name="gpu")
+  line = attention.startup_line(cfg, packed=False, **gpu)
+  assert line == ("attention: cudnn in training (auto: fastest kernel for padded rows on gpu) "
+                  "with attention dropout 0.1 in the kernel"), line
+  # Packed rows: pallas_gpu has no dropout, so auto goes on to cudnn (Hopper) or xla, and says so.
+  monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
+  line = attention.startup_line(cfg, packed=True, **gpu)
+  assert line.startswith("attention: cudnn in training (auto: fastest kernel for packed rows on "
+                         "gpu) with attention dropout 0.1 in the kernel"), line
+  assert ", pallas_gpu in evaluation" in line          # no dropout at evaluation: the fastest
+  monkeypatch.setattr(attention, "_hopper_or_newer", lambda: False)
+  line = attention.startup_line(cfg, packed=True, **gpu)
+  assert line.startswith("attention: xla in training (auto fell back: attention_dropout_prob=0.1"
+                         ), line
+  assert "with attention dropout 0.1 on the probabilities" in line
+  for backend in ("pallas_gpu", "splash"):
+    with pytest.raises(attention.AttentionError, match="attention=cudnn, whose kernel drops"):
+      attention.startup_line(dataclasses.replace(cfg, attention=backend), packed=False,
+                             seq_len=128, platform_name="gpu" if backend != "splash" else "tpu")
+  # Without dropout the line is as before.
+  fast = dataclasses.replace(cfg, attention_dropout_prob=0.0)
+  assert "dropout" not in attention.startup_line(fast, packed=False, **gpu)
+
+
+def test_cudnn_dropout_reaches_the_kernel_with_a_seed_per_call_site(monkeypatch):
+  """The rate goes to jax's cuDNN wrapper (padded and packed rows), each call site with its own
+  seed (so layers draw different masks); no dropout at evaluation. The wrapper is stubbed: the
+  kernel itself runs on a GPU only (the GPU test below)."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+  calls = []
+
+  def fake(q, k, v, *args, **kw):
+    calls.append((len(args), kw.get("dropout_rate"), kw.get("seed")))
+    return q
+
+  monkeypatch.setattr(cudnn_fa, "dot_product_attention", fake)
+  monkeypatch.setattr(attention, "platform", lambda: "gpu")
+  monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
+  q, k, v, _ = _qkv(32, jnp.bfloat16)
+  for packed in (False, True, False):
+    attention.dot_product_attention(q, k, v, _ids(32, packed), packed=packed, backend="cudnn",
+                                    dropout_rate=0.1, deterministic=False)
+  assert [c[1] for c in calls] == [0.1, 0.1, 0.1]
+  assert len({c[2] for c in calls}) == 3                  # a seed per call site
+  calls.clear()
+  attention.dot_product_attention(q, k, v, _ids(32, True), packed=True, backend="cudnn",
+                                  dropout_rate=0.1, deterministic=True)
+  assert calls[0][1] == 0.0
+
+
+@pytest.mark.skipif(attention.platform() != "gpu", reason="cuDNN's dropout needs an NVIDIA GPU")
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_forwards(packed):
+  """With V = identity the output rows are the dropped probabilities P' (forward's mask), and
+  dV = P'^T dO with dO = identity gives them back from the backward's mask: they must agree
+  (the backward on the forward's mask), and two runs of the same compiled step must draw
+  different masks (a new mask per step), each keeping ~90% of the probabilities."""
+  t = d = 64
+  rng = np.random.default_rng(0)
+  q, k = (jnp.asarray(rng.normal(size=(2, t, 1, d)), jnp.bfloat16) for _ in range(2))
+  v = jnp.broadcast_to(jnp.eye(t, d, dtype=jnp.bfloat16)[None, :, None], (2, t, 1, d))
+  ids = jnp.ones((2, t), jnp.int32) if not packed else jnp.asarray(
+      [[1] * 32 + [2] * 32, [1] * 64], jnp.int32)
+
+  @jax.jit
+  def run(q, k, v):
+    f = lambda v: attention.dot_product_attention(q, k, v, ids, packed=packed, backend="cudnn",
+                                                  dropout_rate=0.1, deterministic=False)
+    out, vjp = jax.vjp(f, v)
+    (dv,) = vjp(jnp.broadcast_to(jnp.eye(t, d, dtype=out.dtype)[None, :, None], out.shape))
+    return out, dv
+
+  out1, dv1 = (np.asarray(x, np.float32)[:, :, 0] for x in run(q, k, v))
+  out2, _ = (np.asarray(x, np.float32)[:, :, 0] for x in run(q, k, v))
+  np.testing.assert_allclose(out1, np.swapaxes(dv1, 1, 2), atol=2e-2)   # P' = (dV)^T
+  assert not np.allclose(out1, out2)                                     # a new mask each run
+  kept = np.mean(out1[np.asarray(ids > 0)] > 0) if not packed else None
+  if kept is not None:
+    assert 0.85 < kept < 0.95, kept
+
+
 @pytest.mark.skipif(attention.platform() != "gpu", reason="needs a GPU")
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_pallas_gpu_native_equals_xla_bfloat16(packed):
@@ -173,7 +260,9 @@ def test_fused_kernel_under_a_mesh_equals_unsharded():
     ("gpu", False, "bfloat16", 0.0, "cudnn"),
     ("gpu", True, "bfloat16", 0.0, "pallas_gpu"),
     ("gpu", False, "float32", 0.0, "pallas_gpu"),
-    ("gpu", True, "bfloat16", 0.1, "xla"),
+    ("gpu", True, "bfloat16", 0.1, "xla"),      # this host's device is not Hopper: no cudnn
+    ("gpu", False, "bfloat16", 0.1, "cudnn"),   # cuDNN drops the probabilities in its kernel
+    ("gpu", False, "float32", 0.1, "xla"),
     ("tpu", False, "bfloat16", 0.1, "xla"),
 ])
 def test_auto_picks_a_kernel_that_supports_the_batch(platform, packed, dtype, dropout,
@@ -181,7 +270,7 @@ def test_auto_picks_a_kernel_that_supports_the_batch(platform, packed, dtype, dr
   choice = attention.select_backend("auto", packed=packed, dtype=dtype, seq_len=128,
                                     dropout=dropout, platform_name=platform)
   assert choice.backend == expected
-  if dropout:
+  if dropout and expected == "xla":    # the fallback names why (no fused kernel with dropout)
     assert "attention_dropout_prob=0.1" in choice.reason
 
 
