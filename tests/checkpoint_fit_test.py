@@ -320,3 +320,34 @@ def test_electra_from_a_pair_with_a_wider_generator_trains_with_the_flags_the_er
   out = train.train_and_evaluate(c, str(tmp_path / "continued"))
   assert out["final_step"] == 1 and np.isfinite(out["history"]["train"][-1][1]["mlm_loss"])
   assert f"initialised parameters from step 1 of {pair}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_cli_says_each_refusal_in_one_line_with_exit_code_2(tmp_path):
+  """python -m bert_jax.train: the init_checkpoint vocabulary and the resumed data stream are
+  one `error:` line on stderr and exit code 2, before compute."""
+  import subprocess
+  import sys
+  from bert_jax_core import files as files_lib
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  vocab = _vocab(tmp_path)
+  shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")
+  a = _records(tmp_path / "a", shards=4, info_vocab=vocab)
+  b = _records(tmp_path / "b", shards=2, info_vocab=vocab, per_shard=20)
+  export = _export(tmp_path, "ckpt", meta={"vocab_hash": files_lib.sha256_file(vocab)})
+  wd = _checkpoint(tmp_path, _real(tmp_path, a, vocab))
+  common = ["--config=bert_jax/configs/pretrain.py:tiny,runlocal", "--config.seq_length=128",
+            "--config.max_predictions_per_seq=20", "--config.batch_size=8"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  for args, want in (
+      ([f"--workdir={tmp_path / 'init'}", "--config.train_input_files=synthetic",
+        f"--config.vocab_file={shuffled}", f"--config.init_checkpoint={export}"],
+       f"error: init_checkpoint={export} was trained with another vocabulary"),
+      ([f"--workdir={wd}", f"--config.train_input_files={b}", f"--config.vocab_file={vocab}"],
+       f"error: --workdir={wd}: checkpoint 2 read its data stream from 4 file(s)")):
+    r = subprocess.run([sys.executable, "-m", "bert_jax.train", *common, *args], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(want), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
