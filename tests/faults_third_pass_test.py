@@ -130,6 +130,50 @@ def test_ctrl_c_during_pretraining_saves_and_exits_in_one_line(tmp_path):
   assert "step 6/7" in again.stdout and "step 5/7" not in again.stdout
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_fine_tuning_saves_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):
+  """finetune shares the loop's check: Ctrl-C while batch 5 is read saves step 5 with one line,
+  the SIGINT handler is Python's again after, and the same call resumes from step 5."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test as ft  # pylint: disable=g-import-not-at-top
+  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(ft.WORDS) + " .")
+  size = tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size
+  cfg = model_lib.get_bert_config("tiny", vocab_size=size, max_position_embeddings=128,
+                                  hidden_size=32, num_heads=2, intermediate_size=64, num_layers=2)
+  export = ckpt_lib.save_params(str(tmp_path / "export"), nn.unbox(pretraining_heads.init_params(
+      cfg, jax.random.PRNGKey(0))), cfg, meta={"do_lower_case": True})
+  data = tmp_path / "SST-2"
+  data.mkdir()
+  ft._sst2(data, np.random.default_rng(1), 64, 8)  # pylint: disable=protected-access
+  config = ft._config("glue_sst2", (export, vocab_file), data,  # pylint: disable=protected-access
+                      num_train_epochs=1.0, do_predict=False, log_every=1)
+  calls, real_batch = {"n": 0}, finetune._host_batch  # pylint: disable=protected-access
+
+  def host_batch(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 5:
+      os.kill(os.getpid(), signal.SIGINT)
+    return real_batch(*args, **kwargs)
+
+  monkeypatch.setattr(finetune, "_host_batch", host_batch)
+  before = signal.getsignal(signal.SIGINT)
+  first = finetune.finetune(config, str(tmp_path / "run"))
+  assert signal.getsignal(signal.SIGINT) is before
+  assert first["stopped_early"] and first["steps"] == 5, first
+  said = [l for l in capsys.readouterr().out.splitlines() if "Ctrl-C" in l]
+  assert said == ["Ctrl-C (SIGINT): saved step 5 (epoch 1); re-run the same command to resume"]
+  monkeypatch.setattr(finetune, "_host_batch", real_batch)
+  second = finetune.finetune(config, str(tmp_path / "run"))
+  assert not second["stopped_early"] and second["steps"] == 8
+  assert "resuming from step 5" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------------
 # 4. A byte-level BPE's tokens as text.
 # ----------------------------------------------------------------------------------------------
