@@ -54,9 +54,14 @@ def pytest_configure(config):
         tempfile.mkdtemp(prefix="bert_jax_tiers_"), "slow_ids.json")
 
 
+# tryfirst: the tier marks (tests/tiers.py) must be on the items before pytest's own hook
+# deselects by -m, and before the xdist order reads them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
   del config
+  from tests import tiers  # pylint: disable=g-import-not-at-top
   from tests import xdist_order  # pylint: disable=g-import-not-at-top
+  tiers.apply(items)
   if xdist_order.under_xdist_worker():
     xdist_order.longest_first(items)
 
