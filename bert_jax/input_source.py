@@ -71,6 +71,22 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
                              process_index=process_index, process_count=process_count)
   from data_pipelines import pretrain_input  # TF only when real records are read
   layout = layout or {}
+  if layout.get("mixture"):   # issue 42: named sources in planned shares (data_pipelines/mixture.py)
+    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    ds = mixture.make_dataset(
+        sources_of(config), batch_size=local_batch_size, seq_length=config.seq_length,
+        max_predictions_per_seq=config.max_predictions_per_seq, vocab=vocab,
+        masked_lm_prob=config.masked_lm_prob, whole_word_masking=config.whole_word_masking,
+        seed=seed, process_index=process_index, process_count=process_count,
+        start_batch=start_batch, shuffle_buffer=config.shuffle_buffer,
+        num_logical_shards=layout["num_logical_shards"], pack=layout.get("pack", False),
+        max_instances_per_pack=layout.get("max_instances_per_pack", 0),
+        pack_chunk_size=layout.get("pack_chunk_size") or 1024,
+        masking_scheme=config.get("masking", "token"),
+        span_boundaries=config.get("masking", "token") == "span",
+        mask_replace_prob=config.get("mask_replace_prob", 0.8),
+        random_replace_prob=config.get("random_replace_prob", 0.1))
+    return pretrain_input.as_numpy_batches(ds)
   ds = pretrain_input.make_pretrain_dataset(
       files, batch_size=local_batch_size, seq_length=config.seq_length,
       max_predictions_per_seq=config.max_predictions_per_seq, vocab=vocab,
@@ -98,6 +114,8 @@ def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
       layout=layout if train else None)
   if files == "synthetic":
     return it
+  if train and layout and layout.get("mixture"):
+    it = _TALLY.strip(it)   # source_ids leave the batch here, counted per source
   from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
   return input_watchdog.stall_watchdog(
       it, files, config.get("input_stall_minutes", 10),
@@ -114,12 +132,117 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None):
   if files == "synthetic":
     return None
   from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
-  return pretrain_input.stream_layout(
-      num_files=len(files), global_batch=global_batch or config.batch_size,
+  sources = sources_of(config)
+  layout = pretrain_input.stream_layout(
+      # A mixture's logical shard reads files[j::L] of every source: L <= the smallest's files.
+      num_files=min(len(s.files) for s in sources) if sources else len(files),
+      global_batch=global_batch or config.batch_size,
       process_count=process_count,
       num_logical_shards=config.num_logical_shards, pack=config.pack,
       max_instances_per_pack=config.max_instances_per_pack,
       pack_chunk_size=config.pack_chunk_size, seq_length=config.seq_length, stored=stored)
+  if sources:
+    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    layout["mixture"] = mixture.layout_entry(sources, float(config.source_tau),
+                                             bool(config.source_weights))
+  if stored and stored.get("mixture") != layout.get("mixture"):
+    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    raise mixture.MixtureError(
+        f"the checkpoint was trained on the mixture {_mixture_text(stored.get('mixture'))} but "
+        f"this run asks for {_mixture_text(layout.get('mixture'))}; resuming would silently "
+        "re-draw the stream: use the checkpoint's --config.train_sources/source_weights/"
+        "source_tau, or a new --workdir.")
+  return layout
+
+
+def _mixture_text(entry):
+  if not entry:
+    return "none (one pool: config.train_input_files)"
+  return f"{', '.join(f'{n} {s:.3f}' for n, s in zip(entry['names'], entry['shares']))} " \
+         f"({entry['sampling']})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Mixtures of named sources (issue 42; data_pipelines/mixture.py): resolved once per process.
+# ----------------------------------------------------------------------------------------------
+_SOURCES = {}
+
+
+def sources_of(config):
+  """The run's sources (mixture.Source: files, records, shares), or None without
+  config.train_sources; globbed and counted once, checked (one-line errors) before compute."""
+  spec = config.get("train_sources", "")
+  if not spec:
+    return None
+  key = (spec, config.get("source_weights", ""), float(config.get("source_tau", 1.0)))
+  if key not in _SOURCES:
+    from data_pipelines import mixture, pretrain_input  # pylint: disable=g-import-not-at-top
+    if config.get("train_input_files"):
+      raise mixture.MixtureError(
+          f"config.train_sources and config.train_input_files={config.train_input_files!r} are "
+          "both set; a mixture names all its files in train_sources: drop train_input_files.")
+
+    def expand(pattern, what):
+      files = pretrain_input.expand_file_pattern(pattern, what=f"config.{what}")
+      return pretrain_input.drop_empty_files(files)[0]
+    _SOURCES[key] = mixture.resolve(config, expand, pretrain_input.count_records)
+  return _SOURCES[key]
+
+
+class SourceTally:
+  """Rows, real tokens and instances each source gave the steps (this process's batches)."""
+
+  def __init__(self):
+    self.counts = None   # [sources, 3]: rows, real tokens, instances
+
+  def strip(self, batches):
+    for batch in batches:
+      ids = batch.pop("source_ids")                                   # [rows]
+      k = int(ids.max()) + 1
+      per_row = np.stack([np.ones(len(ids)), batch["input_mask"].sum(-1),
+                          (batch["nsp_weights"] > 0).sum(-1) if "nsp_weights" in batch
+                          else np.ones(len(ids))], -1)                # [rows, 3]
+      add = np.zeros((max(k, 0 if self.counts is None else len(self.counts)), 3), np.int64)
+      np.add.at(add, ids, per_row.astype(np.int64))
+      if self.counts is not None:
+        add[:len(self.counts)] += self.counts
+      self.counts = add
+      yield batch
+
+  def record(self, sources):
+    """{name: rows, real_tokens, instances, epochs, planned_share} (every host's batches summed:
+    call on every host)."""
+    counts = np.zeros((len(sources), 3), np.int64)
+    if self.counts is not None:
+      counts[:len(self.counts)] = self.counts
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      counts = np.asarray(multihost_utils.process_allgather(counts)).sum(0)
+    # epochs: the instances a source gave / its records (> 1: it ran out and repeated).
+    return {s.name: dict(rows=int(rows), real_tokens=int(tokens), instances=int(instances),
+                         epochs=round(float(instances / max(s.records, 1)), 4),
+                         planned_share=round(s.share, 6))
+            for s, (rows, tokens, instances) in zip(sources, counts)}
+
+
+_TALLY = SourceTally()
+
+
+def planned_line(config):
+  """Start-up: each source's planned share, size, and what happens when it runs out."""
+  from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+  sampling = "weights" if config.get("source_weights") else f"records^{config.source_tau:g}"
+  return mixture.planned_line(sources_of(config), sampling)
+
+
+def mixture_summary(config, start_step, is_main):
+  """The summary's fields of a mixture (the tally of this run's batches), {} without one. Call
+  on every host (the counts are summed over hosts)."""
+  sources = sources_of(config)
+  if not sources:
+    return {}
+  record = _TALLY.record(sources)
+  return dict(sources=record, sources_since_step=int(start_step)) if is_main else {}
 
 
 def peek(batches, n=4):

@@ -142,6 +142,12 @@ def summary_lines(summary):
         f"step {s['gflop_per_step']:.3g} GFLOP)")
     lines.append(f"  compute: {steps} = {s['pretrain_tflop']:.4g} TFLOP (analytic, "
                  "train.step_flops)")
+  if s.get("sources"):   # a mixture's real tokens and epochs per source (input_source.py)
+    total = max(sum(v["real_tokens"] for v in s["sources"].values()), 1)
+    lines.append(f"  sources since step {s.get('sources_since_step', s['start_step'])}:")
+    lines += [f"    {name}: {v['real_tokens']:,} real tokens ({100 * v['real_tokens'] / total:.1f}%;"
+              f" planned {100 * v['planned_share']:.1f}% of rows), {v['epochs']:.2f} epoch(s)"
+              + (" (repeated)" if v["epochs"] > 1 else "") for name, v in s["sources"].items()]
   if s.get("model"):
     lines.append(f"  model: {s['model']}")
   for k, v in (s.get("outputs") or {}).items():
@@ -160,7 +166,8 @@ def write_summary(workdir, summary, *, is_main=True):
   wall_time_sec, start_step, final_step, total_steps, final_eval ({tag: value}, the naming
   scheme above), final_eval_step, gflop_per_step and pretrain_tflop (train: the analytic FLOPs
   of one step and of all its steps so far), model (the path to load), outputs ({what: path}), next
-  (commands to run next).
+  (commands to run next); a mixture's sources ({name: real_tokens, instances, epochs, rows,
+  planned_share}) since sources_since_step.
   """
   summary = dict(summary, workdir=workdir)
   if not is_main:

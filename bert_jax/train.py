@@ -352,7 +352,9 @@ def validate_inputs(config, workdir):
   """
   preflight.check_config_values(config)
   trainer_lib.check_workdir(workdir)
-  train_files = expand_files(config.train_input_files, "train_input_files")
+  sources = input_source.sources_of(config)   # a mixture of named sources (issue 42), or None
+  train_files = ([f for s in sources for f in s.files] if sources else
+                 expand_files(config.train_input_files, "train_input_files"))
   eval_files = (expand_files(config.eval_input_files, "eval_input_files")
                 if config.eval_input_files else None)
   vocab = load_vocab(config)
@@ -365,8 +367,11 @@ def validate_inputs(config, workdir):
   teacher = families.get(model_config.family).load_teacher(config, model_config)
   # The records' dataset_info.json: vocab hash, casing, seq length, masking, record counts.
   note = print if jax.process_index() == 0 else (lambda _: None)
-  preflight.check_data_contract(train_files, "train_input_files", config, vocab, note,
-                                model_config=model_config)
+  for field, files in ([(f"train_sources {s.name}", list(s.files)) for s in sources] if sources
+                       else [("train_input_files", train_files)]):   # each source: the run's vocab
+    preflight.check_data_contract(files, field, config, vocab, note, model_config=model_config)
+  if sources:
+    note(input_source.planned_line(config))
   if eval_files:
     preflight.check_data_contract(eval_files, "eval_input_files", config, vocab, note,
                                   model_config=model_config)
@@ -433,7 +438,8 @@ def _train_and_evaluate(config, workdir):
   summary = metrics_writer.write_summary(workdir, run_summary(
       config, workdir, seconds=clock.seconds(), start_step=start_step, step=step,
       total_steps=run.total_steps, history=out.history, last_eval=out.last_eval,
-      flops_per_step=out.flops_per_step, ramp=run.ramp), is_main=run.is_main)
+      flops_per_step=out.flops_per_step, ramp=run.ramp) | input_source.mixture_summary(
+          config, start_step, run.is_main), is_main=run.is_main)
   return dict(history=out.history, final_step=step, last_eval=out.last_eval,
               stopped_early=step < run.total_steps, summary=summary)
 
