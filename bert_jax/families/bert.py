@@ -208,6 +208,21 @@ def name_table(config):
   return names.specs(config)
 
 
+def normalise_hf_names(source):
+  """BERT's transformers names are the table's. A TinyBERT folder (model_type bert: a general or
+  task distillation checkpoint, bert_jax/families/tinybert.py) also holds fit_dense.{weight,bias},
+  the projection W_h its distillation loss used: not part of BertModel, left out with that
+  reason (meta's ignored_variables) instead of the one-line "no place" error."""
+  extra = {n: "TinyBERT's distillation projection W_h (config fit_size): not part of BertModel"
+           for n in source.shapes if n.startswith("fit_dense.")}
+  if not extra:
+    return source, {}
+  out = type(source)({n: s for n, s in source.shapes.items() if n not in extra}, source.get,
+                     source.files)
+  out.tied = source.tied
+  return out, extra
+
+
 def hf_config_json(config, pad_token_id=0):
   from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
   return formats.hf_config_json(config, pad_token_id)
@@ -253,5 +268,5 @@ FAMILY = families.register(families.Family(
     check_fill_mask=check_fill_mask, mlm_logits=mlm_logits, describe=describe,
     hf_model_types=("bert",), hf_config_file=hf_config_file,
     tf_config_names=("bert_config.json",), config_from_json=config_from_json,
-    name_table=name_table, normalise_hf_names=lambda source: (source, {}),
+    name_table=name_table, normalise_hf_names=normalise_hf_names,
     hf_config_json=hf_config_json))

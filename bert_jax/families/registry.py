@@ -106,7 +106,7 @@ class Family:
 REGISTRY: dict = {}   # name -> Family, in registration order
 # The families that ship with bert_jax: bert_jax/families/<name>.py, BERT first (it holds every
 # hook's default).
-BUILTIN = ("bert", "albert", "spanbert", "electra", "distilbert", "modernbert")
+BUILTIN = ("bert", "albert", "spanbert", "electra", "distilbert", "modernbert", "tinybert")
 _loaded = []
 
 
