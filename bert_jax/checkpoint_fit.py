@@ -1,11 +1,15 @@
 """Does this checkpoint fit this run? The one place every path that continues from state asks.
 
-  resume            train.check_same_run: the model (sizes, family), vocabulary, DistilBERT's
-                    teacher; train.resume_point: the data stream (record files, seed, layout)
-  init_checkpoint   train.model_from_init_checkpoint: sizes, ELECTRA's generator, vocabulary
-  finetune, predict, extract_features (inference.load_for_inference): vocabulary, its size
-  the teachers      DistilBERT's (distil.load_teacher): sizes, vocabulary; a task-distillation
-                    teacher (finetune.load_distill_teacher) loads through inference
+  resume            train.check_same_run: the model (every field, family and sizes), the
+                    vocabulary; train.stream_at: the data stream (record files, seed, layout;
+                    --config.restart_data_stream). DistilBERT's teacher: its family's
+                    check_teacher (distil.check_teacher: the teacher's identity, not a fit)
+  init_checkpoint   train.model_from_init_checkpoint: the vocabulary, sizes, ELECTRA's
+                    generator (its sizes, or none to start one from)
+  finetune, predict, extract_features (inference.load_for_inference): the vocabulary, its size
+  the teachers      DistilBERT's and TinyBERT's (distil.load_teacher, layerwise): sizes, the
+                    vocabulary; a task-distillation teacher (finetune.load_distill_teacher)
+                    loads through inference
 
 A vocabulary is identified by content: the sha256 a checkpoint records (`vocab_hash`: a training
 run's file, a conversion's bundled one, a fine-tuning export's), else that of the file bundled
