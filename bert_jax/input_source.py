@@ -190,7 +190,8 @@ def sources_of(config):
 
 
 class SourceTally:
-  """Rows, real tokens and instances each source gave the steps (this process's batches)."""
+  """Rows, real tokens and instances each source gave (this process's batches, counted as the
+  input hands them out: start-up's 4 read-ahead batches included, used or not)."""
 
   def __init__(self):
     self.counts = None   # [sources, 3]: rows, real tokens, instances
