@@ -45,7 +45,7 @@ def _batch_np(workload, batch, seq, vocab, seed=0):
 
 def run_bert_jax(a):
   import jax
-  from bert_jax import finetune, model as model_lib, sharding as sharding_lib
+  from bert_jax import finetune, finetune_tasks as ft, model as model_lib, sharding as sharding_lib
   from bert_jax.configs import finetune as finetune_config
   layers, hidden = SIZES[a.model]
   seq = WORKLOADS[a.workload]
@@ -54,8 +54,9 @@ def run_bert_jax(a):
   mc = model_lib.BertConfig(vocab_size=a.vocab, num_layers=layers, hidden_size=hidden,
                             num_heads=hidden // 64, intermediate_size=4 * hidden, dtype=a.dtype)
   mesh = sharding_lib.create_mesh((-1, 1, 1))
-  family = "span" if a.workload == "squad" else "classification"
-  t = finetune.build_training(family, mc, c, mesh, num_train_steps=10_000, warmup_steps=1_000)
+  task_type = ft.build_task(c).type   # squad_v1: span QA; glue_mrpc: classification
+  t = finetune.build_training(task_type, mc, c, mesh, num_train_steps=10_000,
+                              warmup_steps=1_000)
   batch = sharding_lib.make_global_batch(_batch_np(a.workload, a.batch, seq, a.vocab), mesh)
   with jax.set_mesh(mesh):
     state = t.init_state(jax.random.PRNGKey(0))

@@ -58,6 +58,7 @@ from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding as sharding_lib
+from bert_jax import tasks as task_types
 from bert_jax import trainer_lib
 from bert_jax import workdir_lock
 
@@ -80,9 +81,9 @@ def pack_train(train, task, config):
   regression only; evaluation stays unpacked, so metrics are unchanged). docs/packing.md."""
   if train is None or not config.get("pack", False):
     return train
-  if task.family not in ("classification", "regression"):
+  if not task_types.of(task).packable:
     raise ConfigError(f"config.pack=True: packing is for sentence(-pair) classification and "
-                      f"regression; task {task.name} is {task.family}: set --config.pack=false.")
+                      f"regression; task {task.name} is {task.type}: set --config.pack=false.")
   from data_pipelines import packing  # pylint: disable=g-import-not-at-top
   f = train.features
   k = config.get("max_instances_per_pack", 0) or packing.default_max_instances(
@@ -95,26 +96,26 @@ def pack_train(train, task, config):
   return dataclasses.replace(train, features=packed)
 
 
-def build_training(family, model_config, config, mesh, *, num_train_steps, warmup_steps,
+def build_training(task_type, model_config, config, mesh, *, num_train_steps, warmup_steps,
                    num_labels=2, num_choices=4, rules=sharding_lib.LOGICAL_AXIS_RULES,
                    teacher=None) -> trainer_lib.Steps:
-  """The head model, AdamW with BERT's schedule, and jitted steps sharded by logical axes.
-  teacher: a DistillTeacher (config.distill_teacher): run frozen in the steps, its logits the
-  soft labels of ft.distill_loss_fn."""
-  model = heads.create_model(family, model_config, num_labels=num_labels,
+  """The head model of `task_type` (a bert_jax/tasks name), AdamW with BERT's schedule, and
+  jitted steps sharded by logical axes. teacher: a DistillTeacher (config.distill_teacher): run
+  frozen in the steps, its logits the soft labels of ft.distill_loss_fn."""
+  model = heads.create_model(task_type, model_config, num_labels=num_labels,
                              num_choices=num_choices)
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=num_train_steps,
                                            warmup_steps=warmup_steps, model_config=model_config)
-  ids, mask, segments = heads.dummy_inputs(family, config.max_seq_length, num_choices)
+  ids, mask, segments = heads.dummy_inputs(task_type, config.max_seq_length, num_choices)
   dummy = dict(input_ids=ids, input_mask=mask, segment_ids=segments)
-  loss_fn, frozen = functools.partial(ft.loss_fn, family), None
+  loss_fn, frozen = functools.partial(ft.loss_fn, task_type), None
   if teacher is not None:
-    loss_fn = functools.partial(ft.distill_loss_fn, family, float(config.distill_alpha),
+    loss_fn = functools.partial(ft.distill_loss_fn, task_type, float(config.distill_alpha),
                                 float(config.distill_temperature))
     frozen = teacher_frozen(teacher, dummy, mesh, rules)
   return trainer_lib.build_steps(
       model=model, forward=forward, loss_fn=loss_fn,
-      eval_fn=lambda outputs, batch: ft.predict_outputs(family, outputs),
+      eval_fn=lambda outputs, batch: ft.predict_outputs(task_type, outputs),
       dummy_batch=dummy, tx=tx, schedule=schedule, mesh=mesh, rules=rules, frozen=frozen)
 
 
@@ -167,9 +168,9 @@ def load_distill_teacher(config, task, tokenizer):
   if not path:
     return None
   where = f"config.distill_teacher={path}"
-  if task.family != "classification":
+  if not task_types.of(task).soft_labels:
     raise ConfigError(f"{where}: soft labels are for classification; task {task.name} is "
-                      f"{task.family}: drop --config.distill_teacher.")
+                      f"{task.type}: drop --config.distill_teacher.")
   if not config.do_train:
     raise ConfigError(f"{where} with do_train=false: the teacher only teaches a training run; "
                       "drop one of them.")
@@ -198,7 +199,7 @@ def load_distill_teacher(config, task, tokenizer):
   teacher_config = ckpt_lib.config_from_checkpoint(
       found.config, {"dtype": config.model.dtype}, where)
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", teacher_config)
-  model = heads.create_model("classification", teacher_config,
+  model = heads.create_model(task.type, teacher_config,
                              num_labels=getattr(task, "num_labels", 2))
   c, a = teacher_config, float(config.distill_alpha)
   line = (f"distill_teacher: {found.description} ({c.family}, {c.num_layers} layers of width "
@@ -449,11 +450,11 @@ def _finetune(config, workdir):
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)
-  t = build_training(task.family, model_config, config, mesh, num_train_steps=num_train_steps,
+  t = build_training(task.type, model_config, config, mesh, num_train_steps=num_train_steps,
                      warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
                      num_choices=getattr(task, "num_choices", 4), teacher=teacher)
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
-            ft.INPUT_KEYS + ft.LABEL_KEYS[task.family] + model_lib.PACKED_ROW_KEYS,
+            ft.input_keys(task) + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             jax.process_index() == 0, teacher.record if teacher else None)
 
@@ -698,7 +699,7 @@ def _save_best(run, params, epoch, previous, results):
   if run.is_main:
     ckpt_lib.remove_dir(path)  # a re-run into the same workdir
   ckpt_lib.save_params(path, params, run.model_config, meta=dict(
-      task=run.task.name, task_family=run.task.family, epoch=epoch,
+      task=run.task.name, task_type=run.task.type, epoch=epoch,
       do_lower_case=bool(run.tokenizer.do_lower_case),
       labels=list(getattr(run.task, "labels", ()) or ()), dev_metrics=results,
       **vocab_record(run.tokenizer.vocab.path)))
@@ -722,7 +723,7 @@ def write_predictions(run, state, step, best, tests, *, trained):
         best["dir"]), all_keys, required=all_keys)["params"]
   out_dir, written = os.path.join(run.workdir, "predictions"), []
   for split in run.evals:
-    if run.task.family in ("span", "tagging"):  # dev prediction files (SQuAD: the submission)
+    if task_types.of(run.task).dev_prediction_files:  # SQuAD's are its submission
       outputs = (best["outputs"] or {}).get(split.name) or predict(run, params, split)
       if run.is_main:
         ft.evaluate(run.task, split, outputs, run.tokenizer, run.config, out_dir)

@@ -1,12 +1,15 @@
 """Fine-tuning heads: BertModel (submodule `bert`) plus one output layer (BERT paper, Fig. 4).
 
-  family            head                                     output
+  task type         head                                     output
   classification    dropout + dense on the pooled [CLS]       [B, num_labels] logits
   regression        the same with num_labels=1                [B, 1] score
   span              dense(2) on every position (no dropout)   [B, T] start, [B, T] end logits
   tagging           dropout + dense on every position         [B, T, num_labels] logits
   multiple_choice   [B, C, T] flattened to [B*C, T], dropout  [B, C] logits (one score per
                     + dense(1) on each pooled [CLS]          choice, softmax over choices)
+
+Which task type trains which head is the type's (bert_jax/tasks/<type>.py: TaskType.create_head
+and input_shape); create_model and dummy_inputs look it up and name none.
 
 The body and the head on [CLS] are the model family's (bert_jax/families/<name>.py: Family.encode
 and Family.cls_logits): BERT's pooled [CLS] under dropout + dense; ELECTRA's discriminator body
@@ -28,6 +31,7 @@ from flax import linen as nn
 
 from bert_jax import families
 from bert_jax import model as model_lib
+from bert_jax import tasks
 
 
 def _encode(config, input_ids, input_mask, segment_ids, **kwargs) -> dict:
@@ -42,10 +46,11 @@ def _cls_logits(config, out, num_labels, deterministic):
   return families.get(config.family).cls_logits(config, out, num_labels, deterministic)
 
 
-def _token_logits(config, out, num_labels, family, deterministic):
-  """Logits at every position by the family's token head ("span" or "tagging")."""
-  return families.get(config.family).token_logits(config, out, num_labels, family,
-                                                  deterministic)
+def _token_logits(config, out, num_labels, deterministic, *, name, dropout):
+  """Logits at every position by the family's token head: BERT's dense `name` ("qa_outputs",
+  "classifier"), after dropout if `dropout` (the family may have its own head for both)."""
+  return families.get(config.family).token_logits(config, out, num_labels, deterministic,
+                                                  name=name, dropout=dropout)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -73,7 +78,8 @@ class BertForQuestionAnswering(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
     out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
-    logits = _token_logits(self.config, out, 2, "span", deterministic)            # [B, T, 2]
+    logits = _token_logits(self.config, out, 2, deterministic, name="qa_outputs",
+                           dropout=False)                                        # [B, T, 2]
     return logits[..., 0], logits[..., 1]                                        # [B, T] x 2
 
 
@@ -85,7 +91,8 @@ class BertForTokenClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
     out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic=deterministic)
-    return _token_logits(self.config, out, self.num_labels, "tagging", deterministic)  # [B, T, L]
+    return _token_logits(self.config, out, self.num_labels, deterministic, name="classifier",
+                         dropout=True)                                           # [B, T, L]
 
 
 class BertForMultipleChoice(nn.Module):
@@ -102,24 +109,13 @@ class BertForMultipleChoice(nn.Module):
     return _cls_logits(self.config, out, 1, deterministic).reshape(b, c)         # [B, C]
 
 
-def create_model(family, config, *, num_labels=2, num_choices=4):
-  """The head model of a task family (see data_pipelines.tasks)."""
-  if family == "classification":
-    return BertForSequenceClassification(config, num_labels)
-  if family == "regression":
-    return BertForSequenceClassification(config, 1)
-  if family == "span":
-    return BertForQuestionAnswering(config)
-  if family == "tagging":
-    return BertForTokenClassification(config, num_labels)
-  if family == "multiple_choice":
-    return BertForMultipleChoice(config, num_choices)
-  raise ValueError(f"unknown task family {family!r}; one of classification, regression, span, "
-                   "tagging, multiple_choice.")
+def create_model(task_type, config, *, num_labels=2, num_choices=4):
+  """The head model of a task type (bert_jax/tasks/<type>.py), by its name."""
+  return tasks.get(task_type).create_head(config, num_labels=num_labels, num_choices=num_choices)
 
 
-def dummy_inputs(family, seq_length, num_choices=4):
+def dummy_inputs(task_type, seq_length, num_choices=4):
   """Zero inputs of the right shapes for model.init."""
-  shape = (1, num_choices, seq_length) if family == "multiple_choice" else (1, seq_length)
+  shape = tasks.get(task_type).input_shape(seq_length, num_choices)
   ids = jnp.zeros(shape, jnp.int32)
   return ids, jnp.ones_like(ids), ids

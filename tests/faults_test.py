@@ -381,7 +381,7 @@ def test_a_finetuned_export_records_its_vocab_and_refuses_another(tmp_path):
   vocab = _vocab(tmp_path)
   run = types.SimpleNamespace(
       workdir=str(tmp_path), is_main=True,
-      task=types.SimpleNamespace(name="t", family="classification", labels=[0, 1]),
+      task=types.SimpleNamespace(name="t", type="classification", labels=[0, 1]),
       model_config=model_lib.get_bert_config("tiny", vocab_size=len(WORDS)),
       tokenizer=tokenization.get_tokenizer(vocab_file=vocab, do_lower_case=True))
   path = finetune._save_best(run, {"w": jnp.ones((4,))}, 1, None, {})

@@ -1,4 +1,4 @@
-"""Per-family losses (padding and piece weights), task building and metric choice."""
+"""Per-task-type losses (padding and piece weights), task building and metric choice."""
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -47,10 +47,10 @@ def test_build_task_and_primary_metric():
   c.custom.labels = ()
   with pytest.raises(TaskDataError, match="config.custom.labels is empty"):
     ft.build_task(c)
-  c.custom.family = "regression"
+  c.custom.type = "regression"
   assert ft.build_task(c).is_regression
-  c.custom.family = "ranking"
-  with pytest.raises(TaskDataError, match="config.custom.family='ranking'"):
+  c.custom.type = "ranking"
+  with pytest.raises(TaskDataError, match="config.custom.type='ranking'"):
     ft.build_task(c)
   assert ft.primary_metric(ft.build_task(finetune_config.get_config("squad_v2"))) == "f1"
   assert ft.primary_metric(ft.build_task(finetune_config.get_config("cola"))) == "mcc"
@@ -75,7 +75,7 @@ def test_presets_follow_the_paper():
 def test_single_class_warning():
   import numpy as np
   from types import SimpleNamespace
-  task = SimpleNamespace(family="classification", labels=("neg", "pos"))
+  task = SimpleNamespace(type="classification", labels=("neg", "pos"))
   split = SimpleNamespace(name="dev", features={"label_ids": np.array([0, 1] * 40)})
   logits = lambda preds: {"logits": np.eye(2)[np.asarray(preds)]}  # noqa: E731
   assert ft.single_class_warning(task, split, logits([0] * 80)) == (
@@ -85,5 +85,5 @@ def test_single_class_warning():
   assert ft.single_class_warning(task, split, logits([0] * 70 + [1] * 10)) is None
   skewed = SimpleNamespace(name="dev", features={"label_ids": np.array([0] * 76 + [1] * 4)})
   assert ft.single_class_warning(task, skewed, logits([0] * 80)) is None  # the labels are too
-  regression = SimpleNamespace(family="regression")
+  regression = SimpleNamespace(type="regression")
   assert ft.single_class_warning(regression, split, logits([0] * 80)) is None

@@ -55,6 +55,6 @@ def test_multiple_choice_scores_each_choice_independently():
   np.testing.assert_allclose(swapped, scores[:, ::-1], rtol=1e-5, atol=1e-6)
 
 
-def test_unknown_family():
-  with pytest.raises(ValueError, match="unknown task family 'ranking'"):
+def test_unknown_task_type():
+  with pytest.raises(ValueError, match="unknown task type 'ranking'"):
     heads.create_model("ranking", CFG)

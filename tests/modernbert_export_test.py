@@ -33,7 +33,7 @@ SEQ = 48
 
 
 def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1,
-                task_family=True, kernel_std=0.5):
+                task_type=True, kernel_std=0.5):
   """A best_epoch{N}-style export of `family`'s head on the converted body, as finetune._save_best
   writes it: the head random (kernels 0.5 x normal, biases and norm scales off 0 and 1, so a
   wrong transpose or a dropped bias shows), the body the converted transformers model's."""
@@ -49,7 +49,7 @@ def _fine_tuned(export_dir, out, task, family, num_labels, labels=(), seed=1,
           np.float32), v) for k, v in params.items() if k != "bert"}
   tree["bert"] = body["bert"]
   tok = os.path.join(export_dir, "tokenizer.json")
-  record = {"task_family": family} if task_family else {}   # finetune._save_best records it
+  record = {"task_type": family} if task_type else {}   # finetune._save_best records it
   ckpt_lib.save_params(out, tree, config, meta=dict(
       task=task, epoch=1, do_lower_case=False, labels=list(labels), dev_metrics={},
       **record, **finetune.vocab_record(tok)))
@@ -168,27 +168,30 @@ def test_task_of_a_tree():
   task is registered as multiple choice; another tree is one line."""
   tree = {"bert": {}, "head": {}, "classifier": {"kernel": np.zeros((4, 1))}}
   task = convert_modernbert.fine_tuned_task
-  assert task(tree, {"task": "my_scores"}, "w").family == "regression"
-  assert task(tree, {"task": "swag"}, "w").family == "multiple_choice"
+  assert task(tree, {"task": "my_scores"}, "w").type == "regression"
+  assert task(tree, {"task": "swag"}, "w").type == "multiple_choice"
   three = dict(tree, classifier={"kernel": np.zeros((4, 3))})
   t = task(three, {"task": "custom", "labels": ["a", "b", "c"]}, "w")
-  assert (t.family, t.num_labels, t.config_fields()["label2id"]) == (
+  assert (t.type, t.num_labels, t.config_fields()["label2id"]) == (
       "classification", 3, {"a": 0, "b": 1, "c": 2})
   assert task({"bert": {}, "mlm_head": {}}, {}, "w") is None
   with pytest.raises(convert.ConversionError, match=r"w: parameters \['bert', 'pooler'\]; "):
     task({"bert": {}, "pooler": {}}, {}, "w")
-  # Token heads have the same tree: the recorded task_family decides (a custom NER task is not
-  # registered), else the registered task's family.
-  t = task(three, {"task": "my_ner", "task_family": "tagging", "labels": ["O", "B", "I"]}, "w")
-  assert (t.family, t.config_fields()["architectures"], t.config_fields()["id2label"]) == (
+  # Token heads have the same tree: the recorded task_type decides (a custom NER task is not
+  # registered), else the registered task's type. Exports written before bert_jax/tasks record
+  # it as task_family: read the same.
+  for key in ("task_type", "task_family"):
+    t = task(three, {"task": "my_ner", key: "tagging", "labels": ["O", "B", "I"]}, "w")
+    assert t.type == "tagging"
+  assert (t.type, t.config_fields()["architectures"], t.config_fields()["id2label"]) == (
       "tagging", ["ModernBertForTokenClassification"], {"0": "O", "1": "B", "2": "I"})
   assert "problem_type" not in t.config_fields()
   two = dict(tree, classifier={"kernel": np.zeros((4, 2))})
-  assert task(two, {"task": "squad_v2"}, "w").family == "span"
-  assert task(two, {"task": "sst2", "task_family": "classification"}, "w").family == (
+  assert task(two, {"task": "squad_v2"}, "w").type == "span"
+  assert task(two, {"task": "sst2", "task_type": "classification"}, "w").type == (
       "classification")
   with pytest.raises(convert.ConversionError, match=r"w: task 'x' \(span\) with a head of 3 "):
-    task(three, {"task": "x", "task_family": "span"}, "w")
+    task(three, {"task": "x", "task_type": "span"}, "w")
   # A ModernBERT token head fine-tuned before it had transformers' `head`: one line.
   for old in ("classifier", "qa_outputs"):
     with pytest.raises(convert.ConversionError, match=r"w: a fine-tuned ModernBERT token head "
@@ -222,7 +225,7 @@ exit 2, nothing written."""
     meta = json.load(f)
   assert meta["tokenizer_json"] == os.path.join(export, "tokenizer.json")
   assert meta["bert_config"]["family"] == "modernbert" and "vocab_file" not in meta
-  assert meta["task_family"] == "classification"   # what the export reads the head's class by
+  assert meta["task_type"] == "classification"   # what the export reads the head's class by
   m = inference.load_for_inference(best, with_params=False)   # its export names its tokenizer
   assert m.tokenizer_json == meta["tokenizer_json"] and m.tokenizer.vocab.size == 405
   out = str(tmp_path / "hf")

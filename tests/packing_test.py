@@ -260,4 +260,4 @@ def test_finetune_with_pack_trains_fewer_steps_and_evaluates_unpacked(tmp_path, 
   assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0  # on the 8 unpacked dev rows
   with pytest.raises(finetune.ConfigError, match="packing is for sentence"):
     finetune.pack_train(type("S", (), {"features": {}})(), type("T", (), dict(
-        family="span", name="squad"))(), config)
+        type="span", name="squad"))(), config)

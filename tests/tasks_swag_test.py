@@ -78,9 +78,9 @@ def test_bad_inputs(tmp_path):
     swag.read_examples(task, d, "train")
 
 
-def test_registry_lists_every_family():
+def test_registry_lists_every_task_type():
   from data_pipelines import tasks
-  assert {t.family for t in tasks.TASKS.values()} == {
+  assert {t.type for t in tasks.TASKS.values()} == {
       "classification", "regression", "span", "tagging", "multiple_choice"}
   assert tasks.get_task("squad_v2").version_2_with_negative
   with pytest.raises(TaskDataError, match="unknown task 'mrcp'"):

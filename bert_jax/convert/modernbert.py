@@ -6,7 +6,7 @@ its docstring; model.py's modern fields build it).
   python -m bert_jax.convert --input=WORKDIR --output=hf/modernbert      # -> transformers
   python -m bert_jax.convert --input=FINETUNE_WORKDIR --output=hf/sst2   # ModernBertFor
       # SequenceClassification / MultipleChoice / TokenClassification / QuestionAnswering
-      # by the run's task family (fine_tuned_task)
+      # by the run's task type (fine_tuned_task)
 
 Orientations: torch Linear weights are [out, in]; ours are [in, out] (transposed). Wqkv
 [3H, H] is q, k, v stacked (qkv.view(..., 3, N, D) in ModernBertAttention), each [H = N x D, H]:
@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from bert_jax import model as model_lib
+from bert_jax import tasks as task_types
 from bert_jax.convert import formats
 from bert_jax.convert import writing
 from bert_jax.convert.formats import ConversionError
@@ -398,40 +399,36 @@ def export_model(m, output):
 # act, norm) then a classifier nn.Linear with a bias, classifier_dropout 0.0 as ours; the [CLS]
 # classes with classifier_pooling "cls" (position 0; MultipleChoice: the first unpadded
 # position, also 0 for our right-padded rows), the token classes on every position.
-#   task family      our tree (all: bert, head/{dense,norm})   transformers
+#   task type        our tree (all: bert, head/{dense,norm})   transformers
 #   classification   classifier [H, L] on [CLS]                  ModernBertForSequenceClassification
 #   regression       the same, L = 1                             the same, problem_type regression
 #   multiple_choice  the same, L = 1, each choice's [CLS]        ModernBertForMultipleChoice
 #   tagging          classifier [H, L] on every position         ModernBertForTokenClassification
 #   span             classifier [H, 2] on every position         ModernBertForQuestionAnswering
-# The trees are alike, so the run's record names the family: best_epoch{N}'s task_family, else
-# its registered task's (data_pipelines.tasks), else (a custom task exported before task_family
-# was recorded, when ModernBERT token heads had no `head`) glue's by the number of outputs.
+# The trees are alike, so the run's record names the type: best_epoch{N}'s task_type (task_family
+# in exports written before bert_jax/tasks), else its registered task's, else (a custom task
+# exported before either was recorded, when ModernBERT token heads had no `head`) glue's by the
+# number of outputs. Each task type declares its class's suffix (TaskType.hf_head).
 # ----------------------------------------------------------------------------------------------
-_CLASSES = {"classification": "ModernBertForSequenceClassification",
-            "regression": "ModernBertForSequenceClassification",
-            "multiple_choice": "ModernBertForMultipleChoice",
-            "tagging": "ModernBertForTokenClassification",
-            "span": "ModernBertForQuestionAnswering"}
 
 
 @dataclasses.dataclass
 class FineTuned:
-  family: str        # one of _CLASSES
+  type: str          # the task type's name (bert_jax/tasks/<type>.py)
   name: str          # the task's name (sst2, swag, a custom task's), "" if not recorded
   num_labels: int    # the classifier's outputs: L, 1 for regression and multiple choice, 2 span
   labels: tuple      # the label names in class order (finetune records them), or ()
 
   def config_fields(self):
     """What config.json adds to ModernBertConfig for this head."""
-    named = self.family in ("classification", "tagging") and len(self.labels) == self.num_labels
+    tt = task_types.get(self.type)
+    named = tt.hf_named_labels and len(self.labels) == self.num_labels
     names = self.labels if named else tuple(f"LABEL_{i}" for i in range(self.num_labels))
-    fields = {"architectures": [_CLASSES[self.family]], "classifier_pooling": "cls",
+    fields = {"architectures": [f"ModernBertFor{tt.hf_head}"], "classifier_pooling": "cls",
               "id2label": {str(i): str(t) for i, t in enumerate(names)},
               "label2id": {str(t): i for i, t in enumerate(names)}}
-    if self.family in ("classification", "regression"):   # its loss picks MSE / cross-entropy
-      fields["problem_type"] = ("regression" if self.family == "regression"
-                                else "single_label_classification")
+    if tt.hf_problem_type:   # its loss picks MSE / cross-entropy
+      fields["problem_type"] = tt.hf_problem_type
     return fields
 
 
@@ -454,13 +451,16 @@ def fine_tuned_task(params, meta, where):
                           "pre-training tree (bert, mlm_head) or a fine-tuned head's "
                           "(bert, head, classifier).")
   num_labels = int(np.shape(_flatten(params["classifier"])["kernel"])[-1])   # kernel [H, L]
-  family = meta.get("task_family")
-  if family is None:
-    family = "classification" if num_labels > 1 else "regression"
-    from data_pipelines import tasks  # pylint: disable=g-import-not-at-top
-    if name in tasks.TASKS:   # swag is L = 1 too; a custom task (not registered) is glue's
-      family = tasks.TASKS[name].family
-  if family not in _CLASSES or (family == "span" and num_labels != 2):
-    raise ConversionError(f"{where}: task {name!r} ({family}) with a head of {num_labels} "
-                          f"outputs; expected one of {', '.join(sorted(_CLASSES))} (span: 2).")
-  return FineTuned(family, name, num_labels, tuple(meta.get("labels") or ()))
+  kind = task_types.recorded_type(meta)
+  if kind is None:
+    named = task_types.named_tasks()   # swag is L = 1 too; a custom task (not named) is glue's
+    kind = named[name].type if name in named else (
+        "classification" if num_labels > 1 else "regression")
+  exported = {n: task_types.get(n) for n in task_types.names() if task_types.get(n).hf_head}
+  fixed = exported[kind].hf_num_labels if kind in exported else None
+  if kind not in exported or fixed not in (None, num_labels):
+    raise ConversionError(
+        f"{where}: task {name!r} ({kind}) with a head of {num_labels} outputs; expected one of "
+        + ", ".join(f"{n} ({t.hf_num_labels})" if t.hf_num_labels else n
+                    for n, t in sorted(exported.items())) + ".")
+  return FineTuned(kind, name, num_labels, tuple(meta.get("labels") or ()))

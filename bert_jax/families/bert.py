@@ -134,15 +134,14 @@ def cls_logits(config, out, num_labels, deterministic):
   return head_dense(config, num_labels, "classifier")(x)
 
 
-def token_logits(config, out, num_labels, family, deterministic):
+def token_logits(config, out, num_labels, deterministic, *, name="classifier", dropout=True):
   """BERT's heads on every position (google-research/bert, HF's BertFor{QuestionAnswering,
-  TokenClassification}): span, dense(2) "qa_outputs" with no dropout; tagging, dropout + dense
-  "classifier". [B, T, H] -> [B, T, L]."""
+  TokenClassification}): SQuAD's dense(2) "qa_outputs" with no dropout; tagging's dropout +
+  dense "classifier" (heads.py passes which). [B, T, H] -> [B, T, L]."""
   x = out["sequence_output"]
-  if family == "span":
-    return head_dense(config, num_labels, "qa_outputs")(x)
-  x = nn.Dropout(config.hidden_dropout_prob)(x, deterministic=deterministic)
-  return head_dense(config, num_labels, "classifier")(x)
+  if dropout:
+    x = nn.Dropout(config.hidden_dropout_prob)(x, deterministic=deterministic)
+  return head_dense(config, num_labels, name)(x)
 
 
 def features_model(config):

@@ -295,10 +295,10 @@ def cls_logits(config, out, num_labels, deterministic):
   return _head_logits(config, out["cls_output"], num_labels, deterministic)
 
 
-def token_logits(config, out, num_labels, family, deterministic):
+def token_logits(config, out, num_labels, deterministic, *, name="classifier", dropout=True):
   """ModernBertForTokenClassification's (tagging) and ModernBertForQuestionAnswering's (span,
   L = 2: start, end) head: the same head on every position, [B, T, H] -> [B, T, L]."""
-  del family   # both tasks' classes are the same network
+  del name, dropout   # both tasks' classes are the same network (its own dropout, "classifier")
   return _head_logits(config, out["sequence_output"], num_labels, deterministic)
 
 

@@ -68,8 +68,9 @@ class Family:
   encode: Callable = None               # (config, ids, mask, segments, **rows) -> BertModel dict;
                                         #   called in a head's compact __call__ (submodule "bert")
   cls_logits: Callable = None           # (config, encoder outputs, num_labels, deterministic)
-  token_logits: Callable = None         # (config, encoder outputs, num_labels, task family
-                                        #   "tagging" | "span", deterministic) -> [B, T, L]
+  token_logits: Callable = None         # (config, encoder outputs, num_labels, deterministic,
+                                        #   *, name, dropout) -> [B, T, L]: BERT's dense `name`
+                                        #   after dropout if asked (heads.py says which)
   features_model: Callable = None       # (config) -> (module, method or None): hidden states
   check_fill_mask: Callable = None      # (predictor, checkpoint) -> None, raises a user error
   mlm_logits: Callable = None           # (params, config, ids, mask, segments, positions)

@@ -1,15 +1,16 @@
-"""Fine-tuning tasks: one module per family, and `TASKS`, the registry of named tasks.
+"""Fine-tuning tasks' data: one module per data format, and `TASKS`, every named task.
 
-  family            module  tasks
+  task type         module  tasks
   classification    glue    cola sst2 mrpc qqp mnli qnli rte wnli (+ glue.custom_task)
   regression        glue    stsb (+ glue.custom_task(labels=()))
   span              squad   squad_v1 squad_v2
   tagging           ner     conll03 (+ ner.custom_task)
   multiple_choice   swag    swag
 
-Each task is a frozen dataclass with `name`, `family`, `files` (split -> file under data_dir),
-`eval_splits` and `metrics`; the family module reads its files, builds numpy features with a
-tokenizer from `data_pipelines.tokenization.get_tokenizer`, and writes test predictions.
+Each task is a frozen dataclass with `name`, `type` (its task type: bert_jax/tasks/<type>.py,
+which the fine-tuning loop looks up), `files` (split -> file under data_dir), `eval_splits` and
+`metrics`; its module here reads its files, builds numpy features with a tokenizer from
+`data_pipelines.tokenization.get_tokenizer`, and writes test predictions.
 """
 
 from data_pipelines.tasks import glue

@@ -54,7 +54,8 @@ class ClassificationTask:
   tfds_labels: tuple = ()
 
   @property
-  def family(self):
+  def type(self):
+    """The task type (bert_jax/tasks/<type>.py) that fine-tunes this task."""
     return "regression" if self.is_regression else "classification"
 
   @property

@@ -37,7 +37,7 @@ class TaggingTask:
   files: dict  # split -> file name under data_dir
   eval_splits: tuple = ("dev",)
   tag_column: int = -1  # CoNLL-2003: word POS chunk NER
-  family: str = "tagging"
+  type: str = "tagging"  # the task type (bert_jax/tasks/tagging.py)
   metrics: tuple = ("precision", "recall", "f1")
 
   @property

@@ -47,7 +47,7 @@ class SquadTask:
   files: dict  # split -> JSON file name under data_dir
   tfds_name: str
   eval_splits: tuple = ("dev",)
-  family: str = "span"
+  type: str = "span"  # the task type (bert_jax/tasks/span.py)
   # Official evaluation script the metrics follow.
   metrics: tuple = ("exact_match", "f1")
 

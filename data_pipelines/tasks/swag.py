@@ -28,7 +28,7 @@ class MultipleChoiceTask:
   start_column: str = "sent2"
   ending_columns: tuple = ("ending0", "ending1", "ending2", "ending3")
   label_column: str = "label"
-  family: str = "multiple_choice"
+  type: str = "multiple_choice"  # the task type (bert_jax/tasks/)
   metrics: tuple = ("accuracy",)
 
 
