@@ -1,0 +1,108 @@
+"""Sentence embeddings and their contrastive loss (issue 40 items 2-3), pure jnp.
+
+  pool          [B, T, H] hidden states + [B, T] mask -> [B, H]: mean (default), cls, last
+  embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
+  info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
+
+info_nce is sentence-transformers' MultipleNegativesRankingLoss (MNRL, 6.x) on the same
+embeddings: anchors a [B, D], candidates c [B, 1 + k, D] (the positive, then k hard negatives).
+Every anchor scores every candidate of the batch, scale x cos(a_i, c_jn) ([B, 1 + k, B] logits:
+MNRL's [B, B(1 + k)] columns, all positives then every row's first negative, ..., unflattened), and the loss is the
+mean cross-entropy of each anchor's own positive. symmetric=True adds each positive's
+cross-entropy over the anchors, averaged with the first (MNRL's directions=("query_to_doc",
+"doc_to_query"), partition_mode="per_direction"). Matryoshka (Kusupati et al. 2022; ST's
+MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d.
+
+Inside a jitted step the arrays are the global batch, sharded over the mesh's data axis: the
+[B, B(1 + k)] similarity is one einsum over the sharded arrays, and XLA moves the candidate
+shards between devices and hosts itself (no host gather, no all_gather written by hand), so every
+device's rows and hard negatives are every anchor's negatives (tests/contrastive_test.py checks
+a sharded run against the unsharded numbers). Not yet here: a GradCache step, packed-row pooling,
+the embedding task type that drives these from the fine-tuning loop (issue 40 items 1, 4-8).
+"""
+
+import jax
+import jax.numpy as jnp
+
+POOLINGS = ("mean", "cls", "last")
+
+
+def check(pooling="mean", scale=20.0, matryoshka_dims=(), hidden_size=None):
+  """One ValueError line for settings no embedding can have (before any compute)."""
+  if pooling not in POOLINGS:
+    raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
+  if not scale > 0:
+    raise ValueError(f"scale={scale}: the similarity scale must be > 0 (sentence-transformers' "
+                     "default is 20).")
+  for d in matryoshka_dims:
+    if d <= 0 or (hidden_size is not None and d > hidden_size):
+      raise ValueError(f"matryoshka dimension {d}: each must be in 1..{hidden_size or 'H'} (the "
+                       "encoder's hidden size).")
+
+
+def pool(hidden, mask, pooling="mean"):
+  """[B, T, H] hidden states, [B, T] 1/0 mask (right-padded) -> [B, H] float32.
+
+  mean: the average over real tokens (sentence-transformers' default); cls: position 0; last:
+  the last real token (decoder-style embedders)."""
+  hidden = hidden.astype(jnp.float32)
+  m = mask.astype(jnp.float32)
+  if pooling == "mean":
+    return jnp.einsum("btf,bt->bf", hidden, m) / jnp.maximum(m.sum(-1, keepdims=True), 1e-9)
+  if pooling == "cls":
+    return hidden[:, 0]
+  if pooling == "last":
+    last = jnp.maximum(mask.astype(jnp.int32).sum(-1) - 1, 0)                     # [B]
+    return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
+
+
+def normalise(x, eps=1e-12):
+  """L2 normalisation along the last axis (torch's F.normalize: x / max(|x|, eps))."""
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def embed(pooled, matryoshka_dims=(), normalize=True):
+  """{dim: [..., d] embedding}: the full vector and its first d dimensions for each Matryoshka
+  d, each normalised after truncation (as sentence-transformers truncates, then compares)."""
+  full = pooled.shape[-1]
+  dims = sorted({full, *matryoshka_dims}, reverse=True)
+  return {d: normalise(pooled[..., :d]) if normalize else pooled[..., :d] for d in dims}
+
+
+# A masked logit: exp(it - max) is 0 in float32, and unlike -inf it keeps every gradient finite.
+_MASKED = -1e30
+
+
+def _cos(a, b):
+  return jnp.einsum("id,jd->ij", normalise(a), normalise(b))
+
+
+def info_nce(anchors, candidates, scale=20.0, symmetric=False, weights=None):
+  """MNRL's loss. anchors [B, D]; candidates [B, 1 + k, D] (positive first, then k hard
+  negatives); weights [B] (1.0 real row, 0.0 padding: a padding row is no anchor and no
+  candidate) -> scalar float32."""
+  a = anchors.astype(jnp.float32)
+  c = candidates.astype(jnp.float32)
+  b = c.shape[0]
+  w = jnp.ones((b,), jnp.float32) if weights is None else weights.astype(jnp.float32)
+  # [B anchors, 1 + k, B rows]: every anchor against every row's positive and negatives. Kept
+  # 3-d (MNRL's [B, (1 + k) B] columns, unflattened) so no reshape crosses the sharded axis.
+  logits = scale * jnp.einsum("id,bnd->inb", normalise(a), normalise(c))
+  logits = jnp.where(w[None, None, :] > 0, logits, _MASKED)   # padding rows' candidates drop out
+  positive = jnp.diagonal(logits[:, 0, :])                 # [B]: a_i . c_i0
+  log_z = jax.nn.logsumexp(logits, axis=(1, 2))
+  if symmetric:   # each positive over every anchor ("doc_to_query")
+    back = jnp.where(w[None, :] > 0, scale * _cos(c[:, 0], a), _MASKED)   # [B, B]
+    log_z = (log_z + jax.nn.logsumexp(back, axis=-1)) / 2
+  per_row = log_z - positive
+  return jnp.sum(jnp.where(w > 0, per_row, 0.0) * w) / jnp.maximum(jnp.sum(w), 1e-5)
+
+
+def matryoshka_info_nce(anchors, candidates, dims=(), scale=20.0, symmetric=False,
+                        weights=None):
+  """info_nce summed over each Matryoshka width d in `dims` (the first d dimensions, compared
+  after truncation: sentence-transformers' MatryoshkaLoss(matryoshka_dims=dims) with every
+  weight 1); dims=() is the full width alone."""
+  return sum(info_nce(anchors[..., :d], candidates[..., :d], scale, symmetric, weights)
+             for d in (dims or (anchors.shape[-1],)))

@@ -1,0 +1,124 @@
+"""Pairs and triplets for contrastive embedding training (issue 40 item 1), in the column
+conventions sentence-transformers users already have.
+
+A JSONL, CSV or TSV file whose rows are (anchor, positive, negative, ...): columns found by name
+when the header (or the JSON keys) says which (`anchor` or `query`; `positive`; `negative`, or
+`negative_1`, `negative_2`, ... in number order), else by position as sentence-transformers reads
+a dataset (first column the anchor, second the positive, every further one a hard negative).
+Any number of hard negatives, the same in every row. Optional prompts ("search_query: ",
+"search_document: ") are prepended to the anchor and to the documents.
+
+In-batch negatives make a text that appears twice in one batch a false negative, so
+`no_duplicate_batches` orders the rows as sentence-transformers' NoDuplicatesBatchSampler does:
+a row joins the current batch only if none of its texts is already there, else it waits for a
+later batch.
+"""
+
+import dataclasses
+import os
+import re
+
+import numpy as np
+
+from data_pipelines.tasks import common
+from data_pipelines.tasks.common import TaskDataError
+
+ANCHOR_NAMES = ("anchor", "query")
+POSITIVE_NAMES = ("positive",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  anchor: str
+  positive: str
+  negatives: tuple = ()
+
+  @property
+  def texts(self):
+    return (self.anchor, self.positive) + self.negatives
+
+
+def _format(path, file_format):
+  if file_format:
+    return file_format
+  ext = os.path.splitext(path)[1].lower().lstrip(".")
+  if ext not in ("jsonl", "csv", "tsv"):
+    raise TaskDataError(f"{path}: cannot tell the format from the extension {ext!r}; name the "
+                        "file .jsonl, .csv or .tsv or pass the format.")
+  return ext
+
+
+def _columns(path, names):
+  """(anchor, positive, [negatives]) columns of a header (names): by name, else by position."""
+  lower = [str(n).strip().lower() for n in names]
+  anchor = next((lower.index(n) for n in ANCHOR_NAMES if n in lower), None)
+  positive = next((lower.index(n) for n in POSITIVE_NAMES if n in lower), None)
+  if anchor is None and positive is None:   # sentence-transformers' order: a, p, n1, n2, ...
+    if len(names) < 2:
+      raise TaskDataError(f"{path}: {len(names)} column(s) {list(names)}; a pair needs an anchor "
+                          "and a positive (columns anchor/query, positive, negative...).")
+    return 0, 1, list(range(2, len(names)))
+  if anchor is None or positive is None:
+    missing = "anchor (or query)" if anchor is None else "positive"
+    raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}.")
+  numbered = sorted((int(m.group(1)), i) for i, n in enumerate(lower)
+                    if (m := re.fullmatch(r"negative_?(\d+)", n)))
+  negatives = ([lower.index("negative")] if "negative" in lower else []) + [i for _, i in numbered]
+  return anchor, positive, negatives
+
+
+def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
+  """[Pair] of a JSONL/CSV/TSV file; one TaskDataError line for a missing column, an empty text
+  or a row whose number of negatives differs from the first row's."""
+  file_format = _format(path, file_format)
+  header, rows = common.read_rows(path, file_format)
+  if file_format == "jsonl":
+    if not rows:
+      raise TaskDataError(f"{path}: the file is empty.")
+    keys = list(rows[0][1])
+    a, p, negs = _columns(path, keys)
+    a, p, negs = keys[a], keys[p], [keys[i] for i in negs]
+  else:
+    a, p, negs = _columns(path, header)
+    names = header
+  out = []
+  for line, row in rows:
+    def text(column, side):
+      value = common.get_field(path, line, row, column)
+      value = "" if value is None else str(value)
+      if not value.strip():
+        name = column if isinstance(column, str) else names[column]
+        raise TaskDataError(f"{path}:{line}: the {side} ({name!r}) is empty; every side of a "
+                            "pair needs text.")
+      return value
+    if not isinstance(row, dict) and len(row) != len(header):
+      raise TaskDataError(f"{path}:{line}: {len(row)} columns, the header has {len(header)}.")
+    out.append(Pair(query_prompt + text(a, "anchor"), document_prompt + text(p, "positive"),
+                    tuple(document_prompt + text(n, "negative") for n in negs)))
+  if not out:
+    raise TaskDataError(f"{path}: no rows after the header.")
+  return out
+
+
+def no_duplicate_batches(pairs, batch_size, rng=None):
+  """Index arrays of batches in which no text appears twice (the last one may be partial).
+
+  sentence-transformers' NoDuplicatesBatchSampler: walk the (shuffled) rows; a row whose texts
+  are all new to the batch joins it, the others wait for the next batch."""
+  order = list(rng.permutation(len(pairs)) if rng is not None else range(len(pairs)))
+  batches = []
+  while order:
+    batch, seen, rest = [], set(), []
+    for i in order:
+      texts = set(pairs[i].texts)
+      if len(batch) < batch_size and not texts & seen and len(texts) == len(pairs[i].texts):
+        batch.append(i)
+        seen |= texts
+      else:
+        rest.append(i)
+    if not batch:   # a row that repeats its own text can never join: say which
+      raise TaskDataError(f"row {order[0] + 1}: the same text twice in one row "
+                          f"({pairs[order[0]].texts}); a duplicate is a false negative.")
+    batches.append(np.array(batch))
+    order = rest
+  return batches

@@ -1,0 +1,112 @@
+"""bert_jax/contrastive.py: pooling, and InfoNCE equal to sentence-transformers' (6.x)
+MultipleNegativesRankingLoss on the same embeddings, loss and gradients within 1e-5; the same on
+the global batch sharded over 8 devices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import contrastive
+from bert_jax import sharding as sharding_lib
+
+B, D = 8, 16
+
+
+def _embeddings(k, seed=0, b=B):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(b, D)).astype(np.float32),
+          rng.normal(size=(b, 1 + k, D)).astype(np.float32))
+
+
+def _sentence_transformers(anchors, candidates, scale=20.0, symmetric=False, dims=()):
+  """MNRL's loss and its gradients with respect to the embeddings (torch CPU)."""
+  torch = pytest.importorskip("torch")
+  losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+  kw = (dict(directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction")
+        if symmetric else {})
+  mnrl = losses.MultipleNegativesRankingLoss(model=None, scale=scale, **kw)
+  a = torch.tensor(anchors, requires_grad=True)
+  c = torch.tensor(candidates, requires_grad=True)
+  total = 0
+  for d in dims or (D,):   # MatryoshkaLoss: the inner loss on truncated embeddings, weights 1
+    total = total + mnrl.compute_loss_from_embeddings(
+        [a[:, :d]] + [c[:, j, :d] for j in range(c.shape[1])], None)
+  total.backward()
+  return total.detach().item(), a.grad.numpy(), c.grad.numpy()
+
+
+def _ours(anchors, candidates, **kw):
+  loss, grads = jax.value_and_grad(
+      lambda a, c: contrastive.matryoshka_info_nce(a, c, **kw), argnums=(0, 1))(
+          jnp.asarray(anchors), jnp.asarray(candidates))
+  return float(loss), np.asarray(grads[0]), np.asarray(grads[1])
+
+
+@pytest.mark.parametrize("k,symmetric,dims", [
+    (0, False, ()), (1, False, ()), (3, False, ()), (0, True, ()), (2, True, ()),
+    (2, False, (16, 8, 4))])
+def test_equals_multiple_negatives_ranking_loss(k, symmetric, dims):
+  anchors, candidates = _embeddings(k)
+  want = _sentence_transformers(anchors, candidates, symmetric=symmetric, dims=dims)
+  got = _ours(anchors, candidates, scale=20.0, symmetric=symmetric, dims=dims)
+  assert got[0] == pytest.approx(want[0], rel=1e-5, abs=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_rows_are_neither_anchors_nor_candidates():
+  anchors, candidates = _embeddings(2)
+  w = np.array([1.0] * 6 + [0.0] * 2, np.float32)
+  padded = contrastive.info_nce(anchors, candidates, weights=jnp.asarray(w))
+  real = contrastive.info_nce(anchors[:6], candidates[:6])
+  assert float(padded) == pytest.approx(float(real), rel=1e-6)
+  grads = jax.grad(lambda a: contrastive.info_nce(a, candidates, weights=jnp.asarray(w)))(
+      jnp.asarray(anchors))
+  assert np.isfinite(np.asarray(grads)).all() and not np.asarray(grads)[6:].any()
+
+
+def test_the_global_batch_sharded_over_devices_gives_the_same_loss_and_gradients():
+  """Each device holds B/8 anchors and their candidates; every anchor still scores every
+  device's candidates (the loss is that of the whole batch, not a per-device one)."""
+  n = jax.device_count()
+  anchors, candidates = _embeddings(2, seed=3, b=4 * n)
+  mesh = sharding_lib.create_mesh((-1, 1, 1))   # the training loops' (data, fsdp, tensor) mesh
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  fn = jax.jit(jax.value_and_grad(lambda a, c: contrastive.info_nce(a, c, symmetric=True),
+                                  argnums=(0, 1)))
+  want_loss, want_grads = fn(jnp.asarray(anchors), jnp.asarray(candidates))
+  a, c = jax.device_put(anchors, rows), jax.device_put(candidates, rows)
+  got_loss, got_grads = fn(a, c)
+  assert len(a.sharding.device_set) == n
+  assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-6)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
+  # Not the mean of per-device losses: those see 4 rows' candidates each.
+  local = np.mean([float(contrastive.info_nce(anchors[i::n], candidates[i::n], symmetric=True))
+                   for i in range(n)])
+  assert abs(local - float(want_loss)) > 0.1
+
+
+def test_pooling():
+  rng = np.random.default_rng(0)
+  h = rng.normal(size=(2, 5, 3)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+  np.testing.assert_allclose(contrastive.pool(h, mask, "mean"),
+                             [h[0, :3].mean(0), h[1].mean(0)], rtol=1e-6)
+  np.testing.assert_allclose(contrastive.pool(h, mask, "cls"), h[:, 0])
+  np.testing.assert_allclose(contrastive.pool(h, mask, "last"), [h[0, 2], h[1, 4]])
+  e = contrastive.embed(jnp.asarray(h[:, 0]), matryoshka_dims=(2,))
+  assert sorted(e) == [2, 3] and np.allclose(np.linalg.norm(e[2], axis=-1), 1.0)
+  np.testing.assert_allclose(e[2] * np.linalg.norm(h[:, 0, :2], axis=-1, keepdims=True),
+                             h[:, 0, :2], rtol=1e-6)
+
+
+def test_settings_no_embedding_can_have():
+  contrastive.check("mean", 20.0, (256, 768), hidden_size=768)
+  for kw, msg in ((dict(pooling="max"), r"pooling='max'; use one of mean, cls, last"),
+                  (dict(scale=0.0), r"scale=0.0: the similarity scale must be > 0"),
+                  (dict(matryoshka_dims=(1024,), hidden_size=768),
+                   r"matryoshka dimension 1024: each must be in 1..768")):
+    with pytest.raises(ValueError, match=msg):
+      contrastive.check(**kw)
