@@ -232,7 +232,9 @@ def init_from_teacher(state, steps, config, teacher, num_layers):
 class LayerwiseModel(nn.Module):
   """BertModel ("bert") and its MLM head ("mlm_head"), BertForPreTraining's names for an
   MLM-only model, plus TinyBERT's `fit_dense` [H, F] when called with fit_size=F > 0 (the
-  training forward creates it; fill-mask, which never passes it, leaves it unread).
+  training forward creates it; fill-mask, which never passes it, leaves it unread). mlm=False
+  (a teacher whose MLM logits are not distilled, alpha_pred = 0): no MLM head, "mlm" None, so
+  a body without one (a fine-tuned task model's, a BertModel folder) can teach.
 
   Called as BertForPreTraining: (mlm logits [B, P, V], None), or with return_dict=True
   {"mlm", "sequence_output"[, "hidden_states": [B, L+1, T, F or H]]} (batch first, as the
@@ -243,19 +245,21 @@ class LayerwiseModel(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                instance_ids=None, position_ids=None, cls_positions=None, deterministic=True,
-               return_dict=False, output_hidden_states=False, fit_size=0, **unused):
+               return_dict=False, output_hidden_states=False, fit_size=0, mlm=True, **unused):
     del unused   # span boundaries etc.: an MLM-only model reads none
     c = self.config
     bert = model_lib.BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
                position_ids=position_ids, cls_positions=cls_positions,
                deterministic=deterministic, output_hidden_states=output_hidden_states)
-    masked = model_lib.gather_positions(out["sequence_output"], masked_lm_positions)
-    mlm = MaskedLMHead(c, name="mlm_head")(
-        masked, bert.embeddings.word_embeddings.embedding)                # [B, P, V] float32
+    logits = None
+    if mlm:
+      masked = model_lib.gather_positions(out["sequence_output"], masked_lm_positions)
+      logits = MaskedLMHead(c, name="mlm_head")(
+          masked, bert.embeddings.word_embeddings.embedding)              # [B, P, V] float32
     if not return_dict:
-      return mlm, None
-    res = {"mlm": mlm, "sequence_output": out["sequence_output"]}
+      return logits, None
+    res = {"mlm": logits, "sequence_output": out["sequence_output"]}
     if output_hidden_states:
       hidden = jnp.stack(out["hidden_states"], axis=1)                   # [B, L+1, T, H]
       if fit_size:   # W_h: one dense for every layer and the embeddings (TinyBERT's fit_dense)
@@ -277,14 +281,14 @@ def plain_forward(module, batch, deterministic):
   return {"mlm": module(*args, deterministic=deterministic, return_dict=True, **extra)["mlm"]}
 
 
-def _run(module, batch, deterministic, *, scores, fit_size=0):
+def _run(module, batch, deterministic, *, scores, fit_size=0, mlm=True):
   """(outputs dict, scores [B, L, N, T, S] or None) of a bound `module` on `batch`. Scores: the
   same parameters applied again as a fresh apply with the `attention_scores` collection mutable
   (the step's apply is not; the nested one is a function of the same traced parameters, so the
   gradient reaches them), dropout keys drawn from the step's."""
   args, extra = _args(batch)
   kw = dict(deterministic=deterministic, return_dict=True, output_hidden_states=True,
-            fit_size=fit_size, **extra)
+            fit_size=fit_size, mlm=mlm, **extra)
   if not scores or module.is_initializing():
     return module(*args, **kw), None
   rngs = {} if deterministic else {"dropout": module.make_rng("dropout")}
@@ -296,13 +300,15 @@ def _run(module, batch, deterministic, *, scores, fit_size=0):
                          for i in range(module.config.num_layers)], axis=1)
 
 
-def teacher_outputs(model, params, batch, *, layers, scores):
-  """The frozen teacher's {teacher_mlm [B, P, V], teacher_hidden [B, M+1, T, H_t] (its hidden
-  states 0, g(1), ..., g(M)), teacher_scores [B, M, N, T, S] (layers g(m), when distilled)}."""
-  fn = functools.partial(_run, scores=scores)
+def teacher_outputs(model, params, batch, *, layers, scores, mlm=True):
+  """The frozen teacher's {teacher_hidden [B, M+1, T, H_t] (its hidden states 0, g(1), ...,
+  g(M)), teacher_scores [B, M, N, T, S] (layers g(m), when distilled), teacher_mlm [B, P, V]
+  (when distilled)}."""
+  fn = functools.partial(_run, scores=scores, mlm=mlm)
   out, att = model.apply({"params": params}, batch, True, method=fn)
-  res = {"teacher_mlm": out["mlm"],
-         "teacher_hidden": out["hidden_states"][:, jnp.array([0, *layers])]}
+  res = {"teacher_hidden": out["hidden_states"][:, jnp.array([0, *layers])]}
+  if mlm:
+    res["teacher_mlm"] = out["mlm"]
   if att is not None:
     res["teacher_scores"] = att[:, jnp.array([g - 1 for g in layers])]
   return jax.lax.stop_gradient(res)
@@ -390,16 +396,19 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0), parts=parts,
                           temperature=float(config.get("temperature", 1.0)))
   model = LayerwiseModel(teacher.model_config)
+  # The teacher's MLM head only when its logits are distilled: any BERT body teaches the layers.
+  mlm = "distill_pred" in parts
   apply = functools.partial(teacher_outputs, model, layers=layers,
-                            scores="distill_att" in parts)
-  keys = ("bert", "mlm_head")
-  frozen = trainer_lib.load_frozen(teacher.pretrained, model, _teacher_init, dummy_batch, keys,
-                                   mesh, apply, rules)
+                            scores="distill_att" in parts, mlm=mlm)
+  keys = ("bert", "mlm_head") if mlm else ("bert",)
+  init = functools.partial(_teacher_init, mlm=mlm)
+  frozen = trainer_lib.load_frozen(teacher.pretrained, model, init, dummy_batch, keys, mesh,
+                                   apply, rules)
   return fwd, w, frozen
 
 
-def _teacher_init(module, batch, deterministic):
-  return _run(module, batch, deterministic, scores=False)[0]
+def _teacher_init(module, batch, deterministic, *, mlm):
+  return _run(module, batch, deterministic, scores=False, mlm=mlm)[0]
 
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):

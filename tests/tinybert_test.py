@@ -152,3 +152,55 @@ def test_python_m_bert_jax_train_distils_tinybert_from_a_bert_teacher(tmp_path):
   params = ckpt_lib.read_params(d)
   assert set(params) == {"bert", "mlm_head", "fit_dense"}
   assert params["fit_dense"]["kernel"].shape == (64, 128)
+
+
+@pytest.mark.slow
+def test_task_distillation_layers_from_a_fine_tuned_teacher_then_its_soft_labels(tmp_path,
+                                                                                  capsys):
+  """TinyBERT's task distillation in its two stages, with a BERT fine-tuned on the task as the
+  teacher: 1. the intermediate layers (train, alpha_pred=0: the teacher's body alone, no MLM
+  head, teaches), 2. the prediction layer (finetune --config.distill_teacher, alpha 1 at T=1:
+  the gradient of TinyBERT's soft cross-entropy) on the tinybert student's workdir."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
+  vocab_size = tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size
+  bert_cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size)      # 2 x 128, 2 heads
+  bert = ckpt_lib.save_params(str(tmp_path / "bert"), jax.jit(lambda r: nn.unbox(
+      pretraining_heads.init_params(bert_cfg, r)))(jax.random.PRNGKey(2)), bert_cfg,
+      meta={"do_lower_case": True})
+  finetune_test._sst2(tmp_path, np.random.default_rng(0), 8, 8)   # pylint: disable=protected-access
+  teacher, _ = finetune_test._one_step(tmp_path, (bert, vocab_file), "glue_sst2")  # pylint: disable=protected-access
+  teacher = teacher["best_checkpoint"]
+  assert set(ckpt_lib.load_params(teacher)[0]) == {"bert", "classifier"}   # no MLM head
+  # 1. The layers (synthetic rows of the task's vocab stand in for the task's records).
+  c = pretrain.get_config("tinybert-tiny,runlocal")
+  c.train_input_files, c.vocab_file, c.do_lower_case = "synthetic", vocab_file, True
+  c.teacher_checkpoint = teacher
+  c.seq_length, c.max_predictions_per_seq, c.batch_size = 32, 5, 8   # 8 test devices
+  c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 2, 1, 1, 2
+  c.async_checkpointing = False
+  student = str(tmp_path / "student")
+  train.train_and_evaluate(c, student)
+  scalars = metrics_writer.read_scalars(os.path.join(student, "tensorboard"))
+  assert len(scalars["train/distill_att_loss"]) == 2 and "train/distill_pred_loss" not in scalars
+  # 2. The prediction layer through the fine-tuning CLI's distillation.
+  capsys.readouterr()
+  config = finetune_test._config("glue_sst2", (student, vocab_file), tmp_path,  # pylint: disable=protected-access
+                                 num_train_epochs=1.0, do_predict=False, log_every=1,
+                                 distill_teacher=teacher, distill_alpha=1.0,
+                                 distill_temperature=1.0)
+  summary = finetune.finetune(config, str(tmp_path / "student_ft"))
+  assert summary["steps"] == 1
+  assert f"distill_teacher: {teacher}" in capsys.readouterr().out
+  scalars = metrics_writer.read_scalars(str(tmp_path / "student_ft" / "tensorboard"))
+  ((_, loss),), ((_, soft),) = (scalars[f"train/{k}"] for k in ("loss", "distill_loss"))
+  np.testing.assert_allclose(loss, soft, rtol=1e-5)
+  params, config, _ = ckpt_lib.load_params(summary["best_checkpoint"])
+  assert config.family == "tinybert" and set(params) == {"bert", "classifier"}
