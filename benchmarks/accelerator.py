@@ -6,15 +6,22 @@ r"""Accelerator throughput of a full pre-training step: real tokens/s, sequences
   python -m benchmarks.accelerator --peer=torch         # + transformers/PyTorch on the same rows
   python -m benchmarks.accelerator --smoke              # tiny config on CPU, seconds
   bash benchmarks/gpu_session.sh                        # the H100 session's one call
+  bash benchmarks/gpu_ab.sh                             # issue 38's levers, peer and profiles
 
 Cases (bfloat16 compute, float32 parameters and Adam state, AdamW as the presets):
   base128    BERT-base, phase 1: seq 128, global batch 256, 20 predictions per instance
   large512   BERT-large, phase 2: seq 512, global batch 32 per chip (--batch overrides), 80
              predictions per instance, remat off (one H100 holds it; --remat turns it on)
 Each case runs unpacked (one instance per row, padded) and packed (instances end to end,
-data_pipelines/packing.py), once per attention backend. Attention dropout is 0 for every run (the
-`fast` preset: the fused kernels have none), so the backends run the same maths; hidden dropout
-stays 0.1.
+data_pipelines/packing.py), once per attention backend. Attention dropout is 0 unless a variant
+asks for the recipe's 0.1 (`@drop`: cuDNN drops in its kernel, xla on the probabilities; the other
+fused kernels have none), so plain backends run the same maths; hidden dropout stays 0.1.
+
+Variants (--backends, --unpacked_backends): BACKEND[@KNOB...], in one process (XLA's autotuning
+carries over). Module knobs KNOBn (`bwd64`, `M8`, `vpad128`, `headbf16`: parse_variant); model
+levers of issue 38, bare words: `fp8` (config.model.fp8), `gelu` (fused_bias_gelu with the tanh
+GELU it needs), `resnorm` (fused_residual_norm), `drop` (attention dropout 0.1, the recipe), `all`
+(the four). e.g. `auto@drop@fp8`.
 
 Records are synthetic but shaped like real text: instance lengths follow the quick start's records
 (measured quantiles below; mean 0.44 of the row is real tokens; Wikipedia at seq 512 is ~0.50,
@@ -134,8 +141,10 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
 # ----------------------------------------------------------------------------------------------
 # One run: a case, a packing mode, a backend.
 # ----------------------------------------------------------------------------------------------
-def model_config(case, *, packed, dtype, remat, batch, hidden_dropout=None, attention="xla"):
-  """The pre-training config and model config of one run (no device touched)."""
+def model_config(case, *, packed, dtype, remat, batch, hidden_dropout=None, attention="xla",
+                 levers=None):
+  """The pre-training config and model config of one run (no device touched). levers: config.model
+  fields a variant sets (_LEVERS)."""
   from bert_jax import train
   from bert_jax.configs import pretrain
   c = pretrain.get_config(case["model"])
@@ -148,18 +157,22 @@ def model_config(case, *, packed, dtype, remat, batch, hidden_dropout=None, atte
   c.model.attention = attention
   if hidden_dropout is not None:   # --hidden_dropout: what the dropout masks cost
     c.model.hidden_dropout_prob = hidden_dropout
+  for field, value in (levers or {}).items():
+    c.model[field] = value
   if "pack" in c:
     c.pack = packed
   return c, train.create_model_config(c, train.load_vocab(c))
 
 
-def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None):
+def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None,
+          levers=None):
   """The pre-training config, model config, mesh and jitted steps of one run."""
   from bert_jax import attention, sharding as sharding_lib, train
+  dropout = (levers or {}).get("attention_dropout_prob", 0.0)
   choice = attention.select_backend(backend, packed=packed, dtype=dtype, seq_len=case["seq"],
-                                    dropout=0.0, allow_interpret=interpret)
+                                    dropout=dropout, allow_interpret=interpret)
   c, mc = model_config(case, packed=packed, dtype=dtype, remat=remat, batch=batch,
-                       hidden_dropout=hidden_dropout, attention=choice.backend)
+                       hidden_dropout=hidden_dropout, attention=choice.backend, levers=levers)
   mesh = sharding_lib.create_mesh((-1, 1, 1))
   return c, mc, mesh, train.build_training(c, mc, mesh), choice
 
@@ -173,11 +186,12 @@ def real_flops(mc, contents, used):
 
 
 def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
-        seed=0, hidden_dropout=None, profile_steps_n=3):
+        seed=0, hidden_dropout=None, profile_steps_n=3, levers=None):
   import jax
   from bert_jax import sharding as sharding_lib, train
   c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
-                                 batch=batch, interpret=interpret, hidden_dropout=hidden_dropout)
+                                 batch=batch, interpret=interpret, hidden_dropout=hidden_dropout,
+                                 levers=levers)
   rng = np.random.default_rng(seed)
   host, contents = make_batches(rng, count=4, rows=batch, seq=case["seq"], preds=case["preds"],
                                 vocab=30522, packed=packed)
@@ -269,19 +283,31 @@ def backends_to_run(requested, *, packed, dtype, seq, interpret):
 _KNOBS = {"bwd": ("attention", "PALLAS_BWD_BLOCK"), "M": ("attention", "CUDNN_MAX_SEGMENTS"),
           "vpad": ("pretraining_heads", "VOCAB_PAD"),
           "headbf": ("pretraining_heads", "HEAD_BF16_BACKWARD")}
+# Issue 38's levers (bare words): config.model fields, each a switch of the step (the module
+# docstring). `gelu` sets the tanh GELU its cuBLASLt epilogue needs: a change of the recipe that the
+# variant's name says (bert_jax/fused_ops.py). `drop` is the recipe's attention dropout, 0.1.
+_LEVERS = {"fp8": {"fp8": True},
+           "gelu": {"fused_bias_gelu": True, "hidden_act": "gelu_tanh"},
+           "resnorm": {"fused_residual_norm": True},
+           "drop": {"attention_dropout_prob": 0.1}}
+_LEVERS["all"] = {k: v for lever in list(_LEVERS.values()) for k, v in lever.items()}
 
 
 def parse_variant(spec):
-  """`cudnn@M32` -> ("cudnn", {("attention", "CUDNN_MAX_SEGMENTS"): 32}); a one-line error for
-  an unknown knob."""
+  """`cudnn@M32` -> ("cudnn", {("attention", "CUDNN_MAX_SEGMENTS"): 32}); a lever `auto@fp8` ->
+  ("auto", {("model", "fp8"): True}); a one-line error for an unknown knob."""
   backend, _, rest = spec.partition("@")
   knobs = {}
   for item in filter(None, rest.split("@")):
+    if item in _LEVERS:
+      knobs.update({("model", field): value for field, value in _LEVERS[item].items()})
+      continue
     m = re.fullmatch(r"([A-Za-z]+?)(\d+)", item)
     if not m or m.group(1) not in _KNOBS:
       raise errors.UserError(f"--backends: {spec!r}: a variant is BACKEND@KNOBn with KNOB one of "
                              f"{', '.join(_KNOBS)} (pallas_gpu@bwd64, cudnn@M8, "
-                             "pallas_gpu@vpad128@headbf16)")
+                             "pallas_gpu@vpad128@headbf16), or BACKEND@LEVER with LEVER one of "
+                             f"{', '.join(_LEVERS)} (auto@drop@fp8)")
     knobs[_KNOBS[m.group(1)]] = int(m.group(2))
   return backend, knobs
 
@@ -290,7 +316,12 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--cases", default="base128,large512", help="base128, large512 (comma list)")
   p.add_argument("--backends", default="all", help="all, or a list of auto,xla,cudnn,"
-                 "pallas_gpu,splash")
+                 "pallas_gpu,splash, each with @knobs/@levers (the module docstring)")
+  p.add_argument("--unpacked_backends", default="", help="the unpacked rows' list, when it "
+                 "differs from --backends (e.g. cudnn there, pallas_gpu packed)")
+  p.add_argument("--budget_s", type=float, default=0, help="start no further run once the "
+                 "seconds since start plus the longest run so far would pass this (0: no limit); "
+                 "each run not started is printed as such")
   p.add_argument("--packing", default="both", choices=("both", "packed", "unpacked"))
   p.add_argument("--steps", type=int, default=300)
   p.add_argument("--warmup", type=int, default=10)
@@ -315,6 +346,8 @@ def parse_args(argv=None):
   p.add_argument("--peer_warmup", type=int, default=5, help="peer's warm-up steps (compilation)")
   p.add_argument("--peer_timeout", type=int, default=0, help="stop a peer run after this many "
                  "seconds, compilation included (0: never)")
+  p.add_argument("--peer_attention_dropout", type=float, default=0.0, help="the peer's "
+                 "attention_probs_dropout_prob (0.1: BERT's recipe, as ours with @drop)")
   p.add_argument("--interpret", action="store_true", help="allow Pallas kernels in CPU "
                  "interpret mode (for checking the plumbing; slow)")
   p.add_argument("--smoke", action="store_true", help="tiny config, 3 steps: checks the "
@@ -360,7 +393,8 @@ def run_peer(name, case, a, batch, sdpa):
             intermediate_size=mc.intermediate_size, hidden_act=mc.hidden_act,
             max_position_embeddings=mc.max_position_embeddings,
             type_vocab_size=mc.type_vocab_size, hidden_dropout_prob=mc.hidden_dropout_prob,
-            attention_probs_dropout_prob=0.0, layer_norm_eps=mc.layer_norm_eps)
+            attention_probs_dropout_prob=a.peer_attention_dropout,
+            layer_norm_eps=mc.layer_norm_eps)
   compile_flag = ("--compile" if a.peer_compile else "--nocompile")
   cmd = [sys.executable, "-m", "benchmarks.torch_peer", f"--case={name}",
          f"--config_json={json.dumps(hf)}", f"--batch={batch}",
@@ -430,7 +464,23 @@ def compare(name, ours, peers, chips):
       best = max(mine, key=lambda r: r["tokens_per_s"])
       lines.append(f"ratio {name}: {what}: {best['tokens_per_s'] / chips / peer_rate:.2f}x real "
                    f"tok/s per chip (ours {best['backend']}, torch sdpa={best_peer[0]['sdpa']})")
+  # Every row of ours against the peer (row for row where ours is unpacked too).
+  for r in ours:
+    if r["case"] == name:
+      lines.append(f"ratio {name}: {'packed' if r['packed'] else 'unpacked'} {r['backend']} / "
+                   f"torch unpacked: {r['tokens_per_s'] / chips / peer_rate:.2f}x")
   return lines
+
+
+def backend_list(a, packed):
+  """The variants to run for packed or unpacked rows (--unpacked_backends, else --backends)."""
+  return a.backends if packed or not a.unpacked_backends else a.unpacked_backends
+
+
+def over_budget(started, longest, budget_s, now=None):
+  """True when a further run, as long as the longest so far, would end past --budget_s."""
+  now = time.perf_counter() if now is None else now
+  return bool(budget_s) and (now - started) + longest > budget_s
 
 
 def main(argv=None):
@@ -450,22 +500,34 @@ def main(argv=None):
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)
-  results, failed = [], []
+  results, failed, skipped = [], [], []
+  started, longest = time.perf_counter(), 0.0
+  versions = short_versions()
   for name in cases:
     case = CASES[name]
     batch = a.batch or case["batch"] * (jax.device_count() if case["per_chip"] else 1)
     for packed in {"both": (False, True), "packed": (True,), "unpacked": (False,)}[a.packing]:
-      for spec in backends_to_run(a.backends, packed=packed, dtype=a.dtype, seq=case["seq"],
-                                  interpret=a.interpret):
+      for spec in backends_to_run(backend_list(a, packed), packed=packed, dtype=a.dtype,
+                                  seq=case["seq"], interpret=a.interpret):
         backend, knobs = parse_variant(spec)
+        levers = {k: v for (m, k), v in knobs.items() if m == "model"}
+        knobs = {mk: v for mk, v in knobs.items() if mk[0] != "model"}
+        if over_budget(started, longest, a.budget_s):
+          print(f"{name:9s} {'packed' if packed else 'unpacked':8s} {spec}: not run (--budget_s="
+                f"{a.budget_s:g}: {time.perf_counter() - started:.0f} s gone, the longest run "
+                f"{longest:.0f} s)", flush=True)
+          skipped.append(spec)
+          continue
         modules = {"attention": attention, "pretraining_heads": pretraining_heads}
         saved = {(m, k): getattr(modules[m], k) for m, k in knobs}
         for (m, k), v in knobs.items():
           setattr(modules[m], k, v)
+        t_run = time.perf_counter()
         try:
           r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
                   warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
                   hidden_dropout=a.hidden_dropout, profile_steps_n=a.profile_steps,
+                  levers=levers,
                   profile_dir=a.profile_dir and os.path.join(
                       a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{spec}"))
         except errors.UserError:
@@ -480,8 +542,10 @@ def main(argv=None):
         finally:
           for (m, k), v in saved.items():
             setattr(modules[m], k, v)
+          longest = max(longest, time.perf_counter() - t_run)
         r["case"] = name
         r["backend"] = spec
+        r["versions"] = versions
         results.append(r)
         print(format_row(r), flush=True)
   for name in cases:
@@ -491,6 +555,9 @@ def main(argv=None):
       print(format_peer(p, row), flush=True)
     for line in compare(name, results, rows, jax.device_count()):
       print(line, flush=True)
+  if skipped:
+    print(f"not run (time budget): {', '.join(skipped)}: a second call with VARIANTS=... runs them",
+          flush=True)
   if failed:
     print(f"error: these runs failed on the chip: {', '.join(failed)} (their lines above)",
           file=sys.stderr)
@@ -503,10 +570,26 @@ def main(argv=None):
 def format_row(r):
   mfu = f"{r['mfu']:6.1%}" if r["mfu"] is not None else "   n/a"
   ratio = r["xla_flops"] / r["slot_flops"] if r["slot_flops"] else float("nan")
+  versions = f" | {r['versions']}" if r.get("versions") else ""
   return (f"{r['case']:9s} {'packed' if r['packed'] else 'unpacked':8s} {r['backend']:10s} "
           f"batch {r['batch']:4d} fill {r['fill']:.2f} | {r['tokens_per_s']:10.0f} real tok/s "
           f"{r['seqs_per_s']:8.1f} seq/s {r['step_ms']:8.1f} ms/step | MFU {mfu} | "
-          f"XLA/analytic FLOPs {ratio:.2f} | {r['reason']}")
+          f"XLA/analytic FLOPs {ratio:.2f} | {r['reason']}{versions}")
+
+
+def short_versions():
+  """jax/jaxlib/flax and the commit, for the end of every row (figures travel alone)."""
+  from importlib import metadata
+  def version(name):
+    try:
+      return metadata.version(name)
+    except metadata.PackageNotFoundError:
+      return "-"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
+                       capture_output=True, text=True)
+  return (f"jax {version('jax')} jaxlib {version('jaxlib')} flax {version('flax')} "
+          f"commit {git.stdout.strip() or 'unknown'}")
 
 
 if __name__ == "__main__":

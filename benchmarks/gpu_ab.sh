@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# Issue 29's A/B in ONE device call (about 5 minutes on one H100/H200): does cuDNN's
-# flash attention on packed rows (ragged offsets, attention.py `_cudnn_packed`) beat the Pallas
-# kernel that the 2026-11-26 profile found taking 27% of BERT-large/512's step, and do bigger
-# Pallas backward tiles help? First the kernels' correctness against the xla path on the chip
-# (tests/attention_test.py's GPU tests: forward and dQ/dK/dV, bf16), then the variants of
-# large512 packed in one process (XLA's autotuning results carry over between them), each
-# profiled (benchmarks/profile_table.py's table).
+# Issue 38's measurements in ONE device call (<= 9 minutes on one H100/H200): the versions; the
+# new kernels' correctness on the chip (cuDNN with in-kernel attention dropout: per-run masks and
+# the backward on the forward's mask; FP8 and the fused epilogues' numerics); then BERT-large/512
+# in one process: the PyTorch peer (transformers + torch.compile, unpacked, attention dropout
+# 0.1), ours unpacked and packed with the recipe's attention dropout 0.1, each lever alone and all
+# together, 20 timed steps and a 3-step profile each, a versions tag on every row, and the ratio
+# of every row to the peer (row for row where ours is unpacked too).
 #
 #   bash benchmarks/gpu_ab.sh                     # on the GPU machine, from the repo root
-#   VARIANTS=pallas_gpu,pallas_gpu@vpad128@headbf16,cudnn@M8 bash benchmarks/gpu_ab.sh
+#   VARIANTS=auto@drop@resnorm,pallas_gpu UNPACKED_VARIANTS= bash benchmarks/gpu_ab.sh  # 2nd call
+#   SMOKE=1 PY=.venv/bin/python bash benchmarks/gpu_ab.sh   # the same path on CPU (tiny model)
+#
+# Variants (benchmarks/accelerator.py's docstring): BACKEND@LEVER..., levers `drop` (attention
+# dropout 0.1: cuDNN drops in its kernel, xla on the probabilities; pallas_gpu has none and is
+# refused, so `auto` picks cuDNN), `fp8` (config.model.fp8), `gelu` (fused_bias_gelu, with the
+# tanh GELU cuBLASLt's epilogue needs: a change of the recipe, named), `resnorm`
+# (fused_residual_norm), `all` (the four). Defaults, in priority order (unpacked runs first):
+#   UNPACKED_VARIANTS  cudnn@drop,cudnn@all                  (row for row against the peer)
+#   VARIANTS           auto@drop,auto@all,auto@drop@fp8,auto@drop@gelu,auto@drop@resnorm,pallas_gpu
+# (`pallas_gpu`: the 2026-11-26 baseline, attention dropout 0). BUDGET_S (330): no variant starts
+# once the seconds gone plus the longest run so far would pass it; the ones not run are printed,
+# for a second call. CUBLASLT (1): XLA_FLAGS=--xla_gpu_enable_cublaslt=true for every run of ours
+# (baseline included, so the rows compare), the GEMM rewriter's path to bias+GELU epilogues;
+# dropped with a line if this XLA does not know the flag. Timeouts: CHECK_TIMEOUT (75 s),
+# AB_TIMEOUT (420 s), PEER_TIMEOUT (100 s). Call the device tool with timeout_s=570.
 #
 # Wheels: as benchmarks/gpu_session.sh says (carry .whl with ml-collections).
 set -uo pipefail
@@ -19,16 +34,51 @@ PROF=/tmp/gpu_ab_profiles
 rm -rf "$PROF"; mkdir -p "$OUT"
 # shellcheck source=benchmarks/gpu_common.sh
 source benchmarks/gpu_common.sh   # elapsed, the carried wheels
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 
-echo "== correctness on the chip $(elapsed)"
-timeout "${CHECK_TIMEOUT:-90}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
-  tests/attention_test.py -k "cudnn_equals or pallas_gpu_equals" 2>&1 | tail -15 | tee "$OUT/check.log"
+echo "== versions $(elapsed)"
+"$PY" -c "from benchmarks import accelerator; print(accelerator.provenance())" | tee "$OUT/versions.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit \
+  --format=csv,noheader 2>/dev/null | tee -a "$OUT/versions.log"
 
-echo "== large512 packed: ${VARIANTS:=pallas_gpu,pallas_gpu@vpad128@headbf16,cudnn@M8,pallas_gpu@bwd64} $(elapsed)"
-timeout "${AB_TIMEOUT:-250}" "$PY" -m benchmarks.accelerator --cases=large512 --packing=packed \
-  --backends="$VARIANTS" --steps="${STEPS:-20}" --warmup=3 --profile_dir="$PROF" \
-  --profile_steps=2 2>&1 | tee "$OUT/ab.log"
+if [ "${SMOKE:-0}" = 1 ]; then
+  export JAX_PLATFORMS=cpu
+  CASE=smoke
+  COMMON=(--smoke --peer_steps=2)
+  : "${UNPACKED_VARIANTS=auto@drop}" "${VARIANTS=auto@drop,auto@all}" "${CHECKS:=0}"
+  CUBLASLT=0
+else
+  CASE=large512
+  COMMON=(--steps="${STEPS:-20}" --warmup=3 --peer_steps=20 --peer_warmup=5)
+  : "${UNPACKED_VARIANTS=cudnn@drop,cudnn@all}"
+  : "${VARIANTS=auto@drop,auto@all,auto@drop@fp8,auto@drop@gelu,auto@drop@resnorm,pallas_gpu}"
+fi
+
+if [ "${CHECKS:-1}" = 1 ]; then
+  echo "== correctness on the chip $(elapsed)"
+  timeout "${CHECK_TIMEOUT:-75}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
+    tests/attention_test.py tests/fp8_test.py tests/fused_ops_test.py \
+    -k "cudnn_equals or cudnn_dropout_masks or without_its_scales or used_twice or gelu_tanh_is \
+or residual_layer_norm_equals" 2>&1 | tail -15 | tee "$OUT/check.log"
+fi
+
+if [ "${CUBLASLT:-1}" = 1 ]; then
+  if XLA_FLAGS="--xla_gpu_enable_cublaslt=true ${XLA_FLAGS:-}" timeout 60 "$PY" -c \
+      "import jax; jax.devices()" >/dev/null 2>&1; then
+    export XLA_FLAGS="--xla_gpu_enable_cublaslt=true ${XLA_FLAGS:-}"
+    echo "XLA_FLAGS=$XLA_FLAGS (every run of ours)"
+  else
+    echo "this XLA does not take --xla_gpu_enable_cublaslt: runs without it"
+  fi
+fi
+
+packing=both
+[ -z "$UNPACKED_VARIANTS" ] && packing=packed
+echo "== $CASE: peer, then ours unpacked ($UNPACKED_VARIANTS) and packed ($VARIANTS) $(elapsed)"
+timeout "${AB_TIMEOUT:-420}" "$PY" -m benchmarks.accelerator --cases="$CASE" \
+  --packing="$packing" --unpacked_backends="$UNPACKED_VARIANTS" --backends="$VARIANTS" \
+  "${COMMON[@]}" --profile_dir="$PROF" --profile_steps=3 --budget_s="${BUDGET_S:-330}" \
+  --peer=torch --peer_sdpa=default --peer_attention_dropout=0.1 \
+  --peer_timeout="${PEER_TIMEOUT:-100}" 2>&1 | tee "$OUT/ab.log"
 echo "== exit ${PIPESTATUS[0]} $(elapsed)"
 tar czf "$OUT/profiles.tgz" -C "$(dirname "$PROF")" "$(basename "$PROF")" 2>/dev/null
 size=$(stat -c %s "$OUT/profiles.tgz" 2>/dev/null || echo 0)

@@ -147,3 +147,51 @@ def test_a_backend_variant_names_its_knobs_and_a_bad_one_is_a_one_line_error():
   with pytest.raises(errors.UserError, match="a variant is BACKEND@KNOBn") as e:
     accelerator.parse_variant("xla@tiles64")
   assert "\n" not in str(e.value)
+
+
+def test_issue_38_levers_are_model_fields_and_each_packing_has_its_list():
+  """@fp8/@gelu/@resnorm/@drop/@all set config.model fields (gelu with the tanh GELU it needs,
+  named by the variant); --unpacked_backends gives the unpacked rows their own list; the budget
+  stops starting runs that would end past it."""
+  assert accelerator.parse_variant("auto@drop@fp8") == (
+      "auto", {("model", "attention_dropout_prob"): 0.1, ("model", "fp8"): True})
+  _, knobs = accelerator.parse_variant("cudnn@all@M8")
+  assert knobs == {("model", "fp8"): True, ("model", "fused_bias_gelu"): True,
+                   ("model", "hidden_act"): "gelu_tanh", ("model", "fused_residual_norm"): True,
+                   ("model", "attention_dropout_prob"): 0.1,
+                   ("attention", "CUDNN_MAX_SEGMENTS"): 8}
+  a = accelerator.parse_args(["--backends=auto@all", "--unpacked_backends=cudnn@drop"])
+  assert accelerator.backend_list(a, packed=True) == "auto@all"
+  assert accelerator.backend_list(a, packed=False) == "cudnn@drop"
+  assert accelerator.backend_list(accelerator.parse_args(["--backends=xla"]), False) == "xla"
+  assert not accelerator.over_budget(0.0, 60.0, 0, now=1e6)           # no budget: never
+  assert not accelerator.over_budget(0.0, 60.0, 330, now=200.0)       # 200 + 60 <= 330
+  assert accelerator.over_budget(0.0, 60.0, 330, now=280.0)           # 280 + 60 > 330
+  # Each lever's fields exist in the pre-training config and make a valid model config.
+  for spec in ("xla@fp8", "xla@gelu", "xla@resnorm", "xla@drop", "xla@all"):
+    levers = {k: v for (m, k), v in accelerator.parse_variant(spec)[1].items() if m == "model"}
+    _, mc = accelerator.model_config(accelerator.CASES["smoke"], packed=False, dtype="bfloat16",
+                                     remat=False, batch=8, levers=levers)
+    for field, value in levers.items():
+      assert getattr(mc, field) == value, (spec, field)
+
+
+@pytest.mark.slow
+def test_gpu_ab_script_runs_end_to_end_in_smoke_mode(tmp_path):
+  """issue 38's device call on CPU with the tiny model: versions, the peer with attention
+  dropout 0.1, ours unpacked (auto@drop) and packed (auto@drop, auto@all: FP8 emulated, the fused
+  epilogues, xla's dropout) with a profile each, versions on every row, every row's ratio."""
+  script = os.path.join(os.path.dirname(GPU_SESSION), "gpu_ab.sh")
+  p = subprocess.run(["bash", script], capture_output=True, text=True, timeout=900,
+                     env=dict(os.environ, SMOKE="1", PY=sys.executable, OUT=str(tmp_path)))
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  log = (tmp_path / "ab.log").read_text()
+  assert "transformers" in (tmp_path / "versions.log").read_text()
+  for line in ("torch peer smoke sdpa=default", "profile: smoke-packed-auto@all",
+               "smoke     unpacked auto@drop", "smoke     packed   auto@all",
+               "ratio smoke: row for row, packing off:",
+               "ratio smoke: packed auto@all / torch unpacked:"):
+    assert line in log, line
+  rows = [l for l in log.splitlines() if l.startswith("smoke     ") and " torch " not in l]
+  assert len(rows) == 3 and all("| jax " in l and "commit" in l for l in rows), rows
+  assert (tmp_path / "profiles.tgz").stat().st_size > 0
