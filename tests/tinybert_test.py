@@ -158,7 +158,8 @@ def test_python_m_bert_jax_train_distils_tinybert_from_a_bert_teacher(tmp_path):
 def test_task_distillation_layers_from_a_fine_tuned_teacher_then_its_soft_labels(tmp_path,
                                                                                   capsys):
   """TinyBERT's task distillation in its two stages, with a BERT fine-tuned on the task as the
-  teacher: 1. the intermediate layers (train, alpha_pred=0: the teacher's body alone, no MLM
+  teacher, from a general-distilled student (--config.init_checkpoint, fit_dense included):
+  1. the intermediate layers (train, alpha_pred=0: the teacher's body alone, no MLM
   head, teaches), 2. the prediction layer (finetune --config.distill_teacher, alpha 1 at T=1:
   the gradient of TinyBERT's soft cross-entropy) on the tinybert student's workdir."""
   from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
@@ -186,8 +187,14 @@ def test_task_distillation_layers_from_a_fine_tuned_teacher_then_its_soft_labels
   c.seq_length, c.max_predictions_per_seq, c.batch_size = 32, 5, 8   # 8 test devices
   c.num_train_steps, c.warmup_steps, c.log_every, c.checkpoint_every = 2, 1, 1, 2
   c.async_checkpointing = False
+  # 0. General distillation from the pre-trained BERT; stage 1 starts from it.
+  c.teacher_checkpoint = bert
+  general = str(tmp_path / "general")
+  train.train_and_evaluate(c, general)
+  c.teacher_checkpoint, c.init_checkpoint = teacher, general
   student = str(tmp_path / "student")
   train.train_and_evaluate(c, student)
+  assert "initialised parameters from" in capsys.readouterr().out
   scalars = metrics_writer.read_scalars(os.path.join(student, "tensorboard"))
   assert len(scalars["train/distill_att_loss"]) == 2 and "train/distill_pred_loss" not in scalars
   # 2. The prediction layer through the fine-tuning CLI's distillation.
