@@ -175,14 +175,16 @@ def _losses(fp8_on, steps):
 
 
 @pytest.mark.slow
-def test_fp8_loss_stays_within_2_percent_of_bf16_over_50_steps():
-  """Tiny BERT, bf16 compute, 4 fixed batches cycled (the loss falls ~7 -> ~5.5): FP8's loss at
-  every step after the first 10 within 2% of bf16's, and its mean over the last 10 within 1%."""
+def test_fp8_loss_stays_within_1_percent_of_bf16_over_50_steps():
+  """Tiny BERT, bf16 compute, 4 fixed batches cycled (the loss falls 6.9 -> 4.0): FP8's loss at
+  every step after the first 10 within 1% of bf16's, and its mean over the last 10 within 0.5%
+  (measured 2026-11-27 on CPU: 0.04% and 0.03%; XLA's CPU FP8 emulation, the same rounding)."""
   bf16, f8 = _losses(False, 50), _losses(True, 50)
   assert bf16[-10:].mean() < bf16[:5].mean() - 0.5, bf16        # it trains
+  assert not np.array_equal(f8, bf16)                             # the FP8 path really ran
   rel = np.abs(f8 - bf16) / bf16
-  assert rel[10:].max() < 0.02, (rel.max(), f8[-5:], bf16[-5:])
-  assert abs(f8[-10:].mean() - bf16[-10:].mean()) / bf16[-10:].mean() < 0.01
+  assert rel[10:].max() < 0.01, (rel.max(), f8[-5:], bf16[-5:])
+  assert abs(f8[-10:].mean() - bf16[-10:].mean()) / bf16[-10:].mean() < 0.005
 
 
 @pytest.mark.slow
