@@ -4,6 +4,8 @@
       --output=data/vocab.txt [--[no]lower_case] [--model_type=wordpiece|unigram|bpe] \\
       [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab] \\
       [--hangul_coverage=auto|ksx1001|none] [--[no]byte_level]
+  python -m data_pipelines.build_vocab --input_sources='en=data/en/*.txt;ko=data/ko/*.txt' \
+      --source_tau=0.3 ...   (one vocabulary over several languages: vocab_mixture.py)
 
 WordPiece: words come from the same in-graph BERT basic tokenizer that tokenization.py uses (so
 the vocab is learned on exactly the words it will see), then tensorflow_text's WordPiece learner
@@ -59,6 +61,7 @@ from data_pipelines import pretokenize
 from data_pipelines import tokenization
 from data_pipelines import tokenizer_json
 from data_pipelines import vocab as vocab_lib
+from data_pipelines import vocab_mixture
 from bert_jax_core.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call
@@ -390,13 +393,16 @@ def _check_json_flags(output, model_type, byte_level, character_coverage, byte_f
 
 def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece",
           num_unused=0, input_sentence_size=0, seed=0, character_coverage=0.9995,
-          byte_fallback=False, pretokenizer="none", hangul_coverage="auto", byte_level=None):
+          byte_fallback=False, pretokenizer="none", hangul_coverage="auto", byte_level=None,
+          input_sources="", source_tau=1.0):
   """Learns and writes the vocabulary and its .meta.json; returns (tokens, input files, meta).
 
   An output ending in .json is a Hugging Face tokenizer.json (byte_level: None = from the
   corpus, choose_byte_level). Every flag is checked before the corpus is read past its first
-  ~4M characters (the script mix that the defaults come from).
+  ~4M characters (the script mix that the defaults come from). input_sources (instead of
+  input_file): 'NAME=GLOB;NAME=GLOB', lines drawn in shares ~ lines^source_tau (vocab_mixture).
   """
+  sources = _check_sources(input_file, input_sources, source_tau)
   is_json = _check_options(output, model_type, byte_level, character_coverage, byte_fallback,
                            input_sentence_size)
   pre = pretokenize.get_pretokenizer(pretokenizer)
@@ -404,7 +410,7 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   if vocab_size <= len(reserved):
     raise BuildVocabError(f"--vocab_size={vocab_size} is too small: the {len(reserved)} "
                           "special tokens alone fill it; use thousands (BERT uses 30522).")
-  paths = corpus_paths(input_file)
+  paths = ([p for _, ps in sources for p in ps] if sources else corpus_paths(input_file))
   shares = pretokenize.script_shares(iter_lines(paths))  # first ~4M characters
   byte_level, alphabet, alphabet_reason = _choose_alphabet(is_json, byte_level, model_type,
                                                            shares, vocab_size, reserved)
@@ -415,8 +421,12 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
   _warn_jamo(shares, lower_case, model_type)
   coverage, coverage_reason, always = _hangul_pieces(hangul_coverage, shares, lower_case,
                                                      model_type, alphabet, vocab_size, reserved)
-  sample, counts = _read_corpus(paths, input_file, model_type, input_sentence_size, seed,
-                                lower_case, pre)
+  if sources:
+    sample, mixture = _read_mixture(sources, source_tau, input_sentence_size, seed)
+    counts = count_words(sample.lines, lower_case, pre) if model_type == "wordpiece" else None
+  else:
+    sample, counts = _read_corpus(paths, input_file, model_type, input_sentence_size, seed,
+                                  lower_case, pre)
   if is_json:
     text, size = tokenizer_json.learn(_pretokenized(sample.lines, pre), vocab_size,
                                       model_type=model_type, byte_level=byte_level,
@@ -446,6 +456,8 @@ def build(input_file, vocab_size, output, lower_case=None, model_type="wordpiece
       "vocab_size": size, "vocab_sha256": hashlib.sha256(data).hexdigest(),
       "input_files": len(paths), "created_by": "data_pipelines.build_vocab", **kind_meta,
   }
+  if sources:
+    meta["mixture"] = {"tau": source_tau, "sources": mixture}
   files_lib.write_atomic(output, data)
   vocab_lib.write_settings(output, meta)
   return size, len(paths), meta
@@ -531,6 +543,42 @@ def _read_corpus(paths, input_file, model_type, input_sentence_size, seed, lower
   return sample, counts
 
 
+def _check_sources(input_file, input_sources, source_tau):
+  """[(name, paths)] of --input_sources, or None for --input_file; one-line errors, checked
+  before anything is read."""
+  if not input_sources:
+    if source_tau != 1.0:
+      raise BuildVocabError(f"--source_tau={source_tau:g} without --input_sources: tau sets the "
+                            "shares of named corpora; pass --input_sources='en=GLOB;ko=GLOB'.")
+    return None
+  if input_file:
+    raise BuildVocabError("pass --input_file (one pool of text) or --input_sources (named "
+                          "corpora drawn in shares ~ size^tau), not both.")
+  vocab_mixture.check_tau(source_tau, BuildVocabError)
+  out = []
+  for name, pattern in vocab_mixture.parse(input_sources, BuildVocabError):
+    paths = [p for g in pattern.split(",") if g.strip()
+             for p in sorted(tf.io.gfile.glob(g.strip()))]
+    if not paths:
+      raise BuildVocabError(f"{vocab_mixture.FLAG}: source {name!r} ({pattern}): no file "
+                            "matches; check the path.")
+    out.append((name, paths))
+  return out
+
+
+def _read_mixture(sources, tau, input_sentence_size, seed):
+  """(Sample of the drawn lines, {name: what it had and gave}); a source whose files hold no
+  text is a one-line error."""
+  corpora = {}
+  for name, paths in sources:
+    corpora[name] = list(iter_lines(paths))
+    if not corpora[name]:
+      raise BuildVocabError(f"{vocab_mixture.FLAG}: source {name!r}: its {len(paths)} file(s) "
+                            "hold no text (only blank lines); remove the source or fix its glob.")
+  lines, stats = vocab_mixture.draw(corpora, tau, input_sentence_size, seed)
+  return Sample(lines, sum(len(c) for c in corpora.values())), stats
+
+
 def _pretokenized(lines, pre):
   """The lines a SentencePiece or tokenizer.json trainer learns from: as read, or each as the
   pre-tokenizer (mecab, jieba) cuts it, in batches."""
@@ -544,6 +592,12 @@ def define_flags(flag_values=flags.FLAGS):
   """CLI flags; defined only when run as a program, so importing this module defines none."""
   fv = dict(flag_values=flag_values)
   flags.DEFINE_string("input_file", None, "Glob(s) of UTF-8 text files, comma-separated.", **fv)
+  flags.DEFINE_string("input_sources", None, "Instead of --input_file: named corpora, "
+                      "'NAME=GLOB[,GLOB];NAME=GLOB' (e.g. one per language), whose lines are "
+                      "drawn in shares ~ lines^--source_tau.", **fv)
+  flags.DEFINE_float("source_tau", 1.0, "With --input_sources: each corpus' share ~ its "
+                     "lines^tau, 0 < tau <= 1 (1 = proportional to size; XLM-R 0.3, mBERT 0.7).",
+                     **fv)
   flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary size (WordPiece may stop short "
                        "when the corpus has fewer useful pieces).", **fv)
   flags.DEFINE_string("output", None, "vocab.txt (wordpiece), .model (SentencePiece unigram/bpe) "
@@ -581,7 +635,7 @@ def main(argv):
         FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "", FLAGS.lower_case,
         FLAGS.model_type, FLAGS.num_unused, FLAGS.input_sentence_size, FLAGS.seed,
         FLAGS.character_coverage, FLAGS.byte_fallback, FLAGS.pretokenizer,
-        FLAGS.hangul_coverage, FLAGS.byte_level)
+        FLAGS.hangul_coverage, FLAGS.byte_level, FLAGS.input_sources or "", FLAGS.source_tau)
   except tf.errors.OpError as e:
     raise BuildVocabError(f"--input_file={FLAGS.input_file}: {str(e).splitlines()[0]}") from e
   sample = meta["sample"]
@@ -593,6 +647,10 @@ def main(argv):
         + (f"; alphabet={meta['tokenizer_json']['alphabet']} "
            f"({meta['tokenizer_json']['alphabet_reason']})" if "tokenizer_json" in meta else "")
         + f"; settings in {vocab_lib.meta_path(FLAGS.output)}")
+  if "mixture" in meta:   # e.g. "en 62.1% (x0.41), ko 20.3% (x3.95)": share, times each line seen
+    print(f"sources (lines^{meta['mixture']['tau']:g}): " + ", ".join(
+        f"{n} {s['share']:.1%} of the lines drawn ({s['drawn']:,} from {s['lines']:,}, "
+        f"x{s['times_seen']:.2f})" for n, s in meta["mixture"]["sources"].items()))
 
 
 if __name__ == "__main__":

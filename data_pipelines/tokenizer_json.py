@@ -36,9 +36,17 @@ What `build_vocab` learns (--output=*.json; `learn` below):
   on its own (create_pretraining_data encodes sentence by sentence) starts "ĠThe" as it would
   mid-document, and every word's first piece carries the word-start mark whole-word masking reads.
 
+Gemma-style files (Gemma's 256k vocabulary, which mmBERT reuses; Llama's): a BPE with byte
+fallback over SentencePiece pieces, spaces written "▁" by a Replace normalizer (no Metaspace, no
+prefix "▁"), specials <pad> <eos> <bos> <unk> <mask>: <bos>/<eos> serve as [CLS]/[SEP] unless a
+tokenizer_config.json beside the file names others. tests/multilingual_vocab_test.py checks the
+ids against PreTrainedTokenizerFast and transformers' GemmaTokenizer on English, Korean, German
+and French.
+
 Whole-word masking (VocabInfo.is_continuation): a piece continues a word unless it starts with
 the pre-tokenizer's word-start mark ("Ġ" byte-level, as fairseq's RoBERTa whole-word mask; "▁"
-Metaspace), or, for a WordPiece model, when it starts with its "##". With a byte-level file that
+Metaspace or a normalizer replacing " " with "▁"), or, for a WordPiece model, when it starts
+with its "##". With a byte-level file that
 adds no prefix space (ModernBERT's), a sentence's first word has no mark and is joined to the
 token before it when that token is a candidate.
 """
@@ -53,9 +61,12 @@ import numpy as np
 from data_pipelines import vocab_base as vocab_lib
 
 FLAG = "--tokenizer_json"
-# role -> accepted spellings, first preferred (BERT/ModernBERT, then RoBERTa's).
-ROLES = (("pad", ("[PAD]", "<pad>")), ("unk", ("[UNK]", "<unk>")), ("cls", ("[CLS]", "<s>")),
-         ("sep", ("[SEP]", "</s>")), ("mask", ("[MASK]", "<mask>")))
+# role -> accepted spellings, first preferred (BERT/ModernBERT, then RoBERTa's, then Gemma's:
+# its file has <pad> <eos> <bos> <unk> <mask> at ids 0..4 and no <s>, and transformers'
+# GemmaTokenizer puts <bos> first, <eos> last, the places of [CLS] and [SEP]).
+ROLES = (("pad", ("[PAD]", "<pad>")), ("unk", ("[UNK]", "<unk>")),
+         ("cls", ("[CLS]", "<s>", "<bos>")), ("sep", ("[SEP]", "</s>", "<eos>")),
+         ("mask", ("[MASK]", "<mask>")))
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # what `learn` writes, ids 0..4
 BYTE_SPACE = "\u0120"  # "Ġ": the byte-level alphabet's stand-in for the space byte
 META_SPACE = "\u2581"  # "▁": Metaspace's (and SentencePiece's) word-start mark
@@ -128,12 +139,26 @@ def _word_start(spec):
         if found:
           return found
     return None
-  found = find(spec.get("pre_tokenizer"))
+  found = find(spec.get("pre_tokenizer")) or _replaced_space(spec.get("normalizer"))
   if found:
     return found
   if spec["model"].get("type") == "WordPiece":
     return ("continuation", spec["model"].get("continuing_subword_prefix") or "##")
   return (None, "")
+
+
+def _replaced_space(node):
+  """("prefix", "▁") for a normalizer that writes every space as "▁" (Gemma's and Llama's files,
+  as transformers converts SentencePiece: Replace(" ", "▁"), with no Metaspace pre-tokenizer),
+  alone or in a Sequence; else None."""
+  if not isinstance(node, dict):
+    return None
+  if node.get("type") == "Sequence":
+    return next(filter(None, map(_replaced_space, node.get("normalizers", ()) or ())), None)
+  if (node.get("type") == "Replace" and (node.get("pattern") or {}).get("String") == " "
+      and node.get("content") == META_SPACE):
+    return ("prefix", META_SPACE)
+  return None
 
 
 @dataclasses.dataclass
@@ -175,9 +200,9 @@ def load(path, flag=FLAG):
   if missing:
     raise TokenizerJsonError(
         f"{flag}={path}: no special token {', '.join(missing)}; masked-LM pre-training needs "
-        "[PAD] [UNK] [CLS] [SEP] [MASK] (or <pad> <unk> <s> </s> <mask>) as special added "
-        "tokens: learn one with build_vocab --output=tokenizer.json, or add them with "
-        "tokenizers' add_special_tokens.")
+        "[PAD] [UNK] [CLS] [SEP] [MASK] (or <pad> <unk> <s> </s> <mask>, or Gemma's <bos> "
+        "<eos>) as special added tokens: learn one with build_vocab --output=tokenizer.json, "
+        "or add them with tokenizers' add_special_tokens.")
   if len(set(ids.values())) < len(ids):
     raise TokenizerJsonError(f"{flag}={path}: special roles share an id ({ids}); pad, unk, cls, "
                              "sep and mask each need their own token.")
