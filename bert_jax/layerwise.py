@@ -45,6 +45,7 @@ from flax import linen as nn
 from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distil
+from bert_jax import families
 from bert_jax import inference
 from bert_jax import model as model_lib
 from bert_jax import objectives
@@ -55,7 +56,6 @@ ConfigError = trainer_lib.ConfigError
 WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_pred", "alpha_mlm")
 # What the frozen teacher adds to each micro-batch (trainer_lib.with_frozen).
 TEACHER_KEYS = ("teacher_mlm", "teacher_hidden", "teacher_scores")
-TEACHER_FAMILIES = (*distil.TEACHER_FAMILIES, "tinybert")
 
 
 def recipe_fields(c, *, fit_size=768):
@@ -186,9 +186,13 @@ def load_teacher(config, model_config) -> distil.Teacher:
 def check_teacher_config(config, t, s, where):
   """The teacher's encoder `t` against the student `s` (no file read): family, vocab, depth and
   layer map, widths, positions."""
-  if t.family not in TEACHER_FAMILIES or t.factorised or t.share_layers != "none":
+  # DistilBERT's teachers, or a student of this objective (a BertModel: TinyBERT) in its turn.
+  ok = (t.family in distil.TEACHER_FAMILIES
+        or families.get(t.family).step_parts is step_parts)  # pylint: disable=comparison-with-callable
+  if not ok or t.factorised or t.share_layers != "none":
     raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
-                      f"({', '.join(TEACHER_FAMILIES)}) without factorised or shared layers.")
+                      f"({', '.join(distil.TEACHER_FAMILIES)}, or a layer-wise student) without "
+                      "factorised or shared layers.")
   if t.vocab_size != s.vocab_size:
     raise ConfigError(f"{where} has a vocabulary of {t.vocab_size} tokens and the student "
                       f"{s.vocab_size}: the teacher's logits and embeddings index its own "

@@ -104,6 +104,12 @@ def test_teacher_checks_name_the_map_the_projection_the_vocab_and_the_heads():
   with pytest.raises(layerwise.ConfigError, match="vocabulary of 100 tokens and the student 99"):
     layerwise.check_teacher_config(ml_dict(), dataclasses.replace(teacher, vocab_size=100),
                                    student, where)
+  # A layer-wise student teaches in turn; ELECTRA's discriminator does not.
+  layerwise.check_teacher_config(ml_dict(), dataclasses.replace(student, hidden_size=128),
+                                 student, where)
+  with pytest.raises(layerwise.ConfigError, match="is a electra model"):
+    layerwise.check_teacher_config(
+        ml_dict(), model_lib.get_bert_config("electra-tiny", vocab_size=VOCAB), student, where)
   four_heads = dataclasses.replace(student, num_heads=4)
   with pytest.raises(layerwise.ConfigError, match="2 heads and the student 4"):
     layerwise.check_teacher_config(ml_dict(), teacher, four_heads, where)
