@@ -161,6 +161,12 @@ def test_build_vocab_records_the_mixture(tmp_path):
   assert mix["sources"]["ko"]["drawn"] == round(share * (n_ko + n_de))
   assert meta["sample"]["sentences_used"] == sum(s["drawn"] for s in mix["sources"].values())
   assert vocab_lib.read_settings(out)["mixture"] == mix
+  # tau 1 draws every line once, in the order given: the same file as --input_file over both.
+  pooled, mixed = str(tmp_path / "pool.json"), str(tmp_path / "tau1.json")
+  build_vocab.build(f"{ko},{de}", 2000, pooled, model_type="bpe")
+  build_vocab.build("", 2000, mixed, model_type="bpe", input_sources=f"ko={ko};de={de}")
+  with open(pooled, "rb") as a, open(mixed, "rb") as b:
+    assert a.read() == b.read()
 
 
 @pytest.mark.slow
