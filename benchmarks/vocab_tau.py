@@ -90,7 +90,8 @@ def main():
     langs = corpora(root, args.max_modules or None)
     table = compare(root, langs, args.tau, args.vocab_size, args.model_type)
   t = f"{args.tau:g}"
-  print(f"{args.model_type} tokenizer.json (characters + byte fallback), {args.vocab_size} ids; "
+  kind = "characters + byte fallback" if args.model_type == "bpe" else "characters, [UNK]"
+  print(f"{args.model_type} tokenizer.json ({kind}), {args.vocab_size} ids; "
         f"pieces per held-out word, tau=1 (size-proportional) vs tau={t}")
   print(f"{'lang':5}{'train lines':>12}{'share@1':>9}{'share@' + t:>11}{'held-out words':>16}"
         f"{'ppw@1':>8}{'ppw@' + t:>10}{'ratio':>8}")
