@@ -231,6 +231,7 @@ def restore_or_init(manager, t, config, model_config, workdir, latest, teacher=N
   pre-trained; a DistilBERT student: from its teacher's layers) start. `position`: the data
   stream's input position at `latest` (None: the checkpoint's; a restarted stream's is 0)."""
   if latest is not None:   # of this model and vocab: checked before the input (check_same_run)
+    trainer_lib.check_resume_fp8(manager, latest, t.abstract_state, workdir)
     state, meta = ckpt_lib.restore(manager, latest, t.abstract_state)
     print(f"resuming from step {latest} in {workdir} (input position "  # every host says so
           f"{meta['input_position'] if position is None else position})", flush=True)

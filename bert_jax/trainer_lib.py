@@ -281,6 +281,19 @@ class Pretrained(NamedTuple):
   prefix: tuple              # where params sit in that item: () export, ("params",) train state
 
 
+def check_resume_fp8(manager, step, abstract_state, workdir):
+  """Resuming with config.model.fp8 switched: a one-line ConfigError naming both ways on, not
+  Orbax's tree diff. The FP8 scales are part of the train state (bert_jax/fp8.py)."""
+  stored = "fp8" in _tree_metadata(manager.directory / str(step) / "state")
+  wanted = "fp8" in abstract_state
+  if stored != wanted:
+    raise ConfigError(
+        f"config.model.fp8={wanted}: the checkpoint of step {step} in {workdir} was written "
+        f"{'without' if wanted else 'with'} FP8 scales; resume it with --config.model.fp8="
+        f"{not wanted}, or start a new workdir from it with --config.init_checkpoint={workdir} "
+        "(the parameters carry over; FP8 scales start fresh).")
+
+
 def _tree_metadata(item_dir):
   with ocp.StandardCheckpointer() as ckptr:
     metadata = ckptr.metadata(item_dir)

@@ -231,4 +231,10 @@ def test_an_fp8_checkpoint_resumes_fine_tunes_and_exports_without_its_scales(tmp
   names = list(load_file(str(hf / "model.safetensors")))
   assert names and not [n for n in names if "fp8" in n or "amax" in n or "scale" in n]
   assert "fp8" not in json.load(open(hf / "config.json"))
-  assert os.path.exists(hf / "config.json")
+  # Resuming the FP8 workdir with FP8 off: one line that names both ways on, not Orbax's diff.
+  from bert_jax_core import errors
+  c.num_train_steps = 6
+  with pytest.raises(errors.UserError, match="written with FP8 scales; resume it with "
+                     "--config.model.fp8=True, or start a new workdir") as e:
+    train.train_and_evaluate(c, workdir)
+  assert "\n" not in str(e.value)
