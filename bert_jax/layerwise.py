@@ -186,9 +186,10 @@ def load_teacher(config, model_config) -> distil.Teacher:
 def check_teacher_config(config, t, s, where):
   """The teacher's encoder `t` against the student `s` (no file read): family, vocab, depth and
   layer map, widths, positions."""
-  # DistilBERT's teachers, or a student of this objective (a BertModel: TinyBERT) in its turn.
+  # DistilBERT's teachers, or a student of this objective (its network is LayerwiseModel, a
+  # BertModel: TinyBERT) in its turn.
   ok = (t.family in distil.TEACHER_FAMILIES
-        or families.get(t.family).step_parts is step_parts)  # pylint: disable=comparison-with-callable
+        or families.get(t.family).pretraining_model.__name__ == LayerwiseModel.__name__)
   if not ok or t.factorised or t.share_layers != "none":
     raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
                       f"({', '.join(distil.TEACHER_FAMILIES)}, or a layer-wise student) without "

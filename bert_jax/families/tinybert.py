@@ -14,10 +14,24 @@ it converts both ways through BERT's converter; an export writes BertForPreTrain
 """
 
 import dataclasses
+import importlib
 
-from bert_jax import layerwise
 from bert_jax.families import bert
 from bert_jax.families import registry as families
+
+
+def _layerwise():
+  """bert_jax/layerwise.py, imported at the first hook call, not when the registry loads the
+  families (it reads checkpoints and teachers: orbax, ~0.3 s of every CLI's start otherwise)."""
+  return importlib.import_module("bert_jax.layerwise")
+
+
+def _hook(name):
+  """layerwise.<name>, looked up when called."""
+  def call(*args, **kwargs):
+    return getattr(_layerwise(), name)(*args, **kwargs)
+  call.__name__ = call.__qualname__ = name
+  return call
 
 _TINYBERT = dict(family="tinybert", objectives="mlm")
 
@@ -42,7 +56,7 @@ def recipe(c, preset):
   """TinyBERT's general distillation (their general_distill.py: rep + att MSE, lr 1e-4, the
   student from scratch), with fit_size = BERT-base's 768, their teacher's width: a teacher of
   another width takes --config.fit_size=ITS_WIDTH (a one-line error says so)."""
-  layerwise.recipe_fields(c, fit_size=TEACHER_WIDTH.get(preset, 768))
+  _layerwise().recipe_fields(c, fit_size=TEACHER_WIDTH.get(preset, 768))
   c.learning_rate = 1e-4
   # The attention scores are read from every layer: only the xla kernel makes them
   # (layerwise.check_kernels refuses a fused one at start-up).
@@ -54,10 +68,11 @@ FAMILY = families.register(dataclasses.replace(
     summary="TinyBERT (Jiao et al. 2019): a small BertModel distilled layer by layer (hidden "
             "states, attention scores) from a frozen BERT teacher",
     exact_objectives=("mlm",), recipe=recipe,
-    pretraining_model=layerwise.LayerwiseModel, forward=layerwise.plain_forward,
-    flops_per_sequence=layerwise.flops_per_sequence, load_teacher=layerwise.load_teacher,
-    init_from_teacher=layerwise.init_from_teacher, planning_teacher=layerwise.planning_teacher,
-    step_parts=layerwise.step_parts,
+    # The student (BertModel + MLM head + fit_dense) and its step: bert_jax/layerwise.py's.
+    pretraining_model=_hook("LayerwiseModel"), forward=_hook("plain_forward"),
+    flops_per_sequence=_hook("flops_per_sequence"), load_teacher=_hook("load_teacher"),
+    init_from_teacher=_hook("init_from_teacher"), planning_teacher=_hook("planning_teacher"),
+    step_parts=_hook("step_parts"),
     # A TinyBERT folder is model_type "bert": BERT's family reads it (tests/tinybert_test.py).
     hf_model_types=(), tf_config_names=(), config_marker_keys=(),
     train_further_note=" and the same --config.teacher_checkpoint"))
