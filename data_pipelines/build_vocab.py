@@ -4,7 +4,7 @@
       --output=data/vocab.txt [--[no]lower_case] [--model_type=wordpiece|unigram|bpe] \\
       [--input_sentence_size=10000000 --seed=0] [--pretokenizer=mecab] \\
       [--hangul_coverage=auto|ksx1001|none] [--[no]byte_level]
-  python -m data_pipelines.build_vocab --input_sources='en=data/en/*.txt;ko=data/ko/*.txt' \
+  python -m data_pipelines.build_vocab --input_sources='en=data/en/*.txt;ko=data/ko/*.txt' \\
       --source_tau=0.3 ...   (one vocabulary over several languages: vocab_mixture.py)
 
 WordPiece: words come from the same in-graph BERT basic tokenizer that tokenization.py uses (so
