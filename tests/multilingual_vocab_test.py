@@ -175,14 +175,14 @@ def test_gemma_style_ids_equal_transformers_on_four_languages(tmp_path):
   pages): our ids == PreTrainedTokenizerFast's over the file == transformers' GemmaTokenizer's
   (which rebuilds Gemma's pipeline around the file's vocab and merges)."""
   from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
-  from transformers.models.gemma.tokenization_gemma import GemmaTokenizer  # pylint: disable=g-import-not-at-top
+  from transformers.models.gemma import tokenization_gemma  # pylint: disable=g-import-not-at-top
   from benchmarks import vocab_tau  # pylint: disable=g-import-not-at-top
   langs = vocab_tau.corpora(str(tmp_path / "c"), max_modules=120)
   train = [l for glob, _ in langs.values() for p in glob.split(",") for l in _lines(p)]
   path = _gemma_like(str(tmp_path / "g"), train, vocab_size=6000)
   ours = tokenization.get_tokenizer(tokenizer_json=path)
   hf = PreTrainedTokenizerFast(tokenizer_file=path)
-  gemma = GemmaTokenizer.from_pretrained(str(tmp_path / "g"))
+  gemma = tokenization_gemma.GemmaTokenizer.from_pretrained(str(tmp_path / "g"))
   for lang, (_, held) in langs.items():
     texts = held + HARD
     ids = ours.encode(texts)
