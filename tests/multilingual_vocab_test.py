@@ -217,3 +217,27 @@ def test_build_vocab_cli_bad_tau_exits_2(tmp_path):
       "error: --source_tau=1.5: expected 0 < tau <= 1 (shares ~ lines^tau: 1 proportional to "
       "size, XLM-R 0.3, mBERT 0.7)."]
   assert not os.path.exists(tmp_path / "t.json")
+
+
+@pytest.mark.slow
+def test_records_from_a_gemma_style_file(tmp_path):
+  """create_pretraining_data with a Gemma-style file: <bos> opens each row as [CLS], <eos> closes
+  each segment as [SEP], both recorded as the file's special ids."""
+  from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
+  from data_pipelines import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
+  from data_pipelines import dataset_info  # pylint: disable=g-import-not-at-top
+  de = _lines("german", "dpkg_man.txt")
+  path = _gemma_like(str(tmp_path / "g"), de + _lines("korean", "1809890.txt"))
+  (tmp_path / "de.txt").write_text("\n".join(de[:400]) + "\n", encoding="utf-8")
+  cfg = cpd.Config(input_file=str(tmp_path / "de.txt"), output_dir=str(tmp_path / "rec"),
+                   tokenizer_json=path, max_seq_length=64, dupe_factor=1, num_shards=1,
+                   nsp_sampling="block", document_pool_size=100)
+  assert cpd.run(cfg, show_progress=False)["instances"] > 100
+  assert dataset_info.read(str(tmp_path / "rec"))["special_ids"] == dict(
+      pad=0, unk=3, cls=2, sep=1, mask=4)
+  shard = str(tmp_path / "rec" / cpd.shard_name(0, 1))
+  for raw in tf.data.TFRecordDataset(shard).take(20):
+    ids = list(tf.train.Example.FromString(raw.numpy()).features.feature["input_ids"]
+               .int64_list.value)
+    n = ids.index(0) if 0 in ids else len(ids)
+    assert ids[0] == 2 and ids[n - 1] == 1 and ids[:n].count(1) == 2, ids
