@@ -7,18 +7,18 @@
 info_nce is sentence-transformers' MultipleNegativesRankingLoss (MNRL, 6.x) on the same
 embeddings: anchors a [B, D], candidates c [B, 1 + k, D] (the positive, then k hard negatives).
 Every anchor scores every candidate of the batch, scale x cos(a_i, c_jn) ([B, 1 + k, B] logits:
-MNRL's [B, B(1 + k)] columns, all positives then every row's first negative, ..., unflattened), and the loss is the
-mean cross-entropy of each anchor's own positive. symmetric=True adds each positive's
+MNRL's [B, B(1 + k)] columns, all positives then every row's first negative, ..., unflattened),
+and the loss is the mean cross-entropy of each anchor's own positive. symmetric=True adds each positive's
 cross-entropy over the anchors, averaged with the first (MNRL's directions=("query_to_doc",
 "doc_to_query"), partition_mode="per_direction"). Matryoshka (Kusupati et al. 2022; ST's
 MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d.
 
 Inside a jitted step the arrays are the global batch, sharded over the mesh's data axis: the
-[B, B(1 + k)] similarity is one einsum over the sharded arrays, and XLA moves the candidate
+[B, 1 + k, B] similarity is one einsum over the sharded arrays, and XLA moves the candidate
 shards between devices and hosts itself (no host gather, no all_gather written by hand), so every
 device's rows and hard negatives are every anchor's negatives (tests/contrastive_test.py checks
-a sharded run against the unsharded numbers). Not yet here: a GradCache step, packed-row pooling,
-the embedding task type that drives these from the fine-tuning loop (issue 40 items 1, 4-8).
+a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives these from the
+fine-tuning loop. Not yet: a GradCache step, packed-row pooling (issue 40 items 2, 4).
 """
 
 import jax
@@ -27,17 +27,24 @@ import jax.numpy as jnp
 POOLINGS = ("mean", "cls", "last")
 
 
-def check(pooling="mean", scale=20.0, matryoshka_dims=(), hidden_size=None):
-  """One ValueError line for settings no embedding can have (before any compute)."""
+def problem(pooling="mean", scale=20.0, matryoshka_dims=()):
+  """What is wrong with these settings (one sentence), or None; checked before any compute."""
   if pooling not in POOLINGS:
-    raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
+    return f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}."
   if not scale > 0:
-    raise ValueError(f"scale={scale}: the similarity scale must be > 0 (sentence-transformers' "
-                     "default is 20).")
-  for d in matryoshka_dims:
-    if d <= 0 or (hidden_size is not None and d > hidden_size):
-      raise ValueError(f"matryoshka dimension {d}: each must be in 1..{hidden_size or 'H'} (the "
-                       "encoder's hidden size).")
+    return (f"scale={scale}: the similarity scale must be > 0 (sentence-transformers' default "
+            "is 20).")
+  bad = [d for d in matryoshka_dims if int(d) <= 0]
+  if bad:
+    return f"matryoshka_dims={tuple(matryoshka_dims)}: each width must be >= 1."
+  return None
+
+
+def check_width(matryoshka_dims, hidden_size):
+  """The Matryoshka widths above the encoder's hidden size (one sentence), or None."""
+  over = [d for d in matryoshka_dims if d > hidden_size]
+  return (f"matryoshka_dims={tuple(matryoshka_dims)}: {over} above the encoder's hidden size "
+          f"{hidden_size}." if over else None)
 
 
 def pool(hidden, mask, pooling="mean"):

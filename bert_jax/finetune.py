@@ -99,9 +99,10 @@ def pack_train(train, task, config):
 def build_training(task_type, model_config, config, mesh, *, num_train_steps, warmup_steps,
                    num_labels=2, num_choices=4, rules=sharding_lib.LOGICAL_AXIS_RULES,
                    teacher=None) -> trainer_lib.Steps:
-  """The head model of `task_type` (a bert_jax/tasks name), AdamW with BERT's schedule, and
-  jitted steps sharded by logical axes. teacher: a DistillTeacher (config.distill_teacher): run
-  frozen in the steps, its logits the soft labels of ft.distill_loss_fn."""
+  """The head model of `task_type` (a bert_jax/tasks name, or tasks.of(task): bound to the
+  task's settings), AdamW with BERT's schedule, and jitted steps sharded by logical axes.
+  teacher: a DistillTeacher (config.distill_teacher): run frozen in the steps, its logits the
+  soft labels of ft.distill_loss_fn."""
   model = heads.create_model(task_type, model_config, num_labels=num_labels,
                              num_choices=num_choices)
   tx, schedule = optimizer_lib.from_config(config, num_train_steps=num_train_steps,
@@ -450,8 +451,9 @@ def _finetune(config, workdir):
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)
-  t = build_training(task.type, model_config, config, mesh, num_train_steps=num_train_steps,
-                     warmup_steps=warmup_steps, num_labels=getattr(task, "num_labels", 2),
+  t = build_training(task_types.of(task), model_config, config, mesh,
+                     num_train_steps=num_train_steps, warmup_steps=warmup_steps,
+                     num_labels=getattr(task, "num_labels", 2),
                      num_choices=getattr(task, "num_choices", 4), teacher=teacher)
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
             ft.input_keys(task) + model_lib.PACKED_ROW_KEYS,

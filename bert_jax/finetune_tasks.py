@@ -50,7 +50,7 @@ def build_task(config):
                    for n in tt.named_tasks)
     raise TaskDataError(f"config.custom.type={c.type!r}; use {', '.join(custom)} (the other "
                         f"task types read their named tasks' data: {', '.join(named)}).")
-  return custom[c.type](c, labels)
+  return custom[c.type](config, labels)
 
 
 def available_splits(task, config):
@@ -85,9 +85,9 @@ def load_split(task, split, tokenizer, config, is_training):
 
 
 def loss_fn(task_type, outputs, batch):
-  """(loss, metrics) of task type `task_type` (a name). outputs: the head model's output;
+  """(loss, metrics) of `task_type` (a name, or tasks.of(task)). outputs: the head model's output;
   batch: features + example_weights [B] (or [B, K] for packed rows)."""
-  return task_types.get(task_type).loss(outputs, batch)
+  return task_types.resolve(task_type).loss(outputs, batch)
 
 
 def distill_loss_fn(task_type, alpha, temperature, outputs, batch):
@@ -97,7 +97,7 @@ def distill_loss_fn(task_type, alpha, temperature, outputs, batch):
   the step (trainer_lib's frozen network; finetune.load_distill_teacher). T^2 keeps the soft
   term's gradient on the scale of the hard one's as T grows (Hinton et al. sec. 2).
   For task types with soft labels over classes (TaskType.soft_labels)."""
-  if not task_types.get(task_type).soft_labels:
+  if not task_types.resolve(task_type).soft_labels:
     raise ValueError(f"distillation soft labels are for a distribution over classes, not "
                      f"{task_type}.")
   hard, metrics = loss_fn(task_type, outputs, batch)
@@ -117,7 +117,7 @@ def distill_loss_fn(task_type, alpha, temperature, outputs, batch):
 
 def predict_outputs(task_type, outputs):
   """What evaluation brings back to the host (tagging: argmax on device, [B, T] int32)."""
-  return task_types.get(task_type).predict_outputs(outputs)
+  return task_types.resolve(task_type).predict_outputs(outputs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -110,12 +110,13 @@ class BertForMultipleChoice(nn.Module):
 
 
 def create_model(task_type, config, *, num_labels=2, num_choices=4):
-  """The head model of a task type (bert_jax/tasks/<type>.py), by its name."""
-  return tasks.get(task_type).create_head(config, num_labels=num_labels, num_choices=num_choices)
+  """The head model of a task type (bert_jax/tasks/<type>.py): its name, or tasks.of(task)."""
+  return tasks.resolve(task_type).create_head(config, num_labels=num_labels,
+                                              num_choices=num_choices)
 
 
 def dummy_inputs(task_type, seq_length, num_choices=4):
   """Zero inputs of the right shapes for model.init."""
-  shape = tasks.get(task_type).input_shape(seq_length, num_choices)
+  shape = tasks.resolve(task_type).input_shape(seq_length, num_choices)
   ids = jnp.zeros(shape, jnp.int32)
   return ids, jnp.ones_like(ids), ids

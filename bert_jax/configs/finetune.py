@@ -44,14 +44,24 @@ def get_config(arg="glue_mrpc"):
   c.task = name.removeprefix("glue_")  # name in data_pipelines.tasks.TASKS, or "custom"
   # Your own classification/regression (TSV/CSV/JSONL) or tagging (CoNLL) data: task=custom.
   c.custom = ml_collections.ConfigDict(dict(
-      type="classification",    # the task type: classification | regression | tagging
-      format="tsv",             # tsv | csv | jsonl (classification/regression)
+      type="classification",    # the task type: classification | regression | tagging |
+                                #   embedding (pairs/triplets; config.embedding below)
+      format="tsv",             # tsv | csv | jsonl (classification/regression/embedding)
       text_a="sentence",        # column (header name or JSON key) of the first text
       text_b="",                # second text for pairs; empty for single sentences
       label="label",
       labels=(),                # class names as written in the files; () for regression
       index="",                 # id column written into test predictions (row number if empty)
       train_file="train.tsv", dev_file="dev.tsv", test_file=""))
+  # Sentence embeddings (custom.type=embedding; bert_jax/tasks/embedding.py): rows (anchor,
+  # positive, negatives...) in sentence-transformers' columns, InfoNCE over the global batch.
+  c.embedding = ml_collections.ConfigDict(dict(
+      pooling="mean",           # mean | cls | last (over each sequence's real tokens)
+      scale=20.0,               # logits = scale x cosine; sentence-transformers' default 20
+      symmetric=False,          # also each positive's cross-entropy over the anchors
+      matryoshka_dims=(),       # e.g. (768, 256): the loss summed over these leading widths
+      query_prompt="",          # prepended to every anchor, e.g. "search_query: "
+      document_prompt=""))      # prepended to positives and negatives
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir

@@ -10,4 +10,4 @@ lookup (every module of the package, by pkgutil), so importing `bert_jax.tasks` 
 """
 
 from bert_jax.tasks.registry import (REGISTRY, TaskType, get, named_tasks, names, of,  # noqa: F401
-                                     recorded_type, register, unregister)
+                                     recorded_type, register, resolve, unregister)

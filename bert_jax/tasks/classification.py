@@ -25,12 +25,12 @@ def load_split(task, split, tokenizer, config, is_training):
                                                                    "examples truncated"))
 
 
-def custom_task(c, labels):
+def custom_task(config, labels):
   """config.custom -> a glue.ClassificationTask of your own files."""
   if not labels:
     raise TaskDataError("config.custom.labels is empty; list the classes, e.g. "
                         "--config.custom.labels='neg,pos'.")
-  return glue_custom_task(c, labels)
+  return glue_custom_task(config.custom, labels)
 
 
 def glue_custom_task(c, labels):

@@ -41,4 +41,5 @@ TYPE = registry.register(registry.TaskType(
     label_keys=("label_ids",),
     load_split=load_split, create_head=create_head, input_shape=input_shape,
     loss=classification.loss, predict_outputs=classification.predict_outputs,
-    evaluate=classification.evaluate, write_test=write_test, hf_head="MultipleChoice", hf_num_labels=1))
+    evaluate=classification.evaluate, write_test=write_test, hf_head="MultipleChoice",
+    hf_num_labels=1))

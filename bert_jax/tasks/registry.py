@@ -36,8 +36,10 @@ class TaskType:
 
   # --- Data (host, numpy).
   load_split: Callable = None     # (task, split, tokenizer, config, is_training) -> common.Split
-  custom_task: Optional[Callable] = None   # (config.custom, labels tuple) -> task; None: this
-                                           #   type has no `task=custom` form
+  custom_task: Optional[Callable] = None   # (run config, labels tuple) -> task from
+                                           #   config.custom; None: no `task=custom` form
+  bind: Optional[Callable] = None  # task -> this record with its hooks closed over the task's
+                                   #   own settings (embedding: pooling, scale); None: as is
 
   # --- Model and loss (the head over any family's body; pure jnp inside the jitted steps).
   create_head: Callable = None    # (model_config, num_labels, num_choices) -> nn.Module
@@ -120,8 +122,14 @@ def get(name) -> TaskType:
 
 
 def of(task) -> TaskType:
-  """The task type of a data task (its `type` attribute)."""
-  return get(task.type)
+  """The task type of a data task (its `type` attribute), bound to the task's settings."""
+  task_type = get(task.type)
+  return task_type.bind(task) if task_type.bind else task_type
+
+
+def resolve(task_type) -> TaskType:
+  """A TaskType given as itself (of(task): bound to a task) or by name."""
+  return task_type if isinstance(task_type, TaskType) else get(task_type)
 
 
 def named_tasks() -> dict:

@@ -9,9 +9,9 @@ from bert_jax.tasks import registry
 from data_pipelines.tasks import glue
 
 
-def custom_task(c, labels):
+def custom_task(config, labels):
   del labels   # a score per row, no classes
-  return classification.glue_custom_task(c, ())
+  return classification.glue_custom_task(config.custom, ())
 
 
 def create_head(model_config, num_labels=1, num_choices=4):

@@ -25,7 +25,8 @@ def load_split(task, split, tokenizer, config, is_training):
                                         "long sentences split into windows"))
 
 
-def custom_task(c, labels):
+def custom_task(config, labels):
+  c = config.custom
   return ner.custom_task("custom", labels, train_file=c.train_file, dev_file=c.dev_file,
                          test_file=c.test_file)
 

@@ -1,0 +1,135 @@
+"""The embedding task type (bert_jax/tasks/embedding.py): config -> task with one-line errors,
+pairs/triplets -> [N, S, T] features, the loss is contrastive.info_nce on the pooled vectors,
+retrieval metrics by hand, and (slow) a contrastive fine-tune end to end."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import contrastive
+from bert_jax import finetune_tasks as ft
+from bert_jax import heads
+from bert_jax import model as model_lib
+from bert_jax import tasks
+from bert_jax.configs import finetune as finetune_config
+from bert_jax.tasks import embedding
+from data_pipelines.tasks.common import TaskDataError
+from tests import tasks_testlib
+
+WORDS = "the a cat dog man woman sat ran saw park mat house good bad".split()
+
+
+def _config(data_dir, **embedding_fields):
+  c = finetune_config.get_config("custom,runlocal")
+  c.custom.type, c.data_dir, c.max_seq_length = "embedding", str(data_dir), 16
+  c.custom.train_file, c.custom.dev_file = "train.jsonl", "dev.jsonl"
+  for k, v in embedding_fields.items():
+    setattr(c.embedding, k, v)
+  return c
+
+
+def _data(directory, n_train=24, n_dev=8, seed=0):
+  """Anchors are 3 words; the positive is each word's fixed 'translation' (a permutation of the
+  words, so a random encoder does not match them), the negative another row's translation."""
+  rng = np.random.default_rng(seed)
+  translate = dict(zip(WORDS, rng.permutation(WORDS)))
+  for split, n in (("train", n_train), ("dev", n_dev)):
+    rows = []
+    for _ in range(n):
+      w, other = rng.choice(WORDS, 3, replace=False), rng.choice(WORDS, 3, replace=False)
+      rows.append({"anchor": " ".join(w), "positive": " ".join(translate[x] for x in w),
+                   "negative": " ".join(translate[x] for x in other)})
+    (directory / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                              encoding="utf-8")
+
+
+def test_config_to_task_and_bad_settings(tmp_path):
+  task = ft.build_task(_config(tmp_path, pooling="cls", scale=50.0, matryoshka_dims=(16, 8)))
+  assert (task.type, task.pooling, task.scale, task.matryoshka_dims) == (
+      "embedding", "cls", 50.0, (16, 8))
+  assert ft.primary_metric(task) == "ndcg@10" and ft.input_keys(task) == ft.INPUT_KEYS
+  for kw, msg in ((dict(pooling="max"), r"config.embedding.pooling='max'; use one of mean"),
+                  (dict(scale=0.0), r"config.embedding.scale=0.0: the similarity scale must"),
+                  (dict(matryoshka_dims=(0,)), r"config.embedding.matryoshka_dims=\(0,\)")):
+    with pytest.raises(TaskDataError, match=msg):
+      ft.build_task(_config(tmp_path, **kw))
+  cfg = model_lib.get_bert_config("tiny", vocab_size=30, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)
+  with pytest.raises(TaskDataError, match=r"matryoshka_dims=\(64, 8\): \[64\] above the "
+                                          r"encoder's hidden size 32"):
+    heads.create_model(tasks.of(ft.build_task(_config(tmp_path, matryoshka_dims=(64, 8)))),
+                       cfg)
+
+
+def test_features_head_and_loss(tmp_path):
+  _data(tmp_path)
+  c = _config(tmp_path, query_prompt="the ", matryoshka_dims=(32, 8), symmetric=True)
+  task = ft.build_task(c)
+  tokenizer = tasks_testlib.ReferenceTokenizer(tasks_testlib.write_vocab(str(tmp_path),
+                                                                         " ".join(WORDS)))
+  dev = ft.load_split(task, "dev", tokenizer, c, False)
+  assert dev.features["input_ids"].shape == (8, 3, 16)   # anchor, positive, one negative
+  assert dev.examples[0].anchor.startswith("the ")
+  cfg = model_lib.get_bert_config("tiny", vocab_size=tokenizer.vocab.size, hidden_size=32,
+                                  num_heads=2, intermediate_size=64, max_position_embeddings=16)
+  bound = tasks.of(task)
+  model = heads.create_model(bound, cfg)
+  params = model.init(jax.random.PRNGKey(0), *heads.dummy_inputs(bound, 16))["params"]
+  assert set(params) == {"bert"}   # no new parameters: the pooled body is the embedding
+  f = {k: jnp.asarray(v) for k, v in dev.features.items()}
+  out = model.apply({"params": params}, f["input_ids"], f["input_mask"], f["segment_ids"])
+  assert out.shape == (8, 3, 32)
+  w = jnp.ones(8)
+  loss, _ = ft.loss_fn(bound, out, dict(f, example_weights=w))
+  want = sum(contrastive.info_nce(out[:, 0, :d], out[:, 1:, :d], 20.0, True, w) for d in (32, 8))
+  assert float(loss) == pytest.approx(float(want), rel=1e-6)
+  scores = ft.evaluate(task, dev, ft.predict_outputs(bound, out), tokenizer, c)
+  assert set(scores) == {"ndcg@10", "mrr@10", "recall@1", "recall@10"}
+
+
+def test_retrieval_metrics_by_hand():
+  docs = np.eye(4, dtype=np.float32)
+  queries = np.array([[1, 0, 0, 0], [0.9, 0.1, 0, 0], [0, 0, 0.2, 0.8]], np.float32)
+  # ranks of the relevant docs: 1 (doc 0), 2 (doc 1 under doc 0), 2 (doc 2 under doc 3)
+  got = embedding.retrieval_metrics(queries, docs, np.array([0, 1, 2]), k=10)
+  assert got["mrr@10"] == pytest.approx((1 + 0.5 + 0.5) / 3)
+  assert got["ndcg@10"] == pytest.approx((1 + 2 / np.log2(3)) / 3)
+  assert got["recall@1"] == pytest.approx(1 / 3) and got["recall@10"] == 1.0
+  assert embedding.retrieval_metrics(queries, docs, np.array([3, 3, 3]), k=1)["mrr@1"] == (
+      pytest.approx(1 / 3))
+
+
+@pytest.mark.slow
+def test_contrastive_finetune_end_to_end(tmp_path):
+  """A tiny random encoder fine-tuned on the translated-words pairs: its dev nDCG@10 rises well
+  over the untrained one's, the export records task_type embedding, the test split's vectors are
+  written."""
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from tests import tasks_registry_test  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)
+  data = tmp_path / "data"
+  data.mkdir()
+  _data(data, n_train=64, n_dev=16)
+  (data / "test.jsonl").write_text((data / "dev.jsonl").read_text(encoding="utf-8"),
+                                   encoding="utf-8")
+  def config(**kw):
+    c = finetune_test._config("custom", pretrained, data, max_seq_length=16, log_every=4, **kw)
+    c.custom.type, c.custom.train_file, c.custom.dev_file = "embedding", "train.jsonl", "dev.jsonl"
+    c.custom.test_file = "test.jsonl"
+    return c
+  before = finetune.finetune(config(do_train=False, do_predict=False), str(tmp_path / "eval"))
+  summary = finetune.finetune(config(num_train_epochs=6.0, learning_rate=1e-3),
+                              str(tmp_path / "run"))
+  assert summary["steps"] == 48 and summary["best_metric"] == "ndcg@10"
+  # Measured: dev nDCG@10 0.10 untrained -> 0.73 after 6 epochs (recall@10 0.25 -> 1.0).
+  assert summary["best_score"] > before["best_score"] + 0.3, (before, summary)
+  with open(os.path.join(summary["best_checkpoint"], "bert_config.json"), encoding="utf-8") as f:
+    assert json.load(f)["task_type"] == "embedding"
+  vectors = np.load(tmp_path / "run" / "predictions" / "custom_test_embeddings.npy")
+  assert vectors.shape == (16, 3, 64)
+  np.testing.assert_allclose(np.linalg.norm(vectors, axis=-1), 1.0, rtol=1e-5)
