@@ -3,6 +3,7 @@
   pool          [B, T, H] hidden states + [B, T] mask -> [B, H]: mean (default), cls, last
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
+  grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
 
 info_nce is sentence-transformers' MultipleNegativesRankingLoss (MNRL, 6.x) on the same
 embeddings: anchors a [B, D], candidates c [B, 1 + k, D] (the positive, then k hard negatives).
@@ -18,7 +19,8 @@ Inside a jitted step the arrays are the global batch, sharded over the mesh's da
 shards between devices and hosts itself (no host gather, no all_gather written by hand), so every
 device's rows and hard negatives are every anchor's negatives (tests/contrastive_test.py checks
 a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives these from the
-fine-tuning loop. Not yet: a GradCache step, packed-row pooling (issue 40 items 2, 4).
+fine-tuning loop. Not yet: grad_cache inside the loop's step and bert_jax.plan's view of its
+memory, packed-row pooling (issue 40 items 2, 4).
 """
 
 import jax
@@ -113,3 +115,44 @@ def matryoshka_info_nce(anchors, candidates, dims=(), scale=20.0, symmetric=Fals
   weight 1); dims=() is the full width alone."""
   return sum(info_nce(anchors[..., :d], candidates[..., :d], scale, symmetric, weights)
              for d in (dims or (anchors.shape[-1],)))
+
+
+def grad_cache(embed, params, inputs, loss_of_embeddings, num_chunks, rng=None):
+  """(loss, d loss / d params) of loss_of_embeddings(embed(params, inputs)), holding one chunk's
+  activations at a time: GradCache (Gao et al. 2021; sentence-transformers' CachedMNRL).
+
+    embed(params, chunk, rng) -> [b, ...] float32 embeddings of a chunk of rows (rng: dropout)
+    inputs                    a pytree of arrays with a leading [B] rows axis
+    loss_of_embeddings        [B, ...] embeddings -> scalar (e.g. matryoshka_info_nce)
+
+  1. every chunk's embeddings without gradients (lax.map: one chunk's activations live at a
+     time); 2. the loss and its gradient with respect to all B embeddings (the contrastive loss
+  sees the whole batch); 3. each chunk again under jax.vjp with that gradient as cotangent,
+  summed over chunks (lax.scan). Chunk i uses the same rng in passes 1 and 3, so its dropout
+  masks are the same in both (sentence-transformers #3862: earlier CachedMNRL versions redrew
+  them and gave silently wrong gradients). The result is the gradient of the loss of the
+  embeddings pass 1 computed, the unchunked gradient when that uses the chunks' rngs."""
+  b = jax.tree.leaves(inputs)[0].shape[0]
+  if b % num_chunks:
+    raise ValueError(f"grad_cache: {num_chunks} chunks do not divide the batch of {b} rows.")
+  chunks = jax.tree.map(lambda x: x.reshape(num_chunks, b // num_chunks, *x.shape[1:]), inputs)
+  rngs = (jax.random.split(rng, num_chunks) if rng is not None
+          else jnp.zeros((num_chunks, 2), jnp.uint32))
+  use_rng = rng is not None
+
+  def one(p, chunk, r):
+    return embed(p, chunk, r if use_rng else None)
+
+  emb = jax.lax.map(lambda xs: jax.lax.stop_gradient(one(params, *xs)), (chunks, rngs))
+  emb = emb.reshape(b, *emb.shape[2:])                                   # [B, ...]
+  loss, d_emb = jax.value_and_grad(loss_of_embeddings)(emb)
+  d_chunks = d_emb.reshape(num_chunks, b // num_chunks, *d_emb.shape[1:])
+
+  def accumulate(total, xs):
+    chunk, r, d = xs
+    _, vjp = jax.vjp(lambda p: one(p, chunk, r), params)
+    return jax.tree.map(jnp.add, total, vjp(d)[0]), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, _ = jax.lax.scan(accumulate, zeros, (chunks, rngs, d_chunks))
+  return loss, grads

@@ -111,3 +111,71 @@ def test_settings_no_embedding_can_have():
   assert contrastive.check_width((256, 768), 768) is None
   assert contrastive.check_width((1024, 256), 768) == (
       "matryoshka_dims=(1024, 256): [1024] above the encoder's hidden size 768.")
+
+
+def _tiny_embedder(dropout):
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import embedding  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.get_bert_config("tiny", vocab_size=40, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16,
+                                  hidden_dropout_prob=dropout, attention_dropout_prob=dropout)
+  model = embedding.EmbeddingModel(cfg, "mean")
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 40, (8, 3, 12)), jnp.int32)          # [B, S, T]
+  mask = jnp.asarray(np.arange(12)[None, None, :] < rng.integers(4, 13, (8, 3, 1)), jnp.int32)
+  inputs = dict(input_ids=ids, input_mask=mask, segment_ids=jnp.zeros_like(ids))
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids[:1], mask[:1],
+                               inputs["segment_ids"][:1])["params"])
+
+  def embed(p, x, r):
+    kw = dict(deterministic=False, rngs={"dropout": r}) if r is not None else {}
+    return model.apply({"params": p}, x["input_ids"], x["input_mask"], x["segment_ids"], **kw)
+  return embed, params, inputs
+
+
+def _close(got, want):
+  """Gradients equal to float32 summation order: each leaf within 1e-5 of its largest entry."""
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())))
+
+
+def _loss_of(e):
+  return contrastive.matryoshka_info_nce(e[:, 0], e[:, 1:], (32, 8), 20.0, True)
+
+
+@pytest.mark.slow
+def test_grad_cache_equals_the_unchunked_gradient():
+  embed, params, inputs = _tiny_embedder(0.0)
+  want_loss, want = jax.value_and_grad(lambda p: _loss_of(embed(p, inputs, None)))(params)
+  for chunks in (1, 2, 4, 8):
+    loss, got = jax.jit(lambda p, x, n=chunks: contrastive.grad_cache(embed, p, x, _loss_of, n))(
+        params, inputs)
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-6)
+    _close(got, want)
+  with pytest.raises(ValueError, match="3 chunks do not divide the batch of 8 rows"):
+    contrastive.grad_cache(embed, params, inputs, _loss_of, 3)
+
+
+@pytest.mark.slow
+def test_grad_cache_with_dropout_uses_each_chunks_masks_in_both_passes():
+  """With dropout on, the chunked gradient is that of the loss of the first pass's embeddings:
+  the unchunked gradient when each chunk of rows draws from its own rng, as in the first pass."""
+  embed, params, inputs = _tiny_embedder(0.1)
+  rng, n = jax.random.PRNGKey(7), 4
+  rngs = jax.random.split(rng, n)
+
+  def reference(p):   # the whole batch in one graph, chunk i under rngs[i]
+    parts = [embed(p, jax.tree.map(lambda x, i=i: x[2 * i:2 * i + 2], inputs), rngs[i])
+             for i in range(n)]
+    return _loss_of(jnp.concatenate(parts))
+
+  want_loss, want = jax.value_and_grad(reference)(params)
+  loss, got = jax.jit(lambda p, x: contrastive.grad_cache(embed, p, x, _loss_of, n, rng))(
+      params, inputs)
+  assert float(loss) == pytest.approx(float(want_loss), rel=1e-6)
+  _close(got, want)
+  # Another draw in the second pass would be another gradient: the masks matter at this size.
+  other = jax.grad(lambda p: _loss_of(embed(p, inputs, jax.random.PRNGKey(8))))(params)
+  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
+             zip(jax.tree.leaves(other), jax.tree.leaves(want))) > 1e-3
