@@ -238,3 +238,24 @@ def test_an_fp8_checkpoint_resumes_fine_tunes_and_exports_without_its_scales(tmp
                      "--config.model.fp8=True, or start a new workdir") as e:
     train.train_and_evaluate(c, workdir)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_micro_batches_keep_the_largest_amax_of_the_tensors_each_quantised():
+  """2 micro-batches of 8 against one batch of 16: the input and kernel amaxes are the batch's
+  (the max over micro-batches, fp8.combine); the output cotangent's is twice the batch's, as each
+  micro-batch's cotangent is of its own mean loss (the step divides the summed gradients by 2)."""
+  got = {}
+  for accum in (1, 2):
+    _, mesh, t = _steps(True, batch_size=16, grad_accum_steps=accum)
+    batch = next(input_source.synthetic_batches(batch_size=16, seq_length=32,
+                                                max_predictions_per_seq=6, vocab_size=512, seed=1))
+    with jax.set_mesh(mesh):
+      state = t.init_state(jax.random.PRNGKey(0))
+      state, _ = t.train_step(state, sharding_lib.make_global_batch(batch, mesh))
+    got[accum] = jax.device_get(state["fp8"])["bert"]["encoder"]["layer_0"]["attention"][
+        "query"]["fp8"]
+  for name in ("input", "kernel"):
+    assert got[2][f"{name}_amax_history"][0] == got[1][f"{name}_amax_history"][0], name
+  np.testing.assert_allclose(got[2]["output_grad_amax_history"][0],
+                             2 * got[1]["output_grad_amax_history"][0], rtol=0.02)
