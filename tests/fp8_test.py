@@ -96,6 +96,7 @@ def test_an_op_used_twice_keeps_the_larger_amax_not_the_sum():
                              float(jnp.max(jnp.abs(v["params"]["k"].astype(jnp.bfloat16)))))
 
 
+@pytest.mark.slow   # applies a tiny BERT op by op (several seconds on 2 cores)
 def test_without_its_scales_an_fp8_model_computes_exactly_as_without_fp8():
   """Evaluation, predictors and converters apply {"params": p} only: the bf16 numerics of the
   exported model (fp8.py's docstring)."""

@@ -27,6 +27,7 @@ def test_gelu_tanh_is_jaxs_tanh_gelu_forward_and_backward():
     assert fused_ops.gelu_tanh(xd).dtype == dtype     # in the dot's output type, no upcast
 
 
+@pytest.mark.slow   # gradients of two LayerNorms in two dtypes (~4 s on 2 cores)
 def test_residual_layer_norm_equals_flax_layer_norm_of_the_sum_with_gradients():
   kx, ky, ks, kg = jax.random.split(jax.random.PRNGKey(1), 4)
   x = jax.random.normal(kx, (2, 8, 32)) * 2 + 0.5
@@ -60,6 +61,7 @@ def _bert(**kw):
                                    hidden_act="gelu_tanh", **kw)
 
 
+@pytest.mark.slow   # applies a tiny BERT op by op (several seconds on 2 cores)
 def test_the_switched_encoder_equals_the_unfused_one_forward_and_gradients():
   """Both switches on vs off, BERT tiny in bf16 with dropout (the same keys): the same params,
   outputs and gradients to bf16 tolerance."""
