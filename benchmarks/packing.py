@@ -101,15 +101,16 @@ def run_bert_jax(a, batches):
   import jax
   import jax.numpy as jnp
   import optax
-  from bert_jax import model as model_lib, pretraining_heads, sharding as sharding_lib, trainer_lib
+  from bert_jax import model as model_lib, objectives, pretraining_heads, sharding as sharding_lib
+  from bert_jax import trainer_lib
   mc = model_lib.get_bert_config(a.model, vocab_size=_vocab_size(), hidden_act=a.act)
   mesh = sharding_lib.create_mesh((-1, 1, 1))
   tx = optax.adamw(1e-4, weight_decay=0.01)
   steps = trainer_lib.build_steps(
       model=pretraining_heads.BertForPreTraining(mc),
       forward=pretraining_heads.pretraining_forward,
-      loss_fn=pretraining_heads.pretraining_loss,
-      eval_fn=lambda o, b: pretraining_heads.pretraining_loss(o, b)[1],
+      loss_fn=objectives.pretraining_loss,
+      eval_fn=lambda o, b: objectives.pretraining_loss(o, b)[1],
       dummy_batch={k: jnp.asarray(v[:1]) for k, v in batches[0].items()}, tx=tx,
       schedule=lambda s: 1e-4, mesh=mesh)
   glob = [sharding_lib.make_global_batch(b, mesh) for b in batches]

@@ -33,21 +33,6 @@ class CheckpointFitError(errors.UserError):
 # ----------------------------------------------------------------------------------------------
 # Vocabulary (or tokenizer): by content.
 # ----------------------------------------------------------------------------------------------
-def checkpoint_vocab(kind, directory, meta):
-  """(sha256, where it comes from) of a checkpoint's vocabulary: the vocab_hash it records, else
-  the sha256 of the vocab.txt / *.model / tokenizer.json bundled with it or named by its config;
-  (None, None) when it identifies none (an old export without either)."""
-  recorded = meta.get("vocab_hash")
-  if recorded:
-    return str(recorded), "recorded in the checkpoint"
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top  (inference imports us)
-  try:
-    files = inference.find_tokenizer_files(kind, str(directory), meta)
-  except inference.InferenceLoadError:
-    return None, None
-  return files_lib.sha256_file(files.path), f"{files.path}, {files[2]}"
-
-
 def same_vocab(recorded, actual):
   """Whether two sha256s name one file (either may be an older record's 16-character prefix)."""
   return files_lib.same_sha256(recorded, actual) or files_lib.same_sha256(actual, recorded)
@@ -107,15 +92,15 @@ def run_vocab_flag(config):
   return None, None
 
 
-def check_init_vocab(config, path, described, vocab_hash, error=CheckpointFitError):
+def check_init_vocab(config, path, recorded, how, vocab_hash, error=CheckpointFitError):
   """Pre-training from --config.init_checkpoint: the run's vocabulary must be the checkpoint's
   (issue 39: another one trained on silently, step-1 MLM loss 11.0, worse than a uniform
-  guess). A run without a vocabulary (synthetic input) or a checkpoint that identifies none is
-  said in a note."""
+  guess). `recorded, how`: inference.checkpoint_vocab of the checkpoint (inference finds a
+  checkpoint's tokenizer files and imports this module, so the caller asks it). A run without a
+  vocabulary (synthetic input) or a checkpoint that identifies none is said in a note."""
   flag, file = run_vocab_flag(config)
   if not file:
     return
-  recorded, how = checkpoint_vocab(described.kind, described.directory, described.meta)
   where = f"init_checkpoint={path}"
   if recorded is None:
     print(f"note: {where} records no vocabulary and bundles none: this run's {file} is taken "

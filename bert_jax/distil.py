@@ -156,7 +156,7 @@ def check_teacher_vocab(config, pre, described, where):
   flag, student = checkpoint_fit.run_vocab_flag(config)
   if not student:
     return
-  recorded, how = checkpoint_fit.checkpoint_vocab(described.kind, described.directory, pre.meta)
+  recorded, how = inference.checkpoint_vocab(described.kind, described.directory, pre.meta)
   if recorded is None:
     print(f"note: {where} records no vocabulary and bundles none: the student's {student} "
           "cannot be compared with the teacher's (only their sizes match).", flush=True)

@@ -56,6 +56,7 @@ import os
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import checkpoint_fit
 from bert_jax_core import errors
+from bert_jax_core import files as files_lib
 from bert_jax import families
 from bert_jax import model as model_lib
 
@@ -269,6 +270,20 @@ def find_tokenizer_files(kind, directory, meta, vocab_file=None, spm_model_file=
            else "it records no vocab file")
         + "; pass --vocab_file (or --spm_model_file, --tokenizer_json).")
   return found[0]
+
+
+def checkpoint_vocab(kind, directory, meta):
+  """(sha256, where it comes from) of a checkpoint's vocabulary, for checkpoint_fit's checks:
+  the vocab_hash it records, else the sha256 of the vocab.txt / *.model / tokenizer.json bundled
+  with it or named by its config; (None, None) when it identifies none (an old export)."""
+  recorded = meta.get("vocab_hash")
+  if recorded:
+    return str(recorded), "recorded in the checkpoint"
+  try:
+    files = find_tokenizer_files(kind, str(directory), meta)
+  except InferenceLoadError:
+    return None, None
+  return files_lib.sha256_file(files.path), f"{files.path}, {files[2]}"
 
 
 def check_vocab_hash(meta, path, directory, own=None):

@@ -121,8 +121,11 @@ WEIGHTS = {"rtd": 50.0}
 
 
 def pretraining_loss(outputs, batch, weights=None):
-  """(sum of weighted part losses, metrics) for outputs {part: logits}; metrics hold `loss` and
-  each part's `<part>_loss` and `<part>_accuracy`."""
+  """(sum of weighted part losses, metrics) for outputs {part: logits}, or BertForPreTraining's
+  (mlm, nsp) tuple (google-research/bert's loss); metrics hold `loss` and each part's
+  `<part>_loss` and `<part>_accuracy`."""
+  if isinstance(outputs, (tuple, list)):
+    outputs = {"mlm": outputs[0], "nsp": outputs[1]}
   weights = {**WEIGHTS, **(weights or {})}
   unknown = sorted(set(outputs) - set(PARTS))
   if unknown:

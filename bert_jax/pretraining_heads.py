@@ -244,15 +244,6 @@ class BertForPreTraining(nn.Module):
     return logits["mlm"], logits.get(sentence)
 
 
-def pretraining_loss(outputs, batch):
-  """google-research/bert's loss (MLM + NSP) on BertForPreTraining's (mlm, nsp) tuple; the
-  composed, objective-aware loss is bert_jax/objectives.py."""
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  if isinstance(outputs, (tuple, list)):
-    outputs = {"mlm": outputs[0], "nsp": outputs[1]}
-  return objectives.pretraining_loss(outputs, batch)
-
-
 # Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
 _FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span_left",
                  "masked_lm_span_right": "span_right"}

@@ -9,6 +9,7 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import model as model_lib
+from bert_jax import objectives
 from bert_jax import pretraining_heads
 
 TINY = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32)
@@ -300,7 +301,7 @@ def test_packed_loss_and_gradients_equal_unpacked():
   p = _packed(f)
 
   def loss(params, batch):
-    return pretraining_heads.pretraining_loss(_forward(params, batch, config), batch)
+    return objectives.pretraining_loss(_forward(params, batch, config), batch)
 
   grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
   (lu, mu), gu = grad_fn(params, f)
