@@ -37,7 +37,8 @@ def temp_bytes(rows, preds, chunk, vocab, embed):
     if chunk:   # as pretraining_heads._tied_logits(chunked=True)
       out = pretraining_heads.mlm_chunks(x, w.astype(jnp.bfloat16).astype(jnp.float32), b, chunk)
     else:
-      out = pretraining_heads._vocab_matmul(x, w.astype(jnp.bfloat16)) + b  # pylint: disable=protected-access
+      # pylint: disable-next=protected-access
+      out = pretraining_heads._vocab_matmul(x, w.astype(jnp.bfloat16)) + b
     return objectives.masked_lm("mlm", out, batch)[0]
 
   compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(x, w, b, batch).compile()

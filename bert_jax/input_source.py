@@ -71,7 +71,7 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
                              process_index=process_index, process_count=process_count)
   from data_pipelines import pretrain_input  # TF only when real records are read
   layout = layout or {}
-  if layout.get("mixture"):   # issue 42: named sources in planned shares (data_pipelines/mixture.py)
+  if layout.get("mixture"):   # issue 42: named sources in planned shares (data_pipelines/mixture)
     from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
     ds = mixture.make_dataset(
         sources_of(config), batch_size=local_batch_size, seq_length=config.seq_length,

@@ -145,8 +145,9 @@ def summary_lines(summary):
   if s.get("sources"):   # a mixture's real tokens and epochs per source (input_source.py)
     total = max(sum(v["real_tokens"] for v in s["sources"].values()), 1)
     lines.append(f"  sources since step {s.get('sources_since_step', s['start_step'])}:")
-    lines += [f"    {name}: {v['real_tokens']:,} real tokens ({100 * v['real_tokens'] / total:.1f}%;"
-              f" planned {100 * v['planned_share']:.1f}% of rows), {v['epochs']:.2f} epoch(s)"
+    lines += [f"    {name}: {v['real_tokens']:,} real tokens "
+              f"({100 * v['real_tokens'] / total:.1f}%; planned {100 * v['planned_share']:.1f}% "
+              f"of rows), {v['epochs']:.2f} epoch(s)"
               + (" (repeated)" if v["epochs"] > 1 else "") for name, v in s["sources"].items()]
   if s.get("model"):
     lines.append(f"  model: {s['model']}")

@@ -203,7 +203,8 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
   """This host's batches of the mixed stream (pretrain_input.make_pretrain_dataset's contract,
   plus `source_ids` [batch] int32). sources: [Source] with files and shares (resolve's)."""
   from bert_jax_core.tf_setup import tf   # pylint: disable=g-import-not-at-top
-  from data_pipelines import masking, packing, pretrain_input   # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from data_pipelines import masking, packing, pretrain_input
   num_parallel_calls = num_parallel_calls or tf.data.AUTOTUNE
   global_batch = batch_size * process_count
   l = num_logical_shards
@@ -248,4 +249,5 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
     mixed = tf.data.Dataset.choose_from_datasets(
         streams, choices(tf, shares_list, seed, j, start_row), stop_on_empty_dataset=True)
     per_shard.append(mixed.batch(rows, drop_remainder=True))
-  return pretrain_input._host_batches(per_shard, span_boundaries)   # pylint: disable=protected-access
+  return pretrain_input._host_batches(  # pylint: disable=protected-access
+      per_shard, span_boundaries)
