@@ -8,16 +8,17 @@
 # of every row to the peer (row for row where ours is unpacked too).
 #
 #   bash benchmarks/gpu_ab.sh                     # on the GPU machine, from the repo root
-#   VARIANTS=auto@drop@resnorm,pallas_gpu UNPACKED_VARIANTS= bash benchmarks/gpu_ab.sh  # 2nd call
+#   VARIANTS=cudnn@drop@resnorm,pallas_gpu UNPACKED_VARIANTS= bash benchmarks/gpu_ab.sh  # 2nd call
 #   SMOKE=1 PY=.venv/bin/python bash benchmarks/gpu_ab.sh   # the same path on CPU (tiny model)
 #
 # Variants (benchmarks/accelerator.py's docstring): BACKEND@LEVER..., levers `drop` (attention
 # dropout 0.1: cuDNN drops in its kernel, xla on the probabilities; pallas_gpu has none and is
-# refused, so `auto` picks cuDNN), `fp8` (config.model.fp8), `gelu` (fused_bias_gelu, with the
+# refused; `auto` does not pick cuDNN with dropout until the check below has passed on a chip,
+# so the variants name cudnn), `fp8` (config.model.fp8), `gelu` (fused_bias_gelu, with the
 # tanh GELU cuBLASLt's epilogue needs: a change of the recipe, named), `resnorm`
 # (fused_residual_norm), `all` (the four). Defaults, in priority order (unpacked runs first):
 #   UNPACKED_VARIANTS  cudnn@drop,cudnn@all                  (row for row against the peer)
-#   VARIANTS           auto@drop,auto@all,auto@drop@fp8,auto@drop@gelu,auto@drop@resnorm,pallas_gpu
+#   VARIANTS           cudnn@drop,cudnn@all,cudnn@drop@fp8,cudnn@drop@gelu,cudnn@drop@resnorm,pallas_gpu
 # (`pallas_gpu`: the 2026-11-26 baseline, attention dropout 0). BUDGET_S (330): no variant starts
 # once the seconds gone plus the longest run so far would pass it; the ones not run are printed,
 # for a second call. CUBLASLT (1): XLA_FLAGS=--xla_gpu_enable_cublaslt=true for every run of ours
@@ -50,7 +51,7 @@ else
   CASE=large512
   COMMON=(--steps="${STEPS:-20}" --warmup=3 --peer_steps=20 --peer_warmup=5)
   : "${UNPACKED_VARIANTS=cudnn@drop,cudnn@all}"
-  : "${VARIANTS=auto@drop,auto@all,auto@drop@fp8,auto@drop@gelu,auto@drop@resnorm,pallas_gpu}"
+  : "${VARIANTS=cudnn@drop,cudnn@all,cudnn@drop@fp8,cudnn@drop@gelu,cudnn@drop@resnorm,pallas_gpu}"
 fi
 
 if [ "${CHECKS:-1}" = 1 ]; then

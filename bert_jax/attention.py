@@ -48,7 +48,8 @@ call site gets its own (`_next_cudnn_seed`, in trace order, so layers do not sha
 how the generator's offset moves between runs of the compiled step (a new mask per step, the
 backward on the forward's mask) is XLA's runtime: tests/attention_test.py's GPU test
 test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_forwards checks both on the
-chip. pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
+chip. Until a chip has passed it, `auto` does not pick cuDNN with dropout
+(CUDNN_DROPOUT_IN_AUTO); attention=cudnn runs it when asked. pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
 AttentionError; auto: the next kernel, named with the reason in the start-up line), never run
 with a silent 0.
 
@@ -75,6 +76,11 @@ BACKENDS = ("auto", "xla", "cudnn", "pallas_gpu", "splash")
 FUSED = ("cudnn", "pallas_gpu", "splash")
 # Fused kernels that apply attention dropout themselves (the module docstring's "Dropout").
 DROPOUT_IN_KERNEL = ("cudnn",)
+# Whether `auto` may pick cuDNN for a step with attention dropout. Off until a chip has passed
+# tests/attention_test.py's test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_
+# forwards (benchmarks/gpu_ab.sh runs it): a mask repeated every step would be a silent change of
+# the recipe. attention=cudnn asks for it explicitly, and the start-up line says so.
+CUDNN_DROPOUT_IN_AUTO = False
 # Where each fused kernel runs natively ("cpu" for the Pallas ones means interpret mode only).
 _PLATFORMS = {"cudnn": ("gpu",), "pallas_gpu": ("gpu",), "splash": ("tpu",)}
 # Logical axes of q/k/v/ctx in model.py; the sharding rules map them onto the mesh.
@@ -196,6 +202,9 @@ def select_backend(requested, *, packed, dtype, seq_len, dropout, platform_name=
   refusals = []
   for backend in order:
     reason = why(backend)
+    if reason is None and dropout > 0 and backend == "cudnn" and not CUDNN_DROPOUT_IN_AUTO:
+      reason = (f"cudnn's in-kernel dropout is not yet checked on a chip for auto "
+                "(attention.CUDNN_DROPOUT_IN_AUTO; attention=cudnn asks for it)")
     if reason is None:
       mask = "packed" if packed else "padded"
       return Choice(backend, f"auto: fastest kernel for {mask} rows on {platform_name}")

@@ -104,16 +104,26 @@ def test_cudnn_equals_xla_bfloat16(t, packed, max_segments, monkeypatch):
 
 
 def test_attention_dropout_runs_in_cudnn_or_xla_and_the_startup_line_says_where(monkeypatch):
-  """Issue 38: with the recipe's attention dropout 0.1, auto trains on cuDNN (dropout in its
-  kernel) where cuDNN runs, else falls back to xla and names why; pallas_gpu and splash asked for
-  it explicitly are one-line errors; the start-up line says which kernel drops and where."""
+  """Issue 38: with the recipe's attention dropout 0.1, attention=cudnn trains with dropout in
+  its kernel; auto picks it only once a chip has checked its masks (CUDNN_DROPOUT_IN_AUTO), else
+  falls back to xla and names why; pallas_gpu and splash asked for dropout are one-line errors;
+  the start-up line says which kernel drops and where."""
   from bert_jax import model as model_lib
   cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")   # dropout 0.1
   gpu = dict(seq_len=128, platform_name="gpu")
+  cudnn = dataclasses.replace(cfg, attention="cudnn")
+  assert attention.startup_line(cudnn, packed=False, **gpu) == (
+      "attention: cudnn in training (requested) with attention dropout 0.1 in the kernel")
   line = attention.startup_line(cfg, packed=False, **gpu)
-  assert line == ("attention: cudnn in training (auto: fastest kernel for padded rows on gpu) "
-                  "with attention dropout 0.1 in the kernel"), line
-  # Packed rows: pallas_gpu has no dropout, so auto goes on to cudnn (Hopper) or xla, and says so.
+  assert line.startswith("attention: xla in training (auto fell back: cudnn's in-kernel dropout "
+                         "is not yet checked on a chip"), line
+  assert "with attention dropout 0.1 on the probabilities, cudnn in evaluation" in line
+  # Once checked on a chip: auto trains on cuDNN, padded rows and (Hopper) packed rows, whose
+  # fastest kernel without dropout (pallas_gpu) has none.
+  monkeypatch.setattr(attention, "CUDNN_DROPOUT_IN_AUTO", True)
+  assert attention.startup_line(cfg, packed=False, **gpu) == (
+      "attention: cudnn in training (auto: fastest kernel for padded rows on gpu) with attention "
+      "dropout 0.1 in the kernel")
   monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
   line = attention.startup_line(cfg, packed=True, **gpu)
   assert line.startswith("attention: cudnn in training (auto: fastest kernel for packed rows on "
@@ -261,7 +271,7 @@ def test_fused_kernel_under_a_mesh_equals_unsharded():
     ("gpu", True, "bfloat16", 0.0, "pallas_gpu"),
     ("gpu", False, "float32", 0.0, "pallas_gpu"),
     ("gpu", True, "bfloat16", 0.1, "xla"),      # this host's device is not Hopper: no cudnn
-    ("gpu", False, "bfloat16", 0.1, "cudnn"),   # cuDNN drops the probabilities in its kernel
+    ("gpu", False, "bfloat16", 0.1, "xla"),     # cuDNN's dropout: explicit until chip-checked
     ("gpu", False, "float32", 0.1, "xla"),
     ("tpu", False, "bfloat16", 0.1, "xla"),
 ])
