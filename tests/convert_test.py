@@ -198,7 +198,10 @@ def test_bad_input_one_line_errors_and_no_output(hf_dir, tmp_path):
   with pytest.raises(convert.ConversionError, match="unknown layout"):
     convert.convert_to_orbax(str(tmp_path / "junk"), out)
   os.remove(os.path.join(tmp_path / "shape", "vocab.txt"))
-  with pytest.raises(convert.ConversionError, match="vocab.txt: not found"):
+  # No --vocab_file was passed: the error names the folder and the flag to pass, not a
+  # --vocab_file=PATH the user never gave (issue 39 item 5).
+  with pytest.raises(convert.ConversionError,
+                     match=r"shape: no vocab.txt \(or SentencePiece .model\) beside"):
     convert.convert_to_orbax(str(tmp_path / "shape"), out)
   bad_vocab = str(tmp_path / "v.txt")
   hf_testlib.write_vocab(bad_vocab, 70)
