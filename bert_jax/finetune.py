@@ -369,10 +369,11 @@ def batches_line(task, train, batch_size):
           + (f" + 1 of {rest} (padded with weight-0 rows)" if rest else ""))
 
 
-def _splits_batches(n, batch_size, rng=None):
-  """Index arrays of batches: training shuffled, eval in order; the last one may be partial
-  (_host_batch pads it with weight-0 rows)."""
-  order = rng.permutation(n) if rng is not None else np.arange(n)
+def _splits_batches(n, batch_size, rng=None, shuffle=None):
+  """Index arrays of batches: training shuffled (rng.permutation, or shuffle(rng): the task
+  type's epoch_order), eval in order; the last one may be partial (_host_batch pads it with
+  weight-0 rows)."""
+  order = (np.arange(n) if rng is None else shuffle(rng) if shuffle else rng.permutation(n))
   return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
@@ -566,6 +567,9 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10), what="fine-tuning")
   n = len(train.features["input_ids"])
+  # The task type's order of an epoch's rows (embedding: no text twice in a batch), else a shuffle.
+  epoch_order = task_types.of(run.task).epoch_order
+  shuffle = functools.partial(epoch_order, train, config.batch_size) if epoch_order else None
   # SIGTERM (preemption) or Ctrl-C: save at the next step and stop; the handlers are undone on
   # leaving.
   with trainer_lib.mesh_rules(run.mesh), distributed.preemption_check() as preempted:
@@ -573,7 +577,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
       epoch, i = divmod(step, steps_per_epoch)  # epochs are 1-based in logs and results
       if order is None or i == 0:  # each epoch's order is a function of (seed, epoch) alone
         rng = np.random.default_rng([config.seed, epoch + 1])
-        order = _splits_batches(n, config.batch_size, rng)
+        order = _splits_batches(n, config.batch_size, rng, shuffle)
       batch = _host_batch(train.features, run.input_keys, order[i], config.batch_size)
       state, m = run.steps.train_step(state, sharding_lib.make_global_batch(batch, run.mesh))
       step += 1

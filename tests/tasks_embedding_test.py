@@ -91,6 +91,29 @@ def test_features_head_and_loss(tmp_path):
   assert set(scores) == {"ndcg@10", "mrr@10", "recall@1", "recall@10"}
 
 
+def test_the_loops_batches_hold_no_text_twice(tmp_path):
+  """finetune's epoch batches for an embedding task come from its epoch_order: rows whose
+  positives repeat are spread so that no batch holds one text twice."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  rows = [{"anchor": f"q{i}", "positive": WORDS[i % 6]} for i in range(24)]
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                        encoding="utf-8")
+  c = _config(tmp_path)
+  task = ft.build_task(c)
+  tokenizer = tasks_testlib.ReferenceTokenizer(tasks_testlib.write_vocab(str(tmp_path),
+                                                                         " ".join(WORDS)))
+  train = ft.load_split(task, "train", tokenizer, c, True)
+  shuffle = functools.partial(tasks.of(task).epoch_order, train, 6)
+  batches = finetune._splits_batches(24, 6, np.random.default_rng([0, 1]), shuffle)  # pylint: disable=protected-access
+  assert len(batches) == 4 and sorted(np.concatenate(batches).tolist()) == list(range(24))
+  for b in batches:
+    texts = [t for i in b for t in train.examples[i].texts]
+    assert len(texts) == len(set(texts))
+  plain = finetune._splits_batches(24, 6, np.random.default_rng([0, 1]))  # pylint: disable=protected-access
+  assert any(len({train.examples[i].positive for i in b}) < 6 for b in plain)
+
+
 def test_retrieval_metrics_by_hand():
   docs = np.eye(4, dtype=np.float32)
   queries = np.array([[1, 0, 0, 0], [0.9, 0.1, 0, 0], [0, 0, 0.2, 0.8]], np.float32)

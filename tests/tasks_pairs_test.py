@@ -63,3 +63,20 @@ def test_no_batch_holds_a_text_twice():
              < 4 * 3 for j in range(0, 40, 4))
   with pytest.raises(TaskDataError, match="row 1: the same text twice in one row"):
     pairs.no_duplicate_batches([pairs.Pair("a", "a")], 4)
+
+
+def test_no_duplicate_order_keeps_the_batch_count():
+  rng = np.random.default_rng(1)
+  rows = [pairs.Pair(f"q{i}", f"doc{i % 12}", (f"doc{(i + 5) % 12}",)) for i in range(40)]
+  order = pairs.no_duplicate_order(rows, 4, rng)
+  assert sorted(order.tolist()) == list(range(40))   # a permutation: 10 batches of 4, as a shuffle
+  def with_duplicates(o):
+    return [j // 4 for j in range(0, 40, 4) if len({t for i in o[j:j + 4] for t in rows[i].texts})
+            < 12]
+  # 12 documents, 8 per batch: only the last batch, made of the rows left, repeats one (measured
+  # over seeds 0-4: batch 9 alone); a plain shuffle repeats one in 5 to 10 of the 10 batches.
+  assert with_duplicates(order) in ([], [9])
+  assert len(with_duplicates(rng.permutation(40))) >= 5
+  # Rows that cannot avoid a duplicate still all come, in full batches.
+  same = [pairs.Pair(f"q{i}", "doc") for i in range(6)]
+  assert sorted(pairs.no_duplicate_order(same, 4, rng).tolist()) == list(range(6))

@@ -12,8 +12,9 @@ triplets, task=custom with --config.custom.type=embedding.
             text of the split: nDCG@10 (picks the best epoch), MRR@10, Recall@1, Recall@10
   files     test split: <name>_<split>_embeddings.npy, [N, S, H] float32, L2-normalised
 
-Not yet (issue 40): no-duplicate batches in the loop (pairs.no_duplicate_batches exists; the
-loop's batches are a plain shuffle), GradCache, packed rows, export to sentence-transformers.
+Training batches hold no text twice where the rows allow it (pairs.no_duplicate_order: a
+duplicate is a false negative). Not yet (issue 40): GradCache in the step (contrastive.grad_cache
+exists), packed rows, export to sentence-transformers.
 """
 
 import dataclasses
@@ -165,4 +166,6 @@ TYPE = registry.register(registry.TaskType(
     create_head=lambda model_config, num_labels=0, num_choices=0: EmbeddingModel(model_config),
     input_shape=input_shape,
     loss=lambda outputs, batch: _bind(EmbeddingTask("", {})).loss(outputs, batch),
-    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test))
+    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
+    epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
+                                                                          batch_size, rng)))

@@ -60,6 +60,8 @@ class TaskType:
 
   # --- What the loop allows (each refused in one line for the other types).
   packable: bool = False          # config.pack: several sequences per training row
+  epoch_order: Optional[Callable] = None   # (train Split, batch_size, rng) -> a permutation
+                                           #   of its rows; None: rng.permutation
   soft_labels: bool = False       # config.distill_teacher: a teacher's soft labels per class
 
   # --- Export (the family's converter builds e.g. "ModernBertFor" + hf_head).

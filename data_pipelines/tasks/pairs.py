@@ -122,3 +122,25 @@ def no_duplicate_batches(pairs, batch_size, rng=None):
     batches.append(np.array(batch))
     order = rest
   return batches
+
+
+def no_duplicate_order(pairs, batch_size, rng):
+  """A permutation of the rows whose consecutive batch_size windows (the loop's batches, as
+  many as a plain shuffle gives) hold no text twice wherever the rows allow: each window is
+  filled as no_duplicate_batches fills a batch; one that cannot be filled without a duplicate
+  takes the next rows anyway (few distinct texts left)."""
+  order, out = list(rng.permutation(len(pairs))), []
+  while order:
+    batch, seen, rest = [], set(), []
+    for i in order:
+      texts = set(pairs[i].texts)
+      if len(batch) < batch_size and not texts & seen:
+        batch.append(i)
+        seen |= texts
+      else:
+        rest.append(i)
+    fill = batch_size - len(batch)
+    batch, rest = batch + rest[:fill], rest[fill:]
+    out += batch
+    order = rest
+  return np.array(out, np.int64)
