@@ -88,12 +88,13 @@ class MeanPoolScore(nn.Module):
 
 def _load_split(task, split, tokenizer, config, is_training):
   path = os.path.join(config.data_dir, task.files[split])
-  lines = [l for l in read_text(path).splitlines() if l.strip()]
+  lines = common.limit([l for l in read_text(path).splitlines() if l.strip()], config,
+                       is_training)
   ids = [x[:config.max_seq_length - 2] for x in tokenizer.encode(lines)]
   rows = [pack(x, None, tokenizer.vocab, config.max_seq_length) for x in ids]
   features = {k: np.stack([r[i] for r in rows]) for i, k in enumerate(ft.INPUT_KEYS)}
   features["target"] = np.array([len(x) / 10 for x in ids], np.float32)
-  return common.Split(split, common.limit(lines, config, is_training), features)
+  return common.Split(split, lines, features)
 
 
 def _loss(outputs, batch):
