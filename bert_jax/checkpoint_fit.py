@@ -92,15 +92,17 @@ def run_vocab_flag(config):
   return None, None
 
 
-def check_init_vocab(config, path, recorded, how, vocab_hash, error=CheckpointFitError):
+def check_init_vocab(config, path, checkpoint_vocab, vocab_hash, error=CheckpointFitError):
   """Pre-training from --config.init_checkpoint: the run's vocabulary must be the checkpoint's
   (issue 39: another one trained on silently, step-1 MLM loss 11.0, worse than a uniform
-  guess). `recorded, how`: inference.checkpoint_vocab of the checkpoint (inference finds a
-  checkpoint's tokenizer files and imports this module, so the caller asks it). A run without a
-  vocabulary (synthetic input) or a checkpoint that identifies none is said in a note."""
+  guess). `checkpoint_vocab()`: (sha256, where from) of the checkpoint's vocabulary, asked only
+  when the run has one (inference.checkpoint_vocab: inference finds a checkpoint's tokenizer
+  files and imports this module, so the caller hands it in). A run without a vocabulary
+  (synthetic input) or a checkpoint that identifies none is said in a note."""
   flag, file = run_vocab_flag(config)
   if not file:
     return
+  recorded, how = checkpoint_vocab()
   where = f"init_checkpoint={path}"
   if recorded is None:
     print(f"note: {where} records no vocabulary and bundles none: this run's {file} is taken "

@@ -64,17 +64,18 @@ from bert_jax import bert_config as _bert_config
 # (2026-11-26). That module imports this one, so this one cannot import it back, not even inside
 # a function (tests/layers_test.py: no import cycle): an old `model.BertForPreTraining` is an
 # AttributeError that names the new home.
-_MOVED_TO_PRETRAINING_HEADS = frozenset({
-    "MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_loss",
-    "pretraining_outputs", "pretraining_forward", "init_params", "VOCAB_PAD",
-    "HEAD_BF16_BACKWARD"})
+# pretraining_loss went on to objectives.py (2026-11-27: the loss imports the heads, not back).
+_MOVED = {name: "pretraining_heads" for name in (
+    "MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_outputs",
+    "pretraining_forward", "init_params", "VOCAB_PAD", "HEAD_BF16_BACKWARD")}
+_MOVED["pretraining_loss"] = "objectives"
 
 
 def __getattr__(name):
   """PRESETS and FAMILIES, read from the registry each time (bert_config.py says how)."""
-  if name in _MOVED_TO_PRETRAINING_HEADS:
-    raise AttributeError(f"bert_jax.model.{name} moved to bert_jax.pretraining_heads.{name}: "
-                         "`from bert_jax import pretraining_heads`")
+  if name in _MOVED:
+    raise AttributeError(f"bert_jax.model.{name} moved to bert_jax.{_MOVED[name]}.{name}: "
+                         f"`from bert_jax import {_MOVED[name]}`")
   return _bert_config.__getattr__(name)
 
 

@@ -244,6 +244,15 @@ class BertForPreTraining(nn.Module):
     return logits["mlm"], logits.get(sentence)
 
 
+def __getattr__(name):
+  """pretraining_loss moved to objectives.py (2026-11-27): objectives imports this module, so
+  this one cannot import it back (tests/layers_test.py); the old name says where it went."""
+  if name == "pretraining_loss":
+    raise AttributeError("bert_jax.pretraining_heads.pretraining_loss moved to "
+                         "bert_jax.objectives.pretraining_loss: `from bert_jax import objectives`")
+  raise AttributeError(f"module 'bert_jax.pretraining_heads' has no attribute {name!r}")
+
+
 # Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.
 _FORWARD_KEYS = {**{k: k for k in PACKED_ROW_KEYS}, "masked_lm_span_left": "span_left",
                  "masked_lm_span_right": "span_right"}

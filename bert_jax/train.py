@@ -281,9 +281,10 @@ def model_from_init_checkpoint(config, model_config, vocab_hash=None):
   described = ckpt_lib.describe(
       inference.from_hf_folder(path) if inference.is_hf_folder(path) else path, verify=False)
   stored = described.config
-  recorded, how = inference.checkpoint_vocab(described.kind, described.directory,
-                                             described.meta)
-  checkpoint_fit.check_init_vocab(config, path, recorded, how, vocab_hash, error=ConfigError)
+  checkpoint_fit.check_init_vocab(
+      config, path, lambda: inference.checkpoint_vocab(described.kind, described.directory,
+                                                       described.meta),
+      vocab_hash, error=ConfigError)
   if config.get("tokenizer_json") and stored.vocab_size > model_config.vocab_size:
     # A tokenizer.json's ids in a table padded past them (ModernBERT: 50,280 ids, 50,368
     # rows): the rows are the checkpoint's; no input id reaches the padding.

@@ -576,11 +576,17 @@ def test_a_name_moved_to_pretraining_heads_is_an_error_naming_its_new_home():
   which imports model.py: model.py cannot import it back (tests/layers_test.py, no cycle), so
   an old `model.BertForPreTraining` fails and says where the name went, as do the head's knobs
   (setting model.VOCAB_PAD would otherwise silently change nothing)."""
-  for name in ("MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_loss",
+  for name in ("MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining",
                "pretraining_outputs", "pretraining_forward", "init_params", "VOCAB_PAD",
                "HEAD_BF16_BACKWARD"):
     assert hasattr(pretraining_heads, name), name
     with pytest.raises(AttributeError, match=rf"model\.{name} moved to bert_jax\."
                                              rf"pretraining_heads\.{name}"):
       getattr(model_lib, name)
+  # The loss went on to objectives.py (it imports the heads; the heads cannot import it back).
+  assert hasattr(objectives, "pretraining_loss")
+  for module in (model_lib, pretraining_heads):
+    with pytest.raises(AttributeError, match=r"pretraining_loss moved to "
+                                             r"bert_jax\.objectives\.pretraining_loss"):
+      getattr(module, "pretraining_loss")
   assert model_lib.gather_positions is pretraining_heads.gather_positions   # the encoder's own
