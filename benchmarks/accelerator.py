@@ -364,21 +364,28 @@ def parse_args(argv=None):
   return a
 
 
+def _version(name):
+  """An installed package's version, read without importing it ("-" when absent)."""
+  from importlib import metadata
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return "-"
+
+
+def _commit():
+  """`git describe` of this checkout (with -dirty), or "" outside git."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
+                        capture_output=True, text=True).stdout.strip()
+
+
 def provenance():
   """One line for every figure: date, commit, the packages' versions (read without importing)."""
-  from importlib import metadata
-  def version(name):
-    try:
-      return metadata.version(name)
-    except metadata.PackageNotFoundError:
-      return "-"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
-                       capture_output=True, text=True)
-  pkgs = " ".join(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "torch",
-                                                  "transformers"))
+  pkgs = " ".join(f"{n} {_version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "torch",
+                                                   "transformers"))
   return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
-          f"{git.stdout.strip() or 'unknown'}, python {sys.version.split()[0]}, {pkgs}")
+          f"{_commit() or 'unknown'}, python {sys.version.split()[0]}, {pkgs}")
 
 
 def run_peer(name, case, a, batch, sdpa):
@@ -579,17 +586,8 @@ def format_row(r):
 
 def short_versions():
   """jax/jaxlib/flax and the commit, for the end of every row (figures travel alone)."""
-  from importlib import metadata
-  def version(name):
-    try:
-      return metadata.version(name)
-    except metadata.PackageNotFoundError:
-      return "-"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=root,
-                       capture_output=True, text=True)
-  return (f"jax {version('jax')} jaxlib {version('jaxlib')} flax {version('flax')} "
-          f"commit {git.stdout.strip() or 'unknown'}")
+  return (f"jax {_version('jax')} jaxlib {_version('jaxlib')} flax {_version('flax')} "
+          f"commit {_commit() or 'unknown'}")
 
 
 if __name__ == "__main__":

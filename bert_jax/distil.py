@@ -101,6 +101,20 @@ def check_loss_settings(config):
                       "learn nothing; give at least one a positive weight (the recipe's 5, 2, 1).")
 
 
+def read_teacher(config, path, how):
+  """(read_pretrained of --config.teacher_checkpoint, the path it read (an HF folder's
+  conversion), how errors name it), for DistilBERT's and the layer-wise (TinyBERT) teachers. A
+  missing flag or path is one line (`how`: what the student does, "distils from a teacher")."""
+  if not path:
+    raise ConfigError(f"config.model_name={config.model_name} {how}: pass "
+                      "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
+  if not (inference.is_hf_folder(path) or os.path.exists(path) or "://" in path):
+    raise ConfigError(f"config.teacher_checkpoint={path}: no such directory; give a BERT "
+                      "workdir, a params export or a Hugging Face folder.")
+  source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
+  return (trainer_lib.read_pretrained(source), source, f"config.teacher_checkpoint={path}")
+
+
 def load_teacher(config, model_config) -> Teacher:
   """The teacher of a distilbert-* run: described and verified (no array read), checked against
   the student (vocab, width, depth), recorded. One-line ConfigError before any compute."""
@@ -112,16 +126,8 @@ def load_teacher(config, model_config) -> Teacher:
                         "pick --config=bert_jax/configs/pretrain.py:distilbert-base.")
     return None
   check_loss_settings(config)
-  if not path:
-    raise ConfigError(f"config.model_name={config.model_name} distils from a teacher: pass "
-                      "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
-  if not (inference.is_hf_folder(path) or os.path.exists(path) or "://" in path):
-    raise ConfigError(f"config.teacher_checkpoint={path}: no such directory; give a BERT "
-                      "workdir, a params export or a Hugging Face folder.")
-  source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
-  pre = trainer_lib.read_pretrained(source)
+  pre, source, where = read_teacher(config, path, "distils from a teacher")
   t, s = pre.model_config, model_config
-  where = f"config.teacher_checkpoint={path}"
   if t.family not in TEACHER_FAMILIES or t.factorised or t.share_layers != "none":
     raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
                       f"({', '.join(TEACHER_FAMILIES)}) without factorised or shared layers.")

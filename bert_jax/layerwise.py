@@ -36,7 +36,6 @@ alpha_att > 0.
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +45,6 @@ from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distil
 from bert_jax import families
-from bert_jax import inference
 from bert_jax import model as model_lib
 from bert_jax import objectives
 from bert_jax import trainer_lib
@@ -158,17 +156,8 @@ def load_teacher(config, model_config) -> distil.Teacher:
   any compute."""
   path = config.get("teacher_checkpoint", "")
   weights(config)
-  if not path:
-    raise ConfigError(f"config.model_name={config.model_name} is distilled layer by layer from a "
-                      "teacher: pass --config.teacher_checkpoint=WORKDIR, export or Hugging Face "
-                      "BERT folder.")
-  if not (inference.is_hf_folder(path) or os.path.exists(path) or "://" in path):
-    raise ConfigError(f"config.teacher_checkpoint={path}: no such directory; give a BERT "
-                      "workdir, a params export or a Hugging Face folder.")
-  source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
-  pre = trainer_lib.read_pretrained(source)
+  pre, source, where = distil.read_teacher(config, path, "is distilled layer by layer from a teacher")
   t, s = pre.model_config, model_config
-  where = f"config.teacher_checkpoint={path}"
   check_teacher_config(config, t, s, where)
   if config.get("alpha_pred", 0.0):
     fresh = [p for p in pre.meta.get("initialized_randomly", []) if p.startswith("mlm_head/")]
