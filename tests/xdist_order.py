@@ -122,6 +122,20 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/tokenization_test.py": 17,
     "tests/profile_table_test.py": 17,
     "tests/cjk_test.py": 7,
+    # Slow units added 2026-11-27 (issues 38-42), not yet measured in a whole run: the helpers'
+    # single runs on the shared box (upper bounds), so that they start before the short units.
+    "tests/checkpoint_fit_test.py": 200,
+    "tests/faults_third_pass_test.py": 150,
+    "tests/tinybert_test.py": 120,
+    "tests/fp8_test.py": 90,
+    "tests/mixture_train_test.py": 60,
+    "tests/mixture_test.py": 60,
+    "tests/multilingual_vocab_test.py": 40,
+    "tests/contrastive_test.py": 40,
+    "tests/tasks_embedding_test.py": 40,
+    "tests/tasks_registry_test.py": 40,
+    "tests/objectives_test.py": 30,
+    "tests/layerwise_test.py": 30,
 }
 
 
