@@ -18,6 +18,7 @@ from bert_jax import model as model_lib
 from bert_jax import objectives
 from bert_jax import sharding as sharding_lib
 from bert_jax import trainer_lib
+from tests import distil_test
 
 
 def _qkv(seed=0, b=2, t=8, n=2, d=4):
@@ -64,7 +65,7 @@ def test_encoder_gives_scores_only_when_asked():
 # ----------------------------------------------------------------------------------------------
 # The layer map, the checks, the loss parts.
 # ----------------------------------------------------------------------------------------------
-VOCAB = 99
+VOCAB = distil_test.VOCAB   # 99: the batches below are distil_test's
 
 
 def ml_dict(**kw):
@@ -166,15 +167,7 @@ def test_loss_parts_are_tinybert_mse_and_soft_cross_entropy_over_real_positions(
 # ----------------------------------------------------------------------------------------------
 # The student and the frozen teacher in one step.
 # ----------------------------------------------------------------------------------------------
-def _batch(rows=4, seq=16, preds=3, seed=0):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(5, VOCAB, (rows, seq)).astype(np.int32)
-  mask = (np.arange(seq)[None] < rng.integers(seq // 2, seq + 1, rows)[:, None]).astype(np.int32)
-  positions = np.tile(np.arange(1, preds + 1), (rows, 1)).astype(np.int32)
-  return dict(input_ids=ids * mask, input_mask=mask, segment_ids=np.zeros_like(mask),
-              masked_lm_positions=positions,
-              masked_lm_ids=rng.integers(5, VOCAB, (rows, preds)).astype(np.int32),
-              masked_lm_weights=np.ones((rows, preds), np.float32))
+_batch = distil_test._batch   # a padded MLM batch of ids below VOCAB
 
 
 def _init(config, seed, batch, **kw):
@@ -188,7 +181,7 @@ def test_a_student_equal_to_its_teacher_has_zero_distillation_loss():
   layer-wise part is 0 (and not 0 once the student's parameters move)."""
   c = model_lib.get_bert_config("tiny", vocab_size=VOCAB, objectives="mlm",
                                 hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
-  batch = _batch()
+  batch = _batch(rows=4)
   params = _init(c, 0, batch)
   config = ml_dict(fit_size=0, alpha_pred=1.0)
   w = layerwise.weights(config)
