@@ -221,6 +221,13 @@ def data_stream(config, files):
               start_step=0, start_position=0)
 
 
+def stream_position(ramp, stream, step):
+  """The data stream's input position after `step`: stream batches consumed since it began
+  (step 0, or the step a --config.restart_data_stream started it afresh at); `stream`: the
+  data_stream record, None for none."""
+  return ramp.position(step) - (stream or {}).get("start_position", 0)
+
+
 def _describe_stream(s):
   what = ("synthetic batches" if s["files_sha256"] == "synthetic" else
           f"{s['num_files']} file(s) of {s['train_input_files']} (sha256 "

@@ -400,7 +400,7 @@ def checkpoint_meta(config, step, vocab_hash, model_config, layout, teacher, ram
   (checkpoint_fit.data_stream), the warmup and (DistilBERT) the teacher; resuming checks them."""
   return dict(config=json.loads(config.to_json_best_effort()), vocab_hash=vocab_hash,
               model_config=model_config.to_dict(), step=step,
-              input_position=ramp.position(step) - (stream or {}).get("start_position", 0),
+              input_position=checkpoint_fit.stream_position(ramp, stream, step),
               stream_layout=layout, data_stream=stream, batch_warmup=ramp.record(),
               teacher=teacher.record if teacher else None)
 
@@ -470,9 +470,8 @@ class Run:
   stream: dict = None       # record files, seed, where the stream began (checkpoint_fit)
 
   def position(self, step):
-    """The data stream's input position after `step`: stream batches consumed since it began
-    (step 0, or the step a --config.restart_data_stream started it afresh at)."""
-    return self.ramp.position(step) - (self.stream or {}).get("start_position", 0)
+    """The data stream's input position after `step` (checkpoint_fit.stream_position)."""
+    return checkpoint_fit.stream_position(self.ramp, self.stream, step)
 
 
 def prepare_run(config, workdir):
