@@ -54,6 +54,11 @@ else
   : "${VARIANTS=cudnn@drop,cudnn@all,cudnn@drop@fp8,cudnn@drop@gelu,cudnn@drop@resnorm,pallas_gpu}"
 fi
 
+# cuDNN's attention with dropout aborts XLA 0.11.2 inside CUDA graphs (2026-11-27, H200:
+# "Check failed: local_device_ordinal.has_value()"): keep cuDNN out of them for every run, the
+# checks included (attention.CUDNN_DROPOUT_XLA_FLAG; the training programs set it themselves).
+[ "${SMOKE:-0}" = 1 ] || export XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL ${XLA_FLAGS:-}"
+
 if [ "${CHECKS:-1}" = 1 ]; then
   echo "== correctness on the chip $(elapsed)"
   timeout "${CHECK_TIMEOUT:-75}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \

@@ -48,8 +48,8 @@ call site gets its own (`_next_cudnn_seed`, in trace order, so layers do not sha
 how the generator's offset moves between runs of the compiled step (a new mask per step, the
 backward on the forward's mask) is XLA's runtime: tests/attention_test.py's GPU test
 test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_forwards checks both on the
-chip. Until a chip has passed it, `auto` does not pick cuDNN with dropout
-(CUDNN_DROPOUT_IN_AUTO); attention=cudnn runs it when asked. pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
+chip; it passed on one H200 (2026-11-27), so `auto` picks cuDNN with dropout
+(CUDNN_DROPOUT_IN_AUTO) where XLA keeps cuDNN out of CUDA graphs (CUDNN_DROPOUT_XLA_FLAG). pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
 AttentionError; auto: the next kernel, named with the reason in the start-up line), never run
 with a silent 0.
 
@@ -61,8 +61,11 @@ float32 <= 1e-5).
 """
 
 import functools
+import importlib.util
 import itertools
 import math
+import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -80,7 +83,15 @@ DROPOUT_IN_KERNEL = ("cudnn",)
 # tests/attention_test.py's test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_
 # forwards (benchmarks/gpu_ab.sh runs it): a mask repeated every step would be a silent change of
 # the recipe. attention=cudnn asks for it explicitly, and the start-up line says so.
-CUDNN_DROPOUT_IN_AUTO = False
+CUDNN_DROPOUT_IN_AUTO = True   # passed on one H200, jax/jaxlib 0.11.2, cuDNN 9.19 (2026-11-27)
+# XLA of jaxlib 0.11.2 (CUDA 13, one H200, 2026-11-27) aborts the whole process when it records
+# cuDNN's attention graph WITH dropout into a CUDA graph (its command buffers): "F cuda_dnn.cc:6951
+# Check failed: local_device_ordinal.has_value()" in CudnnGraph::PackOperands, at the first step.
+# With CUDNN left out of the command-buffer types the same step runs and the mask test passes
+# (8 of 8). Only cuDNN's 2 calls a layer leave the graphs; fusions, GEMMs and the Pallas custom
+# calls stay in them. prepare_xla_flags sets it before JAX starts; unsupported_reason refuses
+# cuDNN's dropout in a process that lacks it (one line, not an abort after minutes of compile).
+CUDNN_DROPOUT_XLA_FLAG = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"
 # Where each fused kernel runs natively ("cpu" for the Pallas ones means interpret mode only).
 _PLATFORMS = {"cudnn": ("gpu",), "pallas_gpu": ("gpu",), "splash": ("tpu",)}
 # Logical axes of q/k/v/ctx in model.py; the sharding rules map them onto the mesh.
@@ -148,6 +159,10 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
     return (f"a local window ({window} tokens) is not in the Pallas GPU kernel of JAX 0.10.2 "
             "(jax.experimental.pallas.ops.gpu.attention.mha takes segment ids and causal only)")
   if backend == "cudnn":
+    if dropout > 0 and platform_name == "gpu" and not _cudnn_out_of_command_buffers():
+      return ("cuDNN's in-kernel dropout aborts XLA 0.11.2 inside CUDA graphs: start the "
+              f"program with XLA_FLAGS={CUDNN_DROPOUT_XLA_FLAG} (bert_jax's programs set it "
+              "themselves unless XLA_FLAGS already names xla_gpu_enable_command_buffer)")
     if packed and platform_name == "gpu" and not _hopper_or_newer():
       return ("cudnn keeps packed instances apart with its ragged offsets, on Hopper (compute "
               "capability 9.0) or newer only; this GPU is older (use pallas_gpu)")
@@ -165,6 +180,42 @@ def unsupported_reason(backend, *, platform_name, packed, dtype, seq_len, dropou
             "(backward); "
             f"seq_length={seq_len} is not a multiple of both")
   return None
+
+
+def _command_buffer_types(xla_flags):
+  """The last --xla_gpu_enable_command_buffer= value in `xla_flags` as a set, None if absent."""
+  values = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", xla_flags or "")
+  return None if not values else {t for t in values[-1].split(",") if t}
+
+
+def _cudnn_out_of_command_buffers():
+  """True where this process's XLA_FLAGS keep cuDNN's calls out of CUDA graphs."""
+  types = _command_buffer_types(os.environ.get("XLA_FLAGS", ""))
+  return types is not None and "CUDNN" not in types
+
+
+def _cuda_plugin_installed():
+  """True where a jax CUDA plugin is installed (the hosts where XLA could build CUDA graphs)."""
+  return any(importlib.util.find_spec(f"jax_cuda{v}_plugin") is not None for v in (12, 13))
+
+
+def prepare_xla_flags(model_config, environ=None):
+  """Before JAX starts (the programs' main): on a host with jax's CUDA plugin, a model that may
+  run cuDNN's attention dropout (attention auto or cudnn, attention_dropout_prob > 0) gets
+  CUDNN_DROPOUT_XLA_FLAG appended to XLA_FLAGS, unless XLA_FLAGS already sets the command-buffer
+  types (the user's choice stands; unsupported_reason then decides) or JAX has already started
+  (flags are read once, when the backend starts). Returns True when it set the flag."""
+  environ = os.environ if environ is None else environ
+  flags = environ.get("XLA_FLAGS", "")
+  if (getattr(model_config, "attention", "auto") not in ("auto", "cudnn")
+      or not getattr(model_config, "attention_dropout_prob", 0) > 0
+      or _command_buffer_types(flags) is not None or not _cuda_plugin_installed()):
+    return False
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge.backends_are_initialized():
+    return False
+  environ["XLA_FLAGS"] = f"{flags} {CUDNN_DROPOUT_XLA_FLAG}".strip()
+  return True
 
 
 def _hopper_or_newer():

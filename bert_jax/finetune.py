@@ -43,6 +43,7 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
+from bert_jax import attention
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import distributed
 from bert_jax import families
@@ -114,10 +115,14 @@ def build_training(task_type, model_config, config, mesh, *, num_train_steps, wa
     loss_fn = functools.partial(ft.distill_loss_fn, task_type, float(config.distill_alpha),
                                 float(config.distill_temperature))
     frozen = teacher_frozen(teacher, dummy, mesh, rules)
+  # The task type's own way to take the gradient (embedding: GradCache), checked here, before
+  # compute; None: jax.value_and_grad of the loss.
+  train_grads = task_types.resolve(task_type).train_grads
   return trainer_lib.build_steps(
       model=model, forward=forward, loss_fn=loss_fn,
       eval_fn=lambda outputs, batch: ft.predict_outputs(task_type, outputs),
-      dummy_batch=dummy, tx=tx, schedule=schedule, mesh=mesh, rules=rules, frozen=frozen)
+      dummy_batch=dummy, tx=tx, schedule=schedule, mesh=mesh, rules=rules, frozen=frozen,
+      grads_fn=train_grads(mesh, config.batch_size) if train_grads else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -800,6 +805,7 @@ def main(argv):
     raise ConfigError("--config is required, e.g. "
                       "--config=bert_jax/configs/finetune.py:glue_mrpc")
   trainer_lib.quiet_logging()
+  attention.prepare_xla_flags(FLAGS.config.model)  # before JAX starts: cuDNN's dropout
   finetune(FLAGS.config, FLAGS.workdir)
 
 

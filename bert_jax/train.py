@@ -26,6 +26,7 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
+from bert_jax import attention
 from bert_jax import batch_warmup
 from bert_jax import checkpoint as ckpt_lib
 from bert_jax import checkpoint_fit
@@ -677,6 +678,7 @@ def main(argv):
     raise ConfigError("--config is required, e.g. "
                       "--config=bert_jax/configs/pretrain.py:tiny,runlocal")
   trainer_lib.quiet_logging()
+  attention.prepare_xla_flags(FLAGS.config.model)  # before JAX starts: cuDNN's dropout
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

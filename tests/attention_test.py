@@ -104,31 +104,45 @@ def test_cudnn_equals_xla_bfloat16(t, packed, max_segments, monkeypatch):
 
 
 def test_attention_dropout_runs_in_cudnn_or_xla_and_the_startup_line_says_where(monkeypatch):
-  """Issue 38: with the recipe's attention dropout 0.1, attention=cudnn trains with dropout in
-  its kernel; auto picks it only once a chip has checked its masks (CUDNN_DROPOUT_IN_AUTO), else
-  falls back to xla and names why; pallas_gpu and splash asked for dropout are one-line errors;
-  the start-up line says which kernel drops and where."""
+  """Issue 38: with the recipe's attention dropout 0.1, cuDNN trains with dropout in its kernel
+  (auto too, since the mask test passed on an H200, 2026-11-27) where XLA keeps cuDNN out of CUDA
+  graphs (XLA 0.11.2 aborts otherwise); without that flag auto falls back to xla and names why,
+  and attention=cudnn is a one-line error naming the flag; pallas_gpu and splash asked for dropout
+  are one-line errors; the start-up line says which kernel drops and where."""
   from bert_jax import model as model_lib
   cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")   # dropout 0.1
   gpu = dict(seq_len=128, platform_name="gpu")
   cudnn = dataclasses.replace(cfg, attention="cudnn")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")     # no command-buffer flag
+  with pytest.raises(attention.AttentionError,
+                     match="aborts XLA 0.11.2 inside CUDA graphs: start the program with "
+                           "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,"):
+    attention.startup_line(cudnn, packed=False, **gpu)
+  line = attention.startup_line(cfg, packed=False, **gpu)
+  assert line.startswith("attention: xla in training (auto fell back: cuDNN's in-kernel dropout "
+                         "aborts XLA 0.11.2"), line
+  assert "with attention dropout 0.1 on the probabilities, cudnn in evaluation" in line
+  # A user's own command-buffer list that keeps CUDNN in is their choice: still refused.
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION,CUDNN")
+  assert attention.startup_line(cfg, packed=False, **gpu).startswith(
+      "attention: xla in training (auto fell back: cuDNN's in-kernel dropout")
+  monkeypatch.setenv("XLA_FLAGS", attention.CUDNN_DROPOUT_XLA_FLAG)
   assert attention.startup_line(cudnn, packed=False, **gpu) == (
       "attention: cudnn in training (requested) with attention dropout 0.1 in the kernel")
-  line = attention.startup_line(cfg, packed=False, **gpu)
-  assert line.startswith("attention: xla in training (auto fell back: cudnn's in-kernel dropout "
-                         "is not yet checked on a chip"), line
-  assert "with attention dropout 0.1 on the probabilities, cudnn in evaluation" in line
-  # Once checked on a chip: auto trains on cuDNN, padded rows and (Hopper) packed rows, whose
-  # fastest kernel without dropout (pallas_gpu) has none.
-  monkeypatch.setattr(attention, "CUDNN_DROPOUT_IN_AUTO", True)
   assert attention.startup_line(cfg, packed=False, **gpu) == (
       "attention: cudnn in training (auto: fastest kernel for padded rows on gpu) with attention "
       "dropout 0.1 in the kernel")
+  # Packed rows (Hopper): the fastest kernel without dropout (pallas_gpu) has none.
   monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
   line = attention.startup_line(cfg, packed=True, **gpu)
   assert line.startswith("attention: cudnn in training (auto: fastest kernel for packed rows on "
                          "gpu) with attention dropout 0.1 in the kernel"), line
   assert ", pallas_gpu in evaluation" in line          # no dropout at evaluation: the fastest
+  # The switch back (a chip that fails the mask test): auto leaves cuDNN's dropout alone.
+  monkeypatch.setattr(attention, "CUDNN_DROPOUT_IN_AUTO", False)
+  assert attention.startup_line(cfg, packed=False, **gpu).startswith(
+      "attention: xla in training (auto fell back: cudnn's in-kernel dropout is not yet checked")
+  monkeypatch.setattr(attention, "CUDNN_DROPOUT_IN_AUTO", True)
   monkeypatch.setattr(attention, "_hopper_or_newer", lambda: False)
   line = attention.startup_line(cfg, packed=True, **gpu)
   assert line.startswith("attention: xla in training (auto fell back: attention_dropout_prob=0.1"
@@ -155,6 +169,7 @@ def test_cudnn_dropout_reaches_the_kernel_with_a_seed_per_call_site(monkeypatch)
     return q
 
   monkeypatch.setattr(cudnn_fa, "dot_product_attention", fake)
+  monkeypatch.setenv("XLA_FLAGS", attention.CUDNN_DROPOUT_XLA_FLAG)
   monkeypatch.setattr(attention, "platform", lambda: "gpu")
   monkeypatch.setattr(attention, "_hopper_or_newer", lambda: True)
   q, k, v, _ = _qkv(32, jnp.bfloat16)
@@ -271,12 +286,13 @@ def test_fused_kernel_under_a_mesh_equals_unsharded():
     ("gpu", True, "bfloat16", 0.0, "pallas_gpu"),
     ("gpu", False, "float32", 0.0, "pallas_gpu"),
     ("gpu", True, "bfloat16", 0.1, "xla"),      # this host's device is not Hopper: no cudnn
-    ("gpu", False, "bfloat16", 0.1, "xla"),     # cuDNN's dropout: explicit until chip-checked
+    ("gpu", False, "bfloat16", 0.1, "xla"),     # no command-buffer flag: cuDNN's dropout aborts
     ("gpu", False, "float32", 0.1, "xla"),
     ("tpu", False, "bfloat16", 0.1, "xla"),
 ])
 def test_auto_picks_a_kernel_that_supports_the_batch(platform, packed, dtype, dropout,
-                                                     expected):
+                                                     expected, monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
   choice = attention.select_backend("auto", packed=packed, dtype=dtype, seq_len=128,
                                     dropout=dropout, platform_name=platform)
   assert choice.backend == expected
@@ -645,3 +661,37 @@ def test_packed_offsets_describe_exactly_the_block_diagonal_mask(max_segments):
     mine = (seg[:, None] == seg[None, :]) & (seg[:, None] > 0)
     np.testing.assert_array_equal(np.broadcast_to(expected, (1, 1, t, t))[0, 0][seg > 0],
                                   mine[seg > 0])
+
+
+def test_prepare_xla_flags_keeps_cudnn_out_of_cuda_graphs_only_where_it_may_drop(monkeypatch):
+  """Issue 38: the programs' main sets CUDNN_DROPOUT_XLA_FLAG before JAX starts on a host with
+  jax's CUDA plugin when the model may run cuDNN's dropout; never over a user's own setting, never
+  for a model without attention dropout or on another backend, never on a host without the
+  plugin, never once JAX has started (flags are read once)."""
+  from bert_jax import model as model_lib
+  from jax._src import xla_bridge
+  cfg = model_lib.get_bert_config("tiny", attention="auto")                # dropout 0.1
+  monkeypatch.setattr(attention, "_cuda_plugin_installed", lambda: True)
+  monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+  env = {"XLA_FLAGS": "--xla_gpu_autotune_level=2"}
+  assert attention.prepare_xla_flags(cfg, env)
+  assert env["XLA_FLAGS"] == "--xla_gpu_autotune_level=2 " + attention.CUDNN_DROPOUT_XLA_FLAG
+  assert attention._cudnn_out_of_command_buffers() is False      # os.environ was not touched
+  env = {}
+  assert attention.prepare_xla_flags(dataclasses.replace(cfg, attention="cudnn"), env)
+  assert env == {"XLA_FLAGS": attention.CUDNN_DROPOUT_XLA_FLAG}
+  for c, e in ((dataclasses.replace(cfg, attention_dropout_prob=0.0), {}),
+               (dataclasses.replace(cfg, attention="pallas_gpu"), {}),
+               (cfg, {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="})):   # the user's choice
+    before = dict(e)
+    assert not attention.prepare_xla_flags(c, e) and e == before
+  monkeypatch.setattr(attention, "_cuda_plugin_installed", lambda: False)
+  assert not attention.prepare_xla_flags(cfg, {})
+  monkeypatch.setattr(attention, "_cuda_plugin_installed", lambda: True)
+  monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
+  assert not attention.prepare_xla_flags(cfg, {})
+  # What the flags say: the last value wins, as XLA reads them.
+  assert attention._command_buffer_types("--xla_gpu_enable_command_buffer=FUSION,CUDNN "
+                                         "--xla_gpu_enable_command_buffer=FUSION") == {"FUSION"}
+  assert attention._command_buffer_types("--xla_gpu_enable_command_buffer=") == set()
+  assert attention._command_buffer_types("") is None
