@@ -107,9 +107,10 @@ def make_instances(rng, n, seq, preds, vocab):
   return out, lengths
 
 
-def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
+def make_batches(rng, *, count, rows, seq, preds, vocab, packed, max_instances=None):
   """`count` host batches of `rows` rows, and per batch the (length, predictions) of each
-  instance it holds (for the real-token FLOPs)."""
+  instance it holds (for the real-token FLOPs). max_instances: the packer's K (the `@K8` knob),
+  default packing.default_max_instances(seq)."""
   batches, contents = [], []
   for _ in range(count):
     if not packed:
@@ -118,7 +119,7 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed):
       contents.append((lengths, b["masked_lm_weights"].sum(1).astype(int)))
       continue
     from data_pipelines import packing  # imports TensorFlow: only when packing
-    k = packing.default_max_instances(seq)
+    k = max_instances or packing.default_max_instances(seq)
     q = packing.max_predictions_per_pack(seq, k)
     # Enough instances for `rows` full rows at the quick start's mean fill (0.44), + margin.
     inst, _ = make_instances(rng, int(rows / 0.44 * 1.3) + 8, seq, preds, vocab)
@@ -186,7 +187,7 @@ def real_flops(mc, contents, used):
 
 
 def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
-        seed=0, hidden_dropout=None, profile_steps_n=3, levers=None):
+        seed=0, hidden_dropout=None, profile_steps_n=3, levers=None, max_instances=None):
   import jax
   from bert_jax import sharding as sharding_lib, train
   c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
@@ -194,7 +195,7 @@ def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret,
                                  levers=levers)
   rng = np.random.default_rng(seed)
   host, contents = make_batches(rng, count=4, rows=batch, seq=case["seq"], preds=case["preds"],
-                                vocab=30522, packed=packed)
+                                vocab=30522, packed=packed, max_instances=max_instances)
   batches = [sharding_lib.make_global_batch(b, mesh) for b in host]
   with jax.set_mesh(mesh):
     state = t.init_state(jax.random.PRNGKey(seed))
@@ -279,8 +280,11 @@ def backends_to_run(requested, *, packed, dtype, seq, interpret):
 # A/B variants of a backend, in one process so XLA's autotuning results carry over between them
 # (most of a compile): `pallas_gpu@bwd64` (the Pallas kernel's backward tiles), `cudnn@M32`
 # (instances per packed row cuDNN is told of), `xla@vpad128` (the MLM head's vocab padded to a
-# multiple of 128 inside its matmul), `xla@headbf16` (its backward GEMMs in bf16; any n turns it on).
+# multiple of 128 inside its matmul), `xla@headbf16` (its backward GEMMs in bf16; any n turns it on),
+# `cudnn@K8` (the packer's K, instances per row at most: the width of cls_positions, which the
+# model tells cuDNN; unlike M, a bound the data keeps, so no instance is left out).
 _KNOBS = {"bwd": ("attention", "PALLAS_BWD_BLOCK"), "M": ("attention", "CUDNN_MAX_SEGMENTS"),
+          "K": ("data", "max_instances"),
           "vpad": ("pretraining_heads", "VOCAB_PAD"),
           "headbf": ("pretraining_heads", "HEAD_BF16_BACKWARD")}
 # Issue 38's levers (bare words): config.model fields, each a switch of the step (the module
@@ -518,7 +522,8 @@ def main(argv=None):
                                   seq=case["seq"], interpret=a.interpret):
         backend, knobs = parse_variant(spec)
         levers = {k: v for (m, k), v in knobs.items() if m == "model"}
-        knobs = {mk: v for mk, v in knobs.items() if mk[0] != "model"}
+        data = {k: v for (m, k), v in knobs.items() if m == "data"}
+        knobs = {mk: v for mk, v in knobs.items() if mk[0] not in ("model", "data")}
         if over_budget(started, longest, a.budget_s):
           print(f"{name:9s} {'packed' if packed else 'unpacked':8s} {spec}: not run (--budget_s="
                 f"{a.budget_s:g}: {time.perf_counter() - started:.0f} s gone, the longest run "
@@ -534,7 +539,7 @@ def main(argv=None):
           r = run(case, packed=packed, backend=backend, dtype=a.dtype, steps=a.steps,
                   warmup=a.warmup, remat=a.remat, batch=batch, interpret=a.interpret,
                   hidden_dropout=a.hidden_dropout, profile_steps_n=a.profile_steps,
-                  levers=levers,
+                  levers=levers, max_instances=data.get("max_instances"),
                   profile_dir=a.profile_dir and os.path.join(
                       a.profile_dir, f"{name}-{'packed' if packed else 'unpacked'}-{spec}"))
         except errors.UserError:

@@ -160,6 +160,14 @@ def test_issue_38_levers_are_model_fields_and_each_packing_has_its_list():
                    ("model", "hidden_act"): "gelu_tanh", ("model", "fused_residual_norm"): True,
                    ("model", "attention_dropout_prob"): 0.1,
                    ("attention", "CUDNN_MAX_SEGMENTS"): 8}
+  # @K: the packer's K (a bound the data keeps), which the model hands cuDNN as its M.
+  assert accelerator.parse_variant("cudnn@drop@K8") == (
+      "cudnn", {("model", "attention_dropout_prob"): 0.1, ("data", "max_instances"): 8})
+  for k, width in ((None, 8), (3, 3)):                  # seq 128: default_max_instances 8
+    (b,), _ = accelerator.make_batches(np.random.default_rng(0), count=1, rows=4, seq=128,
+                                       preds=20, vocab=100, packed=True, max_instances=k)
+    assert b["cls_positions"].shape == (4, width)
+    assert np.max(b["instance_ids"]) <= width
   a = accelerator.parse_args(["--backends=auto@all", "--unpacked_backends=cudnn@drop"])
   assert accelerator.backend_list(a, packed=True) == "auto@all"
   assert accelerator.backend_list(a, packed=False) == "cudnn@drop"
