@@ -1,6 +1,6 @@
 """The embedding task type (bert_jax/tasks/embedding.py): config -> task with one-line errors,
 pairs/triplets -> [N, S, T] features, the loss is contrastive.info_nce on the pooled vectors,
-retrieval metrics by hand, and (slow) a contrastive fine-tune end to end."""
+the evaluation's qrels and STS branch, and (slow) a contrastive fine-tune end to end."""
 
 import json
 import os
@@ -114,16 +114,46 @@ def test_the_loops_batches_hold_no_text_twice(tmp_path):
   assert any(len({train.examples[i].positive for i in b}) < 6 for b in plain)
 
 
-def test_retrieval_metrics_by_hand():
-  docs = np.eye(4, dtype=np.float32)
-  queries = np.array([[1, 0, 0, 0], [0.9, 0.1, 0, 0], [0, 0, 0.2, 0.8]], np.float32)
-  # ranks of the relevant docs: 1 (doc 0), 2 (doc 1 under doc 0), 2 (doc 2 under doc 3)
-  got = embedding.retrieval_metrics(queries, docs, np.array([0, 1, 2]), k=10)
-  assert got["mrr@10"] == pytest.approx((1 + 0.5 + 0.5) / 3)
-  assert got["ndcg@10"] == pytest.approx((1 + 2 / np.log2(3)) / 3)
-  assert got["recall@1"] == pytest.approx(1 / 3) and got["recall@10"] == 1.0
-  assert embedding.retrieval_metrics(queries, docs, np.array([3, 3, 3]), k=1)["mrr@1"] == (
-      pytest.approx(1 / 3))
+def test_evaluation_queries_are_distinct_anchors_with_all_their_positives():
+  """embedding.evaluate: an anchor in two rows is one query with two relevant documents (qrels),
+  a text in two rows one document; the numbers are retrieval_metrics' on that matrix."""
+  from bert_jax import retrieval_metrics  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import common  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tasks import pairs  # pylint: disable=g-import-not-at-top
+  rows = [pairs.Pair("q0", "d0", ("d2",)), pairs.Pair("q0", "d1", ("d2",)),
+          pairs.Pair("q1", "d2", ("d0",))]
+  vec = {t: v for t, v in zip(("q0", "q1", "d0", "d1", "d2"),
+                              np.random.default_rng(0).normal(size=(5, 8)))}
+  e = np.stack([[vec[t] for t in r.texts] for r in rows])                 # [3, 2, 8]
+  e /= np.linalg.norm(e, axis=-1, keepdims=True)
+  got = embedding.evaluate(None, common.Split("dev", rows, {}), {"embeddings": e}, None, None)
+  q = np.stack([vec["q0"], vec["q1"]])
+  d = np.stack([vec["d0"], vec["d2"], vec["d1"]])   # first-seen order: d0, d2, d1
+  q, d = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in (q, d))
+  want = retrieval_metrics.retrieval_metrics(q @ d.T, [[1, 0, 1], [0, 1, 0]], k=10,
+                                             recall_at=(1, 10))
+  assert got == pytest.approx(want)
+  # Scored pairs (STS): Spearman of each row's cosine with its gold score.
+  scored = [pairs.Pair("a", "b", (), 5.0), pairs.Pair("c", "d", (), 1.0),
+            pairs.Pair("e", "f", (), 3.0)]
+  s = np.array([[[1, 0], [1, 0]], [[1, 0], [0, 1]], [[1, 0], [0.6, 0.8]]], np.float32)
+  got = embedding.evaluate(None, common.Split("dev", scored, {}), {"embeddings": s}, None, None)
+  assert got == {"spearman": pytest.approx(1.0)}
+
+
+def test_a_scored_dev_file_picks_spearman_and_a_scored_train_file_is_refused(tmp_path):
+  (tmp_path / "dev.jsonl").write_text('{"sentence1": "a b", "sentence2": "a", "score": 4}\n'
+                                      '{"sentence1": "cat", "sentence2": "dog", "score": 1}\n',
+                                      encoding="utf-8")
+  c = _config(tmp_path)
+  task = ft.build_task(c)
+  assert task.metrics == ("spearman",) and ft.primary_metric(task) == "spearman"
+  c.custom.train_file = "dev.jsonl"
+  tokenizer = tasks_testlib.ReferenceTokenizer(tasks_testlib.write_vocab(str(tmp_path),
+                                                                         " ".join(WORDS)))
+  with pytest.raises(TaskDataError, match=r"dev.jsonl: scored pairs \(a score/label column\) "
+                                          r"are an evaluation set"):
+    ft.load_split(ft.build_task(c), "train", tokenizer, c, True)
 
 
 @pytest.mark.slow
@@ -153,6 +183,13 @@ def test_contrastive_finetune_end_to_end(tmp_path):
   assert summary["best_score"] > before["best_score"] + 0.3, (before, summary)
   with open(os.path.join(summary["best_checkpoint"], "bert_config.json"), encoding="utf-8") as f:
     assert json.load(f)["task_type"] == "embedding"
+  # The retrieval metrics are the run's summary and `report`'s eval panel (metrics_writer's tags).
+  from bert_jax import report  # pylint: disable=g-import-not-at-top
+  scalars, run_summary = report.load(str(tmp_path / "run"))
+  tags = {f"eval/dev/{m}" for m in ("ndcg@10", "mrr@10", "recall@1", "recall@10")}
+  assert tags <= set(run_summary["final_eval"]) and tags <= set(scalars)
+  drawn = report.draw(scalars, str(tmp_path / "report.png"), "embedding")
+  assert tags <= set(drawn["accuracy and eval scores"])
   vectors = np.load(tmp_path / "run" / "predictions" / "custom_test_embeddings.npy")
   assert vectors.shape == (16, 3, 64)
   np.testing.assert_allclose(np.linalg.norm(vectors, axis=-1), 1.0, rtol=1e-5)

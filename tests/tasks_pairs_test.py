@@ -80,3 +80,19 @@ def test_no_duplicate_order_keeps_the_batch_count():
   # Rows that cannot avoid a duplicate still all come, in full batches.
   same = [pairs.Pair(f"q{i}", "doc") for i in range(6)]
   assert sorted(pairs.no_duplicate_order(same, 4, rng).tolist()) == list(range(6))
+
+
+def test_a_score_column_is_the_gold_similarity_not_a_text(tmp_path):
+  # STS's columns (sentence1, sentence2, score): by position the two sentences, the score apart.
+  (tmp_path / "sts.csv").write_text("sentence1,score,sentence2\na,4.5,b\nc,0,d\n",
+                                    encoding="utf-8")
+  got = pairs.read_pairs(str(tmp_path / "sts.csv"))
+  assert got == [pairs.Pair("a", "b", (), 4.5), pairs.Pair("c", "d", (), 0.0)]
+  assert pairs.is_scored(str(tmp_path / "sts.csv"))
+  rows = [{"anchor": "q", "positive": "p", "label": 1}]
+  assert pairs.read_pairs(_jsonl(tmp_path / "l.jsonl", rows))[0].score == 1.0
+  assert not pairs.is_scored(_jsonl(tmp_path / "m.jsonl", [{"anchor": "q", "positive": "p"}]))
+  (tmp_path / "bad.tsv").write_text("sentence1\tsentence2\tscore\na\tb\thigh\n", encoding="utf-8")
+  with pytest.raises(TaskDataError, match=r"bad.tsv:2: the score \('score'\) is 'high', not a "
+                                          r"number"):
+    pairs.read_pairs(str(tmp_path / "bad.tsv"))

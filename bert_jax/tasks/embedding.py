@@ -8,8 +8,10 @@ triplets, task=custom with --config.custom.type=embedding.
             no new parameters (the tree is {"bert"})
   loss      InfoNCE over the global batch (contrastive.matryoshka_info_nce: sentence-transformers'
             MultipleNegativesRankingLoss, Matryoshka sums), padding rows out
-  eval      retrieval on the dev rows: each anchor against every distinct positive and negative
-            text of the split: nDCG@10 (picks the best epoch), MRR@10, Recall@1, Recall@10
+  eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
+            negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
+            MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/retrieval_metrics.py); or, for a
+            dev file of scored pairs (a score column, STS), Spearman of the cosine
   files     test split: <name>_<split>_embeddings.npy, [N, S, H] float32, L2-normalised
 
 Training batches hold no text twice where the rows allow it (pairs.no_duplicate_order: a
@@ -25,6 +27,7 @@ from flax import linen as nn
 
 from bert_jax import contrastive
 from bert_jax import families
+from bert_jax import retrieval_metrics
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import pairs
@@ -43,7 +46,7 @@ class EmbeddingTask:
   query_prompt: str = ""
   document_prompt: str = ""
   eval_splits: tuple = ("dev",)
-  metrics: tuple = ("ndcg@10", "mrr@10", "recall@1", "recall@10")
+  metrics: tuple = ("ndcg@10", "mrr@10", "recall@1", "recall@10")   # STS dev: ("spearman",)
   type: str = "embedding"        # the task type (this module)
 
 
@@ -60,9 +63,20 @@ def custom_task(config, labels):
     files["test"] = c.test_file
   # custom.format is "tsv" unless set: for .jsonl/.csv files left at it, read by the extension.
   tsv_default = c.format == "tsv" and not c.train_file.endswith(".tsv")
-  return EmbeddingTask("custom", files, "" if tsv_default else c.format, e.pooling,
-                       float(e.scale), bool(e.symmetric), dims, e.query_prompt,
-                       e.document_prompt)
+  return dev_metrics(EmbeddingTask("custom", files, "" if tsv_default else c.format, e.pooling,
+                                   float(e.scale), bool(e.symmetric), dims, e.query_prompt,
+                                   e.document_prompt), config)
+
+
+def dev_metrics(task, config):
+  """The task with the metrics its dev file's own columns call for: scored pairs (STS) ->
+  ("spearman",), which then picks the best epoch; else retrieval's. (A dev file not there yet
+  keeps retrieval's: reading it says it is missing.)"""
+  dev = os.path.join(config.data_dir, task.files.get("dev") or "")
+  if task.files.get("dev") and ("://" in dev or os.path.isfile(dev)) and pairs.is_scored(
+      dev, task.file_format or None):
+    return dataclasses.replace(task, metrics=("spearman",))
+  return task
 
 
 def load_split(task, split, tokenizer, config, is_training):
@@ -70,6 +84,10 @@ def load_split(task, split, tokenizer, config, is_training):
   path = os.path.join(config.data_dir, task.files[split])
   rows = common.limit(pairs.read_pairs(path, task.file_format or None, task.query_prompt,
                                        task.document_prompt), config, is_training)
+  if is_training and rows[0].score is not None:
+    raise TaskDataError(f"{path}: scored pairs (a score/label column) are an evaluation set; "
+                        "contrastive training reads pairs or triplets (anchor, positive, "
+                        "negative...) with no score column.")
   width = len(rows[0].texts)
   texts = [t for r in rows for t in r.texts]
   ids = tokenizer.encode(texts)
@@ -125,29 +143,51 @@ def predict_outputs(outputs):
   return {"embeddings": contrastive.normalise(outputs)}
 
 
-def retrieval_metrics(queries, docs, relevant, k=10):
-  """queries [Q, D], docs [N, D] (normalised), relevant [Q] the index of each query's one
-  relevant doc -> nDCG@k, MRR@k, Recall@1, Recall@k (one relevant doc: nDCG = 1/log2(1 + rank))."""
-  scores = queries @ docs.T                                             # [Q, N]
-  own = scores[np.arange(len(queries)), relevant]
-  rank = 1 + np.sum(scores > own[:, None], axis=1)                      # ties count in our favour
-  hit = rank <= k
-  return {f"ndcg@{k}": float(np.mean(np.where(hit, 1 / np.log2(1 + rank), 0.0))),
-          f"mrr@{k}": float(np.mean(np.where(hit, 1 / rank, 0.0))),
-          "recall@1": float(np.mean(rank == 1)), f"recall@{k}": float(np.mean(hit))}
+def corpus_of(examples):
+  """The retrieval set of a split's rows: (query rows [Q], documents [N, 2], relevant [Q] sets).
+
+  Each distinct anchor is a query (the index of its first row), each distinct positive or
+  negative text a document ((row, position) of its first place); an anchor's relevant documents
+  are the positives of every row it anchors (qrels with several relevant documents), the rest of
+  the split's documents are not relevant."""
+  queries, docs = {}, {}   # text -> its first row (query), (row, position) (document)
+  for i, row in enumerate(examples):
+    queries.setdefault(row.anchor, i)
+    for j, text in enumerate(row.texts[1:], start=1):   # positives and negatives: the corpus
+      docs.setdefault(text, (i, j))
+  q_index, d_index = {a: n for n, a in enumerate(queries)}, {t: n for n, t in enumerate(docs)}
+  relevant = [set() for _ in queries]
+  for row in examples:
+    relevant[q_index[row.anchor]].add(d_index[row.positive])
+  return np.array(list(queries.values())), np.array(list(docs.values())), relevant
+
+
+# Queries scored at a time: [512, N] float64 scores, their sort and qrels (N = 100k: ~1 GB).
+_QUERY_CHUNK = 512
 
 
 def evaluate(task, split, outputs, tokenizer, config, output_dir=None):
-  del tokenizer, config, output_dir
-  e = np.asarray(outputs["embeddings"], np.float32)                     # [N, S, H]
-  corpus, vectors = {}, []
-  for row, vecs in zip(split.examples, e):
-    for text, v in zip(row.texts[1:], vecs[1:]):   # positives and negatives: the corpus
-      if text not in corpus:
-        corpus[text] = len(vectors)
-        vectors.append(v)
-  relevant = np.array([corpus[r.positive] for r in split.examples])
-  return retrieval_metrics(e[:, 0], np.stack(vectors), relevant)
+  """Scored pairs (a score column, STS): Spearman of cos(anchor, positive) with the gold score.
+  Else retrieval (corpus_of): every query against every document of the split, nDCG@10 (picks
+  the best epoch), MRR@10, Recall@1, Recall@10 (bert_jax/retrieval_metrics.py: trec_eval's)."""
+  del task, tokenizer, config, output_dir
+  e = np.asarray(outputs["embeddings"], np.float32)                     # [R, S, H] normalised
+  if split.examples[0].score is not None:
+    cosine = np.einsum("rh,rh->r", e[:, 0], e[:, 1])                    # [R]
+    return {"spearman": retrieval_metrics.spearman(cosine, [r.score for r in split.examples])}
+  rows, docs, relevant = corpus_of(split.examples)
+  queries, corpus = e[rows, 0], e[docs[:, 0], docs[:, 1]]               # [Q, H], [N, H]
+  totals = {}
+  for start in range(0, len(rows), _QUERY_CHUNK):
+    end = min(start + _QUERY_CHUNK, len(rows))
+    relevance = np.zeros((end - start, len(docs)), np.float32)           # [q, N] qrels
+    for n, found in enumerate(relevant[start:end]):
+      relevance[n, list(found)] = 1.0
+    part = retrieval_metrics.retrieval_metrics(queries[start:end] @ corpus.T, relevance,
+                                               k=10, recall_at=(1, 10))
+    for k, v in part.items():   # every metric is a mean over queries: weight by the chunk's
+      totals[k] = totals.get(k, 0.0) + v * (end - start)
+  return {k: v / len(rows) for k, v in totals.items()}
 
 
 def write_test(task, split, outputs, tokenizer, config, output_dir):

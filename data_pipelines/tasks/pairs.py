@@ -6,7 +6,9 @@ when the header (or the JSON keys) says which (`anchor` or `query`; `positive`; 
 `negative_1`, `negative_2`, ... in number order), else by position as sentence-transformers reads
 a dataset (first column the anchor, second the positive, every further one a hard negative).
 Any number of hard negatives, the same in every row. Optional prompts ("search_query: ",
-"search_document: ") are prepended to the anchor and to the documents.
+"search_document: ") are prepended to the anchor and to the documents. A column named `score` or
+`label` (sentence-transformers' label columns) is a pair's gold similarity, not a text: scored
+pairs (STS: sentence1, sentence2, score) are an evaluation set (Spearman of the cosine).
 
 In-batch negatives make a text that appears twice in one batch a false negative, so
 `no_duplicate_batches` orders the rows as sentence-transformers' NoDuplicatesBatchSampler does:
@@ -25,6 +27,7 @@ from data_pipelines.tasks.common import TaskDataError
 
 ANCHOR_NAMES = ("anchor", "query")
 POSITIVE_NAMES = ("positive",)
+SCORE_NAMES = ("score", "label")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Pair:
   anchor: str
   positive: str
   negatives: tuple = ()
+  score: float = None   # gold similarity of a scored pair (STS); None for a training pair
 
   @property
   def texts(self):
@@ -48,16 +52,25 @@ def _format(path, file_format):
   return ext
 
 
+def _score_column(names):
+  """The index of the score column among names, or None."""
+  lower = [str(n).strip().lower() for n in names]
+  return next((lower.index(n) for n in SCORE_NAMES if n in lower), None)
+
+
 def _columns(path, names):
-  """(anchor, positive, [negatives]) columns of a header (names): by name, else by position."""
+  """(anchor, positive, [negatives]) columns of a header (names): by name, else by position;
+  the score column (_score_column) is never a text."""
+  score = _score_column(names)
   lower = [str(n).strip().lower() for n in names]
   anchor = next((lower.index(n) for n in ANCHOR_NAMES if n in lower), None)
   positive = next((lower.index(n) for n in POSITIVE_NAMES if n in lower), None)
   if anchor is None and positive is None:   # sentence-transformers' order: a, p, n1, n2, ...
-    if len(names) < 2:
+    texts = [i for i in range(len(names)) if i != score]
+    if len(texts) < 2:
       raise TaskDataError(f"{path}: {len(names)} column(s) {list(names)}; a pair needs an anchor "
                           "and a positive (columns anchor/query, positive, negative...).")
-    return 0, 1, list(range(2, len(names)))
+    return texts[0], texts[1], texts[2:]
   if anchor is None or positive is None:
     missing = "anchor (or query)" if anchor is None else "positive"
     raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}.")
@@ -67,9 +80,16 @@ def _columns(path, names):
   return anchor, positive, negatives
 
 
+def is_scored(path, file_format=None):
+  """Whether the file's rows are scored pairs (a score column in its header or first JSON row)."""
+  header, rows = common.read_rows(path, _format(path, file_format))
+  names = list(rows[0][1]) if header is None and rows else header or []
+  return _score_column(names) is not None
+
+
 def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
-  """[Pair] of a JSONL/CSV/TSV file; one TaskDataError line for a missing column, an empty text
-  or a row whose number of negatives differs from the first row's."""
+  """[Pair] of a JSONL/CSV/TSV file; one TaskDataError line for a missing column, an empty text,
+  a score that is not a number or a row whose number of negatives differs from the first row's."""
   file_format = _format(path, file_format)
   header, rows = common.read_rows(path, file_format)
   if file_format == "jsonl":
@@ -78,8 +98,11 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
     keys = list(rows[0][1])
     a, p, negs = _columns(path, keys)
     a, p, negs = keys[a], keys[p], [keys[i] for i in negs]
+    score = _score_column(keys)
+    score = None if score is None else keys[score]
   else:
     a, p, negs = _columns(path, header)
+    score = _score_column(header)
     names = header
   out = []
   for line, row in rows:
@@ -93,8 +116,17 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
       return value
     if not isinstance(row, dict) and len(row) != len(header):
       raise TaskDataError(f"{path}:{line}: {len(row)} columns, the header has {len(header)}.")
+    gold = None
+    if score is not None:
+      value = common.get_field(path, line, row, score)
+      try:
+        gold = float(value)
+      except (TypeError, ValueError):
+        name = score if isinstance(score, str) else names[score]
+        raise TaskDataError(f"{path}:{line}: the score ({name!r}) is {value!r}, not a number; a "
+                            "scored pair's gold similarity is a number.") from None
     out.append(Pair(query_prompt + text(a, "anchor"), document_prompt + text(p, "positive"),
-                    tuple(document_prompt + text(n, "negative") for n in negs)))
+                    tuple(document_prompt + text(n, "negative") for n in negs), gold))
   if not out:
     raise TaskDataError(f"{path}: no rows after the header.")
   return out
