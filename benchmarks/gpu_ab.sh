@@ -62,6 +62,17 @@ fi
 # "Check failed: local_device_ordinal.has_value()"): keep cuDNN out of them for every run, the
 # checks included (attention.CUDNN_DROPOUT_XLA_FLAG; the training programs set it themselves).
 [ "${SMOKE:-0}" = 1 ] || export XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL ${XLA_FLAGS:-}"
+# XLA's per-fusion autotuning results, kept between calls: one large512 variant took 174 s to
+# compile on 2026-11-27, most of it autotuning, on a machine that starts bare each session. The
+# results of a call come back in $OUT/autotune; copy them to .gpu_cache/autotune here (ignored by
+# git) and carry it: `run(..., carry=[".whl", ".gpu_cache"])`. XLA keys each entry by the fusion
+# and the device, so entries from another GPU or a changed fusion are simply not used.
+AUTOTUNE_DIR=${AUTOTUNE_DIR:-$PWD/.gpu_cache/autotune}
+if [ "${SMOKE:-0}" != 1 ]; then
+  mkdir -p "$AUTOTUNE_DIR"
+  echo "autotune cache: $(find "$AUTOTUNE_DIR" -type f | wc -l) entries carried in"
+  export XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE_DIR $XLA_FLAGS"
+fi
 
 if [ "${CHECKS:-1}" = 1 ]; then
   echo "== correctness on the chip $(elapsed)"
@@ -93,4 +104,8 @@ echo "== exit ${PIPESTATUS[0]} $(elapsed)"
 tar czf "$OUT/profiles.tgz" -C "$(dirname "$PROF")" "$(basename "$PROF")" 2>/dev/null
 size=$(stat -c %s "$OUT/profiles.tgz" 2>/dev/null || echo 0)
 [ "$size" -gt 16000000 ] && { rm -f "$OUT/profiles.tgz"; echo "profiles.tgz: $size bytes: not kept"; }
+if [ "${SMOKE:-0}" != 1 ]; then
+  mkdir -p "$OUT/autotune" && cp -r "$AUTOTUNE_DIR"/. "$OUT/autotune/" 2>/dev/null
+  echo "autotune cache: $(find "$OUT/autotune" -type f | wc -l) entries in \$OUT/autotune"
+fi
 echo "== done $(elapsed)"
