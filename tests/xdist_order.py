@@ -131,6 +131,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/mixture_train_test.py": 60,
     "tests/mixture_test.py": 60,
     "tests/multilingual_vocab_test.py": 40,
+    "tests/mmbert_convert_test.py": 50,   # its 2 slow tests + the folder, 46 s here (loaded box)
     "tests/contrastive_test.py": 40,
     "tests/tasks_embedding_test.py": 40,
     "tests/tasks_registry_test.py": 40,

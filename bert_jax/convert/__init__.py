@@ -232,6 +232,8 @@ def summary(meta, config=None):
     lines.append(f"  cast to float32: {dict(dtypes)}")
   if meta.get("generator"):   # a note a family's import leaves (ELECTRA without its generator)
     lines.append(f"  generator: {meta['generator']}")
+  if meta.get("tokenizer_framing"):   # a tokenizer.json framing a text otherwise (ModernBERT's)
+    lines.append(f"  note: {meta['tokenizer_framing']}")
   return "\n".join(lines)
 
 

@@ -312,6 +312,10 @@ def _tokenizer_meta(path, vocab_file, do_lower_case, config):
   the model's vocab_size: ModernBERT pads 50,280 tokens to 50,368 rows) and casing."""
   from data_pipelines import tokenizer_json  # pylint: disable=g-import-not-at-top
   tok = vocab_file or os.path.join(path, TOKENIZER)
+  if not os.path.isfile(tok) and os.path.isfile(os.path.join(path, "tokenizer.model")):
+    raise ConversionError(f"{path}: a SentencePiece tokenizer.model but no {TOKENIZER} (a Gemma "
+                          "or mmBERT folder saved without it); write it with transformers: "
+                          "AutoTokenizer.from_pretrained(folder).save_pretrained(folder).")
   if not os.path.isfile(tok):
     raise ConversionError(f"{path}: a transformers ModernBERT folder without its {TOKENIZER}; "
                           "save the tokenizer into it too (tokenizer.save_pretrained(folder)), "
@@ -327,10 +331,33 @@ def _tokenizer_meta(path, vocab_file, do_lower_case, config):
   if do_lower_case is not None and do_lower_case != lower:
     raise ConversionError(f"--do_lower_case={do_lower_case} but {tok}: {how}; the tokenizer's "
                           "normalizer decides the casing (leave the flag out).")
+  framing = _framing(tok, info)
   return {"_vocab_path": tok, "tokenizer_json": TOKENIZER, "vocab_size": info.size,
           "do_lower_case": lower, "casing_inferred_from": f"{TOKENIZER}: {how}",
           "special_ids": {r: int(getattr(info, f"{r}_id"))
-                          for r in ("pad", "unk", "cls", "sep", "mask")}}
+                          for r in ("pad", "unk", "cls", "sep", "mask")},
+          **({"tokenizer_framing": framing} if framing else {})}
+
+
+def _framing(tok, info):
+  """None when the file's post-processor frames one text as we do ([cls] $A [sep]: records,
+  predict, fine-tuning), else a line saying how it differs. Gemma's own file frames "<bos> $A"
+  (a decoder's), an mmBERT-style one "<bos> $A <eos>" as here; the weights convert either way,
+  but a model trained on another frame is given ids here that transformers' tokenizer(text)
+  would not give it, so the conversion says so (convert.summary prints it) and goes on."""
+  with open(tok, encoding="utf-8") as f:
+    post = json.load(f).get("post_processor") or {}
+  if post.get("type") != "TemplateProcessing":
+    return None   # none (nothing added), or BERT/RoBERTa processors: cls ... sep
+  ids = {t: (v.get("ids") or [None])[0] for t, v in (post.get("special_tokens") or {}).items()}
+  frame = [ids.get(next(iter(p.values()))["id"]) if "SpecialToken" in p else "$A"
+           for p in post.get("single") or []]
+  if frame == [info.cls_id, "$A", info.sep_id]:
+    return None
+  shown = " ".join(p if p == "$A" else f"id {p}" for p in frame)
+  return (f"{TOKENIZER} frames one text as '{shown}' but bert_jax frames it [cls] $A [sep] "
+          f"(ids {info.cls_id} ... {info.sep_id}): the model is given ids transformers' "
+          "tokenizer(text) does not give it")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,6 +397,11 @@ def write_tokenizer_config(directory, special_tokens, max_length):
   class (transformers 4's PreTrainedTokenizerFast; 5 reads it as its TokenizersBackend) and the
   role of each special token, as ModernBERT's own folder has them."""
   roles = {f"{role}_token": text for role, text in sorted(special_tokens.items()) if text}
+  # bos/eos are cls/sep, as config.json's bos_token_id/eos_token_id (an mmBERT folder's
+  # tokenizer_config names <bos>/<eos> for both; without them AutoTokenizer's bos_token is None).
+  for role, same in (("bos", "cls"), ("eos", "sep")):
+    if f"{same}_token" in roles:
+      roles.setdefault(f"{role}_token", roles[f"{same}_token"])
   config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
             "clean_up_tokenization_spaces": False, **roles}   # BPE: cleanup would eat spaces
   for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
