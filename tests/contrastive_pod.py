@@ -1,0 +1,77 @@
+r"""A local pod's InfoNCE over the global batch: `python -m launch.local_pod -- tests.contrastive_pod`
+
+Every process builds the same global batch (global_batch(): anchors [B, D], candidates
+[B, 1 + K, D], weights [B] with padding rows), keeps its own contiguous rows (a disjoint shard, as
+a host's input pipeline reads) and assembles the global arrays over a 1-D "data" mesh of every
+device of every process (sharding.make_global_batch, as the fine-tuning loop does). The loss the embedding task
+trains with, contrastive.matryoshka_info_nce, and its gradients are then taken under jit on the
+sharded arrays, so every host's and device's rows and hard negatives are every anchor's
+negatives through XLA's collectives (no host gather). Process 0 prints one `RESULT {json}` line:
+the losses and gradients, which tests/contrastive_pod_test.py compares with one process on the
+whole batch. (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit
+axis types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
+ShardingTypeError, jax 0.10.) Tests only.
+"""
+
+import json
+
+import numpy as np
+
+B, K, D = 16, 2, 8            # global rows, hard negatives a row, embedding width
+DIMS = (8, 4)                 # Matryoshka widths (the first 4 dimensions too)
+SETTINGS = {"plain": dict(scale=20.0, symmetric=False), "symmetric": dict(scale=50.0,
+                                                                        symmetric=True)}
+
+
+def global_batch():
+  """(anchors [B, D], candidates [B, 1 + K, D], weights [B]) float32; rows 5 and 14 padding."""
+  rng = np.random.default_rng(40)
+  anchors = rng.normal(size=(B, D)).astype(np.float32)
+  # Each positive near its anchor, so the loss is not the same for every row.
+  positives = anchors + 0.5 * rng.normal(size=(B, D)).astype(np.float32)
+  negatives = rng.normal(size=(B, K, D)).astype(np.float32)
+  weights = np.ones(B, np.float32)
+  weights[[5, 14]] = 0.0
+  return anchors, np.concatenate([positives[:, None], negatives], axis=1), weights
+
+
+def losses_and_grads(anchors, candidates, weights):
+  """{setting: (loss, d/d anchors [B, D], d/d candidates [B, 1 + K, D])} of
+  matryoshka_info_nce (jitted; the inputs may be sharded global arrays)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name, kw in SETTINGS.items():
+    def loss(a, c, w, kw=kw):   # w an argument: a global array cannot be closed over
+      return contrastive.matryoshka_info_nce(a, c, DIMS, weights=w, **kw)
+    out[name] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(anchors, candidates, weights)
+  return out
+
+
+def main(argv):
+  del argv
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  distributed.maybe_initialize_distributed()
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  pid, nproc = jax.process_index(), jax.process_count()
+  # The fine-tuning loop's mesh and batch path: (data, fsdp, tensor) = (8, 1, 1), rows over data.
+  mesh = sharding.create_mesh((-1, 1, 1))
+  rows = B // nproc
+  local = [x[pid * rows:(pid + 1) * rows] for x in global_batch()]   # this host's rows
+  anchors, candidates, weights = sharding.make_global_batch(local, mesh)
+  result = dict(process_count=nproc, device_count=jax.device_count(),
+                fully_addressable=bool(anchors.is_fully_addressable))
+  for name, (loss, (d_a, d_c)) in losses_and_grads(anchors, candidates, weights).items():
+    # The gradients are sharded like the rows (each host holds its own): gathered for process 0.
+    gather = lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()  # noqa: E731
+    result[name] = dict(loss=float(loss), d_anchors=gather(d_a), d_candidates=gather(d_c))
+  if pid == 0:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
+  errors.run(main)
