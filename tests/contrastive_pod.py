@@ -1,15 +1,17 @@
-r"""A local pod's InfoNCE over the global batch: `python -m launch.local_pod -- tests.contrastive_pod`
+r"""A local pod's InfoNCE over the global batch (tests/contrastive_pod_test.py):
 
-Every process builds the same global batch (global_batch(): anchors [B, D], candidates
-[B, 1 + K, D], weights [B] with padding rows), keeps its own contiguous rows (a disjoint shard, as
-a host's input pipeline reads) and assembles the global arrays over a 1-D "data" mesh of every
-device of every process (sharding.make_global_batch, as the fine-tuning loop does). The loss the embedding task
-trains with, contrastive.matryoshka_info_nce, and its gradients are then taken under jit on the
-sharded arrays, so every host's and device's rows and hard negatives are every anchor's
+  python -m launch.local_pod --num_processes=2 --devices_per_process=4 -- tests.contrastive_pod
+
+Every process builds the same global batch (global_batch(): anchors [B, D], candidates [B, 1 + K,
+D], weights [B] with padding rows), keeps its own contiguous rows (a disjoint shard, as a host's
+input pipeline reads) and assembles the global arrays over a 1-D "data" mesh of every device of
+every process (sharding.make_global_batch, as the fine-tuning loop does). The loss the embedding
+task trains with, contrastive.matryoshka_info_nce, and its gradients are then taken under jit on
+the sharded arrays, so every host's and device's rows and hard negatives are every anchor's
 negatives through XLA's collectives (no host gather). Process 0 prints one `RESULT {json}` line:
 the losses and gradients, which tests/contrastive_pod_test.py compares with one process on the
-whole batch. (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit
-axis types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
+whole batch. (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
+types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
 ShardingTypeError, jax 0.10.) Tests only.
 """
 
@@ -66,7 +68,8 @@ def main(argv):
                 fully_addressable=bool(anchors.is_fully_addressable))
   for name, (loss, (d_a, d_c)) in losses_and_grads(anchors, candidates, weights).items():
     # The gradients are sharded like the rows (each host holds its own): gathered for process 0.
-    gather = lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()  # noqa: E731
+    def gather(x):
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()
     result[name] = dict(loss=float(loss), d_anchors=gather(d_a), d_candidates=gather(d_c))
   if pid == 0:
     print("RESULT " + json.dumps(result), flush=True)

@@ -1,4 +1,5 @@
-"""InfoNCE over a 2-process pod's global batch equals one process on the same batch (issue 40 item 3).
+"""InfoNCE over a 2-process pod's global batch equals one process on the same batch (issue 40,
+item 3).
 
 tests/contrastive_pod.py runs under `launch.local_pod` (2 processes x 4 CPU devices, gloo): each
 host feeds its own 8 of the 16 rows, and contrastive.matryoshka_info_nce (the embedding task's
