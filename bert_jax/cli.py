@@ -28,6 +28,7 @@ PROGRAMS = {
     "bert-jax-predict": ("bert_jax.predict", False),
     "bert-jax-extract-features": ("bert_jax.extract_features", False),
     "bert-jax-convert": ("bert_jax.convert.__main__", False),
+    "bert-jax-export-serving": ("bert_jax.export_serving", False),
     "bert-jax-report": ("bert_jax.report", False),
     "bert-jax-plan": ("bert_jax.plan", False),
     "bert-jax-build-vocab": ("data_pipelines.build_vocab", False),
@@ -94,6 +95,7 @@ finetune = _entry("bert-jax-finetune")
 predict = _entry("bert-jax-predict")
 extract_features = _entry("bert-jax-extract-features")
 convert = _entry("bert-jax-convert")
+export_serving = _entry("bert-jax-export-serving")
 report = _entry("bert-jax-report")
 plan = _entry("bert-jax-plan")
 build_vocab = _entry("bert-jax-build-vocab")

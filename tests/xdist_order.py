@@ -127,6 +127,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/checkpoint_fit_test.py": 200,
     "tests/faults_third_pass_test.py": 150,
     "tests/tinybert_test.py": 120,
+    "tests/mobilebert_test.py": 110,   # train CLI 71 s + export 28 s + counts 9 s (loaded box)
     "tests/fp8_test.py": 90,
     "tests/mixture_train_test.py": 60,
     "tests/mixture_test.py": 60,
@@ -138,6 +139,8 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/tasks_registry_test.py": 40,
     "tests/objectives_test.py": 30,
     "tests/layerwise_test.py": 30,
+    "tests/export_serving_test.py": 45,   # its smoke: 42 s on the loaded box (2026-11-27)
+    "tests/serving_latency_benchmark_test.py": 40,
 }
 
 
