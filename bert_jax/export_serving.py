@@ -48,9 +48,10 @@ FORMATS = ("tflite",)          # docs/serving.md: why TFLite through jax2tf rath
 TASK_TYPES = ("classification", "regression")   # one logits tensor from [CLS]
 INPUTS = ("input_ids", "input_mask", "segment_ids")
 CHECK_ROWS = 8
-# float32 both sides; XNNPACK sums the 312- and 768-long dot products in another order than XLA:
-# measured 1e-7 (tinybert-4l-312, 3 labels) and 2e-7 (BERT-base shape) max |diff| on logits of
-# size ~0.2, 2026-11-27. 1e-4 leaves room for fine-tuned logits of size ~10 (1e-5 relative).
+# float32 both sides; XNNPACK sums the dot products in another order than XLA. Measured max
+# |diff| on logits, 2026-11-27: 8.2e-8 (tinybert-4l-312, random) and 7.7e-7 (BERT-base shape,
+# random) at seq 128 (benchmarks/serving_latency.py), 3.2e-5 on logits up to 12.3 (a 3-layer
+# ModernBERT MNLI export, seq 64), where this bound is 1.3e-3.
 ATOL, RTOL = 1e-4, 1e-4
 TOLERANCE = f"|tflite - ours| <= {ATOL:g} + {RTOL:g} x |ours|"
 
@@ -68,6 +69,8 @@ class Classifier:
   labels: list                   # class names in logit order ([] for regression)
   meta: dict
   description: str               # what was loaded (inference.describe)
+  tokenizer_file: str            # the vocab.txt / *.model / tokenizer.json it was trained with
+  do_lower_case: bool            # its casing (checked against the vocab by load_for_inference)
 
 
 def check_flags(output, fmt, max_seq_length, batch_size):
@@ -86,11 +89,12 @@ def check_flags(output, fmt, max_seq_length, batch_size):
   files_lib.check_output_file(output, "--output")
 
 
-def load_classifier(path, max_seq_length, *, vocab_file=None) -> Classifier:
+def load_classifier(path, max_seq_length, **tokenizer_files) -> Classifier:
   """The fine-tuned classifier at `path`: checked from its metadata before any array is read,
-  then its parameters checked against the head's shapes."""
-  m = inference.load_for_inference(path, vocab_file=vocab_file, with_params=False,
-                                   python_tokenizer=True)
+  then its parameters checked against the head's shapes. tokenizer_files: vocab_file,
+  spm_model_file or tokenizer_json (default: the checkpoint's own, checked by its sha256)."""
+  m = inference.load_for_inference(path, with_params=False, python_tokenizer=True,
+                                   **tokenizer_files)
   meta = m.meta
   task_type = meta.get("task_type") or meta.get("task_family")   # older exports: task_family
   if task_type is None:
@@ -122,7 +126,8 @@ def load_classifier(path, max_seq_length, *, vocab_file=None) -> Classifier:
                       f"{task_type} head with {max(len(labels), 1)} outputs (e.g. "
                       f"{_first_difference(got, expected)}); pass the best_epoch{{N}}/ export "
                       "of a classification or regression run.")
-  return Classifier(model, params, config, task_type, labels, meta, m.description)
+  return Classifier(model, params, config, task_type, labels, meta, m.description,
+                    str(m.vocab_file or m.spm_model_file or m.tokenizer_json), m.do_lower_case)
 
 
 def _shapes(tree):
@@ -250,11 +255,11 @@ def within_tolerance(theirs, ours):
   return bool(np.all(np.abs(theirs - ours) <= ATOL + RTOL * np.abs(ours)))
 
 
-def export(path, output, *, max_seq_length=128, batch_size=1, vocab_file=None, quiet=False):
+def export(path, output, *, max_seq_length=128, batch_size=1, quiet=False, **tokenizer_files):
   """Loads, converts, checks and writes; returns the sidecar record. SystemExit(1) when the
   check fails (nothing written)."""
   say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))  # noqa: E731
-  c = load_classifier(path, max_seq_length, vocab_file=vocab_file)
+  c = load_classifier(path, max_seq_length, **tokenizer_files)
   say(f"loaded {c.description}: {c.config.family}, {c.config.num_layers} layers of width "
       f"{c.config.hidden_size}, {c.task_type} head "
       + (f"over {len(c.labels)} labels {c.labels}" if c.labels else "(one score)"))
@@ -274,9 +279,8 @@ def export(path, output, *, max_seq_length=128, batch_size=1, vocab_file=None, q
       labels=c.labels, family=c.config.family,
       inputs={n: dict(shape=[batch_size, max_seq_length], dtype="int32") for n in INPUTS},
       output=dict(name="logits", shape=[batch_size, max(len(c.labels), 1)], dtype="float32"),
-      do_lower_case=c.meta.get("do_lower_case"),
-      vocab_file=c.meta.get("vocab_file") or c.meta.get("spm_model_file")
-      or c.meta.get("tokenizer_json"), vocab_hash=c.meta.get("vocab_hash"),
+      do_lower_case=bool(c.do_lower_case),
+      tokenizer_file=c.tokenizer_file, tokenizer_sha256=files_lib.sha256_file(c.tokenizer_file),
       check=dict(rows=CHECK_ROWS, max_abs_diff=diff, tolerance=TOLERANCE),
       versions=dict(jax=jax.__version__, tensorflow=_tf_version()))
   files_lib.write_atomic(output, flatbuffer)
@@ -304,6 +308,9 @@ def define_flags():
   flags.DEFINE_integer("max_seq_length", 128, "The fixed sequence length of the inputs.")
   flags.DEFINE_integer("batch_size", 1, "The fixed batch of the inputs (on-device: 1).")
   flags.DEFINE_string("vocab_file", None, "vocab.txt (default: the checkpoint's own).")
+  flags.DEFINE_string("spm_model_file", None, "SentencePiece model (default: the checkpoint's).")
+  flags.DEFINE_string("tokenizer_json", None, "Hugging Face tokenizer.json (default: the "
+                      "checkpoint's own).")
 
 
 def main(argv):
@@ -314,7 +321,8 @@ def main(argv):
   check_flags(FLAGS.output, FLAGS.format, FLAGS.max_seq_length, FLAGS.batch_size)
   logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
   export(FLAGS.init_checkpoint, FLAGS.output, max_seq_length=FLAGS.max_seq_length,
-         batch_size=FLAGS.batch_size, vocab_file=FLAGS.vocab_file)
+         batch_size=FLAGS.batch_size, vocab_file=FLAGS.vocab_file,
+         spm_model_file=FLAGS.spm_model_file, tokenizer_json=FLAGS.tokenizer_json)
   print(f"next: serve it with LiteRT (ai_edge_litert.interpreter.Interpreter, or "
         f"tf.lite.Interpreter) feeding {', '.join(INPUTS)} by name (docs/serving.md); its "
         "latency against BERT-base on this CPU: python -m benchmarks.serving_latency")

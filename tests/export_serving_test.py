@@ -72,6 +72,9 @@ def test_python_m_export_serving_writes_a_flatbuffer_whose_logits_equal_ours(fin
   record = json.load(open(out + ".json"))
   assert record["labels"] == ["neg", "pos", "mixed"] and record["check"]["max_abs_diff"] <= 1e-4
   assert record["inputs"]["input_ids"] == {"shape": [2, SEQ], "dtype": "int32"}
+  assert record["tokenizer_file"] == os.path.join(path, "vocab.txt")   # the bundled one
+  assert record["tokenizer_sha256"] == files_lib.sha256_file(record["tokenizer_file"])
+  assert record["do_lower_case"] is True
   # Read back from disk, on rows the export's own check did not use (another seed).
   with open(out, "rb") as f:
     runner = export_serving.TFLiteRunner(f.read())
