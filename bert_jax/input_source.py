@@ -56,13 +56,14 @@ def _synthetic_global(batch_size, seq_length, max_predictions_per_seq, vocab_siz
 
 
 def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, process_index,
-                 process_count, train=True, layout=None):
+                 process_count, train=True, layout=None, stream_start=0):
   """Iterator of host-local numpy batches from TFRecords (or synthetic when files=='synthetic').
 
   files: the list from pretrain_input.expand_file_pattern (globbed once, by the caller).
   layout: `stream_layout`'s dict for the training stream (logical shards, packing); None for
   evaluation, which reads unpacked rows (metrics comparable between packed and unpacked runs).
-  Synthetic batches are never packed.
+  stream_start: the input position this stream began at (a --config.restart_data_stream's step;
+  phases' boundaries are counted from it). Synthetic batches are never packed.
   """
   if files == "synthetic":
     return synthetic_batches(batch_size=local_batch_size, seq_length=config.seq_length,
@@ -85,7 +86,8 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
         masking_scheme=config.get("masking", "token"),
         span_boundaries=config.get("masking", "token") == "span",
         mask_replace_prob=config.get("mask_replace_prob", 0.8),
-        random_replace_prob=config.get("random_replace_prob", 0.1))
+        random_replace_prob=config.get("random_replace_prob", 0.1),
+        phases=stream_phases(layout, stream_start))
     return pretrain_input.as_numpy_batches(ds)
   ds = pretrain_input.make_pretrain_dataset(
       files, batch_size=local_batch_size, seq_length=config.seq_length,
@@ -104,14 +106,14 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
   return pretrain_input.as_numpy_batches(ds)
 
 
-def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
+def stream(config, vocab, layout, local_batch, files, seed, start, train=True, stream_start=0):
   """The trainer's stream: this host's batches of `files` from batch `start` (train: the
   resumable stream of `layout`; eval: one instance per row), behind a stall watchdog: no batch
   for input_stall_minutes is an error naming the files, never a silent hang."""
   it = make_batches(
       config, vocab, files=files, local_batch_size=local_batch, seed=seed, start_batch=start,
       process_index=jax.process_index(), process_count=jax.process_count(), train=train,
-      layout=layout if train else None)
+      layout=layout if train else None, stream_start=stream_start)
   if files == "synthetic":
     return it
   if train and layout and layout.get("mixture"):
@@ -122,12 +124,13 @@ def stream(config, vocab, layout, local_batch, files, seed, start, train=True):
       what="train_input_files" if train else "eval_input_files")
 
 
-def stream_layout(config, files, process_count, stored=None, global_batch=None):
+def stream_layout(config, files, process_count, stored=None, global_batch=None, position=None):
   """The training stream's layout (logical shards, packing) for the checkpoint; None if synthetic.
 
   stored: the layout of the checkpoint being resumed (an error if this run's would differ).
   global_batch: rows of one stream batch: config.batch_size (None), or a batch-size warmup's
-  unit (batch_warmup.py: each step takes several).
+  unit (batch_warmup.py: each step takes several). position: step -> stream batches consumed
+  by then (ramp.position; None: one a step), where each phase of config.phases ends.
   """
   if files == "synthetic":
     return None
@@ -145,6 +148,11 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None):
     from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
     layout["mixture"] = mixture.layout_entry(sources, float(config.source_tau),
                                              bool(config.source_weights))
+    planned = phases_of(config)
+    if planned:   # each phase with the stream batch it ends at (a batch warmup: several a step)
+      from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+      layout["phases"] = [dict(e, end_position=int((position or int)(p.end_step))) for e, p in
+                          zip(phases.layout_entry(planned), planned)]
   if stored and stored.get("mixture") != layout.get("mixture"):
     from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
     raise mixture.MixtureError(
@@ -152,7 +160,39 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None):
         f"this run asks for {_mixture_text(layout.get('mixture'))}; resuming would silently "
         "re-draw the stream: use the checkpoint's --config.train_sources/source_weights/"
         "source_tau, or a new --workdir.")
+  if stored and stored.get("phases") != layout.get("phases"):
+    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    names = layout["mixture"]["names"]
+    raise mixture.MixtureError(
+        f"the checkpoint was trained on the phases {_phases_text(stored.get('phases'), names)} "
+        f"but this run asks for {_phases_text(layout.get('phases'), names)}; resuming would "
+        "silently re-draw the stream: use the checkpoint's --config.phases (and "
+        "num_train_steps), or a new --workdir.")
   return layout
+
+
+def _phases_text(entry, names):
+  if not entry:
+    return "none"
+  from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+  return " | ".join(phases.describe(e, names) for e in entry)
+
+
+def stream_phases(layout, stream_start=0):
+  """The layout's phases as mixture.StreamPhase in this stream's batches (None without): a
+  stream restarted at position `stream_start` begins inside the phase holding it."""
+  entry = (layout or {}).get("phases")
+  if not entry:
+    return None
+  from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+  out, first = [], 0
+  for k, e in enumerate(entry):
+    end = e["end_position"] - stream_start
+    if end > 0 or k == len(entry) - 1:
+      out.append(mixture.StreamPhase(k, max(first, 0), None if k == len(entry) - 1 else end,
+                                     tuple(e["shares"]), float(e["mask"])))
+    first = end
+  return out
 
 
 def _mixture_text(entry):
@@ -189,50 +229,91 @@ def sources_of(config):
   return _SOURCES[key]
 
 
+def phases_of(config):
+  """The run's phases (phases.Planned: steps, shares over sources_of's sources, mask), or None
+  without config.phases; checked (one-line errors) before compute."""
+  spec = config.get("phases", "")
+  if not spec:
+    return None
+  from data_pipelines import mixture, phases  # pylint: disable=g-import-not-at-top
+  sources = sources_of(config)
+  if not sources:
+    raise mixture.MixtureError(
+        "config.phases needs config.train_sources (a schedule mixes named sources; one pool: "
+        "--config.train_sources='all=GLOB' instead of train_input_files).")
+  planned = phases.plan(config, sources)
+  phases.check_predictions(planned, int(config.seq_length),
+                           int(config.max_predictions_per_seq))
+  return planned
+
+
 class SourceTally:
-  """Rows, real tokens and instances each source gave (this process's batches, counted as the
-  input hands them out: start-up's 4 read-ahead batches included, used or not)."""
+  """Rows, real tokens and instances each source gave in each phase (this process's batches,
+  counted as the input hands them out: start-up's 4 read-ahead batches included, used or not)."""
 
   def __init__(self):
-    self.counts = None   # [sources, 3]: rows, real tokens, instances
+    self.counts = np.zeros((0, 0, 3), np.int64)   # [phases, sources, 3]: rows, tokens, instances
 
   def strip(self, batches):
     for batch in batches:
       ids = batch.pop("source_ids")                                   # [rows]
-      k = int(ids.max()) + 1
+      phase = batch.pop("phase_ids", np.zeros_like(ids))              # [rows]; 0 without phases
       per_row = np.stack([np.ones(len(ids)), batch["input_mask"].sum(-1),
                           (batch["nsp_weights"] > 0).sum(-1) if "nsp_weights" in batch
                           else np.ones(len(ids))], -1)                # [rows, 3]
-      add = np.zeros((max(k, 0 if self.counts is None else len(self.counts)), 3), np.int64)
-      np.add.at(add, ids, per_row.astype(np.int64))
-      if self.counts is not None:
-        add[:len(self.counts)] += self.counts
+      shape = np.maximum(self.counts.shape[:2], (int(phase.max()) + 1, int(ids.max()) + 1))
+      add = np.zeros((*shape, 3), np.int64)
+      np.add.at(add, (phase, ids), per_row.astype(np.int64))
+      add[:self.counts.shape[0], :self.counts.shape[1]] += self.counts
       self.counts = add
       yield batch
 
-  def record(self, sources):
-    """{name: rows, real_tokens, instances, epochs, planned_share} (every host's batches summed:
-    call on every host)."""
-    counts = np.zeros((len(sources), 3), np.int64)
-    if self.counts is not None:
-      counts[:len(self.counts)] = self.counts
+  def _all_hosts(self, num_phases, num_sources):
+    counts = np.zeros((num_phases, num_sources, 3), np.int64)
+    p, k = min(num_phases, self.counts.shape[0]), min(num_sources, self.counts.shape[1])
+    counts[:p, :k] = self.counts[:p, :k]
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       counts = np.asarray(multihost_utils.process_allgather(counts)).sum(0)
+    return counts
+
+  def record(self, sources, planned=None):
+    """({name: rows, real_tokens, instances, epochs, planned_share}, [per phase: {steps, mask,
+    sources: {name: rows, real_tokens, instances, planned_share}}] or None); every host's
+    batches summed: call on every host."""
+    counts = self._all_hosts(len(planned or [None]), len(sources))
+    total = counts.sum(0)
     # epochs: the instances a source gave / its records (> 1: it ran out and repeated).
-    return {s.name: dict(rows=int(rows), real_tokens=int(tokens), instances=int(instances),
-                         epochs=round(float(instances / max(s.records, 1)), 4),
-                         planned_share=round(s.share, 6))
-            for s, (rows, tokens, instances) in zip(sources, counts)}
+    per_source = {s.name: dict(rows=int(rows), real_tokens=int(tokens), instances=int(instances),
+                               epochs=round(float(instances / max(s.records, 1)), 4),
+                               planned_share=round(s.share, 6))
+                  for s, (rows, tokens, instances) in zip(sources, total)}
+    if not planned:
+      return per_source, None
+    # Under phases a source's planned share of the run's rows: its phases' shares by their steps.
+    steps = sum(p.end_step - p.first_step for p in planned)
+    for i, s in enumerate(sources):
+      per_source[s.name]["planned_share"] = round(
+          sum(p.shares[i] * (p.end_step - p.first_step) for p in planned) / steps, 6)
+    per_phase = [dict(steps=[p.first_step, p.end_step], mask=p.mask, sampling=p.sampling,
+                      sources={s.name: dict(rows=int(r), real_tokens=int(t), instances=int(i),
+                                            planned_share=round(x, 6))
+                               for s, (r, t, i), x in zip(sources, c, p.shares) if x > 0 or r})
+                 for p, c in zip(planned, counts)]
+    return per_source, per_phase
 
 
 _TALLY = SourceTally()
 
 
 def planned_line(config):
-  """Start-up: each source's planned share, size, and what happens when it runs out."""
-  from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+  """Start-up: each source's planned share, size, and what happens when it runs out; under
+  config.phases, each phase's steps, shares and masking rate on lines of their own."""
+  from data_pipelines import mixture, phases  # pylint: disable=g-import-not-at-top
   sampling = "weights" if config.get("source_weights") else f"records^{config.source_tau:g}"
+  planned = phases_of(config)
+  if planned:
+    return "\n".join(phases.startup_lines(planned, sources_of(config)))
   return mixture.planned_line(sources_of(config), sampling)
 
 
@@ -242,8 +323,11 @@ def mixture_summary(config, start_step, is_main):
   sources = sources_of(config)
   if not sources:
     return {}
-  record = _TALLY.record(sources)
-  return dict(sources=record, sources_since_step=int(start_step)) if is_main else {}
+  record, per_phase = _TALLY.record(sources, phases_of(config))
+  if not is_main:
+    return {}
+  return dict(sources=record, sources_since_step=int(start_step),
+              **({"phases": per_phase} if per_phase else {}))
 
 
 def peek(batches, n=4):
@@ -259,7 +343,9 @@ def packed_widths(config, layout):
   """(K instances, Q prediction slots) of a packed row of dynamically masked records."""
   from data_pipelines import packing  # pylint: disable=g-import-not-at-top
   k = int(layout.get("max_instances_per_pack") or packing.default_max_instances(config.seq_length))
-  return k, packing.max_predictions_per_pack(config.seq_length, k, config.masked_lm_prob)
+  from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+  # Q for the run's largest masking rate (config.phases: every phase's batches one shape).
+  return k, packing.max_predictions_per_pack(config.seq_length, k, phases.max_mask(config))
 
 
 def batch_spec(config, layout):

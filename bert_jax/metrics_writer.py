@@ -149,6 +149,14 @@ def summary_lines(summary):
               f"({100 * v['real_tokens'] / total:.1f}%; planned {100 * v['planned_share']:.1f}% "
               f"of rows), {v['epochs']:.2f} epoch(s)"
               + (" (repeated)" if v["epochs"] > 1 else "") for name, v in s["sources"].items()]
+  for k, ph in enumerate(s.get("phases") or (), 1):   # config.phases: each phase's own tally
+    rows = max(sum(v["rows"] for v in ph["sources"].values()), 1)
+    lines.append(f"  phase {k} (steps {ph['steps'][0] + 1}-{ph['steps'][1]}, mask "
+                 f"{100 * ph['mask']:g}%, {ph['sampling']}): " + (", ".join(
+                     f"{name} {100 * v['rows'] / rows:.1f}% of rows (planned "
+                     f"{100 * v['planned_share']:.1f}%), {v['real_tokens']:,} real tokens"
+                     for name, v in ph["sources"].items()) if ph["sources"] and any(
+                         v["rows"] for v in ph["sources"].values()) else "not reached"))
   if s.get("model"):
     lines.append(f"  model: {s['model']}")
   for k, v in (s.get("outputs") or {}).items():
@@ -168,7 +176,8 @@ def write_summary(workdir, summary, *, is_main=True):
   scheme above), final_eval_step, gflop_per_step and pretrain_tflop (train: the analytic FLOPs
   of one step and of all its steps so far), model (the path to load), outputs ({what: path}), next
   (commands to run next); a mixture's sources ({name: real_tokens, instances, epochs, rows,
-  planned_share}) since sources_since_step.
+  planned_share}) since sources_since_step, and under config.phases each phase's ([{steps, mask,
+  sampling, sources: {name: rows, real_tokens, instances, planned_share}}]).
   """
   summary = dict(summary, workdir=workdir)
   if not is_main:

@@ -358,6 +358,7 @@ def validate_inputs(config, workdir):
   preflight.check_config_values(config)
   trainer_lib.check_workdir(workdir)
   sources = input_source.sources_of(config)   # a mixture of named sources (issue 42), or None
+  input_source.phases_of(config)   # its schedule (config.phases), checked now, or None
   train_files = ([f for s in sources for f in s.files] if sources else
                  expand_files(config.train_input_files, "train_input_files"))
   eval_files = (expand_files(config.eval_input_files, "eval_input_files")
@@ -428,7 +429,8 @@ def _train_and_evaluate(config, workdir):
   unit_rows = run.ramp.unit // jax.process_count()
   train_iter = first_checked_batch(
       input_source.stream(config, run.vocab, run.layout, unit_rows, run.train_files, config.seed,
-                          run.position(run.latest or 0)),
+                          run.position(run.latest or 0),
+                          stream_start=(run.stream or {}).get("start_position", 0)),
       config, run.vocab, run.layout, len(run.train_files), unit_rows, run.is_main)
   # --- Model, optimizer, shardings, compiled steps; then the state. ---
   t = build_training(config, run.model_config, run.mesh, run.teacher)  # DistilBERT: its teacher
@@ -623,7 +625,7 @@ def stream_at(config, workdir, train_files, ramp, latest, meta):
   starts this run's afresh (checkpoint_fit.resume_stream)."""
   def layout_of(stored):
     return input_source.stream_layout(config, train_files, jax.process_count(), stored=stored,
-                                      global_batch=ramp.unit)
+                                      global_batch=ramp.unit, position=ramp.position)
   stream = checkpoint_fit.data_stream(config, train_files)
   if latest is None:
     return layout_of(None), stream

@@ -156,10 +156,12 @@ def source_seed(seed, name):
   return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
 
 
-def _draw_key(tf, seed, shard):
+def _draw_key(tf, seed, shard, phase=None):
   # (seed, shard) folded with "mix": apart from pretrain_input's keys of the same (seed, shard).
-  return tf.random.experimental.stateless_fold_in(tf.constant([int(seed), int(shard)], tf.int64),
-                                                  0x6D6978)
+  key = tf.random.experimental.stateless_fold_in(tf.constant([int(seed), int(shard)], tf.int64),
+                                                 0x6D6978)
+  # Phase k of a schedule (phases.py): its own draws, counted from the phase's first row.
+  return key if phase is None else tf.random.experimental.stateless_fold_in(key, int(phase) + 1)
 
 
 def _block_draws(tf, logits, key, block):
@@ -169,10 +171,11 @@ def _block_draws(tf, logits, key, block):
   return tf.cast(tf.random.stateless_categorical(logits[None], BLOCK, seed)[0], tf.int64)
 
 
-def starts(tf, shares_list, seed, shard, start_row):
-  """[per source] rows of each source among rows [0, start_row) of shard `shard`."""
+def starts(tf, shares_list, seed, shard, start_row, phase=None):
+  """[per source] rows of each source among rows [0, start_row) of shard `shard` (of phase
+  `phase`'s rows, counted from its first: phases.py)."""
   logits = tf.math.log(tf.constant(shares_list, tf.float32))
-  key = _draw_key(tf, seed, shard)
+  key = _draw_key(tf, seed, shard, phase)
   k = len(shares_list)
   counts = tf.zeros([k], tf.int64)
   full, rest = divmod(int(start_row), BLOCK)
@@ -185,10 +188,10 @@ def starts(tf, shares_list, seed, shard, start_row):
   return [int(c) for c in counts.numpy()]
 
 
-def choices(tf, shares_list, seed, shard, start_row):
+def choices(tf, shares_list, seed, shard, start_row, phase=None):
   """The dataset of source indices of rows start_row, start_row + 1, ... of shard `shard`."""
   logits = tf.math.log(tf.constant(shares_list, tf.float32))
-  key = _draw_key(tf, seed, shard)
+  key = _draw_key(tf, seed, shard, phase)
   first, skip = divmod(int(start_row), BLOCK)
   ds = tf.data.Dataset.counter(first).map(lambda b: _block_draws(tf, logits, key, b)).unbatch()
   return ds.skip(skip) if skip else ds
@@ -199,9 +202,13 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
                  masked_lm_prob=0.15, whole_word_masking=False, shuffle_buffer=10000,
                  pack=False, max_instances_per_pack=0, pack_chunk_size=1024,
                  masking_scheme="token", span_boundaries=False, mask_replace_prob=0.8,
-                 random_replace_prob=0.1, num_parallel_calls=None):
+                 random_replace_prob=0.1, num_parallel_calls=None, phases=None):
   """This host's batches of the mixed stream (pretrain_input.make_pretrain_dataset's contract,
-  plus `source_ids` [batch] int32). sources: [Source] with files and shares (resolve's)."""
+  plus `source_ids` [batch] int32). sources: [Source] with files and shares (resolve's).
+
+  phases: a schedule (phases.py) as [StreamPhase] in this stream's batches, in order, the last
+  open-ended; rows then carry `phase_ids` [batch] int32 too. None: the sources' shares and
+  masked_lm_prob throughout (the stream of a run without phases, unchanged)."""
   from bert_jax_core.tf_setup import tf   # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from data_pipelines import masking, packing, pretrain_input
@@ -216,38 +223,86 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
       host_files, seq_length, max_predictions_per_seq, premasked=None,
       masked_lm_prob=masked_lm_prob, whole_word_masking=whole_word_masking,
       masking_scheme=masking_scheme, replacement=(mask_replace_prob, random_replace_prob))
+  if premasked and phases:
+    raise MixtureError(f"{host_files[0]}: pre-masked records (google-research/bert's) fix their "
+                       "masks, so config.phases cannot change the masking rate (it needs dynamic "
+                       "masking, as records are read); make each source with python -m "
+                       "data_pipelines.create_pretraining_data (unmasked).")
   if premasked:
     raise MixtureError(f"{host_files[0]}: pre-masked records (google-research/bert's) cannot be "
                        "mixed; make each source with python -m data_pipelines."
                        "create_pretraining_data (unmasked, masked as they are read).")
-  cfg = masking.mask_config_from_vocab(
-      vocab, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions_per_seq,
+  plan = phases or [StreamPhase(None, 0, None, tuple(s.share for s in sources), masked_lm_prob)]
+  cfgs = {p.mask: masking.mask_config_from_vocab(
+      vocab, masked_lm_prob=p.mask, max_predictions_per_seq=max_predictions_per_seq,
       whole_word_masking=whole_word_masking, scheme=masking_scheme,
-      mask_replace_prob=mask_replace_prob, random_replace_prob=random_replace_prob)
+      mask_replace_prob=mask_replace_prob, random_replace_prob=random_replace_prob) for p in plan}
   # rows=1: a source's stream is read a row at a time (a row = a record unpacked, masked with a
   # key folded from its index; packed, pretrain_input's rows), so it can resume at any row.
   base = pretrain_input._Stream(   # pylint: disable=protected-access
       seq_length=seq_length, max_predictions_per_seq=max_predictions_per_seq,
-      premasked=premasked, mask_cfg=cfg, seed=seed, shuffle=True, repeat=True,
+      premasked=premasked, mask_cfg=cfgs[plan[0].mask], seed=seed, shuffle=True, repeat=True,
       shuffle_buffer=shuffle_buffer, num_parallel_calls=num_parallel_calls, rows=1,
       word_boundaries=word_boundaries)
   if pack:
+    # Q prediction slots for the largest rate of the run: one batch shape for every phase.
     k = max_instances_per_pack or packing.default_max_instances(seq_length)
     base = dataclasses.replace(base, pack=True, max_instances=k, max_preds=(
-        packing.max_predictions_per_pack(seq_length, k, masked_lm_prob)), chunk=pack_chunk_size)
-  shares_list = [s.share for s in sources]
+        packing.max_predictions_per_pack(seq_length, k, max(p.mask for p in plan))),
+                               chunk=pack_chunk_size)
   rows = global_batch // l
+  start_row = start_batch * rows
   per_shard = []
   for j in shards:
-    start_row = start_batch * rows
-    counts = starts(tf, shares_list, seed, j, start_row)
-    streams = []
-    for i, (s, n) in enumerate(zip(sources, counts)):
-      st = dataclasses.replace(base, seed=source_seed(seed, s.name))
-      streams.append(st.shard_batches(list(s.files[j::l]), j, n).unbatch().map(
-          lambda r, i=i: dict(r, source_ids=tf.constant(i, tf.int32))))
-    mixed = tf.data.Dataset.choose_from_datasets(
-        streams, choices(tf, shares_list, seed, j, start_row), stop_on_empty_dataset=True)
+    done = [0] * len(sources)   # each source's rows drawn by the phases before this one
+    parts = []
+    for ph in plan:
+      lo = ph.first_batch * rows
+      hi = None if ph.end_batch is None else ph.end_batch * rows
+      if hi is not None and hi <= start_row:   # over before the resume point: its draws only
+        done = [a + b for a, b in zip(done, starts(tf, ph.shares, seed, j, hi - lo, ph.index))]
+        continue
+      skip = max(0, start_row - lo)
+      counts = starts(tf, ph.shares, seed, j, skip, ph.index)
+      streams = []
+      for i, s in enumerate(sources):
+        st = dataclasses.replace(base, seed=source_seed(seed, s.name), mask_cfg=cfgs[ph.mask])
+        streams.append(st.shard_batches(list(s.files[j::l]), j, done[i] + counts[i]).unbatch()
+                       .map(_tag(tf, i, ph.index)))
+      mixed = tf.data.Dataset.choose_from_datasets(
+          streams, choices(tf, ph.shares, seed, j, skip, ph.index), stop_on_empty_dataset=True)
+      if hi is not None:
+        mixed = mixed.take(hi - lo - skip)
+        done = [a + b for a, b in zip(done, starts(tf, ph.shares, seed, j, hi - lo, ph.index))]
+      parts.append(mixed)
+    mixed = parts[0]
+    for part in parts[1:]:
+      mixed = mixed.concatenate(part)
+    if phases:
+      # tf.data's noop_elimination rewrites phases concatenated behind a host's single shard
+      # into a pipeline of other shapes ("Incompatible shapes at component 0: expected [4,32]
+      # but got [4]" at MakeIterator; TF 2.x, the 2-host case of tests/phases_test.py).
+      options = tf.data.Options()
+      options.experimental_optimization.noop_elimination = False
+      mixed = mixed.with_options(options)
     per_shard.append(mixed.batch(rows, drop_remainder=True))
   return pretrain_input._host_batches(  # pylint: disable=protected-access
       per_shard, span_boundaries)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPhase:
+  """A phase of the schedule in this stream's batches (phases.py; input_source builds them)."""
+  index: object          # the phase's number in the run's schedule (its draws' key); None: none
+  first_batch: int       # the stream's batches [first_batch, end_batch) are this phase's
+  end_batch: object      # None: open-ended (the last phase: the stream never ends)
+  shares: tuple          # [sources]
+  mask: float            # masked_lm_prob of its rows
+
+
+def _tag(tf, source, phase):
+  """Row -> row with its source's index (and its phase's, under a schedule)."""
+  tags = dict(source_ids=tf.constant(source, tf.int32))
+  if phase is not None:
+    tags["phase_ids"] = tf.constant(phase, tf.int32)
+  return lambda r: dict(r, **tags)

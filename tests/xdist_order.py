@@ -131,6 +131,8 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/fp8_test.py": 90,
     "tests/mixture_train_test.py": 60,
     "tests/mixture_test.py": 60,
+    "tests/phases_test.py": 100,         # the phased stream: 95 s on the loaded box (9 builds then)
+    "tests/phases_train_test.py": 110,   # three 10-step runs, one preempted: 92 s (loaded box)
     "tests/multilingual_vocab_test.py": 40,
     "tests/mmbert_convert_test.py": 50,   # its 2 slow tests + the folder, 46 s here (loaded box)
     "tests/contrastive_test.py": 40,

@@ -6,7 +6,7 @@ r"""BERT pre-training presets (the paper's recipe: Devlin et al. 2018, section A
       --config.eval_input_files='gs://BUCKET/data/seq128/eval-*' \
       --config.vocab_file=gs://BUCKET/vocab.txt
 
-The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
+The argument after ':' is PRESET[,phase2][,annealed][,fast][,runlocal]:
   PRESET    a model size: tiny, mini, small, medium, base, large, or a miniature L-4_H-256;
             ALBERT: albert-{tiny,mini,base,large,xlarge,xxlarge} (records from
             create_pretraining_data --sop; n-gram masking); SpanBERT: spanbert, spanbert-large,
@@ -19,6 +19,10 @@ The argument after ':' is PRESET[,phase2][,fast][,runlocal]:
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
             ModernBERT: its context extension, 8,192 tokens with the global layers' RoPE theta
             raised to 160,000 (families/modernbert.py phase2; docs/models.md).
+  annealed  mmBERT's schedule shape (arXiv 2509.06888) over config.train_sources: three phases of
+            60/30/10% of the steps at tau 0.7 -> 0.5 -> 0.3 and 30% -> 15% -> 5% masking
+            (config.phases; add sources=... to a phase to hold sources back, as mmBERT's 60 ->
+            110 -> 1,833 languages). data_pipelines/phases.py, docs/non_english.md.
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
             and ModernBERT train), so the fused attention kernels (cuDNN, Pallas, splash) can run
             in training; the paper's 0.1 stays the default. Trade-off: docs/attention.md.
@@ -36,10 +40,10 @@ def get_config(arg="base"):
   parts = [p for p in (arg or "base").split(",") if p]
   preset = parts[0]
   variants = set(parts[1:])
-  unknown = variants - {"phase2", "fast", "runlocal"}
+  unknown = variants - {"phase2", "annealed", "fast", "runlocal"}
   if unknown:
     raise ValueError(f"--config=...:{arg}: unknown variant(s) {sorted(unknown)}; use "
-                     "PRESET[,phase2][,fast][,runlocal].")
+                     "PRESET[,phase2][,annealed][,fast][,runlocal].")
 
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   family = families.presets().get(preset, {})   # an unknown preset is train's one-line error
@@ -102,6 +106,10 @@ def _input_fields(c):
   c.train_sources = ""
   c.source_weights = ""
   c.source_tau = 1.0
+  # A schedule of the mixture and the masking rate (data_pipelines/phases.py; needs
+  # train_sources): 'steps=60%,sources=en;de,tau=0.7,mask=0.3 | steps=40%,tau=0.3,mask=0.15'.
+  # The phases' steps add up to num_train_steps (or 100%); start-up prints them.
+  c.phases = ""
   c.vocab_file = ""                # WordPiece vocab.txt ...
   c.spm_model_file = ""            # ... or a SentencePiece model
   c.tokenizer_json = ""            # ... or a Hugging Face tokenizer.json (BPE/Unigram)
@@ -190,8 +198,12 @@ def _optimizer_and_loop_fields(c):
   c.profile_steps = 5
 
 
+MMBERT_PHASES = ("steps=60%,tau=0.7,mask=0.3 | steps=30%,tau=0.5,mask=0.15 | "
+                 "steps=10%,tau=0.3,mask=0.05")
+
+
 def _apply_variants(c, preset, variants, family):
-  """phase2, fast and runlocal on top of the preset (module docstring)."""
+  """phase2, fast, runlocal and annealed on top of the preset (module docstring)."""
   if "phase2" in variants and family.phase2:   # the family's own (ModernBERT: 8,192 tokens)
     family.phase2(c, preset)
   elif "phase2" in variants:
@@ -222,3 +234,9 @@ def _apply_variants(c, preset, variants, family):
       # google's int((p + 0.005) x 128), at least BERT's 20 (p = 0.15 gives 19): a fixed 20
       # silently capped ModernBERT's 30% (39 a row) and NeoBERT's 20% (26) on runlocal.
       c.max_predictions_per_seq = max(20, int((c.masked_lm_prob + 0.005) * 128))
+
+  if "annealed" in variants:   # last: after runlocal's and phase2's lengths
+    # mmBERT's three phases (pre-training, mid-training, decay: 2.3T, 600B, 100B tokens there;
+    # 60/30/10% here, a round shape). Rows hold up to 30% of seq_length predictions.
+    c.phases = MMBERT_PHASES
+    c.max_predictions_per_seq = max(c.max_predictions_per_seq, int(0.305 * c.seq_length) + 1)
