@@ -14,17 +14,24 @@ A new family is a new module that builds a `Family` (usually `dataclasses.replac
 holds the defaults) and calls `register`; tests/families_registry_test.py adds a toy one in the
 test itself and runs it through pre-training, conversion, fill-mask and fine-tuning.
 
+Discovery: every module of this package is imported on the first lookup (pkgutil: `bert` first,
+as it holds every hook's default, then the others in name order), and a module that builds a
+`Family` calls `register`; there is no hand-kept list, so a new family is a new file here (its
+network may sit beside it, e.g. mobilebert_layers.py, which registers nothing), as the task
+types' table (bert_jax/tasks/registry.py) finds its modules.
+
 Layers: this module imports nothing of ours. model.py reads the table (BertConfig's rules and the
-presets); the family modules import model.py and register themselves. The built-in families are
-loaded by module name on the first lookup (`_load_builtin`, importlib), as transformers' Auto
-mapping loads a model_type's module by name: model.py never imports a family module, so the
-families can build on it without an import cycle (tests/layers_test.py).
+presets); the family modules import model.py and register themselves, loaded by module name on
+the first lookup (`_load_builtin`, importlib), as transformers' Auto mapping loads a
+model_type's module by name: model.py never imports a family module, so the families can build
+on it without an import cycle (tests/layers_test.py).
 """
 
 import dataclasses
 import importlib
 import json
 import os
+import pkgutil
 from typing import Callable, Mapping, Optional
 
 
@@ -105,17 +112,31 @@ class Family:
 
 
 REGISTRY: dict = {}   # name -> Family, in registration order
-# The families that ship with bert_jax: bert_jax/families/<name>.py, BERT first (it holds every
-# hook's default).
-BUILTIN = ("bert", "albert", "spanbert", "electra", "distilbert", "modernbert", "tinybert")
+_PACKAGE = __name__.rpartition(".")[0]   # bert_jax.families
+
+
+def _modules() -> tuple:
+  """The modules of this package that ship with bert_jax (bert_jax/families/<name>.py, this one
+  left out): BERT first (it holds every hook's default), the others in name order. Listing
+  only (pkgutil reads the folder): nothing is imported here."""
+  path = os.path.dirname(os.path.abspath(__file__))
+  found = sorted(m.name for m in pkgutil.iter_modules([path])
+                 if m.name != __name__.rpartition(".")[2])
+  return tuple(["bert"] + [m for m in found if m != "bert"])
+
+
+# The modules of the families that ship with bert_jax (and their helpers, e.g. a network module,
+# which register nothing), found in the folder, not kept by hand.
+BUILTIN = _modules()
 _loaded = []
 
 
 def _load_builtin():
+  """Imports every module of this package once; each family module registers itself."""
   if not _loaded:
     _loaded.append(True)   # before the imports: each one registers through this module
     for name in BUILTIN:
-      importlib.import_module(f"bert_jax.families.{name}")
+      importlib.import_module(f"{_PACKAGE}.{name}")
 
 
 def register(family: Family, *, replace=False) -> Family:
