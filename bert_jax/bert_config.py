@@ -253,6 +253,10 @@ class BertConfig:
 
   @classmethod
   def from_dict(cls, d) -> "BertConfig":
+    """The config of a stored dict: its family's record (Family.config_class, e.g. MobileBERT's
+    subclass with its own fields) when called on BertConfig."""
+    if cls is BertConfig:
+      cls = config_class(d.get("family", "bert"))
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
@@ -296,9 +300,15 @@ def __getattr__(name):
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def config_class(family) -> type:
+  """The config record of `family`: BertConfig, or the family's subclass with its own fields."""
+  return _family(family).config_class or BertConfig
+
+
 def get_bert_config(name: str, **overrides) -> BertConfig:
   """A preset by name ("base", "large", "tiny", ..., "L-4_H-256"), with field overrides."""
   presets = _families().presets()
   if name not in presets:
     raise ValueError(f"Unknown BERT model {name!r}; known: {', '.join(presets)}.")
-  return BertConfig(**{**presets[name], **overrides})
+  fields = {**presets[name], **overrides}
+  return config_class(fields.get("family", "bert"))(**fields)

@@ -539,7 +539,7 @@ def config_from_checkpoint(stored, overrides, what):
         + " but the config sets " + ", ".join(f"{k}={b!r}" for k, (_, b) in clash.items())
         + "; drop the override (the architecture comes from the checkpoint) or start from "
         "another checkpoint.")
-  return model_lib.BertConfig(**{**stored_d, **overrides})
+  return model_lib.BertConfig.from_dict({**stored_d, **overrides})   # the family's record
 
 
 def verify_for_load(kind, p):

@@ -270,7 +270,7 @@ def main(argv):
   note = families.get(m.config.family).describe(m.config, "features")
   if note:   # which network the features come from (ELECTRA: the discriminator)
     print(note, flush=True)
-  cfg = model_lib.BertConfig(**{**m.config.to_dict(), "dtype": FLAGS.dtype})
+  cfg = model_lib.BertConfig.from_dict({**m.config.to_dict(), "dtype": FLAGS.dtype})
   layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,
                               layers=layers, pooling=FLAGS.pooling,

@@ -52,6 +52,10 @@ class Family:
   exact_objectives: Optional[tuple] = None   # the only objective set allowed (e.g. mlm, rtd)
   own_objectives: tuple = ()            # objectives no other family may train (ELECTRA's rtd)
   check_config: Optional[Callable] = None    # (BertConfig) -> None, raises ValueError
+  # The family's config record: a BertConfig subclass with the family's own fields (MobileBERT's
+  # bottleneck sizes), so they do not grow the record every family carries; None: BertConfig.
+  # get_bert_config and BertConfig.from_dict build it by the `family` field.
+  config_class: Optional[type] = None
 
   # --- Pre-training recipe defaults (configs/pretrain.py) and the step (train.py).
   masking: str = "token"                # token | ngram | span
