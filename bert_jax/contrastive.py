@@ -4,6 +4,7 @@
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
   grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
+  chunk_rows    [B, ...] -> [n, B/n, ...], chunk i = rows i, i + n, ... (and unchunk_rows back)
 
 info_nce is sentence-transformers' MultipleNegativesRankingLoss (MNRL, 6.x) on the same
 embeddings: anchors a [B, D], candidates c [B, 1 + k, D] (the positive, then k hard negatives).
@@ -19,8 +20,9 @@ Inside a jitted step the arrays are the global batch, sharded over the mesh's da
 shards between devices and hosts itself (no host gather, no all_gather written by hand), so every
 device's rows and hard negatives are every anchor's negatives (tests/contrastive_test.py checks
 a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives these from the
-fine-tuning loop. Not yet: grad_cache inside the loop's step and bert_jax.plan's view of its
-memory, packed-row pooling (issue 40 items 2, 4).
+fine-tuning loop; its training step runs grad_cache when config.embedding.grad_cache_chunks > 1
+(embedding.grad_cache_step; benchmarks/grad_cache_memory.py compiles both steps and prints their
+memory). Not yet: packed-row pooling (issue 40 item 2).
 """
 
 import jax
@@ -117,25 +119,43 @@ def matryoshka_info_nce(anchors, candidates, dims=(), scale=20.0, symmetric=Fals
              for d in (dims or (anchors.shape[-1],)))
 
 
-def grad_cache(embed, params, inputs, loss_of_embeddings, num_chunks, rng=None):
+def chunk_rows(x, n):
+  """[B, ...] -> [n, B/n, ...]; chunk i holds rows i, i + n, i + 2n, ... Strided, as
+  trainer_lib.split_micro_batches: each device's slice of a data-sharded batch splits into n
+  equal local parts (n divides the per-device rows), so no row moves between devices."""
+  return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+
+
+def unchunk_rows(x):
+  """chunk_rows' inverse: [n, B/n, ...] -> [B, ...] in the original row order."""
+  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def grad_cache(embed, params, inputs, loss_of_embeddings, num_chunks, rng=None, *,
+               has_aux=False, constrain=None):
   """(loss, d loss / d params) of loss_of_embeddings(embed(params, inputs)), holding one chunk's
   activations at a time: GradCache (Gao et al. 2021; sentence-transformers' CachedMNRL).
 
     embed(params, chunk, rng) -> [b, ...] float32 embeddings of a chunk of rows (rng: dropout)
     inputs                    a pytree of arrays with a leading [B] rows axis
-    loss_of_embeddings        [B, ...] embeddings -> scalar (e.g. matryoshka_info_nce)
+    loss_of_embeddings        [B, ...] embeddings -> scalar (has_aux: (scalar, aux), and the
+                              result is ((loss, aux), grads), as jax.value_and_grad's)
+    constrain                 applied to every [num_chunks, B/num_chunks, ...] array (the loop:
+                              a sharding constraint keeping each chunk's rows on their devices)
 
   1. every chunk's embeddings without gradients (lax.map: one chunk's activations live at a
      time); 2. the loss and its gradient with respect to all B embeddings (the contrastive loss
   sees the whole batch); 3. each chunk again under jax.vjp with that gradient as cotangent,
-  summed over chunks (lax.scan). Chunk i uses the same rng in passes 1 and 3, so its dropout
-  masks are the same in both (sentence-transformers #3862: earlier CachedMNRL versions redrew
-  them and gave silently wrong gradients). The result is the gradient of the loss of the
-  embeddings pass 1 computed, the unchunked gradient when that uses the chunks' rngs."""
+  summed over chunks (lax.scan). Chunk i (rows i, i + n, ...: chunk_rows) uses the same rng in
+  passes 1 and 3, so its dropout masks are the same in both (sentence-transformers #3862:
+  earlier CachedMNRL versions redrew them and gave silently wrong gradients). The result is the
+  gradient of the loss of the embeddings pass 1 computed: the unchunked gradient when that uses
+  the chunks' rngs, and exactly it without dropout."""
   b = jax.tree.leaves(inputs)[0].shape[0]
   if b % num_chunks:
     raise ValueError(f"grad_cache: {num_chunks} chunks do not divide the batch of {b} rows.")
-  chunks = jax.tree.map(lambda x: x.reshape(num_chunks, b // num_chunks, *x.shape[1:]), inputs)
+  constrain = constrain or (lambda x: x)
+  chunks = jax.tree.map(lambda x: constrain(chunk_rows(x, num_chunks)), inputs)
   rngs = (jax.random.split(rng, num_chunks) if rng is not None
           else jnp.zeros((num_chunks, 2), jnp.uint32))
   use_rng = rng is not None
@@ -144,9 +164,9 @@ def grad_cache(embed, params, inputs, loss_of_embeddings, num_chunks, rng=None):
     return embed(p, chunk, r if use_rng else None)
 
   emb = jax.lax.map(lambda xs: jax.lax.stop_gradient(one(params, *xs)), (chunks, rngs))
-  emb = emb.reshape(b, *emb.shape[2:])                                   # [B, ...]
-  loss, d_emb = jax.value_and_grad(loss_of_embeddings)(emb)
-  d_chunks = d_emb.reshape(num_chunks, b // num_chunks, *d_emb.shape[1:])
+  emb = unchunk_rows(constrain(emb))                                     # [B, ...]
+  value, d_emb = jax.value_and_grad(loss_of_embeddings, has_aux=has_aux)(emb)
+  d_chunks = constrain(chunk_rows(d_emb, num_chunks))                    # [n, B/n, ...]
 
   def accumulate(total, xs):
     chunk, r, d = xs
@@ -155,4 +175,4 @@ def grad_cache(embed, params, inputs, loss_of_embeddings, num_chunks, rng=None):
 
   zeros = jax.tree.map(jnp.zeros_like, params)
   grads, _ = jax.lax.scan(accumulate, zeros, (chunks, rngs, d_chunks))
-  return loss, grads
+  return value, grads

@@ -260,7 +260,8 @@ def export(path, output, *, max_seq_length=128, batch_size=1, quiet=False, **tok
   check fails (nothing written)."""
   say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))  # noqa: E731
   c = load_classifier(path, max_seq_length, **tokenizer_files)
-  say(f"loaded {c.description}: {c.config.family}, {c.config.num_layers} layers of width "
+  layers = c.config.num_layers
+  say(f"loaded {c.description}: {c.config.family}, {layers} layer{'s' * (layers != 1)} of width "
       f"{c.config.hidden_size}, {c.task_type} head "
       + (f"over {len(c.labels)} labels {c.labels}" if c.labels else "(one score)"))
   forward = forward_fn(c.model, jax.tree.map(jnp.asarray, c.params))

@@ -353,13 +353,15 @@ def resolve_hyperparameters(config, model_config, steps_per_epoch):
 
 
 def schedule(config, train):
-  """(steps_per_epoch, num_train_steps, warmup_steps): epochs -> steps, 10% warmup (paper).
+  """(steps_per_epoch, num_train_steps, warmup_steps): epochs -> steps, 10% warmup (paper), or
+  config.warmup_steps when > 0 (a recipe's fixed count, e.g. modernbert-embed's 700).
 
   Every training sequence is used each epoch: the last batch of an epoch is the remainder,
   padded with weight-0 rows (it counts as one optimizer step)."""
   steps_per_epoch = steps_per_epoch_of(train, config.batch_size)
   num_train_steps = max(1, int(config.num_train_epochs * steps_per_epoch))
-  return steps_per_epoch, num_train_steps, int(config.warmup_proportion * num_train_steps)
+  warmup = config.get("warmup_steps", 0) or int(config.warmup_proportion * num_train_steps)
+  return steps_per_epoch, num_train_steps, int(warmup)
 
 
 def steps_per_epoch_of(train, batch_size):

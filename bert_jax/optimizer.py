@@ -205,7 +205,7 @@ def from_config(config, *, num_train_steps, warmup_steps, model_config=None):
       weight_decay_all_tensors=config.get("weight_decay_all_tensors", False))
 
 
-SCHEDULES = ("linear", "wsd", "cosine")
+SCHEDULES = ("linear", "wsd", "cosine", "hf_cosine")
 
 
 def create_schedule(schedule, learning_rate, warmup_steps, num_train_steps, decay_steps=0,
@@ -219,9 +219,30 @@ def create_schedule(schedule, learning_rate, warmup_steps, num_train_steps, deca
   if schedule == "cosine":   # NeoBERT's: cosine to final_lr_fraction by step decay_steps
     return create_cosine_schedule(learning_rate, warmup_steps, decay_steps, num_train_steps,
                                   final_lr_fraction)
+  if schedule == "hf_cosine":   # transformers' cosine with warmup (modernbert-embed's stage 1)
+    return create_hf_cosine_schedule(learning_rate, warmup_steps, num_train_steps)
   raise OptimizerError(f"config.schedule={schedule!r}: unknown; use 'linear' (BERT), 'wsd' "
-                       "(warmup-stable-decay with 1-sqrt decay, ModernBERT) or 'cosine' "
-                       "(warmup, cosine to final_lr_fraction, NeoBERT).")
+                       "(warmup-stable-decay with 1-sqrt decay, ModernBERT), 'cosine' "
+                       "(warmup, cosine to final_lr_fraction, NeoBERT) or 'hf_cosine' "
+                       "(transformers' cosine with warmup, to 0 at the last step).")
+
+
+def create_hf_cosine_schedule(learning_rate: float, warmup_steps: int,
+                              num_train_steps: int) -> optax.Schedule:
+  """transformers' get_cosine_schedule_with_warmup (num_cycles=0.5), which get_scheduler
+  ("cosine", ...) builds and nomic's contrastors trains modernbert-embed's stage 1 with:
+    t < w   lr x t / w
+    t >= w  lr x (1 + cos(pi (t - w) / (T - w))) / 2      (0 at T = num_train_steps)
+  NeoBERT's "cosine" above differs: its warmup starts at 1e-4 x lr, and its cosine's period of D
+  steps counts from the warmup's end but is cut at step D, just above its floor."""
+  if learning_rate <= 0:
+    raise OptimizerError(f"learning_rate={learning_rate}: must be > 0.")
+  if not 0 <= warmup_steps < num_train_steps:
+    raise OptimizerError(f"warmup_steps={warmup_steps}, num_train_steps={num_train_steps}: "
+                         "hf_cosine needs 0 <= warmup_steps < num_train_steps (set "
+                         "--config.warmup_steps lower, or train more steps).")
+  return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, num_train_steps,
+                                            end_value=0.0)
 
 
 # ----------------------------------------------------------------------------------------------

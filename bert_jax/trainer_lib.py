@@ -87,12 +87,16 @@ def with_frozen(batch, frozen_params, frozen_apply):
 
 
 def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx, schedule,
-               grad_accum_steps, mesh, frozen_apply=None):
+               grad_accum_steps, mesh, frozen_apply=None, grads_fn=None):
   """Forward + backward over k micro-batches, their mean gradient, one optimizer update.
 
   batch: the global batch of the step ([k*b, ...] leaves). loss_fn(outputs, batch) ->
   (scalar loss, metrics dict); metrics are averaged over the micro-batches. frozen_params /
   frozen_apply: a frozen network evaluated on each micro-batch first (with_frozen).
+  grads_fn(apply, loss_fn, params, batch, rng) -> ((loss, metrics), grads): how a micro-batch's
+  gradient is taken, apply(params, rows, rng) -> outputs being the model in training mode on
+  any rows of it (the embedding task's GradCache: bert_jax/tasks/embedding.py); None: one
+  jax.value_and_grad over the whole micro-batch. Not with FP8 scales (build_steps refuses).
   """
   k = grad_accum_steps
 
@@ -102,10 +106,17 @@ def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx,
 
   def grads_and_metrics(params, micro, j):
     micro = with_frozen(micro, frozen_params, frozen_apply)
+    rng = dropout_key(state["rng"], state["step"], j)
+
+    if grads_fn is not None:
+      def apply(p, rows, r):
+        return model.apply({"params": p}, rows, False, method=forward, rngs={"dropout": r})
+      (_, metrics), grads = grads_fn(apply, loss_fn, params, micro, rng)
+      return grads, metrics, None
 
     def loss(p, f):
       outputs = model.apply(fp8_lib.variables(p, f), micro, False, method=forward,
-                            rngs={"dropout": dropout_key(state["rng"], state["step"], j)})
+                            rngs={"dropout": rng})
       return loss_fn(outputs, micro)
     (_, metrics), (grads, new_scales) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
         params, scales)
@@ -169,7 +180,7 @@ class Steps(NamedTuple):
 
 def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, mesh,
                 grad_accum_steps=1, rules=sharding_lib.LOGICAL_AXIS_RULES,
-                frozen: Frozen = None) -> Steps:
+                frozen: Frozen = None, grads_fn=None) -> Steps:
   """Jitted init/train/eval functions with explicit shardings from the parameters' logical axes.
 
   forward(module, batch, deterministic) -> outputs: the one place a loop calls its model, with
@@ -177,6 +188,7 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   dummy_batch: a batch dict of the right shapes (batch 1) for model.init.
   frozen: a Frozen network; its parameters are the third argument of both jitted steps, which
   Steps binds (train_step(state, batch) as without one).
+  grads_fn: train_step's way of taking a micro-batch's gradient (None: jax.value_and_grad).
   """
   def init_variables(rng):
     # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
@@ -206,6 +218,11 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
     abstract_state = jax.eval_shape(init_state, key)
   state_shardings = sharding_lib.train_state_shardings(tx, abstract_state["opt_state"],
                                                        param_shardings, mesh)
+  if "fp8" in abstract_state and grads_fn is not None:
+    # GradCache's chunks would each give an amax "gradient", summed where fp8 takes the max.
+    raise ConfigError("a task's own gradient function (GradCache: config.embedding."
+                      "grad_cache_chunks) with FP8 matmuls (the model config's fp8=True): set "
+                      "one of them off.")
   if "fp8" in abstract_state:   # scalars and 1024-step histories: replicated
     state_shardings["fp8"] = jax.tree.map(lambda _: sharding_lib.replicated(mesh),
                                           abstract_state["fp8"])
@@ -218,7 +235,7 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   def train_for(accum):
     step_fn = functools.partial(train_step, model=model, forward=forward, loss_fn=loss_fn, tx=tx,
                                 schedule=schedule, grad_accum_steps=int(accum), mesh=mesh,
-                                **apply)
+                                grads_fn=grads_fn, **apply)
     return jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding, *extra),
                    out_shardings=(state_shardings, repl), donate_argnums=(0,))
 

@@ -165,10 +165,9 @@ def test_grad_cache_with_dropout_uses_each_chunks_masks_in_both_passes():
   rng, n = jax.random.PRNGKey(7), 4
   rngs = jax.random.split(rng, n)
 
-  def reference(p):   # the whole batch in one graph, chunk i under rngs[i]
-    parts = [embed(p, jax.tree.map(lambda x, i=i: x[2 * i:2 * i + 2], inputs), rngs[i])
-             for i in range(n)]
-    return _loss_of(jnp.concatenate(parts))
+  def reference(p):   # the whole batch in one graph, chunk i (rows i, i + n, ...) under rngs[i]
+    parts = [embed(p, jax.tree.map(lambda x, i=i: x[i::n], inputs), rngs[i]) for i in range(n)]
+    return _loss_of(contrastive.unchunk_rows(jnp.stack(parts)))
 
   want_loss, want = jax.value_and_grad(reference)(params)
   loss, got = jax.jit(lambda p, x: contrastive.grad_cache(embed, p, x, _loss_of, n, rng))(

@@ -9,6 +9,9 @@ The argument after ':' is TASK[,sweep][,runlocal]:
             glue_wnli squad_v1 squad_v2 conll03 swag custom (the glue_ prefix is optional).
   sweep     the paper's learning-rate grid {5e-5, 4e-5, 3e-5, 2e-5}, one run each, best on dev.
   runlocal  a laptop-sized run: short sequences, 256 training examples, 1 epoch.
+  Recipes (task=custom of a task type, with a published recipe's values; data in config.data_dir
+  as train.jsonl / dev.jsonl): modernbert_embed_stage1, modernbert_embed_stage2 (sentence
+  embeddings, nomic's modernbert-embed: _modernbert_embed below; docs/finetuning.md).
 
 Paper defaults: batch 32, Adam lr in 2e-5..5e-5, 3 epochs (SQuAD 2), warmup over the first 10%
 of steps then linear decay, dropout 0.1. Those are for BERT-base/large: learning_rate and
@@ -25,7 +28,10 @@ import ml_collections
 from ml_collections import config_dict
 
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-TASKS = tuple(f"glue_{t}" for t in GLUE) + ("squad_v1", "squad_v2", "conll03", "swag", "custom")
+# Recipes: presets of task=custom whose values are a published recipe's (_modernbert_embed).
+RECIPES = ("modernbert_embed_stage1", "modernbert_embed_stage2")
+TASKS = (tuple(f"glue_{t}" for t in GLUE) + ("squad_v1", "squad_v2", "conll03", "swag", "custom")
+         + RECIPES)
 
 
 def get_config(arg="glue_mrpc"):
@@ -41,7 +47,8 @@ def get_config(arg="glue_mrpc"):
                      "TASK[,sweep][,runlocal].")
 
   c = ml_collections.ConfigDict()
-  c.task = name.removeprefix("glue_")  # name in data_pipelines.tasks.TASKS, or "custom"
+  # name in data_pipelines.tasks.TASKS, or "custom" (a recipe is custom data too)
+  c.task = "custom" if name in RECIPES else name.removeprefix("glue_")
   # Your own classification/regression (TSV/CSV/JSONL) or tagging (CoNLL) data: task=custom.
   c.custom = ml_collections.ConfigDict(dict(
       type="classification",    # the task type: classification | regression | tagging |
@@ -61,7 +68,12 @@ def get_config(arg="glue_mrpc"):
       symmetric=False,          # also each positive's cross-entropy over the anchors
       matryoshka_dims=(),       # e.g. (768, 256): the loss summed over these leading widths
       query_prompt="",          # prepended to every anchor, e.g. "search_query: "
-      document_prompt=""))      # prepended to positives and negatives
+      document_prompt="",       # prepended to positives and negatives
+      # GradCache (Gao et al. 2021): > 1 embeds each device's rows in this many chunks without
+      # gradients, takes the loss's gradient w.r.t. all embeddings, then each chunk's backward
+      # (same dropout): activations of B/(devices x N) rows at a time, ~4/3 the FLOPs. 0/1: off.
+      grad_cache_chunks=0,
+      num_negatives=-1))        # >= 0: every row must hold exactly this many hard negatives
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
@@ -118,6 +130,12 @@ def _optimizer_and_run_fields(c):
   c.paper_num_train_epochs = 3.0    # the paper's epochs for BERT-base/large
   c.learning_rates = ()         # non-empty: sweep these rates (one sub-run each)
   c.warmup_proportion = 0.1
+  c.warmup_steps = 0            # > 0: this many warmup steps instead of the proportion
+  # linear (BERT: warmup, linear decay to 0) | hf_cosine (transformers' cosine to 0) | cosine
+  # (NeoBERT's) | wsd (ModernBERT's): bert_jax/optimizer.py create_schedule
+  c.schedule = "linear"
+  c.decay_steps = 0             # cosine/wsd: where the decay ends (0 = the last step)
+  c.final_lr_fraction = 0.0     # cosine/wsd: the rate after the decay, x learning_rate
   c.optimizer = "adamw"
   c.weight_decay = 0.01         # google-research/bert's AdamWeightDecay rate
   c.b1 = 0.9
@@ -155,6 +173,8 @@ def _apply_task_and_variants(c, name, variants):
     c.eval_batch_size = 32      # x 4 choices = 128 sequences
   elif name == "conll03":
     c.paper_learning_rate = 5e-5
+  elif name in RECIPES:
+    _modernbert_embed(c, stage=int(name[-1]))
   if "sweep" in variants:
     c.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
 
@@ -170,3 +190,47 @@ def _apply_task_and_variants(c, name, variants):
     c.log_every = 8
     if "sweep" in variants:
       c.learning_rates = (5e-5, 2e-5)
+    if name in RECIPES:   # a tiny model: no 256/768 widths; 0 = the 10% proportion
+      c.warmup_steps, c.embedding.matryoshka_dims = 0, ()
+      c.embedding.grad_cache_chunks = 2 if name.endswith("1") else 0
+
+
+def _modernbert_embed(c, stage):
+  """nomic-ai's modernbert-embed-base (MTEB 62.62): ModernBERT-base after nomic-embed's two
+  contrastive stages. The values are those of nomic-ai/contrastors' configs for it,
+  src/contrastors/configs/train/contrastive_pretrain_modernbert.yaml (stage 1) and
+  contrastive_finetune_modernnomic.yaml (stage 2), read 2026-11-27; the recipe is the one the
+  ModernBERT paper's (Warner et al. 2024) and Nomic Embed's (Nussbaum et al. 2024) reports
+  describe. Stage 2 starts from stage 1's export (--config.init_checkpoint=RUN1/best_epoch1).
+
+    stage 1: weakly-supervised pairs, batch 16,384, seq 128, lr 2e-4, 700 warmup steps, cosine
+             to 0 (transformers' get_scheduler("cosine"): our hf_cosine), 1 epoch, logit
+             scale 50, mean pooling, GradCache (contrastors: chunks of 64 rows a GPU)
+    stage 2: triplets with 7 mined hard negatives, batch 256, seq 512, lr 2e-5, 400 warmup
+             steps, linear decay, 1 epoch, scale 50, Matryoshka (256, 768) weights 1 and 1, no
+             GradCache
+  Both: AdamW, weight decay 0.01, betas (0.9, 0.999), gradient clipping at norm 1.0, the
+  prefixes "search_query: " / "search_document: " (add_prefix), one direction of InfoNCE
+  (contrastors' clip_loss, bidirectional=False by default). Not in those files, kept ours: Adam's
+  eps (1e-6), the evaluation batch. ModernBERT-base has no dropout (its config.json: 0.0 for
+  embeddings, attention and MLP), and contrastors trains it so."""
+  c.custom.type, c.custom.format = "embedding", "jsonl"
+  c.custom.train_file, c.custom.dev_file = "train.jsonl", "dev.jsonl"
+  e = c.embedding
+  e.pooling, e.scale, e.symmetric = "mean", 50.0, False
+  e.query_prompt, e.document_prompt = "search_query: ", "search_document: "
+  c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
+  c.num_train_epochs, c.weight_decay, c.b1, c.b2, c.clip_norm = 1.0, 0.01, 0.9, 0.999, 1.0
+  c.final_lr_fraction = 0.0
+  if stage == 1:
+    c.max_seq_length, c.batch_size, c.eval_batch_size = 128, 16_384, 1_024
+    c.learning_rate, c.warmup_steps, c.schedule = 2e-4, 700, "hf_cosine"
+    # 16,384 rows / 8 chips (a v5e-8) = 2,048 a chip / 32 chunks = 64 rows a chunk (contrastors'
+    # chunk_size 64). On more chips the chunks are smaller: 16 chips -> 32 rows a chunk.
+    e.grad_cache_chunks = 32
+  else:
+    c.max_seq_length, c.batch_size, c.eval_batch_size = 512, 256, 256
+    c.learning_rate, c.warmup_steps, c.schedule = 2e-5, 400, "linear"
+    e.matryoshka_dims = (256, 768)
+    e.num_negatives = 7        # each row: anchor, positive, 7 hard negatives (S = 9 sequences)
+    e.grad_cache_chunks = 0

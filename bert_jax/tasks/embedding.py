@@ -13,21 +13,27 @@ triplets, task=custom with --config.custom.type=embedding.
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/retrieval_metrics.py); or, for a
             dev file of scored pairs (a score column, STS), Spearman of the cosine
   files     test split: <name>_<split>_embeddings.npy, [N, S, H] float32, L2-normalised
+  step      config.embedding.grad_cache_chunks = N > 1: GradCache (grad_cache_step below), the
+            step's gradient with one chunk of each device's rows' activations held at a time
 
 Training batches hold no text twice where the rows allow it (pairs.no_duplicate_order: a
-duplicate is a false negative). Not yet (issue 40): GradCache in the step (contrastive.grad_cache
-exists), packed rows, export to sentence-transformers.
+duplicate is a false negative). Not yet (issue 40): packed rows (pooling per instance), export to
+sentence-transformers.
 """
 
 import dataclasses
+import functools
 import os
 
+import jax
 import numpy as np
 from flax import linen as nn
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import contrastive
 from bert_jax import families
 from bert_jax import retrieval_metrics
+from bert_jax import sharding as sharding_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import pairs
@@ -47,6 +53,8 @@ class EmbeddingTask:
   document_prompt: str = ""
   eval_splits: tuple = ("dev",)
   metrics: tuple = ("ndcg@10", "mrr@10", "recall@1", "recall@10")   # STS dev: ("spearman",)
+  grad_cache_chunks: int = 0     # > 1: GradCache, each device's rows embedded in this many chunks
+  num_negatives: int = -1        # >= 0: the hard negatives every row must hold; -1: any
   type: str = "embedding"        # the task type (this module)
 
 
@@ -58,6 +66,10 @@ def custom_task(config, labels):
   wrong = contrastive.problem(e.pooling, e.scale, dims)
   if wrong:
     raise TaskDataError(f"config.embedding.{wrong}")
+  chunks = int(e.get("grad_cache_chunks", 0))
+  if chunks < 0:
+    raise TaskDataError(f"config.embedding.grad_cache_chunks={chunks}: must be >= 0 (0 or 1: "
+                        "off; N > 1: each device's rows embedded in N chunks).")
   files = {"train": c.train_file, "dev": c.dev_file}
   if c.test_file:
     files["test"] = c.test_file
@@ -65,7 +77,8 @@ def custom_task(config, labels):
   tsv_default = c.format == "tsv" and not c.train_file.endswith(".tsv")
   return dev_metrics(EmbeddingTask("custom", files, "" if tsv_default else c.format, e.pooling,
                                    float(e.scale), bool(e.symmetric), dims, e.query_prompt,
-                                   e.document_prompt), config)
+                                   e.document_prompt, grad_cache_chunks=chunks,
+                                   num_negatives=int(e.get("num_negatives", -1))), config)
 
 
 def dev_metrics(task, config):
@@ -89,6 +102,10 @@ def load_split(task, split, tokenizer, config, is_training):
                         "contrastive training reads pairs or triplets (anchor, positive, "
                         "negative...) with no score column.")
   width = len(rows[0].texts)
+  if is_training and task.num_negatives >= 0 and width != 2 + task.num_negatives:
+    raise TaskDataError(f"{path}: rows with {width - 2} hard negatives, but "
+                        f"config.embedding.num_negatives={task.num_negatives}; give each row "
+                        f"{task.num_negatives} negative columns or set num_negatives=-1 (any).")
   texts = [t for r in rows for t in r.texts]
   ids = tokenizer.encode(texts)
   cut = sum(len(x) > config.max_seq_length - 2 for x in ids)
@@ -131,7 +148,47 @@ def _bind(task):
         batch["example_weights"])
     return value, {"loss": value}
 
-  return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None)
+  return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
+                             train_grads=functools.partial(grad_cache_step, task))
+
+
+# ----------------------------------------------------------------------------------------------
+# GradCache in the training step (issue 40 item 4).
+# ----------------------------------------------------------------------------------------------
+def grad_cache_step(task, mesh, batch_size):
+  """trainer_lib's grads_fn for task.grad_cache_chunks = N > 1 (None for 0 or 1: the plain
+  value_and_grad), after checking that N divides each device's rows; called before compute.
+
+  The global batch's [B, S, T] rows are embedded N chunks at a time, chunk i holding rows
+  i, i + N, ... (contrastive.chunk_rows: on a data-sharded batch each device's B/D rows split
+  into N local chunks of B/(D N), and every device works on its own chunk at once), without
+  gradients; the InfoNCE loss and its gradient with respect to all B x S embeddings, over the
+  whole global batch; then each chunk's vjp under the same dropout key as its first pass
+  (contrastive.grad_cache). Activations: one chunk's, [B/(D N), S, T] a device, instead of
+  [B/D, S, T]; compute: one more forward (the first pass), ~ 4/3 of the plain step's FLOPs."""
+  n = task.grad_cache_chunks
+  if n <= 1:
+    return None
+  dp = sharding_lib.data_parallel_size(mesh)
+  per_device = batch_size // dp
+  if per_device % n:
+    divisors = [d for d in range(2, per_device + 1) if per_device % d == 0]
+    raise TaskDataError(
+        f"config.embedding.grad_cache_chunks={n} does not divide the {per_device} rows each "
+        f"device holds (config.batch_size={batch_size} over {dp} data-parallel devices); use "
+        f"one of {divisors[:8]}{' ...' if len(divisors) > 8 else ''} (0 or 1: off).")
+  # [N, B/N, ...]: the rows axis sharded as the batch's, the chunk axis not.
+  rows = NamedSharding(mesh, P(None, *sharding_lib.batch_sharding(mesh).spec))
+  constrain = functools.partial(jax.lax.with_sharding_constraint, shardings=rows)
+  if jax.process_index() == 0:
+    print(f"GradCache: each device's {per_device} rows embedded in {n} chunks of "
+          f"{per_device // n} (activations of one chunk at a time; the loss over the whole "
+          f"global batch of {batch_size}; dropout the same in both passes)", flush=True)
+
+  def grads_fn(apply, loss_fn, params, batch, rng):
+    return contrastive.grad_cache(apply, params, batch, lambda e: loss_fn(e, batch), n, rng,
+                                  has_aux=True, constrain=constrain)
+  return grads_fn
 
 
 def input_shape(seq_length, num_choices=0):

@@ -47,6 +47,11 @@ class TaskType:
   loss: Callable = None           # (outputs, batch) -> (loss, {metric: value}); batch holds
                                   #   example_weights [B] (0.0 = padding row) or [B, K] (packed)
   predict_outputs: Callable = None    # outputs -> {name: array} evaluation brings to the host
+  train_grads: Optional[Callable] = None   # (mesh, global batch size) -> the train step's
+                                           #   grads_fn (trainer_lib.train_step) or None;
+                                           #   called before compute, may refuse the sizes.
+                                           #   None: jax.value_and_grad of `loss` (embedding:
+                                           #   GradCache when grad_cache_chunks > 1)
 
   # --- Evaluation and prediction files (host, numpy).
   evaluate: Callable = None       # (task, split, host outputs, tokenizer, config, output_dir)
