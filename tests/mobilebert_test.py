@@ -261,3 +261,32 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   assert counted == b * families.get("mobilebert").flops_per_sequence(cfg, t, p)
   assert train.step_flops(dict_config(dict(batch_size=b, seq_length=t,
                                            max_predictions_per_seq=p)), cfg, None) == counted
+
+
+@pytest.mark.slow   # a one-step fine-tuning run: ~20 s on the loaded 2-core box
+def test_a_mobilebert_checkpoint_fine_tunes_and_fills_masks(tmp_path):
+  """A mobilebert-tiny export feeds the fine-tuning loop (glue_sst2, one step: the family's
+  body under BERT's [CLS] head, as MobileBertForSequenceClassification) and fill-mask (its own
+  MLM head through predict)."""
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
+  vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
+  cfg = model_lib.get_bert_config("mobilebert-tiny", vocab_size=vocab.size)
+  ids = jnp.zeros((1, 4), jnp.int32)
+  params = jax.jit(lambda k: nn.meta.unbox(mobilebert_layers.MobileBertForPreTraining(cfg).init(
+      k, ids, ids, ids, ids[:, :1])["params"]))(jax.random.key(0))
+  path = ckpt_lib.save_params(str(tmp_path / "export"), params, cfg,
+                              meta={"do_lower_case": True})
+  finetune_test._sst2(tmp_path, np.random.default_rng(0), 8, 8)  # pylint: disable=protected-access
+  summary, _ = finetune_test._one_step(tmp_path, (path, vocab_file), "glue_sst2")  # pylint: disable=protected-access
+  assert 0.0 <= summary["history"][0]["eval/dev/accuracy"] <= 1.0
+  stored = json.load(open(os.path.join(summary["best_checkpoint"], ckpt_lib.CONFIG_NAME)))
+  assert stored["bert_config"]["family"] == "mobilebert"
+  assert stored["bert_config"]["intra_bottleneck_size"] == 32
+  predictor = predict.load(path, vocab_file=vocab_file)
+  result = predict.predict(predictor, "the cat sat on the [MASK] .", top_k=3)
+  assert len(result["masks"]) == 1 and len(result["masks"][0]) == 3, result
+  p = predict.predict(predictor, "the cat sat .", "the dog ran .")["is_next"]   # the NSP head
+  assert 0.0 <= p <= 1.0
