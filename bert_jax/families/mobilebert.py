@@ -125,11 +125,19 @@ def features_model(config):
 
 
 def describe(config, purpose, params_keys=(), do_train=True):
-  del params_keys, do_train
+  """The line predict, extract_features and finetune print about the network they use."""
+  del params_keys
   shape = (f"{config.num_layers} layers of width {config.hidden_size}, bottleneck "
            f"{config.true_hidden_size}, {config.num_feedforward_networks} FFNs, "
            f"{config.normalization_type}")
-  return f"MobileBERT ({purpose}): {shape}"
+  if purpose == "predict":
+    return f"MobileBERT: fill-mask with its MLM head ({shape})"
+  if purpose == "features":
+    return f"MobileBERT: features of params['bert'] ({shape})"
+  if not do_train:
+    return "MobileBERT: evaluating params['bert'] with its fine-tuned head"
+  return (f"MobileBERT: fine-tuning params['bert'] ({shape}) under BERT's head on the pooled "
+          "[CLS] (dropout + classifier: MobileBertForSequenceClassification's)")
 
 
 def config_from_json(d, path, kind, gelu="auto"):
