@@ -1,6 +1,7 @@
 """Sentence embeddings and their contrastive loss (issue 40 items 2-3), pure jnp.
 
   pool          [B, T, H] hidden states + [B, T] mask -> [B, H]: mean (default), cls, last
+  pool_packed   the same per text of packed rows: [B, T, H] + [B, T] instance ids -> [B, K, H]
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
   grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
@@ -22,7 +23,9 @@ device's rows and hard negatives are every anchor's negatives (tests/contrastive
 a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives these from the
 fine-tuning loop; its training step runs grad_cache when config.embedding.grad_cache_chunks > 1
 (embedding.grad_cache_step; benchmarks/grad_cache_memory.py compiles both steps and prints their
-memory). Not yet: packed-row pooling (issue 40 item 2).
+memory). pool_packed pools the texts of packed rows (issue 40 item 2), tested against the
+unpacked encoder; not yet: the embedding task's batches packed (which rows' texts share a row,
+and the loss's map from a row's texts back to anchors and candidates).
 """
 
 import jax
@@ -65,6 +68,29 @@ def pool(hidden, mask, pooling="mean"):
   if pooling == "last":
     last = jnp.maximum(mask.astype(jnp.int32).sum(-1) - 1, 0)                     # [B]
     return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+  raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
+
+
+def pool_packed(hidden, instance_ids, num_instances, pooling="mean"):
+  """Packed rows (docs/packing.md: several texts end to end in one row, none attending to
+  another) -> one vector per text. hidden [B, T, H], instance_ids [B, T] (0 = padding, k = the
+  row's k-th text, 1..K) -> [B, K, H] float32, each text pooled over its own tokens as `pool`
+  pools an unpacked one: mean of its tokens, cls its first, last its last; an absent text
+  (k above the row's count) gets zeros."""
+  hidden = hidden.astype(jnp.float32)
+  t = hidden.shape[1]
+  ks = jnp.arange(1, num_instances + 1, dtype=instance_ids.dtype)
+  member = (instance_ids[:, :, None] == ks).astype(jnp.float32)        # [B, T, K]
+  if pooling == "mean":
+    total = jnp.einsum("btk,bth->bkh", member, hidden)
+    return total / jnp.maximum(member.sum(1), 1.0)[..., None]
+  if pooling in ("cls", "last"):
+    pos = jnp.arange(t)[None, :, None]                                  # [1, T, 1]
+    first = jnp.min(jnp.where(member > 0, pos, t), axis=1)              # [B, K]: t if absent
+    last = jnp.max(jnp.where(member > 0, pos, -1), axis=1)              # [B, K]: -1 if absent
+    at = jnp.clip(first if pooling == "cls" else last, 0, t - 1)
+    out = jnp.take_along_axis(hidden, at[..., None], axis=1)            # [B, K, H]
+    return jnp.where((last >= 0)[..., None], out, 0.0)
   raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
 
 

@@ -178,3 +178,37 @@ def test_grad_cache_with_dropout_uses_each_chunks_masks_in_both_passes():
   other = jax.grad(lambda p: _loss_of(embed(p, inputs, jax.random.PRNGKey(8))))(params)
   assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
              zip(jax.tree.leaves(other), jax.tree.leaves(want))) > 1e-3
+
+
+@pytest.mark.slow
+def test_pool_packed_pools_each_text_as_the_unpacked_encoder_does():
+  """Six texts of 3-9 tokens packed up to 4 a row (data_pipelines.packing, as fine-tuning packs)
+  through a tiny BERT: each text's mean / cls / last vector from its packed row equals the one
+  from its own unpacked row (1e-5); empty slots are zeros."""
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.get_bert_config("tiny", vocab_size=40, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, max_position_embeddings=32)
+  rng = np.random.default_rng(1)
+  n, t, k = 6, 24, 4
+  lengths = np.array([3, 9, 5, 4, 7, 6])
+  mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)          # [N, T]
+  ids = rng.integers(5, 40, (n, t)).astype(np.int32) * mask
+  features = dict(input_ids=ids, input_mask=mask, segment_ids=np.zeros_like(ids),
+                  label_ids=np.arange(n))                 # label = the text's own index
+  packed = packing.pack_examples(features, max_instances=k)
+  assert len(packed["input_ids"]) < n                     # some rows hold several texts
+  model = model_lib.BertModel(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), ids[:1], mask[:1], ids[:1] * 0))
+  apply = jax.jit(lambda x, m, s, **kw: model.apply(params, x, m, s, **kw)["sequence_output"])
+  alone = apply(ids, mask, np.zeros_like(ids))                            # [N, T, H]
+  rows = apply(packed["input_ids"], packed["input_mask"], packed["segment_ids"],
+               instance_ids=packed["instance_ids"], position_ids=packed["position_ids"])
+  present = packed["example_weights"] > 0                                 # [R, K]
+  for pooling in contrastive.POOLINGS:
+    want = np.asarray(contrastive.pool(alone, mask, pooling))             # [N, H]
+    got = np.asarray(contrastive.pool_packed(rows, jnp.asarray(packed["instance_ids"]), k,
+                                             pooling))                    # [R, K, H]
+    np.testing.assert_allclose(got[present], want[packed["label_ids"][present]], atol=1e-5)
+    assert not got[~present].any()
