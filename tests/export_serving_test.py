@@ -39,10 +39,10 @@ def _export(d, *, task_type="classification", labels=("neg", "pos", "mixed"), he
   params = jax.tree.map(np.asarray, nn.unbox(model.init(jax.random.PRNGKey(1), ids, ids,
                                                          ids)["params"]))
   # Logits of size ~1, as a trained head gives, not the ~0.01 of a 0.02-stddev init.
-  if head:
-    params["classifier"]["kernel"] = params["classifier"]["kernel"] * 50.0
-  else:
+  if not head:
     params = {"bert": params["bert"]}
+  elif "classifier" in params:   # the span head is "qa_outputs"
+    params["classifier"]["kernel"] = params["classifier"]["kernel"] * 50.0
   path = str(d / "best_epoch2")
   ckpt_lib.save_params(path, params, cfg, meta=dict(
       task="custom", task_type=task_type, epoch=2, do_lower_case=True, labels=list(labels),
@@ -129,11 +129,14 @@ def test_a_bad_flag_is_one_line_exit_2_before_anything_is_read(tmp_path):
     ("body", SEQ, "its parameters are not a bert classification head with 3 outputs (e.g. "
                   "classifier/bias: found nothing, the head needs (3,)"),
     ("fine_tuned", 64, "--max_seq_length=64: the model takes at most 32 positions"),
+    ("span", SEQ, "fine-tuned for span (custom); this export takes the logits heads "
+                  "(classification, regression)"),
 ])
 def test_bad_checkpoints_are_user_errors_before_conversion(fine_tuned, tmp_path, which, seq,
                                                            expected):
   path = {"missing": "/nonexistent/best_epoch1", "fine_tuned": fine_tuned[0]}.get(which)
-  path = path or _export(tmp_path, head=False)[0]
+  path = path or (_export(tmp_path, task_type="span", labels=())[0] if which == "span"
+                  else _export(tmp_path, head=False)[0])
   with pytest.raises(errors.UserError) as e:
     export_serving.export(path, str(tmp_path / "o.tflite"), max_seq_length=seq, quiet=True)
   assert expected in str(e.value)
