@@ -37,6 +37,11 @@ Output (.npz, np.load without pickle):
   layers         [len(layers)] int32
 E.g. the vectors of line 3: f = np.load(path); a, b = f["token_offsets"][3:5];
 f["features"][a:b].
+
+--pooling=mean|cls|last: one sentence vector per line as well, the embedding task's (the last
+layer pooled over the line's tokens, [CLS] and [SEP] included: their mean, the first, the last;
+L2-normalised), what `predict embed` and a sentence-transformers export give (one text a line):
+  embeddings     [lines, H] float32
 """
 
 
@@ -54,6 +59,7 @@ from bert_jax import inference
 from bert_jax import model as model_lib
 
 DEFAULT_LAYERS = "-1,-2,-3,-4"  # the paper's best feature-based NER result (sec. 5.3)
+SENTENCE_POOLINGS = ("mean", "cls", "last")   # contrastive.POOLINGS: one vector per line
 MIN_SEQ_LENGTH = 3  # [CLS] + at least one piece + [SEP]
 
 
@@ -218,6 +224,29 @@ def extract(inputs, tokenizer, params, model_config, *, layers=(-1, -2, -3, -4),
       layers=np.asarray(layers, np.int32)), truncated
 
 
+def check_sentence_request(inputs, path, pooling, layers=None):
+  """--pooling=mean|cls|last embeds one text a line from the last layer: a pair line or
+  another --layers is one line (before the model loads)."""
+  pair = next((n for n, (_, b) in enumerate(inputs, start=1) if b is not None), None)
+  if pair:
+    raise ExtractError(f"{path}:{pair}: a pair ('a ||| b'); --pooling={pooling} embeds one "
+                       "text a line.")
+  if layers is not None and str(layers).strip() != "-1":
+    raise ExtractError(f"--layers={layers} with --pooling={pooling}: a sentence vector pools "
+                       "the last layer; drop --layers (or give -1).")
+
+
+def sentence_vectors(arrays, pooling):
+  """[lines, H] float32 L2-normalised: each line's last-layer token features (extract with
+  layers=[-1]) pooled as contrastive.pool does over the real tokens (mean, first, last)."""
+  out = []
+  for a, b in zip(arrays["token_offsets"][:-1], arrays["token_offsets"][1:]):
+    f = arrays["features"][a:b].astype(np.float64)                      # [tokens, H]
+    v = f.mean(0) if pooling == "mean" else f[0] if pooling == "cls" else f[-1]
+    out.append(v / max(np.linalg.norm(v), 1e-12))   # torch's F.normalize, as contrastive's
+  return np.asarray(out, np.float32)
+
+
 def save_npz(path, arrays):
   """np.savez to a temporary name beside `path`, then renamed (files.atomic_path): no
   half-written file under the final name, and none left behind when the write fails."""
@@ -242,7 +271,9 @@ def define_flags():
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
   flags.DEFINE_string("layers", DEFAULT_LAYERS, "Encoder layers to use (-1 = last); the default "
                       "keeps those a smaller model has.")
-  flags.DEFINE_enum("pooling", "concat", ["concat", "sum"], "How to combine the layers.")
+  flags.DEFINE_enum("pooling", "concat", ["concat", "sum", *SENTENCE_POOLINGS],
+                    "concat/sum: how to combine the layers; mean/cls/last: also one sentence "
+                    "vector per line (the last layer, pooled and normalised: `embeddings`).")
   flags.DEFINE_integer("max_seq_length", 128, "Longer lines are truncated (and counted).")
   flags.DEFINE_integer("batch_size", 32, "Lines per forward pass.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
@@ -260,6 +291,10 @@ def main(argv):
   if FLAGS.batch_size < 1:
     raise ExtractError(f"--batch_size={FLAGS.batch_size}: must be at least 1.")
   inputs = read_inputs(FLAGS.input_file)
+  sentence = FLAGS.pooling in SENTENCE_POOLINGS
+  if sentence:
+    check_sentence_request(inputs, FLAGS.input_file, FLAGS.pooling,
+                           FLAGS.layers if FLAGS["layers"].present else None)
   logging.set_verbosity(logging.WARNING)  # Orbax logs every restore step at INFO
   inference.enable_compilation_cache()
   m = inference.load_for_inference(FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
@@ -271,13 +306,17 @@ def main(argv):
   if note:   # which network the features come from (ELECTRA: the discriminator)
     print(note, flush=True)
   cfg = model_lib.BertConfig.from_dict({**m.config.to_dict(), "dtype": FLAGS.dtype})
-  layers = parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present)
+  layers = ([-1] if sentence else
+            parse_layers(FLAGS.layers, cfg.num_layers, clip=not FLAGS["layers"].present))
   arrays, truncated = extract(inputs, m.tokenizer, m.params.get("bert", m.params), cfg,
-                              layers=layers, pooling=FLAGS.pooling,
+                              layers=layers, pooling="concat" if sentence else FLAGS.pooling,
                               max_seq_length=FLAGS.max_seq_length, batch_size=FLAGS.batch_size)
+  if sentence:
+    arrays["embeddings"] = sentence_vectors(arrays, FLAGS.pooling)
   save_npz(FLAGS.output_file, arrays)
   print(f"wrote {FLAGS.output_file}: {len(inputs)} lines, {len(arrays['tokens'])} tokens, "
         f"layers {','.join(map(str, layers))}, features {arrays['features'].shape[1]}-d"
+        + (f", embeddings ({FLAGS.pooling} pooling, normalised)" if sentence else "")
         + (f"; {truncated} lines truncated to {FLAGS.max_seq_length}" if truncated else ""))
 
 

@@ -711,11 +711,13 @@ def _save_best(run, params, epoch, previous, results):
   path = os.path.join(run.workdir, f"best_epoch{epoch}")
   if run.is_main:
     ckpt_lib.remove_dir(path)  # a re-run into the same workdir
+  record = task_types.of(run.task).export_record   # what the task type keeps (embedding)
   ckpt_lib.save_params(path, params, run.model_config, meta=dict(
       task=run.task.name, task_type=run.task.type, epoch=epoch,
       do_lower_case=bool(run.tokenizer.do_lower_case),
       labels=list(getattr(run.task, "labels", ()) or ()), dev_metrics=results,
-      **vocab_record(run.tokenizer.vocab.path)))
+      **vocab_record(run.tokenizer.vocab.path),
+      **(record(run.task, run.config) if record else {})))
   if run.is_main and previous and previous != path:
     ckpt_lib.remove_dir(previous)
   return path

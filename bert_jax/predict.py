@@ -1,9 +1,18 @@
-r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability.
+r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability; sentence vectors.
 
   python -m bert_jax.predict --init_checkpoint=ckpt/bert_base fill-mask \
       "The man went to the [MASK] ."
   python -m bert_jax.predict --init_checkpoint=gs://B/runs/base fill-mask \
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
+  python -m bert_jax.predict --init_checkpoint=runs/embed embed "a query" "a document" \
+      [--prompt_name=query] [--pooling=mean] [--output_file=vectors.npy]
+
+embed: each text's sentence vector, as the embedding task computes it (tasks/embedding.py's
+EmbeddingModel: the body, pooled over the real tokens, L2-normalised), with the checkpoint's
+recorded pooling, prompts and max_seq_length (an embedding run's export or a sentence-transformers
+import: bert_config.json's "sentence_embedding"; else mean, no prompt, max_position_embeddings):
+prints the cosine of every pair, and writes [N, H] float32 with --output_file. extract_features
+--pooling=mean|cls|last gives the same vectors (tests/st_interop_test.py).
 
 --init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or one
 of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
@@ -115,6 +124,82 @@ def predict(predictor, text_a, text_b=None, top_k=5):
           "is_next": float(nsp[0, 0]) if text_b is not None and nsp is not None else None}
 
 
+# ----------------------------------------------------------------------------------------------
+# embed: sentence vectors.
+# ----------------------------------------------------------------------------------------------
+def load_embedder(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None,
+                  tokenizer_json=None):
+  """An InferenceModel whose body (params["bert"]) embeds: any checkpoint here, heads or none."""
+  m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
+                                   spm_model_file=spm_model_file, tokenizer_json=tokenizer_json,
+                                   do_lower_case=do_lower_case, python_tokenizer=True)
+  if "bert" not in m.params:
+    raise PredictError(f"--init_checkpoint={checkpoint}: no 'bert' parameters (top-level keys "
+                       f"{sorted(m.params)}); embed needs the encoder.")
+  m.params = jax.tree.map(jnp.asarray, {"bert": m.params["bert"]})
+  return m
+
+
+def embedding_settings(m, pooling=None, prompt_name=None, max_seq_length=None):
+  """(pooling, prompt text, max_seq_length): the flags, else the checkpoint's record, else mean,
+  no prompt and the model's max_position_embeddings."""
+  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  recorded = m.meta.get("sentence_embedding") or {}
+  pooling = pooling or recorded.get("pooling") or "mean"
+  if pooling not in contrastive.POOLINGS:
+    raise PredictError(f"--pooling={pooling}: use one of {', '.join(contrastive.POOLINGS)}.")
+  prompt = ""
+  if prompt_name not in (None, "", "none"):
+    if prompt_name not in ("query", "document"):
+      raise PredictError(f"--prompt_name={prompt_name}: use query, document or none.")
+    prompt = recorded.get(f"{prompt_name}_prompt") or ""
+  limit = m.config.max_position_embeddings
+  length = int(max_seq_length or recorded.get("max_seq_length") or limit)
+  if not 2 < length <= limit:
+    raise PredictError(f"--max_seq_length={length}: give 3 to the model's "
+                       f"max_position_embeddings={limit}.")
+  return pooling, prompt, length
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _embed_batch(params, config, pooling, ids, mask, segments):
+  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import embedding  # pylint: disable=g-import-not-at-top
+  model = embedding.EmbeddingModel(config, pooling)
+  out = model.apply({"params": params}, ids[:, None], mask[:, None], segments[:, None])
+  return contrastive.normalise(out[:, 0])                                 # [B, H]
+
+
+def embed(m, texts, *, pooling="mean", prompt="", max_seq_length=512, batch_size=32):
+  """[N, H] float32 L2-normalised vectors of `texts` (prompt + text, [CLS] pieces [SEP], cut to
+  max_seq_length), as the embedding task's training and evaluation tokenize and pool them."""
+  from data_pipelines.tasks.common import pack  # pylint: disable=g-import-not-at-top
+  if not texts or any(not t.strip() for t in texts):
+    raise PredictError("embed: give one or more non-empty texts.")
+  vocab = m.tokenizer.vocab
+  pieces = m.tokenizer.encode([prompt + t for t in texts])
+  out = []
+  for start in range(0, len(texts), batch_size):
+    chunk = [p[:max_seq_length - 2] for p in pieces[start:start + batch_size]]
+    width = max(len(p) for p in chunk) + 2                                # the longest, padded
+    packed = [pack(p, None, vocab, width) for p in chunk]
+    ids, mask, segments = (jnp.asarray(np.stack([x[i] for x in packed])) for i in range(3))
+    out.append(np.asarray(_embed_batch(m.params, m.config, pooling, ids, mask, segments)))
+  return np.concatenate(out).astype(np.float32)
+
+
+def format_embeddings(texts, vectors):
+  lines = [f"{len(texts)} vectors of {vectors.shape[1]} dimensions (L2-normalised)"]
+  for i, t in enumerate(texts):
+    lines.append(f"  [{i}] {t[:60]!r}: {' '.join(f'{x:+.4f}' for x in vectors[i, :4])} ...")
+  if len(texts) > 1:
+    lines.append("cosine:")
+    sims = vectors @ vectors.T
+    for i in range(len(texts)):
+      lines.append("  " + " ".join(f"{x:+.4f}" for x in sims[i]))
+  return "\n".join(lines)
+
+
 def format_prediction(result):
   lines = []
   for n, candidates in enumerate(result["masks"]):
@@ -142,12 +227,48 @@ def define_flags():
   flags.DEFINE_bool("do_lower_case", None, "Default: the casing recorded in the checkpoint.")
   flags.DEFINE_string("text_b", None, "Second sentence: also print P(IsNext).")
   flags.DEFINE_integer("top_k", 5, "Candidates per [MASK].")
+  flags.DEFINE_enum("pooling", None, ["mean", "cls", "last"], "embed: the pooling (default: "
+                    "the checkpoint's recorded one, else mean).")
+  flags.DEFINE_enum("prompt_name", "none", ["none", "query", "document"], "embed: prepend the "
+                    "checkpoint's recorded query or document prompt.")
+  flags.DEFINE_integer("max_seq_length", None, "embed: truncation length (default: the "
+                       "checkpoint's recorded one, else max_position_embeddings).")
+  flags.DEFINE_string("output_file", None, "embed: write the [N, H] float32 vectors (.npy).")
+
+
+def main_embed(texts):
+  """python -m bert_jax.predict --init_checkpoint=DIR embed TEXT..."""
+  from bert_jax_core import files as files_lib  # pylint: disable=g-import-not-at-top
+  if FLAGS.output_file:
+    files_lib.check_output_file(FLAGS.output_file, "--output_file")
+  if not texts or any(not t.strip() for t in texts):
+    raise PredictError("embed: give one or more non-empty texts, e.g. embed \"a query\" "
+                       "\"a document\".")
+  logging.set_verbosity(logging.WARNING)
+  inference.enable_compilation_cache()
+  m = load_embedder(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
+                    FLAGS.spm_model_file, FLAGS.tokenizer_json)
+  pooling, prompt, length = embedding_settings(m, FLAGS.pooling, FLAGS.prompt_name,
+                                               FLAGS.max_seq_length)
+  print(f"loaded {m.description}; pooling {pooling}, prompt {prompt!r}, max_seq_length {length}")
+  vectors = embed(m, texts, pooling=pooling, prompt=prompt, max_seq_length=length)
+  print(format_embeddings(texts, vectors))
+  if FLAGS.output_file:
+    with files_lib.atomic_path(FLAGS.output_file) as tmp:
+      with open(tmp, "wb") as f:
+        np.save(f, vectors)
+    print(f"wrote {FLAGS.output_file}: [{len(texts)}, {vectors.shape[1]}] float32")
 
 
 def main(argv):
+  if len(argv) >= 2 and argv[1] == "embed":
+    if not FLAGS.init_checkpoint:
+      raise app.UsageError("--init_checkpoint is required.")
+    return main_embed(argv[2:])
   if len(argv) != 3 or argv[1] != "fill-mask":
     raise app.UsageError("usage: python -m bert_jax.predict --init_checkpoint=DIR fill-mask "
-                         "\"The man went to the [MASK] .\" [--text_b=...] [--top_k=5]")
+                         "\"The man went to the [MASK] .\" [--text_b=...] [--top_k=5], or "
+                         "embed TEXT... [--prompt_name=query] [--output_file=vectors.npy]")
   if not FLAGS.init_checkpoint:
     raise app.UsageError("--init_checkpoint is required.")
   if FLAGS.top_k < 1:

@@ -137,6 +137,9 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/mmbert_convert_test.py": 50,   # its 2 slow tests + the folder, 46 s here (loaded box)
     "tests/contrastive_test.py": 60,   # + pool_packed vs the unpacked encoder: 5 s CPU, 41 s loaded
     "tests/tasks_embedding_test.py": 50,   # + report of the run: 41 s (2026-11-27, loaded box)
+    # sentence-transformers both ways: 88 s with torch's first import (37 s), 3 CLIs apart
+    "tests/st_interop_test.py": 95,
+    "tests/st_interop_test.py::test_clis": 60,   # 3 CLIs: 55 s (2026-11-27, load 14)
     "tests/contrastive_pod_test.py": 25,   # a 2-process pod: 14-16 s on the loaded box
     "tests/tasks_registry_test.py": 40,
     "tests/objectives_test.py": 30,

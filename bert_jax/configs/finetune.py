@@ -63,12 +63,15 @@ def get_config(arg="glue_mrpc"):
   # Sentence embeddings (custom.type=embedding; bert_jax/tasks/embedding.py): rows (anchor,
   # positive, negatives...) in sentence-transformers' columns, InfoNCE over the global batch.
   c.embedding = ml_collections.ConfigDict(dict(
-      pooling="mean",           # mean | cls | last (over each sequence's real tokens)
+      # mean | cls | last (over each sequence's real tokens); "" = the init checkpoint's
+      # recorded one (an embedding run, a sentence-transformers import), else mean
+      pooling="",
       scale=20.0,               # logits = scale x cosine; sentence-transformers' default 20
       symmetric=False,          # also each positive's cross-entropy over the anchors
       matryoshka_dims=(),       # e.g. (768, 256): the loss summed over these leading widths
-      query_prompt="",          # prepended to every anchor, e.g. "search_query: "
-      document_prompt="",       # prepended to positives and negatives
+      # prepended to every anchor, e.g. "search_query: "; None = the init checkpoint's, else ""
+      query_prompt=config_dict.placeholder(str),
+      document_prompt=config_dict.placeholder(str),   # to positives and negatives; as above
       # GradCache (Gao et al. 2021): > 1 embeds each device's rows in this many chunks without
       # gradients, takes the loss's gradient w.r.t. all embeddings, then each chunk's backward
       # (same dropout): activations of B/(devices x N) rows at a time, ~4/3 the FLOPs. 0/1: off.

@@ -207,7 +207,14 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
   """google TF / HF checkpoint (any family's; an ELECTRA pair also as "DISC,GEN") -> Orbax params
   export + its vocab. Returns meta."""
   check_new_output(output)  # before the (slow) read
+  # A sentence-transformers folder: its pooling, prompts and length, read (and a pooling we do
+  # not compute refused) before the weights; recorded as bert_config.json's "sentence_embedding".
+  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
+  embedding = (sentence_transformers.read_folder(path)
+               if sentence_transformers.is_st_folder(path) else None)
   params, config, meta = import_checkpoint(path, source, **kwargs)
+  if embedding:
+    meta["sentence_embedding"] = embedding
   return write_export(output, params, config, meta)
 
 
@@ -232,6 +239,12 @@ def summary(meta, config=None):
     lines.append(f"  cast to float32: {dict(dtypes)}")
   if meta.get("generator"):   # a note a family's import leaves (ELECTRA without its generator)
     lines.append(f"  generator: {meta['generator']}")
+  if meta.get("sentence_embedding"):   # a sentence-transformers folder's settings
+    from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
+    lines.append("  sentence-transformers: "
+                 + sentence_transformers.describe_record(meta["sentence_embedding"])
+                 + " (bert_config.json \"sentence_embedding\"; fine-tuning and predict embed "
+                 "read it)")
   if meta.get("tokenizer_framing"):   # a tokenizer.json framing a text otherwise (ModernBERT's)
     lines.append(f"  note: {meta['tokenizer_framing']}")
   return "\n".join(lines)

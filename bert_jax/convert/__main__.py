@@ -9,6 +9,10 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   # ELECTRA's two transformers folders (or their parent folder) -> one Orbax tree, and back
   python -m bert_jax.convert --input=hf/electra-disc,hf/electra-gen --output=ckpt/electra
   python -m bert_jax.convert --input=runs/electra --output=hf/electra   # discriminator/ + generator/
+  # an embedding run (or any checkpoint) -> SentenceTransformer(folder); a sentence-transformers
+  # folder -> Orbax, its pooling and prompts recorded (bert_jax/convert/sentence_transformers.py)
+  python -m bert_jax.convert --input=runs/embed --output=st/embed --to=sentence_transformers
+  python -m bert_jax.convert --input=st/all-MiniLM-L6-v2 --output=ckpt/minilm
 
 Every family converts through this one command (bert_jax/families/<name>.py says how); the
 former aliases bert_jax.convert.electra and bert_jax.convert.distilbert are one-line errors
@@ -50,6 +54,17 @@ flags.DEFINE_enum("gelu", "auto", ["auto", "gelu", "gelu_tanh"],
 flags.DEFINE_string("ignore", None, "Regex of extra source variables to skip (reported), e.g. "
                     "'^classifier\\.' for a fine-tuned HF model.")
 flags.DEFINE_integer("seed", 0, "Init seed for parameters the source lacks (pooler/heads).")
+flags.DEFINE_enum("to", "auto", ["auto", "sentence_transformers"],
+                  "auto: Orbax -> transformers, anything else -> Orbax; sentence_transformers: "
+                  "any checkpoint -> a folder SentenceTransformer(folder) loads.")
+flags.DEFINE_enum("pooling", None, ["mean", "cls", "last"], "--to=sentence_transformers: the "
+                  "pooling (default: the checkpoint's recorded one, else mean).")
+flags.DEFINE_string("query_prompt", None, "--to=sentence_transformers: the \"query\" prompt "
+                    "(default: the checkpoint's recorded one, else none).")
+flags.DEFINE_string("document_prompt", None, "--to=sentence_transformers: the \"document\" "
+                    "prompt (default: the checkpoint's recorded one, else none).")
+flags.DEFINE_integer("max_seq_length", None, "--to=sentence_transformers: truncation length "
+                     "(default: the run's, else max_position_embeddings).")
 
 
 def main(argv):
@@ -58,6 +73,13 @@ def main(argv):
   if not FLAGS.input or not FLAGS.output:
     raise app.UsageError("--input and --output are required.")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
+  st_flags = {k: FLAGS[k].value for k in ("pooling", "query_prompt", "document_prompt",
+                                           "max_seq_length") if FLAGS[k].present}
+  if FLAGS.to == "sentence_transformers":
+    export_sentence_transformers(st_flags)
+    return
+  if st_flags:
+    raise app.UsageError(f"--{next(iter(st_flags))} is an option of --to=sentence_transformers.")
   source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
   if source == "orbax":
     from bert_jax import inference  # pylint: disable=g-import-not-at-top
@@ -78,6 +100,21 @@ def main(argv):
       bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
       gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
   print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{convert.summary(meta)}")
+
+
+def export_sentence_transformers(st_flags):
+  """Any checkpoint (an export, a workdir, a transformers folder) -> sentence-transformers."""
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
+  convert.check_new_output(FLAGS.output)
+  m = inference.load_for_inference(FLAGS.input, vocab_file=FLAGS.vocab_file,
+                                   spm_model_file=FLAGS.spm_model_file,
+                                   do_lower_case=FLAGS.do_lower_case)
+  print(f"loaded {m.description}", flush=True)
+  out, settings = sentence_transformers.export(m, FLAGS.output, **st_flags)
+  print(f"wrote a sentence-transformers folder to {out}: "
+        f"{sentence_transformers.describe_record(settings)}\n"
+        f"  next: SentenceTransformer({out!r}).encode_query([...]) / .encode_document([...])")
 
 
 if __name__ == "__main__":

@@ -135,7 +135,8 @@ def hf_config_json(config, pad_token_id=0, special_ids=None):
 def _pairs(config, head="mlm"):
   """[(our path, HF name)] of every plain tensor (transposed when 2-D): the body, then the MLM
   head (head="mlm") or a fine-tuned head ([CLS] or token, head="cls": ModernBertPredictionHead +
-  the classifier, which has a bias whatever classifier_bias says: nn.Linear's default)."""
+  the classifier, which has a bias whatever classifier_bias says: nn.Linear's default); head=None:
+  the body alone (ModernBertModel's tensors under "model.")."""
   b = "bert"
   out = [(f"{b}/embeddings/word_embeddings/embedding", "model.embeddings.tok_embeddings.weight")]
   norm = lambda ours, hf: [(f"{ours}/scale", f"{hf}.weight")] + (
@@ -150,6 +151,8 @@ def _pairs(config, head="mlm"):
     out += norm(f"{p}/output_layer_norm", f"{hf}.mlp_norm")
     out += linear(f"{p}/mlp/Wi", f"{hf}.mlp.Wi") + linear(f"{p}/mlp/Wo", f"{hf}.mlp.Wo")
   out += norm(f"{b}/encoder/final_norm", "model.final_norm")
+  if head is None:
+    return out
   if head == "cls":
     return out + linear("head/dense", "head.dense") + norm("head/norm", "head.norm") + [
         ("classifier/kernel", "classifier.weight"), ("classifier/bias", "classifier.bias")]
@@ -165,16 +168,16 @@ def _to_ours(name, array):
 
 def hf_state_dict(params, config, head="mlm"):
   """{transformers name: array} of a modernbert tree: BertForPreTraining's (head="mlm":
-  ModernBertForMaskedLM) or a fine-tuned head's (head="cls": every ModernBertFor* task class,
-  the same names)."""
+  ModernBertForMaskedLM), a fine-tuned head's (head="cls": every ModernBertFor* task class,
+  the same names) or the body alone (head=None: ModernBertModel's, under "model.")."""
   flat = _flatten(params)
   h, n, d = config.hidden_size, config.num_heads, config.head_dim
   out = {}
   for ours, hf in _pairs(config, head):
     if ours not in flat:
+      need = {"mlm": "bert, mlm_head", "cls": "bert, head, classifier", None: "bert"}[head]
       raise ConversionError(f"parameter {ours} is missing; export needs a ModernBERT tree "
-                            f"({'bert, mlm_head' if head == 'mlm' else 'bert, head, classifier'})"
-                            " of this config.")
+                            f"({need}) of this config.")
     out[hf] = np.ascontiguousarray(_to_ours(hf, np.asarray(flat[ours], np.float32)))
   for i in range(config.num_layers):
     p, hf = f"bert/encoder/layer_{i}/attention", f"model.layers.{i}.attn"

@@ -11,6 +11,7 @@ import importlib
 import os
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bert_jax.families import registry as families
@@ -227,6 +228,33 @@ def hf_config_json(config, pad_token_id=0):
   return formats.hf_config_json(config, pad_token_id)
 
 
+def hf_body(params, config):
+  """("BertModel", {transformers name: array}) of a tree's body (params["bert"]): the name table's
+  bert/ rows with the base model's prefix cut ("bert.encoder..." -> "encoder..."), as
+  BertModel.save_pretrained names them; the pooler too when the tree has one (transformers'
+  BertModel has it; a sentence-transformers folder does not use it). A family whose transformers
+  converter is its own module (ELECTRA, DistilBERT) declares its own hook or has none."""
+  from bert_jax.convert import formats  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import names  # pylint: disable=g-import-not-at-top
+  family = families.get(config.family)
+  if family.export_hf is not None or family.name_table is None:
+    raise formats.ConversionError(f"a {family.display} model: no sentence-transformers export "
+                                  "yet (its transformers names are its own converter's).")
+  flat = names.flatten(params)
+  out = {}
+  for s in family.name_table(config):
+    absent_pooler = s.path.startswith("bert/pooler/") and s.path not in flat
+    if not s.path.startswith("bert/") or absent_pooler:
+      continue
+    found = tuple(np.shape(flat[s.path])) if s.path in flat else None
+    if found != s.shape:
+      raise formats.ConversionError(
+          f"parameter {s.path} is {'missing' if found is None else f'of shape {found}'}; a "
+          f"{family.display} body of this config has it with shape {s.shape}.")
+    out[s.hf.split(".", 1)[1]] = names.from_flax(s, np.asarray(flat[s.path], np.float32), "hf")
+  return family.hf_class.split("For", 1)[0] + "Model", out
+
+
 def own_hf_converter(module, *, importer="import_with_tokenizer", exporter=None):
   """(import_hf, export_hf) hooks of a family whose transformers converter is its own module,
   bert_jax.convert.<module> (ELECTRA, DistilBERT, ModernBERT), imported at the first call: the
@@ -268,4 +296,4 @@ FAMILY = families.register(families.Family(
     hf_model_types=("bert",), hf_config_file=hf_config_file,
     tf_config_names=("bert_config.json",), config_from_json=config_from_json,
     name_table=name_table, normalise_hf_names=normalise_hf_names,
-    hf_config_json=hf_config_json))
+    hf_config_json=hf_config_json, hf_body=hf_body))

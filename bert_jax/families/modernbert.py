@@ -339,6 +339,14 @@ def export_hf(m, output):
   return _export_hf(m, output)
 
 
+def hf_body(params, config):
+  """("ModernBertModel", its tensors): the body's names with "model." cut, as
+  ModernBertModel.save_pretrained names them (a sentence-transformers folder's weights)."""
+  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  state = convert_modernbert.hf_state_dict(params, config, head=None)
+  return "ModernBertModel", {k.removeprefix("model."): v for k, v in state.items()}
+
+
 def hf_config_json(config, pad_token_id=0):
   from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
   return convert_modernbert.hf_config_json(config, pad_token_id)
@@ -371,4 +379,4 @@ FAMILY = families.register(dataclasses.replace(
     token_logits=token_logits,
     describe=describe, hf_model_types=("modernbert",), hf_config_file=_hf_config_file,
     tf_config_names=(), config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,
-    hf_config_json=hf_config_json, hf_class="ModernBertForMaskedLM"))
+    hf_config_json=hf_config_json, hf_class="ModernBertForMaskedLM", hf_body=hf_body))

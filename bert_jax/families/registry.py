@@ -101,6 +101,9 @@ class Family:
   import_hf: Callable = None            # (path, vocab_file, do_lower_case) -> (params, cfg, meta);
                                         #   None: the one-folder name-table import of convert
   export_hf: Callable = None            # (InferenceModel, output) -> written path; None: as above
+  hf_body: Callable = None              # (params, config) -> (transformers base class, {its
+                                        #   names: array}): the encoder alone (BertModel), what
+                                        #   a sentence-transformers folder holds
   # --- What a finished pre-training run prints next (train.next_commands).
   train_further_note: str = ""
 

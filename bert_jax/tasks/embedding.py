@@ -17,8 +17,11 @@ triplets, task=custom with --config.custom.type=embedding.
             step's gradient with one chunk of each device's rows' activations held at a time
 
 Training batches hold no text twice where the rows allow it (pairs.no_duplicate_order: a
-duplicate is a false negative). Not yet (issue 40): packed rows (pooling per instance), export to
-sentence-transformers.
+duplicate is a false negative). The best export records the pooling and prompts
+(export_record: bert_config.json's "sentence_embedding"), which predict embed, extract_features
+and the sentence-transformers export read, and a fine-tune from a checkpoint with such a record
+takes them where its config leaves them unset (with_recorded_settings). Not yet (issue 40):
+packed rows (pooling per instance).
 """
 
 import dataclasses
@@ -61,7 +64,7 @@ class EmbeddingTask:
 def custom_task(config, labels):
   """config.custom's files and config.embedding's settings -> an EmbeddingTask."""
   del labels
-  c, e = config.custom, config.embedding
+  c, e = config.custom, with_recorded_settings(config)
   dims = tuple(int(d) for d in e.matryoshka_dims)
   wrong = contrastive.problem(e.pooling, e.scale, dims)
   if wrong:
@@ -255,6 +258,53 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
   return [path]
 
 
+# ----------------------------------------------------------------------------------------------
+# What the model was trained with, kept with it (sentence-transformers both ways, issue 40 item 6).
+# ----------------------------------------------------------------------------------------------
+def export_record(task, config):
+  """best_epoch{N}'s "sentence_embedding": what predict embed, extract_features and the
+  sentence-transformers export (bert_jax/convert/sentence_transformers.py) read back."""
+  return {"sentence_embedding": {
+      "pooling": task.pooling, "normalize": True, "query_prompt": task.query_prompt,
+      "document_prompt": task.document_prompt, "max_seq_length": int(config.max_seq_length),
+      "matryoshka_dims": [int(d) for d in task.matryoshka_dims], "scale": float(task.scale)}}
+
+
+def checkpoint_record(path):
+  """The "sentence_embedding" record of an init checkpoint: a sentence-transformers folder's
+  settings (read from its files), an export's bert_config.json "sentence_embedding" (an embedding
+  run's best export, a converted sentence-transformers folder), else {}."""
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
+  if not path:
+    return {}
+  if sentence_transformers.is_st_folder(path):
+    return sentence_transformers.read_folder(path)
+  if families.is_hf_folder(path):   # a plain transformers folder records nothing
+    return {}
+  return ckpt_lib.describe(path, verify=False).meta.get("sentence_embedding") or {}
+
+
+def with_recorded_settings(config):
+  """config.embedding with what it leaves unset (pooling "", a prompt None) taken from the init
+  checkpoint's record, else mean and no prompt: continuing a sentence-transformers model or an
+  embedding run keeps the pooling and prompts its vectors were trained with."""
+  import jax  # pylint: disable=g-import-not-at-top,redefined-outer-name,reimported
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  e = config.embedding
+  unset = [k for k in ("pooling", "query_prompt", "document_prompt") if not e.get(k)
+           and (k == "pooling" or e.get(k) is None)]
+  if not unset:
+    return e
+  recorded = checkpoint_record(config.get("init_checkpoint"))
+  filled = {k: recorded.get(k) or ("mean" if k == "pooling" else "") for k in unset}
+  taken = {k: v for k, v in filled.items() if recorded.get(k)}
+  if taken and jax.process_index() == 0:
+    print(f"embedding: {', '.join(f'{k}={v!r}' for k, v in taken.items())} from "
+          f"init_checkpoint's record ({config.init_checkpoint})", flush=True)
+  return ml_collections.ConfigDict({**e.to_dict(), **filled})
+
+
 TYPE = registry.register(registry.TaskType(
     name="embedding",
     summary="pooled sentence vectors, InfoNCE over the global batch; pairs and triplets",
@@ -265,4 +315,5 @@ TYPE = registry.register(registry.TaskType(
     loss=lambda outputs, batch: _bind(EmbeddingTask("", {})).loss(outputs, batch),
     predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
-                                                                          batch_size, rng)))
+                                                                          batch_size, rng),
+    export_record=export_record))

@@ -74,6 +74,9 @@ class TaskType:
   hf_problem_type: str = ""       # config.json problem_type ("" = not written)
   hf_num_labels: Optional[int] = None   # the head's outputs when fixed (span: 2)
   hf_named_labels: bool = False   # config.json id2label carries the task's label names
+  export_record: Optional[Callable] = None   # (task, run config) -> {key: JSON value} that
+                                             #   best_epoch{N}'s bert_config.json adds
+                                             #   (embedding: its pooling and prompts)
 
   def metric(self, task) -> str:
     return self.primary_metric(task) if self.primary_metric else task.metrics[0]
