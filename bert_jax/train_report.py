@@ -98,6 +98,10 @@ def next_commands(config, workdir, step, stopped):
   # same teacher) is its train_further_note.
   family = families.of_preset(config.model_name) or families.get("bert")
   further += family.train_further_note
+  if config.get("phases"):   # a schedule is fixed for its workdir: more steps would move it
+    further = (f"train further: a new run from it, --config.init_checkpoint={workdir} "
+               f"--workdir=runs/{name}-more with phases of its own (this workdir's phases end at "
+               f"step {step}; a resume with other phases or steps is refused)")
   return [
       f'python -m bert_jax.predict --init_checkpoint={workdir} fill-mask '
       f'"The man went to the [MASK] ."',
@@ -113,10 +117,11 @@ def nothing_to_do(config, workdir, latest, is_main):
   total = int(config.num_train_steps)
   previous = metrics_writer.read_summary(workdir) if is_main else None
   if is_main:
+    further = (f"--config.num_train_steps={max(2 * latest, latest + 1)} (or a new --workdir to "
+               "start over)" if not config.get("phases") else
+               f"--config.init_checkpoint={workdir} with a new --workdir (its phases are fixed)")
     print(f"nothing to do: {workdir} already holds checkpoint {latest} and "
-          f"--config.num_train_steps={total}; to train further pass "
-          f"--config.num_train_steps={max(2 * latest, latest + 1)} (or a new --workdir to "
-          "start over)", flush=True)
+          f"--config.num_train_steps={total}; to train further pass {further}", flush=True)
     if previous:
       print("\n".join(metrics_writer.summary_lines(previous)), flush=True)
   return dict(history=dict(train=[], eval=[]), final_step=latest,

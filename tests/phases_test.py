@@ -134,3 +134,25 @@ def test_stream_phases_of_a_layout():
   got = input_source.stream_phases(LAYOUT, stream_start=4)
   assert [(p.index, p.first_batch, p.end_batch) for p in got] == [(1, 0, 1), (2, 1, None)]
   assert input_source.stream_phases({}) is None
+
+
+def test_pre_masked_records_cannot_follow_a_masking_schedule(tmp_path, two_sources):
+  from bert_jax_core.tf_setup import tf
+  from tests.pretrain_input_test import int_feature
+  vocab, _ = two_sources
+  rng = np.random.default_rng(2)
+  paths = [str(tmp_path / f"google-{i}.tfrecord") for i in range(4)]
+  for path in paths:   # google-research/bert's records: their masks are in them
+    with tf.io.TFRecordWriter(path) as w:
+      for inst in make_instances(vocab, 4, rng, seq=SEQ):
+        feats = {k: int_feature(v) for k, v in inst.items()}
+        feats.update(masked_lm_positions=int_feature(np.zeros(PREDS, np.int64)),
+                     masked_lm_ids=int_feature(np.zeros(PREDS, np.int64)),
+                     masked_lm_weights=tf.train.Feature(float_list=tf.train.FloatList(
+                         value=[0.0] * PREDS)))
+        w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+  google = [mixture.Source(n, str(tmp_path), tuple(paths[i::2]), 8, 0.5)
+            for i, n in enumerate("gh")]
+  with pytest.raises(errors.UserError, match="google-0.tfrecord: pre-masked records .* fix their "
+                     "masks, so config.phases cannot change the masking rate"):
+    _batches(vocab, google, 1)

@@ -62,6 +62,9 @@ def test_phases_print_tally_and_resume_inside_a_phase(tmp_path, sources, capsys,
   assert set(one["sources"]) == {"ko"} and one["sources"]["ko"]["rows"] == 5 * 8
   assert two["sources"]["en"]["rows"] > 0 and two["sources"]["ko"]["rows"] > 0
   assert "  phase 1 (steps 1-5, mask 30%, records^1): ko 100.0% of rows" in out
+  # More steps would move the phases: the summary offers a new run from this one instead.
+  assert summary["next"][-1].startswith("train further: a new run from it, "
+                                        "--config.init_checkpoint=")
   # Preempted at step 7 (inside phase 2), resumed: the same losses as the uninterrupted run.
   sigterm_testlib.sigterm_at_batch(monkeypatch, 6)
   first = train.train_and_evaluate(config(), str(tmp_path / "resumed"))
