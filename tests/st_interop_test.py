@@ -185,6 +185,10 @@ def test_modernbert_embedding_run_export_gives_our_vectors(  # noqa: F811 (fixtu
     assert json.load(f)["architectures"] == ["ModernBertModel"]
   with open(os.path.join(out, "config_sentence_transformers.json"), encoding="utf-8") as f:
     assert json.load(f)["matryoshka_dims"] == [64]
+  with open(os.path.join(out, "README.md"), encoding="utf-8") as f:   # the model card says so
+    card = f.read()
+  assert "# st\n" in card and f"pooling {pooling}, normalised" in card
+  assert "truncate_dim=64" in card
   texts = [ln for ln in hf_folder["lines"] if 4 <= len(ln.split()) <= 12][:4]
   texts.append("a docstring line far longer than the thirty-two tokens the run was trained with "
                "is cut by both to the same length before pooling, which the last pooling shows")

@@ -201,7 +201,7 @@ def export(m, output, **flags):
     _write_tokenizer(tmp, m, ids)
     _write_modules(tmp, settings, m.config.hidden_size)
     with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-      f.write(model_card(m, settings, base_class))
+      f.write(model_card(m, settings, base_class, output))
 
   return writing.finish_atomically(output, write), settings
 
@@ -256,13 +256,14 @@ def _write_modules(tmp, settings, hidden):
       "matryoshka_dims": settings["matryoshka_dims"]})
 
 
-def model_card(m, settings, base_class):
+def model_card(m, settings, base_class, output):
+  """README.md: what was exported, from where, with which settings, and how to call it."""
   dims = settings["matryoshka_dims"]
   matryoshka = (f"Trained with Matryoshka widths {dims}: "
                 f"`SentenceTransformer(path, truncate_dim={min(dims)})` keeps the first "
                 f"{min(dims)} dimensions (recorded as `matryoshka_dims` in "
                 "config_sentence_transformers.json, which sentence-transformers does not read)."
-                if dims else "No Matryoshka widths were trained.")
+                if dims else "No Matryoshka widths recorded: use the full width.")
   return f"""---
 library_name: sentence-transformers
 pipeline_tag: sentence-similarity
@@ -271,7 +272,7 @@ tags:
 - feature-extraction
 ---
 
-# {os.path.basename(os.path.abspath(str(m.path).rstrip("/")))}
+# {os.path.basename(os.path.abspath(str(output).rstrip("/")))}
 
 Exported by bert_jax (`python -m bert_jax.convert --to=sentence_transformers`) from
 `{m.path}`: {m.config.family} encoder ({base_class}, {m.config.num_layers} layers, width
