@@ -176,7 +176,7 @@ def check_teacher_vocab(config, pre, described, where):
 def _as_teacher(t, s):
   """The teacher's encoder `t` as the step runs it: MLM only, in the student's (`s`) compute
   dtype and attention kernel, without remat or dropout."""
-  return model_lib.BertConfig(**{
+  return model_lib.BertConfig.from_dict({   # the teacher family's record (MobileBERT's own)
       **t.to_dict(), "objectives": "mlm", "dtype": s.dtype, "attention": s.attention,
       "remat": False, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0})
 

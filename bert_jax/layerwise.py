@@ -40,6 +40,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from flax import traverse_util
 
 from bert_jax import attention as attention_lib
 from bert_jax import checkpoint as ckpt_lib
@@ -176,10 +177,12 @@ def check_teacher_config(config, t, s, where):
   """The teacher's encoder `t` against the student `s` (no file read): family, vocab, depth and
   layer map, widths, positions."""
   # DistilBERT's teachers, or a student of this objective (its network is LayerwiseModel, a
-  # BertModel: TinyBERT) in its turn.
-  ok = (t.family in distil.TEACHER_FAMILIES
+  # BertModel: TinyBERT) in its turn, or a family whose own network gives the layer-wise
+  # outputs (MobileBERT's, and so an IB-BERT-shaped teacher of its architecture).
+  own = _own_network(t)
+  ok = (t.family in distil.TEACHER_FAMILIES or own is not None
         or families.get(t.family).pretraining_model.__name__ == LayerwiseModel.__name__)
-  if not ok or t.factorised or t.share_layers != "none":
+  if not ok or (own is None and (t.factorised or t.share_layers != "none")):
     raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
                       f"({', '.join(distil.TEACHER_FAMILIES)}, or a layer-wise student) without "
                       "factorised or shared layers.")
@@ -288,10 +291,15 @@ def _run(module, batch, deterministic, *, scores, fit_size=0, mlm=True):
   rngs = {} if deterministic else {"dropout": module.make_rng("dropout")}
   out, state = module.clone(parent=None).apply(
       module.variables, *args, mutable=["attention_scores"], rngs=rngs, **kw)
-  layers = state["attention_scores"]["bert"]["encoder"]
-  # One [B, N, T, S] per layer, in layer order (sow keeps a tuple per call: one call each).
-  return out, jnp.stack([layers[f"layer_{i}"]["attention"]["scores"][0]
-                         for i in range(module.config.num_layers)], axis=1)
+  # One [B, N, T, S] per layer, in layer order (sow keeps a tuple per call: one call each),
+  # wherever the network sows it under layer_{i} (BertModel: bert/encoder/layer_{i}/attention;
+  # MobileBERT: bert/layer_{i}/attention/self).
+  found = {}
+  for path, value in traverse_util.flatten_dict(state["attention_scores"]).items():
+    layer = next((int(p[6:]) for p in path if p.startswith("layer_") and p[6:].isdigit()), None)
+    if layer is not None:
+      found[layer] = value[0]
+  return out, jnp.stack([found[i] for i in range(module.config.num_layers)], axis=1)
 
 
 def teacher_outputs(model, params, batch, *, layers, scores, mlm=True):
@@ -389,7 +397,7 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
   fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0), parts=parts,
                           temperature=float(config.get("temperature", 1.0)))
-  model = LayerwiseModel(teacher.model_config)
+  model = network(teacher.model_config)
   # The teacher's MLM head only when its logits are distilled: any BERT body teaches the layers.
   mlm = "distill_pred" in parts
   apply = functools.partial(teacher_outputs, model, layers=layers,
@@ -399,6 +407,19 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   frozen = trainer_lib.load_frozen(teacher.pretrained, model, init, dummy_batch, keys, mesh,
                                    apply, rules)
   return fwd, w, frozen
+
+
+def _own_network(config):
+  """The family's network when it gives layer-wise outputs itself (a class attribute
+  layerwise_outputs: MobileBERT's), else None."""
+  net = families.get(config.family).pretraining_model
+  return net if getattr(net, "layerwise_outputs", False) else None
+
+
+def network(config):
+  """The network a teacher (or student) of `config` runs here: its family's own when that gives
+  layer-wise outputs, else LayerwiseModel (BertModel + MLM head)."""
+  return (_own_network(config) or LayerwiseModel)(config)
 
 
 def _teacher_init(module, batch, deterministic, *, mlm):

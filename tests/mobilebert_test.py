@@ -59,8 +59,9 @@ def _our_outputs(params, config, ids, mask, seg, pos):
   apply = jax.jit(lambda p: mobilebert_layers.MobileBertForPreTraining(config).apply(
       {"params": p}, ids, mask, seg, pos, return_dict=True, output_hidden_states=True))
   out = apply(params)
-  return np.asarray(out["mlm"]), np.asarray(out["nsp"]), [np.asarray(h) for h in
-                                                          out["hidden_states"]]
+  hidden = np.asarray(out["hidden_states"])                                # [B, L+1, T, H]
+  return np.asarray(out["mlm"]), np.asarray(out["nsp"]), [hidden[:, i]
+                                                          for i in range(hidden.shape[1])]
 
 
 def _assert_equal_outputs(ours, theirs, mask):
@@ -290,3 +291,47 @@ def test_a_mobilebert_checkpoint_fine_tunes_and_fills_masks(tmp_path):
   assert len(result["masks"]) == 1 and len(result["masks"][0]) == 3, result
   p = predict.predict(predictor, "the cat sat .", "the dog ran .")["is_next"]   # the NSP head
   assert 0.0 <= p <= 1.0
+
+
+@pytest.mark.slow   # a 3-step distillation run through the CLI: ~56 s on the loaded 2-core box
+def test_knowledge_transfer_from_an_ib_bert_shaped_teacher_through_the_cli(tmp_path):
+  """mobilebert-tiny learns from an ib-bert-tiny teacher (the same 64-wide stream, an inverted
+  bottleneck of 128, 4 layers) with layerwise.py's objective: embedding, hidden-state and
+  attention-score losses logged and finite over the uniform map (student layers 1, 2 -> teacher
+  2, 4), the teacher recorded; a teacher of another width without fit_size is one line, exit 2."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  teachers = {}
+  for name, kw in (("teacher", {}), ("wide", dict(hidden_size=96))):
+    c = model_lib.get_bert_config("ib-bert-tiny", vocab_size=128, **kw)
+    ids = jnp.zeros((1, 4), jnp.int32)
+    params = jax.jit(lambda k, c=c: nn.meta.unbox(mobilebert_layers.MobileBertForPreTraining(
+        c).init(k, ids, ids, ids, ids[:, :1])["params"]))(jax.random.key(1))
+    teachers[name] = ckpt_lib.save_params(str(tmp_path / name), params, c)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root,
+             XLA_FLAGS=xla_test_flags.with_devices(2))
+
+  def train(workdir, teacher):
+    return subprocess.run(
+        [sys.executable, "-m", "bert_jax.train", f"--workdir={workdir}",
+         "--config=bert_jax/configs/pretrain.py:mobilebert-tiny,runlocal",
+         f"--config.teacher_checkpoint={teacher}", "--config.train_input_files=synthetic",
+         "--config.model.vocab_size=128", "--config.seq_length=32",
+         "--config.max_predictions_per_seq=5", "--config.batch_size=4",
+         "--config.warmup_steps=1", "--config.log_every=1", "--config.checkpoint_every=3",
+         "--config.async_checkpointing=False", "--config.num_train_steps=3"],
+        env=env, capture_output=True, text=True, cwd=root, timeout=500)
+
+  r = train(str(tmp_path / "bad"), teachers["wide"])
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == 2 and len(lines) == 1 and "--config.fit_size=96" in lines[0], r.stderr
+  r = train(str(tmp_path / "run"), teachers["teacher"])
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  scalars = metrics_writer.read_scalars(str(tmp_path / "run" / "tensorboard"))
+  for part in ("distill_emb", "distill_hidden", "distill_att"):
+    assert len(scalars[f"train/{part}_loss"]) == 3, sorted(scalars)
+    assert all(np.isfinite(v) and v > 0 for _, v in scalars[f"train/{part}_loss"])
+  d = ckpt_lib.describe(str(tmp_path / "run"))
+  assert d.config.family == "mobilebert" and d.meta["teacher"]["path"] == teachers["teacher"]

@@ -10,9 +10,13 @@ FLOPs, fine-tuning body); convert/mobilebert.py is its transformers name table
 
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:mobilebert-tiny \
       --config.train_input_files=... --workdir=...
+  # knowledge transfer from an IB-BERT-shaped teacher (layerwise.py's objective):
+  python -m bert_jax.train --config=bert_jax/configs/pretrain.py:mobilebert \
+      --config.teacher_checkpoint=IB_BERT --config.train_input_files=... --workdir=...
 """
 
 import dataclasses
+import importlib
 
 from bert_jax.families import bert
 from bert_jax.families import mobilebert_layers as layers
@@ -42,6 +46,21 @@ PRESETS = {
                             intermediate_size=64, embedding_size=16, intra_bottleneck_size=32,
                             num_feedforward_networks=2, classifier_activation=True,
                             max_position_embeddings=128),
+    # The knowledge-transfer teacher's shape, IB-BERT_LARGE as we read the paper's Table 1: the
+    # same 512-wide stream and 24 layers, an *inverted* bottleneck of 1,024 inside a layer (q, k,
+    # v from it), 4 heads, one FFN of 4,096. LayerNorm and GELU are our choice (the paper's
+    # NoNorm / ReLU are the student's latency optimisations). A MobileBERT-architecture model,
+    # so it is a preset of this family (its network gives layerwise.py's outputs).
+    "ib-bert": dict(_MOBILEBERT, intra_bottleneck_size=1_024, intermediate_size=4_096,
+                    num_feedforward_networks=1, use_bottleneck_attention=True,
+                    key_query_shared_bottleneck=False, normalization_type="layer_norm",
+                    hidden_act="gelu"),
+    # ib-bert's shape over mobilebert-tiny's stream (64 wide, 2 heads): a teacher for tests.
+    "ib-bert-tiny": dict(_MOBILEBERT, num_layers=4, hidden_size=64, num_heads=2,
+                         embedding_size=16, intra_bottleneck_size=128, intermediate_size=256,
+                         num_feedforward_networks=1, use_bottleneck_attention=True,
+                         key_query_shared_bottleneck=False, normalization_type="layer_norm",
+                         hidden_act="gelu", max_position_embeddings=128),
 }
 
 
@@ -54,14 +73,63 @@ OVERRIDABLE = {"intra_bottleneck_size": int, "num_feedforward_networks": int,
 def recipe(c, preset):
   """BERT's loop and optimizer (the paper's schedule is not modelled: docs/models.md), with
   MobileBERT's own sizes as --config.model fields; a size that does not divide (the true hidden
-  size by the heads) is train's one-line error before compute (MobileBertConfig)."""
+  size by the heads) is train's one-line error before compute (MobileBertConfig). The layer-wise
+  objective's fields (bert_jax/layerwise.py: weights, layer map, fit_size), read only when a
+  --config.teacher_checkpoint is given: knowledge transfer from an IB-BERT-shaped teacher."""
   del preset
   from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
   for field, kind in OVERRIDABLE.items():
     c.model[field] = config_dict.placeholder(kind)
+  _layerwise().recipe_fields(c, fit_size=0)   # the paper's teacher is as wide (512) as MobileBERT
+
+
+# ----------------------------------------------------------------------------------------------
+# Knowledge transfer (Sun et al. 2020, section 3.5) with the shared layer-wise objective: with a
+# --config.teacher_checkpoint the step is layerwise.py's (feature maps: hidden-state MSE, layer
+# by layer; attention: the scores' MSE, TinyBERT's form, where the paper takes a KL of the
+# distributions), all layers at once: the paper's progressive stages are not modelled. Without
+# one, BERT's MLM + NSP step.
+# ----------------------------------------------------------------------------------------------
+def _layerwise():
+  """bert_jax/layerwise.py, imported when first asked (as families/tinybert.py does)."""
+  return importlib.import_module("bert_jax.layerwise")
+
+
+def _teacher_given(config):
+  return bool(config.get("teacher_checkpoint", ""))
+
+
+def load_teacher(config, model_config):
+  return _layerwise().load_teacher(config, model_config) if _teacher_given(config) else None
+
+
+def init_from_teacher(state, steps, config, teacher, num_layers):
+  return _layerwise().init_from_teacher(state, steps, config, teacher, num_layers)
+
+
+def planning_teacher(config, model_config):
+  if not _teacher_given(config):
+    return None
+  return _layerwise().planning_teacher(config, model_config)
+
+
+def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
+  if teacher is None and not _teacher_given(config):
+    return bert.step_parts(config, model_config, teacher, dummy_batch, mesh, rules)
+  return _layerwise().step_parts(config, model_config, teacher, dummy_batch, mesh, rules)
 
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
+  """The network's training FLOPs (network_flops); with a teacher, plus the teacher's forward
+  (distil's count: a third of its training FLOPs)."""
+  if teacher_config is None:
+    return network_flops(cfg, seq_length, num_predictions, num_nsp)
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
+                                   network_flops)
+
+
+def network_flops(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
   """Analytic training FLOPs per sequence (3 x forward, 2 a multiply-add: 6 per matmul
   parameter a token), element-wise work not counted, as BERT's (families/bert.py). Per token:
   the embedding transformation (3E x H), and per layer every dense kernel of the network
@@ -167,8 +235,11 @@ FAMILY = families.register(dataclasses.replace(
             "NoNorm, trigram embeddings; MLM + NSP",
     config_class=layers.MobileBertConfig, factorised_embeddings=True, recipe=recipe,
     pretraining_model=layers.MobileBertForPreTraining, flops_per_sequence=flops_per_sequence,
+    load_teacher=load_teacher, init_from_teacher=init_from_teacher,
+    planning_teacher=planning_teacher, step_parts=step_parts,
     encode=encode, features_model=features_model, describe=describe,
     hf_model_types=("mobilebert",), tf_config_names=(),
     config_marker_keys=("intra_bottleneck_size",), config_from_json=config_from_json,
     name_table=name_table, normalise_hf_names=normalise_hf_names, hf_config_json=hf_config_json,
-    hf_class="MobileBertForPreTraining"))
+    hf_class="MobileBertForPreTraining",
+    train_further_note=" (and the same --config.teacher_checkpoint, if it had one)"))

@@ -356,14 +356,20 @@ class LMHead(nn.Module):
 
 class MobileBertForPreTraining(nn.Module):
   """MobileBertModel + the MLM head (mlm_head) and, with objectives mlm,nsp, the NSP head
-  (nsp_head: dense H -> 2 on the pooled [CLS]). BertForPreTraining's call and returns."""
+  (nsp_head: dense H -> 2 on the pooled [CLS]). BertForPreTraining's call and returns.
+
+  output_hidden_states (with return_dict): "hidden_states" [B, L + 1, T, H], the embeddings'
+  output and each layer's, stacked batch first (the form bert_jax/layerwise.py reads from a
+  student or a teacher; fit_size F > 0 adds its `fit_dense` [H, F] projection, mlm=False leaves
+  the MLM head out: layerwise.LayerwiseModel's keywords)."""
   config: MobileBertConfig
+  layerwise_outputs = True   # layerwise.py may run it as a student or a teacher
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
                span_right=None, deterministic=True, return_dict=False, output_sequence=False,
-               chunked_mlm=False, output_hidden_states=False):
+               chunked_mlm=False, output_hidden_states=False, fit_size=0, mlm=True):
     del span_left, span_right   # no SBO in MobileBERT (its config refuses the objective)
     c = self.config
     out = MobileBertModel(c, name="bert")(
@@ -374,12 +380,15 @@ class MobileBertForPreTraining(nn.Module):
     table = self.variables["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
     table = nn.meta.unbox(table)                                              # [V, E]
     chunked = chunked_mlm and return_dict and not self.is_initializing()
-    logits = {"mlm": LMHead(c, name="mlm_head")(masked, table, chunked)}
-    if c.sentence_objective:
+    logits = {"mlm": LMHead(c, name="mlm_head")(masked, table, chunked) if mlm else None}
+    if c.sentence_objective and mlm:
       logits["nsp"] = model_lib._dense(c, 2, ("embed", "classes"), "nsp_head",
                                        dtype=jnp.float32)(out["pooled_output"])
     if output_hidden_states:
-      logits["hidden_states"] = out["hidden_states"]
+      hidden = jnp.stack(out["hidden_states"], axis=1)                      # [B, L+1, T, H]
+      if fit_size:   # layer-wise distillation's W_h to a teacher of another width
+        hidden = model_lib._dense(c, fit_size, ("embed", "embed2"), "fit_dense")(hidden)
+      logits["hidden_states"] = hidden
     if return_dict:
       return {**logits, "sequence_output": out["sequence_output"]} if output_sequence else logits
     return logits["mlm"], logits.get("nsp")
