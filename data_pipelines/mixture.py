@@ -177,11 +177,22 @@ def starts(tf, shares_list, seed, shard, start_row, phase=None):
   logits = tf.math.log(tf.constant(shares_list, tf.float32))
   key = _draw_key(tf, seed, shard, phase)
   k = len(shares_list)
-  counts = tf.zeros([k], tf.int64)
   full, rest = divmod(int(start_row), BLOCK)
-  for b in range(full):
-    counts += tf.math.bincount(_block_draws(tf, logits, key, b), minlength=k, maxlength=k,
-                               dtype=tf.int64)
+
+  @tf.autograph.experimental.do_not_convert
+  def count(b):
+    return tf.math.bincount(_block_draws(tf, logits, key, b), minlength=k, maxlength=k,
+                            dtype=tf.int64)
+
+  @tf.autograph.experimental.do_not_convert
+  def add(a, x):
+    return a + x
+
+  # A tf.data pass, not a Python loop over blocks: 30,000 blocks (30.7M rows of a shard, a
+  # phase's draws counted at start-up) took 153 s eagerly and 4.8-12.7 s so, the same counts (2-core
+  # box at load 14, 2026-11-27).
+  counts = tf.data.Dataset.range(full).map(count, num_parallel_calls=tf.data.AUTOTUNE,
+                                           deterministic=True).reduce(tf.zeros([k], tf.int64), add)
   if rest:
     counts += tf.math.bincount(_block_draws(tf, logits, key, full)[:rest], minlength=k,
                                maxlength=k, dtype=tf.int64)
