@@ -521,6 +521,8 @@ def write_summary(run, clock, status, start_step, step, num_train_steps, history
               "--input_file=sentences.txt --output_file=features.npz",
               f"evaluate it on other data: the same command with --config.init_checkpoint="
               f"{best['dir']} --config.do_train=false --workdir=NEW_DIR"]
+      more = task_types.of(run.task).next_commands   # what the task type's product is for
+      nxt += more(best["dir"]) if more else []
   best_line = (f"best {ft.primary_metric(run.task)} {best['score']:.4f} at epoch {best['epoch']}: "
                f"{best['dir']}" if best["epoch"] is not None else None)
   return metrics_writer.write_summary(w, dict(

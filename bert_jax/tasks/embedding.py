@@ -270,6 +270,14 @@ def export_record(task, config):
       "matryoshka_dims": [int(d) for d in task.matryoshka_dims], "scale": float(task.scale)}}
 
 
+def next_commands(best_dir):
+  """What a finished embedding run prints next: its vectors, and its sentence-transformers folder."""
+  return [f"python -m bert_jax.predict --init_checkpoint={best_dir} embed \"a query\" "
+          "\"a document\" --prompt_name=query     # vectors and their cosines",
+          f"python -m bert_jax.convert --input={best_dir} --output=ST_DIR "
+          "--to=sentence_transformers     # SentenceTransformer(ST_DIR)"]
+
+
 def checkpoint_record(path):
   """The "sentence_embedding" record of an init checkpoint: a sentence-transformers folder's
   settings (read from its files), an export's bert_config.json "sentence_embedding" (an embedding
@@ -316,4 +324,4 @@ TYPE = registry.register(registry.TaskType(
     predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
                                                                           batch_size, rng),
-    export_record=export_record))
+    export_record=export_record, next_commands=next_commands))

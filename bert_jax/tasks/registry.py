@@ -77,6 +77,9 @@ class TaskType:
   export_record: Optional[Callable] = None   # (task, run config) -> {key: JSON value} that
                                              #   best_epoch{N}'s bert_config.json adds
                                              #   (embedding: its pooling and prompts)
+  next_commands: Optional[Callable] = None   # (best export dir) -> [command lines] a finished
+                                             #   run prints next (embedding: the
+                                             #   sentence-transformers export, predict embed)
 
   def metric(self, task) -> str:
     return self.primary_metric(task) if self.primary_metric else task.metrics[0]
