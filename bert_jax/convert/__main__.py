@@ -107,9 +107,13 @@ def export_sentence_transformers(st_flags):
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
   convert.check_new_output(FLAGS.output)
-  m = inference.load_for_inference(FLAGS.input, vocab_file=FLAGS.vocab_file,
-                                   spm_model_file=FLAGS.spm_model_file,
-                                   do_lower_case=FLAGS.do_lower_case)
+  load = lambda with_params: inference.load_for_inference(  # noqa: E731
+      FLAGS.input, vocab_file=FLAGS.vocab_file, spm_model_file=FLAGS.spm_model_file,
+      do_lower_case=FLAGS.do_lower_case, with_params=with_params)
+  # The flags against the checkpoint's record before its arrays are read (a contradiction, a
+  # length beyond its positions: one line).
+  sentence_transformers.export_settings(load(False), **st_flags)
+  m = load(True)
   print(f"loaded {m.description}", flush=True)
   out, settings = sentence_transformers.export(m, FLAGS.output, **st_flags)
   print(f"wrote a sentence-transformers folder to {out}: "

@@ -271,7 +271,7 @@ def export_record(task, config):
 
 
 def next_commands(best_dir):
-  """What a finished embedding run prints next: its vectors, and its sentence-transformers folder."""
+  """What a finished embedding run prints next: its vectors and its sentence-transformers folder."""
   return [f"python -m bert_jax.predict --init_checkpoint={best_dir} embed \"a query\" "
           "\"a document\" --prompt_name=query     # vectors and their cosines",
           f"python -m bert_jax.convert --input={best_dir} --output=ST_DIR "
