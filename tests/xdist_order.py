@@ -141,6 +141,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/st_interop_test.py": 95,
     "tests/st_interop_test.py::test_clis": 60,   # 3 CLIs: 55 s (2026-11-27, load 14)
     "tests/contrastive_pod_test.py": 25,   # a 2-process pod: 14-16 s on the loaded box
+    "tests/embedding_peer_test.py": 80,   # 4 variants, torch + sentence-transformers: 70 s (loaded)
     "tests/tasks_registry_test.py": 40,
     "tests/objectives_test.py": 30,
     "tests/layerwise_test.py": 30,
