@@ -222,7 +222,7 @@ def finetune_ko(out, name, workdir, tok, task, labels, seed):
   results = f"{ft}/eval_results.json"
   if not (os.path.exists(results) and json.load(open(results)).get("finished")):
     sh(["bert_jax.finetune", "--config=bert_jax/configs/finetune.py:custom",
-        f"--config.init_checkpoint={workdir}", f"--config.tokenizer_json={tok}",
+        f"--config.init_checkpoint={workdir}", f"--config.vocab_file={tok}",
         f"--config.data_dir={task}", "--config.custom.format=csv",
         "--config.custom.text_a=text", "--config.custom.label=label",
         f"--config.custom.labels={','.join(labels)}",
