@@ -175,6 +175,7 @@ def compile_step(config, model_config, devices):
   (its family's planning_teacher: nothing is read)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import fp8 as fp8_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   from bert_jax import input_source  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
@@ -186,6 +187,8 @@ def compile_step(config, model_config, devices):
   where = dict(packed=bool(config.pack), seq_len=config.seq_length,
                platform_name=devices[0].platform)
   attention = attention_lib.startup_line(model_config, **where)
+  fp8_note = fp8_lib.startup_note(model_config, where["platform_name"])
+  attention += f"; {fp8_note}" if fp8_note else ""
   kernels = attention_lib.training_backends(model_config, **where)
   t = train.build_training(config, model_config, mesh,
                            teacher=families.get(model_config.family).planning_teacher(

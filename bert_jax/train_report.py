@@ -10,6 +10,7 @@ import jax
 
 from bert_jax import attention as attention_lib
 from bert_jax import families
+from bert_jax import fp8 as fp8_lib
 from bert_jax import metrics_writer
 from bert_jax import objectives
 from bert_jax import sharding as sharding_lib
@@ -42,6 +43,8 @@ def print_mesh_line(config, model_config, mesh, local_batch, is_main):
   accum = int(config.grad_accum_steps)
   attention_line = attention_lib.startup_line(model_config, packed=bool(config.get("pack")),
                                               seq_len=config.seq_length)
+  fp8_note = fp8_lib.startup_note(model_config, attention_lib.platform())
+  attention_line += f"; {fp8_note}" if fp8_note else ""
   if is_main:
     print(f"mesh {dict(mesh.shape)} on {jax.device_count()} devices, {jax.process_count()} "
           f"host(s); global batch {config.batch_size} = {jax.process_count()} x {local_batch} "

@@ -260,3 +260,17 @@ def test_micro_batches_keep_the_largest_amax_of_the_tensors_each_quantised():
     assert got[2][f"{name}_amax_history"][0] == got[1][f"{name}_amax_history"][0], name
   np.testing.assert_allclose(got[2]["output_grad_amax_history"][0],
                              2 * got[1]["output_grad_amax_history"][0], rtol=0.02)
+
+
+def test_the_start_up_line_names_fp8_and_where_it_cannot_pay():
+  """Issue 38 item 6: a run with FP8 matmuls says so; on a TPU (v5p has no FP8 matrix units: its
+  plan estimates 5% slower than bf16) and on a CPU (emulated) it says what that means; without
+  FP8 the line is unchanged."""
+  from bert_jax import model as model_lib
+  cfg = model_lib.get_bert_config("tiny", fp8=True)
+  assert fp8.startup_note(cfg, "gpu") == (
+      "matmuls: FP8 (e4m3, e5m2 gradients, delayed scaling) in the encoder's dense layers")
+  assert "no FP8 matrix units" in fp8.startup_note(cfg, "tpu")
+  assert "--config.model.fp8=False" in fp8.startup_note(cfg, "tpu")
+  assert "emulated by XLA on the CPU" in fp8.startup_note(cfg, "cpu")
+  assert fp8.startup_note(model_lib.get_bert_config("tiny"), "tpu") == ""
