@@ -1,5 +1,6 @@
-r"""A mini multilingual pre-training, sampled in proportion to size (tau 1) and at tau 0.3, at
-equal compute: each language's held-out MLM accuracy side by side (issue 42 item 5).
+r"""A mini multilingual pre-training, sampled in proportion to size (tau 1), at tau 0.3 and on
+mmBERT's annealed schedule (`annealed`), at equal rows and steps: each language's held-out MLM
+accuracy and loss side by side (issue 42 item 5).
 
   apt-get download manpages-de            # Debian's German manual pages (real prose), once
   nice -n 10 .venv/bin/python -m benchmarks.multilingual_mix --manpages_deb=manpages-de_*.deb \
@@ -37,7 +38,11 @@ from benchmarks.families_side_by_side import sh
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LANGS = ("en", "de", "ko")
 SEQ, PREDICTIONS = 128, 20
-ARMS = {"tau1": 1.0, "tau0.3": 0.3}   # name -> config.source_tau
+# name -> config.source_tau; None: the `annealed` variant (mmBERT's shape: 60/30/10% of the
+# steps at tau 0.7 -> 0.5 -> 0.3 and 30% -> 15% -> 5% masking; its preset raises the prediction
+# slots to 30% of SEQ, so its steps predict more tokens: the same rows and steps, not the same
+# FLOPs to the last head matmul).
+ARMS = {"tau1": 1.0, "tau0.3": 0.3, "annealed": None}
 
 
 def _write_documents(path, documents):
@@ -126,11 +131,13 @@ def pretrain(out, name, tau, tok, args):
   summary = f"{workdir}/summary.json"
   if not (os.path.exists(summary) and json.load(open(summary)).get("final_step") == args.steps):
     spec = ";".join(f"{lang}={out}/records/{lang}/train/*.tfrecord" for lang in LANGS)
-    sh(["bert_jax.train", "--config=bert_jax/configs/pretrain.py:modernbert-tiny,runlocal",
-        f"--workdir={workdir}", f"--config.train_sources={spec}", f"--config.source_tau={tau}",
+    mix = ([f"--config.source_tau={tau}", f"--config.max_predictions_per_seq={PREDICTIONS}"]
+           if tau is not None else [])     # annealed: the phases' taus and prediction slots
+    sh(["bert_jax.train", "--config=bert_jax/configs/pretrain.py:modernbert-tiny,runlocal"
+        + (",annealed" if tau is None else ""),
+        f"--workdir={workdir}", f"--config.train_sources={spec}", *mix,
         f"--config.tokenizer_json={tok}", f"--config.num_train_steps={args.steps}",
         f"--config.batch_size={args.batch_size}", f"--config.seq_length={SEQ}",
-        f"--config.max_predictions_per_seq={PREDICTIONS}",
         f"--config.warmup_steps={max(args.steps // 10, 1)}",
         f"--config.log_every={max(args.steps // 4, 1)}",
         f"--config.checkpoint_every={args.steps}", f"--config.eval_every={args.steps}",
@@ -247,6 +254,7 @@ def main():
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--eval_rows", type=int, default=256)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--arms", default=",".join(ARMS), help="which of " + ", ".join(ARMS))
   p.add_argument("--finetune", action="store_true",
                  help="then fine-tune each on the Korean task (korean_task)")
   args = p.parse_args()
@@ -261,20 +269,25 @@ def main():
   info = {lang: json.load(open(f"{out}/records/{lang}/train/dataset_info.json"))
           for lang in LANGS}
   rows = {lang: sum(int(s["num_instances"]) for s in i["shards"]) for lang, i in info.items()}
+  arms = {n: ARMS[n] for n in args.arms.split(",") if n}
+  if not arms or set(arms) - set(ARMS):
+    print(f"error: --arms={args.arms}: pick from {', '.join(ARMS)}.", file=sys.stderr)
+    sys.exit(2)
   results = {}
-  for name, tau in ARMS.items():
+  for name, tau in arms.items():
     workdir, summary = pretrain(out, name, tau, tok, args)
     results[name] = dict(accuracy(workdir, held, args.eval_rows),
                          wall_time_sec=summary.get("wall_time_sec"),
                          sources=summary.get("sources"))
   print("| language | train records | " + " | ".join(
-      f"held-out MLM acc ({n})" for n in ARMS) + " | " + " | ".join(
-          f"held-out MLM loss ({n})" for n in ARMS) + " | predictions |")
-  print("|---|---:|" + "---:|" * (2 * len(ARMS)) + "---:|")
+      f"held-out MLM acc ({n})" for n in arms) + " | " + " | ".join(
+          f"held-out MLM loss ({n})" for n in arms) + " | predictions |")
+  print("|---|---:|" + "---:|" * (2 * len(arms)) + "---:|")
   for lang in LANGS:
     print(f"| {lang} | {rows[lang]:,} | " + " | ".join(
-        f"{results[n][lang][0]:.4f}" for n in ARMS) + " | " + " | ".join(
-            f"{results[n][lang][1]:.3f}" for n in ARMS) + f" | {results['tau1'][lang][2]:,} |")
+        f"{results[n][lang][0]:.4f}" for n in arms) + " | " + " | ".join(
+            f"{results[n][lang][1]:.3f}" for n in arms)
+          + f" | {results[next(iter(arms))][lang][2]:,} |")
   if args.finetune:
     task, labels = korean_task(out)
     with open(f"{task}/dev.csv", encoding="utf-8") as f:
@@ -282,7 +295,7 @@ def main():
     majority = max(dev.count(label) for label in labels) / len(dev)
     print(f"\nKorean task (which of {len(labels)} konlpy files; {len(dev)} dev lines, majority "
           f"{majority:.4f}): dev accuracy best epoch / last epoch")
-    for name in ARMS:
+    for name in arms:
       results[name]["ko_task"] = finetune_ko(out, name, f"{out}/work_{name}", tok, task, labels,
                                              args.seed)
       r = results[name]["ko_task"]
