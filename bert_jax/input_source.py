@@ -117,6 +117,7 @@ def stream(config, vocab, layout, local_batch, files, seed, start, train=True, s
   if files == "synthetic":
     return it
   if train and layout and layout.get("mixture"):
+    _TALLY.reset()          # this run's batches only: a process may train several runs
     it = _TALLY.strip(it)   # source_ids leave the batch here, counted per source
   from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
   return input_watchdog.stall_watchdog(
@@ -252,6 +253,9 @@ class SourceTally:
   counted as the input hands them out: start-up's 4 read-ahead batches included, used or not)."""
 
   def __init__(self):
+    self.reset()
+
+  def reset(self):
     self.counts = np.zeros((0, 0, 3), np.int64)   # [phases, sources, 3]: rows, tokens, instances
 
   def strip(self, batches):

@@ -59,3 +59,19 @@ def test_record_batches_match_the_spec(tmp_path, pack):
                                 masked_lm_prob=c.masked_lm_prob)
   (batch,) = itertools.islice(pi.as_numpy_batches(ds), 1)
   assert _as_spec(batch) == input_source.batch_spec(c, layout)
+
+
+def test_a_second_run_in_one_process_tallies_only_its_own_sources(monkeypatch):
+  """The per-source tally (summary.json's "sources") counts the batches of this run's training
+  stream: a second run in the same process (a test session, a notebook) started from zero; it
+  once carried the first run's rows on (the full suite: 112 rows for a 4-step x 8-row run)."""
+  def batches(*args, **kwargs):
+    for _ in range(3):
+      yield {"source_ids": np.array([0, 1, 1, 0]), "input_mask": np.ones((4, 8), np.int32)}
+  monkeypatch.setattr(input_source, "make_batches", batches)
+  config = {"input_stall_minutes": 10}
+  for _ in range(2):
+    it = input_source.stream(config, None, {"mixture": True}, 4, ["a.tfrecord"], 0, 0)
+    assert len(list(it)) == 3
+    rows = input_source._TALLY.counts[..., 0]   # pylint: disable=protected-access
+    np.testing.assert_array_equal(rows, [[6, 6]])   # 3 batches x 2 rows of each source
