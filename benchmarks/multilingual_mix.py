@@ -259,6 +259,8 @@ def main():
                  help="then fine-tune each on the Korean task (korean_task)")
   args = p.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the evaluation here, as sh()'s runs
+  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
+  errors.quiet_third_party_logs()   # Orbax's notes on loading a workdir, as our CLIs do
   if not os.path.isfile(args.manpages_deb):
     print(f"error: --manpages_deb={args.manpages_deb}: no such file; run `apt-get download "
           "manpages-de` and pass the .deb it writes.", file=sys.stderr)
