@@ -10,6 +10,7 @@ first lookup (they import bert_jax.model, which reads the registry), so importin
 `bert_jax.families` never imports a model.
 """
 
-from bert_jax.families.registry import (BUILTIN, REGISTRY, Family, for_hf_folder, get,  # noqa: F401
+from bert_jax.families.registry import (BUILTIN, REGISTRY, Family, converter_hooks,  # noqa: F401
+                                        for_hf_folder, get,
                                         hf_model_type, is_hf_folder, names, of_preset, presets,
                                         register, registered, unregister)

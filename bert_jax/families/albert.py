@@ -25,32 +25,12 @@ PRESETS = {f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_head
                                  ("xxlarge", 12, 4096, 64))}
 
 
-def config_from_json(d, path, kind, gelu="auto"):
-  del gelu   # ALBERT's configs name their GELU; convert/albert.py maps it
-  from bert_jax.convert import albert  # pylint: disable=g-import-not-at-top
-  return albert.config_from_json(d, path, kind)
-
-
-def name_table(config):
-  from bert_jax.convert import albert  # pylint: disable=g-import-not-at-top
-  return albert.specs(config)
-
-
-def normalise_hf_names(source):
-  from bert_jax.convert import albert  # pylint: disable=g-import-not-at-top
-  return albert.normalise_hf_names(source)
-
-
-def hf_config_json(config, pad_token_id=0):
-  from bert_jax.convert import albert  # pylint: disable=g-import-not-at-top
-  return albert.hf_config_json(config, pad_token_id)
-
-
 FAMILY = families.register(dataclasses.replace(
     bert.FAMILY, name="albert", presets=PRESETS, title="ALBERT",
     summary="ALBERT (Lan et al. 2019): factorised embeddings, shared layers, MLM + SOP",
     factorised_embeddings=True, shared_layers=True, masking="ngram", whole_word_masking=True,
     hf_model_types=("albert",), tf_config_names=("albert_config.json",),
-    config_marker_keys=("embedding_size",), config_from_json=config_from_json,
-    name_table=name_table, normalise_hf_names=normalise_hf_names, hf_config_json=hf_config_json,
+    config_marker_keys=("embedding_size",),
+    # ALBERT's configs name their GELU, which convert/albert.py maps.
+    **families.converter_hooks("albert"),
     hf_class="AlbertForPreTraining"))

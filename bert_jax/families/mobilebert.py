@@ -208,27 +208,6 @@ def describe(config, purpose, params_keys=(), do_train=True):
           "[CLS] (dropout + classifier: MobileBertForSequenceClassification's)")
 
 
-def config_from_json(d, path, kind, gelu="auto"):
-  del gelu   # MobileBERT's configs name their activation (relu); convert/mobilebert.py maps it
-  from bert_jax.convert import mobilebert  # pylint: disable=g-import-not-at-top
-  return mobilebert.config_from_json(d, path, kind)
-
-
-def name_table(config):
-  from bert_jax.convert import mobilebert  # pylint: disable=g-import-not-at-top
-  return mobilebert.specs(config)
-
-
-def normalise_hf_names(source):
-  from bert_jax.convert import mobilebert  # pylint: disable=g-import-not-at-top
-  return mobilebert.normalise_hf_names(source)
-
-
-def hf_config_json(config, pad_token_id=0):
-  from bert_jax.convert import mobilebert  # pylint: disable=g-import-not-at-top
-  return mobilebert.hf_config_json(config, pad_token_id)
-
-
 FAMILY = families.register(dataclasses.replace(
     bert.FAMILY, name="mobilebert", presets=PRESETS, title="MobileBERT",
     summary="MobileBERT (Sun et al. 2020): bottlenecked thin layers (512 / 128), stacked FFNs, "
@@ -239,7 +218,8 @@ FAMILY = families.register(dataclasses.replace(
     planning_teacher=planning_teacher, step_parts=step_parts,
     encode=encode, features_model=features_model, describe=describe,
     hf_model_types=("mobilebert",), tf_config_names=(),
-    config_marker_keys=("intra_bottleneck_size",), config_from_json=config_from_json,
-    name_table=name_table, normalise_hf_names=normalise_hf_names, hf_config_json=hf_config_json,
+    config_marker_keys=("intra_bottleneck_size",),
+    # Its configs name their activation (relu), which convert/mobilebert.py maps.
+    **families.converter_hooks("mobilebert"),
     hf_class="MobileBertForPreTraining",
     train_further_note=" (and the same --config.teacher_checkpoint, if it had one)"))

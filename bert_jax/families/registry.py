@@ -146,6 +146,32 @@ def _load_builtin():
       importlib.import_module(f"{_PACKAGE}.{name}")
 
 
+def converter_hooks(module_name) -> dict:
+  """A family's four conversion hooks (config_from_json, name_table, normalise_hf_names,
+  hf_config_json) as calls into bert_jax.convert.<module_name>, imported on the first call (a
+  family module must not import its converter, which imports bert_jax.model). The module's
+  `specs` is the name table; its config_from_json names its own activation, so `gelu` is unused.
+  Use: dataclasses.replace(bert.FAMILY, ..., **families.converter_hooks("albert"))."""
+  def converter():
+    return importlib.import_module(f"bert_jax.convert.{module_name}")
+
+  def config_from_json(d, path, kind, gelu="auto"):
+    del gelu
+    return converter().config_from_json(d, path, kind)
+
+  def name_table(config):
+    return converter().specs(config)
+
+  def normalise_hf_names(source):
+    return converter().normalise_hf_names(source)
+
+  def hf_config_json(config, pad_token_id=0):
+    return converter().hf_config_json(config, pad_token_id)
+
+  return dict(config_from_json=config_from_json, name_table=name_table,
+              normalise_hf_names=normalise_hf_names, hf_config_json=hf_config_json)
+
+
 def register(family: Family, *, replace=False) -> Family:
   """Adds `family` (its None hooks taken from BERT's) and returns it. A second family of the same
   name, or a preset name two families claim, is an error unless replace=True."""
