@@ -13,6 +13,7 @@ from data_pipelines import mixture
 from data_pipelines import phases
 from data_pipelines import pretrain_input as pi
 from tests.masking_test import write_vocab
+from tests.mixture_test import _same   # batch lists equal key by key
 from tests.pretrain_input_test import make_instances, write_records
 
 SEQ, PREDS, BATCH = 32, 12, 8
@@ -100,14 +101,6 @@ def _batches(vocab, sources, n, *, start=0, stream_start=0, process_index=0, pro
       num_logical_shards=2, start_batch=start,
       phases=input_source.stream_phases(LAYOUT, stream_start))
   return list(itertools.islice(pi.as_numpy_batches(ds), n))
-
-
-def _same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert sorted(x) == sorted(y)
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 @pytest.mark.slow   # builds five tf.data mixtures of three phases (~60 s on a busy 2-core box)
