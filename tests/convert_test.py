@@ -34,11 +34,7 @@ def hf_dir(hf_model, tmp_path_factory):
   return hf_testlib.save_hf(hf_model, str(tmp_path_factory.mktemp("hf") / "model"))
 
 
-def _assert_trees_equal(a, b):
-  fa, fb = names.flatten(a), names.flatten(b)
-  assert sorted(fa) == sorted(fb)
-  for k in fa:
-    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+_assert_trees_equal = hf_testlib.assert_trees_equal
 
 
 def test_name_table_covers_the_model_exactly():

@@ -140,3 +140,12 @@ def google_config_json(hf_config):
           "initializer_range", "intermediate_size", "max_position_embeddings",
           "num_attention_heads", "num_hidden_layers", "type_vocab_size", "vocab_size")
   return {k: getattr(hf_config, k) for k in keys}
+
+
+def assert_trees_equal(a, b):
+  """Two parameter trees with the same leaf names and bit-identical values."""
+  from bert_jax.convert import names  # pylint: disable=g-import-not-at-top
+  fa, fb = names.flatten(a), names.flatten(b)
+  assert sorted(fa) == sorted(fb)
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)

@@ -18,7 +18,6 @@ from bert_jax import families
 from bert_jax import model as model_lib
 from bert_jax.convert import hf_export
 from bert_jax.convert import mobilebert as convert_mobilebert
-from bert_jax.convert import names
 from bert_jax.families import mobilebert
 from bert_jax.families import mobilebert_layers
 from tests import hf_testlib
@@ -150,10 +149,7 @@ def test_ours_exports_to_transformers_with_equal_outputs_and_back(tmp_path):
   convert.convert_to_orbax(str(tmp_path / "hf"), str(tmp_path / "back"))
   back, back_config, _ = ckpt_lib.load_params(str(tmp_path / "back"))
   assert back_config == config
-  fa, fb = names.flatten(back), names.flatten(params)
-  assert sorted(fa) == sorted(fb)
-  for k in fa:
-    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+  hf_testlib.assert_trees_equal(back, params)
 
 
 @pytest.mark.parametrize("preset", ["mobilebert-tiny",
