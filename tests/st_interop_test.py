@@ -13,8 +13,6 @@ extract_features --pooling give the same vectors. Bad folders are one line befor
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -33,9 +31,9 @@ from bert_jax.configs import finetune as finetune_config
 from bert_jax.convert import sentence_transformers as st
 from bert_jax.tasks import embedding
 from tests import tasks_testlib
+from tests.modernbert_cli_test import _run  # a CLI in a subprocess, its own compile cache
 from tests.modernbert_cli_test import export as mb_export, hf_folder  # noqa: F401 (fixtures)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COSINE = 0.99999   # the bar, per text
 WORDS = ("the a cat dog man woman sat ran saw park mat house good bad on in of to and with "
          "search query document passage retrieval model").split()
@@ -319,13 +317,6 @@ def test_predict_embed_refusals(bert):
                      r"max_position_embeddings=64\."):
     predict.embedding_settings(m, max_seq_length=65)
   assert predict.embedding_settings(m) == ("mean", "", 64)   # no record: the defaults
-
-
-def _run(module, *args, cache):
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  env = dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, BERT_JAX_CACHE=str(cache))
-  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                        cwd=ROOT, env=env, timeout=600)
 
 
 @pytest.mark.slow
