@@ -12,6 +12,9 @@ gives any other. Hidden state 0 (the embedding output) is matched to the teacher
   distill_hidden  sum over m of MSE(H_s^m W_h, H_t^g(m))             alpha_hidden 1
   distill_att     sum over m of MSE(A_s^m, A_t^g(m)), the pre-softmax alpha_att   1
                   scores [B, N, T, S] of every head; masked keys and padding queries excluded
+  distill_att_kl  sum over m of KL(softmax A_t^g(m) || softmax A_s^m)  alpha_att_kl 0
+                  per head and real query over its real keys, the mean over the real queries
+                  and heads (MobileBERT's attention transfer, L_AT: `attention_kl`)
   distill_pred    soft cross-entropy -sum softmax(z_t/T) log softmax(z_s/T) over the masked
                   positions' MLM logits, temperature T (config.temperature)   alpha_pred  0
   mlm             the student's own MLM cross-entropy                 alpha_mlm   0
@@ -25,13 +28,17 @@ scores (-10000 after its additive mask) in both, which excludes them from the su
 
 Attention scores: the model is applied with the `attention_scores` collection mutable (model.py's
 SelfAttention then runs the xla path and sows them); a fused kernel never makes them, so with
-alpha_att > 0 a step that would run one (requested, or auto's choice on this chip) is refused at
-start-up, naming it (`check_kernels`). With alpha_att = 0 nothing is asked and any kernel runs.
+alpha_att or alpha_att_kl > 0 a step that would run one (requested, or auto's choice on this
+chip) is refused at start-up, naming it (`check_kernels`). With both 0 nothing is asked and any
+kernel runs.
+
+MobileBERT's progressive transfer (bert_jax/progressive.py) is a schedule of these parts by step:
+stage l weighs layer l's hidden and attention parts alone and trains layer l alone.
 
 Bad input, one line and exit 2 before compute: a layer map outside the teacher's depth, a student
 whose width differs from the teacher's without --config.fit_size (or with another), a teacher of
 another vocabulary (size, or content as distil.check_teacher_vocab), heads that differ with
-alpha_att > 0.
+alpha_att or alpha_att_kl > 0, a progressive schedule that cannot run (progressive.check).
 """
 
 import functools
@@ -48,11 +55,13 @@ from bert_jax import distil
 from bert_jax import families
 from bert_jax import model as model_lib
 from bert_jax import objectives
+from bert_jax import progressive
 from bert_jax import trainer_lib
 from bert_jax.pretraining_heads import MaskedLMHead
 
 ConfigError = trainer_lib.ConfigError
-WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_pred", "alpha_mlm")
+WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_att_kl", "alpha_pred", "alpha_mlm")
+DISTILLED = WEIGHTS[:-1]   # the parts that read the teacher: one must be > 0
 # What the frozen teacher adds to each micro-batch (trainer_lib.with_frozen).
 TEACHER_KEYS = ("teacher_mlm", "teacher_hidden", "teacher_scores")
 
@@ -63,6 +72,7 @@ def recipe_fields(c, *, fit_size=768):
   c.alpha_emb = 1.0                # embedding-output MSE (through fit_dense when widths differ)
   c.alpha_hidden = 1.0             # hidden-state MSE, summed over the mapped layers
   c.alpha_att = 1.0                # attention-score MSE (needs the xla kernel: module docstring)
+  c.alpha_att_kl = 0.0             # attention-distribution KL (MobileBERT's; the xla kernel too)
   c.alpha_pred = 0.0               # soft cross-entropy of the MLM logits (task distillation's)
   c.alpha_mlm = 0.0                # the student's own MLM loss
   c.temperature = 1.0              # T of distill_pred (TinyBERT's default 1)
@@ -101,16 +111,25 @@ def weights(config):
     if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and v >= 0):
       raise ConfigError(f"config.{k}={v!r}: expected a loss weight >= 0.")
-  if not any(w[k] for k in WEIGHTS[:4]):
-    raise ConfigError(f"config.{', '.join(WEIGHTS[:4])} are all 0: nothing is distilled; give "
+  if not any(w[k] for k in DISTILLED):
+    raise ConfigError(f"config.{', '.join(DISTILLED)} are all 0: nothing is distilled; give "
                       "at least one a positive weight (TinyBERT's general distillation: "
                       "emb, hidden and att 1).")
   t = config.get("temperature", 1.0)
   if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
     raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 (TinyBERT's 1).")
   return {"distill_emb": float(w["alpha_emb"]), "distill_hidden": float(w["alpha_hidden"]),
-          "distill_att": float(w["alpha_att"]), "distill_pred": float(w["alpha_pred"]),
-          "mlm": float(w["alpha_mlm"])}
+          "distill_att": float(w["alpha_att"]), "distill_att_kl": float(w["alpha_att_kl"]),
+          "distill_pred": float(w["alpha_pred"]), "mlm": float(w["alpha_mlm"])}
+
+
+def _score_weight(config):
+  """(field, weight) of the first attention part the config distils, or (None, 0): either
+  reads every layer's scores."""
+  for k in ("alpha_att", "alpha_att_kl"):
+    if config.get(k, 0.0):
+      return k, config.get(k)
+  return None, 0.0
 
 
 def check_kernels(config, model_config, platform_name=None):
@@ -118,7 +137,8 @@ def check_kernels(config, model_config, platform_name=None):
   makes: a step that would run a fused kernel (requested, or auto's choice on this platform, in
   training or evaluation) is a one-line error naming it. Explicit kernels that cannot run at all
   are attention.py's own AttentionError."""
-  if not config.get("alpha_att", 0.0):
+  field, weight = _score_weight(config)
+  if not weight:
     return
   choices = attention_lib.step_choices(
       model_config, packed=bool(config.get("pack")), seq_len=int(config.seq_length),
@@ -127,10 +147,10 @@ def check_kernels(config, model_config, platform_name=None):
   if fused:
     how = ("requested" if model_config.attention != "auto" else
            f"auto's choice on {platform_name or attention_lib.platform()}")
-    raise ConfigError(f"config.alpha_att={config.alpha_att}: attention-score distillation reads "
+    raise ConfigError(f"config.{field}={weight}: attention distillation reads "
                       f"each layer's pre-softmax scores [B, N, T, T], which the fused "
                       f"{'/'.join(fused)} kernel ({how}) never makes; set "
-                      "--config.model.attention=xla, or --config.alpha_att=0.")
+                      f"--config.model.attention=xla, or --config.{field}=0.")
 
 
 def check_fit(config, t, s, where):
@@ -145,10 +165,11 @@ def check_fit(config, t, s, where):
     raise ConfigError(f"{where} is {t.hidden_size} wide and the student {s.hidden_size}: their "
                       "hidden states are compared through a learned projection it is not given; "
                       f"set --config.fit_size={t.hidden_size}.")
-  if config.get("alpha_att", 0.0) and t.num_heads != s.num_heads:
+  field, weight = _score_weight(config)
+  if weight and t.num_heads != s.num_heads:
     raise ConfigError(f"{where} has {t.num_heads} heads and the student {s.num_heads}: attention "
                       "scores are compared head by head; use a student of as many heads, or "
-                      "--config.alpha_att=0.")
+                      f"--config.{field}=0.")
 
 
 def load_teacher(config, model_config) -> distil.Teacher:
@@ -169,6 +190,7 @@ def load_teacher(config, model_config) -> distil.Teacher:
   described = ckpt_lib.describe(source, verify=False)
   distil.check_teacher_vocab(config, pre, described, where)
   check_kernels(config, s)
+  progressive.check(config, s)
   return distil.Teacher(path, pre, distil._as_teacher(t, s),  # pylint: disable=protected-access
                         distil.teacher_record(path, described))
 
@@ -208,19 +230,22 @@ def planning_teacher(config, model_config):
                                 max_position_embeddings=model_config.max_position_embeddings)
   check_teacher_config(config, t, model_config, "the base preset (planning teacher)")
   check_kernels(config, model_config)
+  progressive.check(config, model_config)
   return distil.Teacher("the base preset (shapes only: no --config.teacher_checkpoint)", None,
                         distil._as_teacher(t, model_config), None)  # pylint: disable=protected-access
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
   """TinyBERT's general distillation starts the student from random weights (its widths differ
-  from the teacher's): the state as it is."""
-  del steps, config, num_layers
+  from the teacher's): the state as it is. A progressive transfer (MobileBERT's) copies the
+  teacher's embeddings and heads where they fit (progressive.copy_from_teacher)."""
+  staged = progressive.bounds(config, num_layers) is not None
+  who = "the student's layers start from their" if staged else "the student starts from its"
   if jax.process_index() == 0:
     print(f"layer-wise distillation from teacher {teacher.path} "
           f"({teacher.model_config.num_layers} layers, hidden {teacher.model_config.hidden_size}"
-          "); the student starts from its random initialisation", flush=True)
-  return state
+          f"); {who} random initialisation", flush=True)
+  return progressive.copy_from_teacher(state, steps, teacher) if staged else state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,29 +341,43 @@ def teacher_outputs(model, params, batch, *, layers, scores, mlm=True):
   return jax.lax.stop_gradient(res)
 
 
-def forward(module, batch, deterministic, *, fit_size, parts, temperature):
+def forward(module, batch, deterministic, *, fit_size, parts, temperature, stages=None):
   """The student on a batch carrying the teacher's outputs -> objectives parts (`parts`: those
-  with weight > 0, and mlm). Without them (model.init) the parts are not built."""
-  out, att = _run(module, batch, deterministic, scores="distill_att" in parts,
-                  fit_size=fit_size)
+  with weight > 0, and mlm). Without them (model.init) the parts are not built.
+
+  stages (a progressive.Stages; the batch then carries the optimizer "step"): in stage l only
+  layer l's feature map and attention count (`layer_weights` one-hot over the layers), the
+  embeddings' and prediction parts weigh 0 and the MLM logits pass no gradient; after the
+  stages, and in evaluation (no "step"), every part as configured."""
+  out, att = _run(module, batch, deterministic,
+                  scores=bool({"distill_att", "distill_att_kl"} & set(parts)), fit_size=fit_size)
   res = {"mlm": out["mlm"]}
   if "teacher_hidden" not in batch:   # init: the parameters are made, the loss is not
     return res
   hidden, t_hidden = out["hidden_states"], batch["teacher_hidden"]        # [B, M+1, T, F]
+  layers, every = jnp.ones((hidden.shape[1] - 1,), jnp.float32), jnp.ones((), jnp.float32)
+  if stages is not None and "step" in batch:
+    layers, every = stages.weights(batch["step"])                         # [M], scalar
+    # The MLM loss is objectives' own part: its value stays logged, its gradient waits for the
+    # final phase (d/dx where(c, x, sg(x)) = c).
+    res["mlm"] = jnp.where(every > 0, out["mlm"], jax.lax.stop_gradient(out["mlm"]))
   real = batch["input_mask"]
   if "distill_emb" in parts:
-    res["distill_emb"] = {"student": hidden[:, :1], "teacher": t_hidden[:, :1], "mask": real}
+    res["distill_emb"] = {"student": hidden[:, :1], "teacher": t_hidden[:, :1], "mask": real,
+                          "layer_weights": every[None]}
   if "distill_hidden" in parts:
-    res["distill_hidden"] = {"student": hidden[:, 1:], "teacher": t_hidden[:, 1:], "mask": real}
-  if "distill_att" in parts:
+    res["distill_hidden"] = {"student": hidden[:, 1:], "teacher": t_hidden[:, 1:], "mask": real,
+                             "layer_weights": layers}
+  if {"distill_att", "distill_att_kl"} & set(parts):
     packed = "instance_ids" in batch
     ids = batch["instance_ids"] if packed else real
     pairs = attention_lib.attention_mask(ids, packed) & (ids != 0)[:, None, :, None]
-    res["distill_att"] = {"student": att, "teacher": batch["teacher_scores"],
-                          "mask": pairs}                                 # [B, 1, T, S]
+    for part in {"distill_att", "distill_att_kl"} & set(parts):
+      res[part] = {"student": att, "teacher": batch["teacher_scores"], "mask": pairs,  # [B,1,T,S]
+                   "layer_weights": layers}
   if "distill_pred" in parts:
     res["distill_pred"] = {"student": out["mlm"], "teacher": batch["teacher_mlm"],
-                           "temperature": temperature}
+                           "temperature": temperature, "weight": every}
   return res
 
 
@@ -353,7 +392,14 @@ def layer_mse(name, outputs, batch):
   w = (outputs["mask"] > 0).astype(jnp.float32)                           # [B, T]
   denom = jnp.sum(w) * s.shape[-1] + 1e-6
   per_layer = jnp.sum(jnp.sum((s - t) ** 2, -1) * w[:, None], axis=(0, 2)) / denom   # [L]
-  return jnp.sum(per_layer), {f"{name}_loss": jnp.sum(per_layer)}
+  return _over_layers(name, per_layer, outputs)
+
+
+def _over_layers(name, per_layer, outputs):
+  """sum over layers of per_layer [L] x the layers' weights (1 each, or a progressive stage's:
+  forward's `layer_weights`)."""
+  loss = jnp.sum(per_layer * outputs.get("layer_weights", 1.0))
+  return loss, {f"{name}_loss": loss}
 
 
 def score_mse(name, outputs, batch):
@@ -364,7 +410,27 @@ def score_mse(name, outputs, batch):
   w = outputs["mask"].astype(jnp.float32)[:, None]                       # [B, 1, 1, T, S]
   denom = jnp.sum(w) * s.shape[2] + 1e-6
   per_layer = jnp.sum((s - t) ** 2 * w, axis=(0, 2, 3, 4)) / denom        # [L]
-  return jnp.sum(per_layer), {f"{name}_loss": jnp.sum(per_layer)}
+  return _over_layers(name, per_layer, outputs)
+
+
+def attention_kl(name, outputs, batch):
+  """MobileBERT's attention transfer (Sun et al. 2020, section 3.5, L_AT): per layer,
+  1/(T A) sum_t sum_a KL(a^t_tr || a^t_st) of the teacher's and the student's attention
+  distributions, softmax of the scores [B, L, N, T, S] over the real keys of each query
+  (mask [B, 1, T, S]); the mean over the batch's real query rows (T, pooled over the batch) and
+  the heads (A); summed over layers as the other parts. Padding queries and masked keys count
+  nowhere (TF Model Garden's MobileBERT takes the cross-entropy, KL plus the teacher's entropy:
+  the same gradient, over every query row of the padded tensor)."""
+  del batch
+  s, t = (outputs[k].astype(jnp.float32) for k in ("student", "teacher"))
+  m = outputs["mask"][:, None]                                           # [B, 1, 1, T, S]
+  log_s = jax.nn.log_softmax(jnp.where(m, s, -1e30), -1)                 # [B, L, N, T, S]
+  log_t = jax.nn.log_softmax(jnp.where(m, t, -1e30), -1)
+  kl = jnp.sum(jnp.where(m, jnp.exp(log_t) * (log_t - log_s), 0.0), -1)  # [B, L, N, T]
+  rows = jnp.any(m, -1).astype(jnp.float32)                              # [B, 1, 1, T]
+  denom = jnp.sum(rows) * s.shape[2] + 1e-6                              # real queries x A
+  per_layer = jnp.sum(kl * rows, axis=(0, 2, 3)) / denom                 # [L]
+  return _over_layers(name, per_layer, outputs)
 
 
 def soft_cross_entropy(name, outputs, batch):
@@ -377,12 +443,12 @@ def soft_cross_entropy(name, outputs, batch):
   w = batch["masked_lm_weights"]
   denom = jnp.sum(w) + 1e-5
   agree = (jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1)) * w
-  loss = jnp.sum(ce * w) / denom
+  loss = jnp.sum(ce * w) / denom * outputs.get("weight", 1.0)   # 0 in a progressive stage
   return loss, {f"{name}_loss": loss, f"{name}_accuracy": jnp.sum(agree) / denom}
 
 
 PARTS = {"distill_emb": layer_mse, "distill_hidden": layer_mse, "distill_att": score_mse,
-         "distill_pred": soft_cross_entropy}
+         "distill_att_kl": attention_kl, "distill_pred": soft_cross_entropy}
 objectives.PARTS.update(PARTS)   # objectives are an open table; these are this module's
 
 
@@ -395,13 +461,17 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   w = weights(config)
   parts = tuple(p for p, v in w.items() if v > 0)
   layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
+  # MobileBERT's progressive transfer (bert_jax/progressive.py): a schedule of layers by step,
+  # or None (every layer at once).
+  stages = progressive.stages(config, model_config, layers)
   fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0), parts=parts,
-                          temperature=float(config.get("temperature", 1.0)))
+                          temperature=float(config.get("temperature", 1.0)), stages=stages)
+  fwd.stages = stages   # trainer_lib.build_steps: the step in the batch, the masked optimizer
   model = network(teacher.model_config)
   # The teacher's MLM head only when its logits are distilled: any BERT body teaches the layers.
   mlm = "distill_pred" in parts
   apply = functools.partial(teacher_outputs, model, layers=layers,
-                            scores="distill_att" in parts, mlm=mlm)
+                            scores=bool({"distill_att", "distill_att_kl"} & set(parts)), mlm=mlm)
   keys = ("bert", "mlm_head") if mlm else ("bert",)
   init = functools.partial(_teacher_init, mlm=mlm)
   frozen = trainer_lib.load_frozen(teacher.pretrained, model, init, dummy_batch, keys, mesh,

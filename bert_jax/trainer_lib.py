@@ -105,6 +105,10 @@ def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx,
   scales = state.get("fp8")
 
   def grads_and_metrics(params, micro, j):
+    if getattr(forward, "stages", None) is not None:
+      # A staged objective (MobileBERT's progressive transfer: bert_jax/layerwise.py) reads the
+      # optimizer step this update makes, a traced scalar: one compiled step for every stage.
+      micro = dict(micro, step=state["step"])
     micro = with_frozen(micro, frozen_params, frozen_apply)
     rng = dropout_key(state["rng"], state["step"], j)
 
@@ -189,7 +193,13 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   frozen: a Frozen network; its parameters are the third argument of both jitted steps, which
   Steps binds (train_step(state, batch) as without one).
   grads_fn: train_step's way of taking a micro-batch's gradient (None: jax.value_and_grad).
+  A forward with a `stages` attribute (not None) has a step-dependent objective: its batch
+  carries the optimizer step as "step", and stages.wrap(tx) is the optimizer (it masks the
+  updates of the parameters a stage does not train: bert_jax/layerwise.py's Stages).
   """
+  stages = getattr(forward, "stages", None)
+  if stages is not None:
+    tx = stages.wrap(tx)
   def init_variables(rng):
     # Without rules, boxed initialisers skip their sharding constraint: flax's DenseGeneral
     # builds a [H, N*D] kernel and reshapes it to [H, N, D] only after the box applies its 3-axis

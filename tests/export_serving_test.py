@@ -26,23 +26,32 @@ TEXT = "the film was good . the film was bad . a fine plot and a dull end ."
 SEQ = 16
 
 
-def _export(d, *, task_type="classification", labels=("neg", "pos", "mixed"), head=True):
+TINY = dict(hidden_size=32, num_heads=2, intermediate_size=64, num_layers=2)
+
+
+def _export(d, *, task_type="classification", labels=("neg", "pos", "mixed"), head=True,
+            preset="tiny", sizes=TINY, moved=False, head_scale=50.0):
   """A fine-tuning export as finetune._save_best writes it: a 2-layer H32 classifier (or, with
-  head=False, a bare pre-trained body under the same metadata), vocab.txt bundled."""
+  head=False, a bare pre-trained body under the same metadata), vocab.txt bundled. moved: every
+  parameter off its init (x (1 + 0.2 N(0, 1))), as training leaves them (NoNorm's scales too)."""
   vocab_file = tasks_testlib.write_vocab(str(d), TEXT)
   with open(vocab_file) as f:
     vocab_size = len(f.read().split("\n")) - 1
-  cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, hidden_size=32, num_heads=2,
-                                  intermediate_size=64, num_layers=2, max_position_embeddings=32)
+  cfg = model_lib.get_bert_config(preset, vocab_size=vocab_size, max_position_embeddings=32,
+                                  **sizes)
   model = heads.create_model(task_type, cfg, num_labels=max(len(labels), 1))
   ids = np.zeros((1, SEQ), np.int32)
   params = jax.tree.map(np.asarray, nn.unbox(model.init(jax.random.PRNGKey(1), ids, ids,
                                                          ids)["params"]))
+  if moved:
+    rng = np.random.default_rng(3)
+    params = jax.tree.map(lambda x: (x * (1 + 0.2 * rng.standard_normal(x.shape)) + 0.01
+                                     * rng.standard_normal(x.shape)).astype(x.dtype), params)
   # Logits of size ~1, as a trained head gives, not the ~0.01 of a 0.02-stddev init.
   if not head:
     params = {"bert": params["bert"]}
   elif "classifier" in params:   # the span head is "qa_outputs"
-    params["classifier"]["kernel"] = params["classifier"]["kernel"] * 50.0
+    params["classifier"]["kernel"] = params["classifier"]["kernel"] * head_scale
   path = str(d / "best_epoch2")
   ckpt_lib.save_params(path, params, cfg, meta=dict(
       task="custom", task_type=task_type, epoch=2, do_lower_case=True, labels=list(labels),
@@ -85,6 +94,35 @@ def test_python_m_export_serving_writes_a_flatbuffer_whose_logits_equal_ours(fin
   assert export_serving.within_tolerance(theirs, ours), diff
   assert not export_serving.within_tolerance(theirs + 1e-2, ours)    # the check can fail
   # The padding is honoured: an id under input_mask 0 changes nothing.
+  changed = {k: v[:2].copy() for k, v in rows.items()}
+  changed["input_ids"][0, -1] = 3       # row 0 is 2 tokens long: position -1 is padding
+  np.testing.assert_allclose(runner(**changed)[0], theirs[0], atol=1e-6)
+
+
+@pytest.mark.slow   # one conversion of a MobileBERT (trigram embeddings, bottlenecks): ~25 s
+def test_a_fine_tuned_mobilebert_tiny_classifier_serves_within_the_tolerance(tmp_path):
+  """python -m bert_jax.export_serving on a mobilebert-tiny classifier (its own family body:
+  trigram input, bottlenecks, stacked FFNs, NoNorm, every parameter off its init): the export's
+  own check passes and the flatbuffer's logits equal ours on other rows, padding honoured."""
+  # Its pooled [CLS] is ~10x smaller than BERT-tiny's at init: a 10x larger head for logits ~1.
+  path, model, params = _export(tmp_path, preset="mobilebert-tiny", sizes={}, moved=True,
+                                head_scale=500.0)
+  assert ckpt_lib.describe(path).config.family == "mobilebert"
+  out = str(tmp_path / "m.tflite")
+  r = _run(f"--init_checkpoint={path}", f"--output={out}", f"--max_seq_length={SEQ}",
+           "--batch_size=2")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  assert "check: 8 rows" in r.stdout and ": within" in r.stdout and r.stderr == "", r.stderr
+  record = json.load(open(out + ".json"))
+  assert record["check"]["max_abs_diff"] <= 1e-4
+  with open(out, "rb") as f:
+    runner = export_serving.TFLiteRunner(f.read())
+  rows = export_serving.check_rows(model.config, 4, SEQ, seed=7)
+  theirs, ours, diff = export_serving.compare(runner, export_serving.forward_fn(model, params),
+                                              rows, 2)
+  assert theirs.shape == (4, 3) and np.max(np.abs(ours)) > 0.5, ours
+  assert export_serving.within_tolerance(theirs, ours), diff
+  print(f"mobilebert-tiny tflite vs ours: max |diff| {diff}")
   changed = {k: v[:2].copy() for k, v in rows.items()}
   changed["input_ids"][0, -1] = 3       # row 0 is 2 tokens long: position -1 is padding
   np.testing.assert_allclose(runner(**changed)[0], theirs[0], atol=1e-6)

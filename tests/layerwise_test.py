@@ -133,6 +133,11 @@ def test_a_fused_kernel_is_named_when_the_scores_are_distilled():
   layerwise.check_kernels(ml_dict(), dataclasses.replace(student, attention="xla"), **gpu)
   layerwise.check_kernels(ml_dict(alpha_att=0.0), dataclasses.replace(student, attention="cudnn"),
                           **gpu)
+  # The attention KL (MobileBERT's) reads the same scores: the same line, naming its field.
+  with pytest.raises(layerwise.ConfigError, match=r"config.alpha_att_kl=1.0: .*fused cudnn.*"
+                                                  r"--config.alpha_att_kl=0"):
+    layerwise.check_kernels(ml_dict(alpha_att=0.0, alpha_att_kl=1.0),
+                            dataclasses.replace(student, attention="cudnn"), **gpu)
 
 
 def test_loss_parts_are_tinybert_mse_and_soft_cross_entropy_over_real_positions():

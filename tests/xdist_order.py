@@ -145,7 +145,9 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/tasks_registry_test.py": 40,
     "tests/objectives_test.py": 30,
     "tests/layerwise_test.py": 30,
-    "tests/export_serving_test.py": 45,   # its smoke: 42 s on the loaded box (2026-11-27)
+    "tests/export_serving_test.py": 70,   # its smoke: 42 s, + mobilebert-tiny 23 s (loaded box)
+    # MobileBERT's progressive transfer: the resumed run 48 s, a stage's freeze 25 s (loaded)
+    "tests/progressive_test.py": 90,
     "tests/serving_latency_benchmark_test.py": 40,
     # At 56fe1b4 on the loaded box (load 10-15), wall: GradCache step == plain step on 1 and 8
     # devices 97 + 111 s, its memory benchmark 33 s; the recipes' runlocal run 113 s, hf_cosine

@@ -10,9 +10,10 @@ FLOPs, fine-tuning body); convert/mobilebert.py is its transformers name table
 
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:mobilebert-tiny \
       --config.train_input_files=... --workdir=...
-  # knowledge transfer from an IB-BERT-shaped teacher (layerwise.py's objective):
+  # knowledge transfer from an IB-BERT-shaped teacher (layerwise.py's objective), progressive:
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:mobilebert \
-      --config.teacher_checkpoint=IB_BERT --config.train_input_files=... --workdir=...
+      --config.teacher_checkpoint=IB_BERT --config.progressive_stages=24 \
+      --config.steps_per_stage=10000 --config.train_input_files=... --workdir=...
 """
 
 import dataclasses
@@ -81,14 +82,18 @@ def recipe(c, preset):
   for field, kind in OVERRIDABLE.items():
     c.model[field] = config_dict.placeholder(kind)
   _layerwise().recipe_fields(c, fit_size=0)   # the paper's teacher is as wide (512) as MobileBERT
+  # The paper's attention transfer: the KL of the attention distributions (L_AT, section 3.5),
+  # not TinyBERT's MSE of the scores.
+  c.alpha_att, c.alpha_att_kl = 0.0, 1.0
+  importlib.import_module("bert_jax.progressive").fields(c)   # progressive_stages, steps_per_stage
 
 
 # ----------------------------------------------------------------------------------------------
-# Knowledge transfer (Sun et al. 2020, section 3.5) with the shared layer-wise objective: with a
-# --config.teacher_checkpoint the step is layerwise.py's (feature maps: hidden-state MSE, layer
-# by layer; attention: the scores' MSE, TinyBERT's form, where the paper takes a KL of the
-# distributions), all layers at once: the paper's progressive stages are not modelled. Without
-# one, BERT's MLM + NSP step.
+# Knowledge transfer (Sun et al. 2020, sections 3.5-3.6) with the shared layer-wise objective:
+# with a --config.teacher_checkpoint the step is layerwise.py's (feature maps: hidden-state MSE,
+# layer by layer; attention: the KL of the attention distributions, the paper's L_AT), all layers
+# at once, or with --config.progressive_stages=L the paper's progressive stages (bert_jax/
+# progressive.py: layer l alone in stage l, the rest frozen). Without one, BERT's MLM + NSP step.
 # ----------------------------------------------------------------------------------------------
 def _layerwise():
   """bert_jax/layerwise.py, imported when first asked (as families/tinybert.py does)."""
@@ -100,7 +105,11 @@ def _teacher_given(config):
 
 
 def load_teacher(config, model_config):
-  return _layerwise().load_teacher(config, model_config) if _teacher_given(config) else None
+  if not _teacher_given(config):   # a progressive schedule without one: refused here
+    importlib.import_module("bert_jax.progressive").check(config, model_config,
+                                                          teacher_given=False)
+    return None
+  return _layerwise().load_teacher(config, model_config)
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
@@ -109,7 +118,7 @@ def init_from_teacher(state, steps, config, teacher, num_layers):
 
 def planning_teacher(config, model_config):
   if not _teacher_given(config):
-    return None
+    return load_teacher(config, model_config)   # None, or a progressive schedule's one line
   return _layerwise().planning_teacher(config, model_config)
 
 
