@@ -191,8 +191,11 @@ def load_teacher(config, model_config) -> distil.Teacher:
   distil.check_teacher_vocab(config, pre, described, where)
   check_kernels(config, s)
   progressive.check(config, s)
+  # A progressive run's checkpoints record its stages with the teacher: a resume must keep them
+  # (progressive.check_resume).
+  record = progressive.with_stages(distil.teacher_record(path, described), config, s)
   return distil.Teacher(path, pre, distil._as_teacher(t, s),  # pylint: disable=protected-access
-                        distil.teacher_record(path, described))
+                        record)
 
 
 def check_teacher_config(config, t, s, where):

@@ -102,6 +102,32 @@ def check(config, model_config, teacher_given=True):
                       "on those parts only; give one a positive weight.")
 
 
+def with_stages(record, config, model_config):
+  """The teacher's checkpoint record plus the run's stage bounds ("progressive_bounds"), when
+  progressive: what check_resume compares."""
+  b = bounds(config, model_config.num_layers)
+  return record if b is None else dict(record, progressive_bounds=list(b))
+
+
+def check_resume(meta, teacher, workdir):
+  """A resumed run keeps its stages: the bounds its checkpoint recorded with the teacher and
+  this run's (equal shares move with num_train_steps; steps_per_stage keeps them), else a
+  one-line ConfigError naming both."""
+  was = (meta.get("teacher") or {}).get("progressive_bounds")
+  now = (teacher.record if teacher else {}).get("progressive_bounds")
+  if was == now:
+    return
+  def side(b):
+    return (f"stages starting at steps {', '.join(map(str, b[:-1]))} (every layer from step "
+            f"{b[-1]})" if b else "no progressive stages")
+  fix = ""
+  if was and len({b - a for a, b in zip(was, was[1:])}) == 1:
+    fix = f" (--config.steps_per_stage={was[1]} keeps them when num_train_steps grows)"
+  raise ConfigError(f"--workdir={workdir} was trained with {side(was)} but this run gives "
+                    f"{side(now)}; resume with the same --config.progressive_stages, "
+                    f"steps_per_stage and num_train_steps{fix}, or use a new --workdir.")
+
+
 def layer_of(path):
   """The stage that trains the parameter at `path` (names): i for bert/.../layer_i/..., ALWAYS for
   fit_dense, OUTSIDE for the rest."""

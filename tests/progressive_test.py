@@ -15,6 +15,7 @@ from flax import linen as nn
 from scipy import special
 
 from bert_jax import attention as attention_lib
+from bert_jax import distil
 from bert_jax import layerwise
 from bert_jax import model as model_lib
 from bert_jax import objectives
@@ -241,3 +242,25 @@ def test_train_refuses_a_progressive_schedule_that_cannot_run_before_compute(tmp
   with pytest.raises(train.ConfigError, match=r"steps_per_stage=3 x 2 stages = 6 steps"):
     train.validate_inputs(config(progressive_stages=2, steps_per_stage=3, teacher_checkpoint=
                                  teacher), str(tmp_path / "c"))
+
+
+def test_a_resume_keeps_its_stages_or_is_one_line_naming_both():
+  """The stages are recorded with the teacher; equal shares move with num_train_steps, so a
+  resume that would move them is refused, naming steps_per_stage as the fix."""
+  cfg = model_lib.get_bert_config("mobilebert-tiny", vocab_size=VOCAB)
+  teacher = lambda c: distil.Teacher(  # noqa: E731
+      "T", None, None, progressive.with_stages({"path": "T", "sha256": "0" * 64}, c, cfg))
+  was = teacher(_config(progressive_stages=2, num_train_steps=60))
+  assert was.record["progressive_bounds"] == [0, 30, 60]
+  meta = {"teacher": was.record}
+  progressive.check_resume(meta, was, "wd")
+  progressive.check_resume(meta, teacher(_config(progressive_stages=2, steps_per_stage=30,
+                                                 num_train_steps=120)), "wd")   # the same stages
+  with pytest.raises(progressive.ConfigError, match=r"--workdir=wd was trained with stages "
+                     r"starting at steps 0, 30 \(every layer from step 60\) but this run gives "
+                     r"stages starting at steps 0, 60 .*--config.steps_per_stage=30 keeps them"):
+    progressive.check_resume(meta, teacher(_config(progressive_stages=2, num_train_steps=120)),
+                             "wd")
+  with pytest.raises(progressive.ConfigError, match="gives no progressive stages"):
+    progressive.check_resume(meta, teacher(_config()), "wd")
+  assert "progressive_bounds" not in teacher(_config()).record

@@ -112,6 +112,12 @@ def load_teacher(config, model_config):
   return _layerwise().load_teacher(config, model_config)
 
 
+def check_teacher(meta, teacher, workdir):
+  """A resume keeps its teacher (distil's check) and its progressive stages."""
+  bert.check_teacher(meta, teacher, workdir)
+  importlib.import_module("bert_jax.progressive").check_resume(meta, teacher, workdir)
+
+
 def init_from_teacher(state, steps, config, teacher, num_layers):
   return _layerwise().init_from_teacher(state, steps, config, teacher, num_layers)
 
@@ -223,7 +229,7 @@ FAMILY = families.register(dataclasses.replace(
             "NoNorm, trigram embeddings; MLM + NSP",
     config_class=layers.MobileBertConfig, factorised_embeddings=True, recipe=recipe,
     pretraining_model=layers.MobileBertForPreTraining, flops_per_sequence=flops_per_sequence,
-    load_teacher=load_teacher, init_from_teacher=init_from_teacher,
+    load_teacher=load_teacher, check_teacher=check_teacher, init_from_teacher=init_from_teacher,
     planning_teacher=planning_teacher, step_parts=step_parts,
     encode=encode, features_model=features_model, describe=describe,
     hf_model_types=("mobilebert",), tf_config_names=(),
