@@ -105,6 +105,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "test_distilled_workdir_feeds_finetune_predict_and_extract_features": 71,
     "tests/wordpiece_py_test.py": 67,
     "tests/modernbert_cli_test.py": 59,
+    "tests/distil_parity_test.py": 58,
     "tests/electra_finetune_test.py": 51,
     "tests/modernbert_phase2_test.py": 48,
     "tests/families_registry_test.py": 47,
