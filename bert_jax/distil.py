@@ -1,20 +1,24 @@
-"""DistilBERT (Sanh et al. 2019): a student BERT trained to match a frozen teacher.
+"""DistilBERT (Sanh et al. 2019): a student BERT trained to match a frozen teacher; the teacher,
+its checks and record, and the student's initialisation from its layers. The step is the shared
+distillation objective's (bert_jax/layerwise.py), DistilBERT a weight setting of its parts.
 
 The student is BertForPreTraining with family "distilbert" (model.py: no token-type table, no
 pooler, MLM head). Pre-training (python -m bert_jax.train with a distilbert-* preset and
---config.teacher_checkpoint) runs both networks in one jitted, mesh-sharded step:
+--config.teacher_checkpoint) runs both networks in one jitted, mesh-sharded step
+(layerwise.step_parts):
 
   1. teacher: its MLM logits at the masked positions [B, P, V] and last hidden states [B, T, H],
      deterministic, in the run's compute dtype (bf16 on accelerators), under stop_gradient; its
      parameters are an argument of the step (loaded once, sharded by the same logical-axis rules),
      never in the TrainState, the optimizer or a checkpoint (trainer_lib.build_steps(frozen=))
   2. student: the same outputs, with dropout
-  3. loss (objectives.py parts, weights from the config; HF's distillation recipe by default):
+  3. loss (layerwise.py's parts, weights from the config; HF's distillation recipe by default):
        alpha_ce   5.0 x distill_ce   KL(teacher/T || student/T) x T^2 over the masked positions
        alpha_mlm  2.0 x mlm          cross-entropy against the original tokens
        alpha_cos  1.0 x distill_cos  1 - cos(student, teacher) last hidden states, real tokens
      at temperature T = 2.0 (transformers examples/research_projects/distillation, train.py
-     --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0 --temperature 2.0).
+     --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0 --temperature 2.0); the layer-wise parts
+     (alpha_emb, alpha_hidden, alpha_att, alpha_pred) 0 unless set, over the copy map below.
 
 Student init (a fresh run; `init_student`): teacher layers `layer_map(...)` (default every other
 one, 0, 2, 4, ..., "taking one layer out of two" as the paper; HF's scripts/extract_distilbert.py
@@ -26,9 +30,8 @@ of its manifest, or of its weight files for a Hugging Face folder); resuming wit
 missing teacher is a one-line error naming both (`check_teacher`).
 """
 
-import functools
 import hashlib
-import math
+import importlib
 import os
 from typing import NamedTuple
 
@@ -40,13 +43,9 @@ from bert_jax import checkpoint_fit
 from bert_jax import inference
 from bert_jax import manifest as manifest_lib
 from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
 from bert_jax import trainer_lib
 
 ConfigError = trainer_lib.ConfigError
-# The teacher's outputs as the step adds them to the batch (what `forward` pairs the student's
-# outputs with): MLM logits at the masked positions [B, P, V] f32, last hidden states [B, T, H].
-TEACHER_KEYS = ("teacher_mlm", "teacher_sequence_output")
 TEACHER_FAMILIES = ("bert", "spanbert", "distilbert")   # a plain post-LN encoder + MLM head
 
 
@@ -82,23 +81,17 @@ def teacher_record(path, described):
               sha256=manifest_lib.sha256_file(os.path.join(directory, manifest_lib.NAME)))
 
 
+def _layerwise():
+  """bert_jax/layerwise.py (it imports this module: imported when first called)."""
+  return importlib.import_module("bert_jax.layerwise")
+
+
 def check_loss_settings(config):
-  """The loss weights and the temperature in range, as task distillation checks its own
-  (finetune.load_distill_teacher): T = 0 divided the logits by zero (every step NaN, skipped,
-  and a run that ended with exit 0 and an untrained student); a negative weight rewards the
-  student for moving away from its teacher."""
-  t = config.get("temperature", 2.0)
-  if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-    raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 for the soft "
-                      "targets (the recipe's 2.0; 1.0 = the teacher's own distribution).")
-  weights = {k: config.get(k, 0.0) for k in ("alpha_ce", "alpha_mlm", "alpha_cos")}
-  for k, w in weights.items():
-    if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-      raise ConfigError(f"config.{k}={w!r}: expected a loss weight >= 0 (the recipe's "
-                        "alpha_ce=5, alpha_mlm=2, alpha_cos=1).")
-  if not any(weights.values()):
-    raise ConfigError(f"config.alpha_ce, alpha_mlm and alpha_cos are all 0: the student would "
-                      "learn nothing; give at least one a positive weight (the recipe's 5, 2, 1).")
+  """The loss weights and the temperature in range (layerwise.weights), as task distillation
+  checks its own (finetune.load_distill_teacher): T = 0 divided the logits by zero (every step
+  NaN, skipped, and a run that ended with exit 0 and an untrained student); a negative weight
+  rewards the student for moving away from its teacher."""
+  _layerwise().weights(config)
 
 
 def read_teacher(config, path, how):
@@ -144,6 +137,9 @@ def load_teacher(config, model_config) -> Teacher:
                       f"student: {diff}); the logits and hidden states are compared one to one: "
                       "use the teacher's vocab and a student of its width.")
   layer_map(config, t.num_layers, s.num_layers)   # the init's layers exist (checked now)
+  _layerwise().layer_map(config, t.num_layers, s.num_layers)   # and the loss's map
+  _layerwise().check_fit(config, t, s, where)      # fit_size, heads for alpha_att
+  _layerwise().check_kernels(config, s)            # scores for alpha_att: the xla kernel
   if s.max_position_embeddings > t.max_position_embeddings:
     raise ConfigError(f"{where} has max_position_embeddings={t.max_position_embeddings} but the "
                       f"student {s.max_position_embeddings}; set --config.model."
@@ -200,6 +196,8 @@ def planning_teacher(config, model_config):
   t = model_lib.get_bert_config(preset, vocab_size=model_config.vocab_size,
                                 max_position_embeddings=model_config.max_position_embeddings)
   layer_map(config, t.num_layers, model_config.num_layers)
+  _layerwise().check_teacher_config(config, t, model_config, f"the {preset} preset")
+  _layerwise().check_kernels(config, model_config)
   return Teacher(f"the {preset} preset (shapes only: no --config.teacher_checkpoint)", None,
                  _as_teacher(t, model_config), None)
 
@@ -270,59 +268,22 @@ def init_student(state, t, config, teacher: Teacher, student_layers):
 
 
 # ----------------------------------------------------------------------------------------------
-# The step's functions: teacher outputs, student forward, loss weights.
+# The step: layerwise.py's (families/distilbert.py's step_parts), under DistilBERT's names.
 # ----------------------------------------------------------------------------------------------
-_FORWARD_KEYS = {k: k for k in model_lib.PACKED_ROW_KEYS}
-
-
-def outputs(module, batch, deterministic):
-  """BertForPreTraining's MLM logits [B, P, V] f32 and last hidden states [B, T, H]."""
-  extra = {k: batch[k] for k in _FORWARD_KEYS if k in batch}
-  out = module(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-               batch["masked_lm_positions"], deterministic=deterministic, return_dict=True,
-               output_sequence=True, **extra)
-  return out["mlm"], out["sequence_output"]
-
-
-def teacher_outputs(model, params, batch):
-  """{teacher_mlm, teacher_sequence_output} of the frozen teacher (deterministic, no
-  gradient): what trainer_lib's step adds to each micro-batch before the student's forward."""
-  mlm, seq = model.apply({"params": params}, batch, True, method=outputs)
-  return jax.lax.stop_gradient({"teacher_mlm": mlm, "teacher_sequence_output": seq})
-
-
-def forward(module, batch, deterministic, *, temperature=2.0):
-  """The student on a batch dict that carries the teacher's outputs -> objectives.py parts:
-  {"mlm": logits, "distill_ce": {student, teacher logits, temperature}, "distill_cos": {student,
-  teacher hidden states}}. Without teacher outputs (model.init) the teacher is the student."""
-  mlm, seq = outputs(module, batch, deterministic)
-  t_mlm, t_seq = (batch.get(k) for k in TEACHER_KEYS)
-  t_mlm = mlm if t_mlm is None else t_mlm
-  t_seq = seq if t_seq is None else t_seq
-  return {"mlm": mlm,
-          "distill_ce": {"student": mlm, "teacher": t_mlm, "temperature": temperature},
-          "distill_cos": {"student": seq, "teacher": t_seq}}
-
-
 def loss_weights(config):
-  """{part: weight} from the config's alpha_* fields (HF's recipe by default)."""
-  return {"distill_ce": float(config.alpha_ce), "mlm": float(config.alpha_mlm),
-          "distill_cos": float(config.alpha_cos)}
+  """{part: weight} from the config's alpha_* fields (HF's recipe by default): layerwise.weights."""
+  return _layerwise().weights(config)
 
 
 def student_forward(config):
-  """`forward` of the student for trainer_lib.build_steps, at the config's temperature."""
-  return functools.partial(forward, temperature=float(config.temperature))
+  """The student's forward at the config's parts and temperature: layerwise.student_forward."""
+  return _layerwise().student_forward(config)
 
 
 def frozen_teacher(teacher: Teacher, dummy_batch, mesh, rules) -> trainer_lib.Frozen:
-  """The teacher's bert + mlm_head parameters read once into their shardings (the student's
-  logical-axis rules) and its outputs function: trainer_lib.build_steps(frozen=). A planning
-  teacher (pretrained=None, planning_teacher) gives their shapes instead, nothing read."""
-  model = pretraining_heads.BertForPreTraining(teacher.model_config)
-  return trainer_lib.load_frozen(teacher.pretrained, model, outputs, dummy_batch,
-                                 ("bert", "mlm_head"), mesh,
-                                 functools.partial(teacher_outputs, model), rules)
+  """The teacher's bert + mlm_head parameters read once into their shardings and its outputs
+  for the recipe's parts (MLM logits, last hidden states): layerwise.frozen_teacher."""
+  return _layerwise().frozen_teacher(teacher, dummy_batch, mesh, rules, head=True)
 
 
 def flops_per_sequence(model_config, teacher_config, seq_length, num_predictions, flops_fn):

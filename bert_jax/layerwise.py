@@ -1,7 +1,10 @@
 """Layer-wise distillation (TinyBERT, Jiao et al. 2019, arXiv 1909.10351): a student matches a
-frozen teacher layer by layer, in the same sharded step as DistilBERT's teacher (bert_jax/
-distil.py: trainer_lib.build_steps(frozen=)). A shared objective: a family plugs in this module's
-hooks (load_teacher, step_parts, ...; bert_jax/families/tinybert.py does) and sets the weights.
+frozen teacher layer by layer, the teacher run in the same sharded step
+(trainer_lib.build_steps(frozen=)). The one distillation objective of pre-training: a family
+plugs in this module's hooks (load_teacher, step_parts, ...) and sets the weights; TinyBERT
+(bert_jax/families/tinybert.py) and MobileBERT's transfer take its layer parts, DistilBERT
+(families/distilbert.py; its teacher checks and student init are bert_jax/distil.py's) the
+prediction layer's KL, the last hidden states' cosine and MLM.
 
 Student layer m (1..M) learns from teacher layer g(m) (1..N); g is TinyBERT's uniform map
 g(m) = m x N / M (their code: layers_per_block = N // M) unless --config.layer_map=g(1),...,g(M)
@@ -17,7 +20,17 @@ gives any other. Hidden state 0 (the embedding output) is matched to the teacher
                   and heads (MobileBERT's attention transfer, L_AT: `attention_kl`)
   distill_pred    soft cross-entropy -sum softmax(z_t/T) log softmax(z_s/T) over the masked
                   positions' MLM logits, temperature T (config.temperature)   alpha_pred  0
-  mlm             the student's own MLM cross-entropy                 alpha_mlm   0
+  distill_ce      KL(softmax(z_t/T) || softmax(z_s/T)) x T^2, the same  alpha_ce    0 (DistilBERT 5)
+                  logits (Hinton et al.'s form, HF's DistilBERT; objectives.soft_cross_entropy:
+                  KL = distill_pred's cross-entropy - the teacher's entropy, times T^2)
+  distill_cos     1 - cos(student, teacher) of the last hidden states  alpha_cos   0 (DistilBERT 1)
+                  (the student's through W_h), mean over real tokens
+  mlm             the student's own MLM cross-entropy                 alpha_mlm   0 (DistilBERT 2)
+
+DistilBERT (Sanh et al. 2019) is the weight setting alpha_ce 5, alpha_mlm 2, alpha_cos 1 at T = 2
+(HF's research_projects/distillation train.py), the layer parts 0; its student starts from every
+other teacher layer (distil.init_student; --config.teacher_layers, 0-based), and that copy map,
+1-based, is its layer map unless --config.layer_map gives one.
 
 TinyBERT's general distillation is the first three (their general_distill.py); the prediction
 layer is task distillation's. W_h (`fit_dense`, TinyBERT's name) is a learned [H_s, F] dense,
@@ -60,10 +73,11 @@ from bert_jax import trainer_lib
 from bert_jax.pretraining_heads import MaskedLMHead
 
 ConfigError = trainer_lib.ConfigError
-WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_att_kl", "alpha_pred", "alpha_mlm")
+WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_att_kl", "alpha_pred", "alpha_ce",
+           "alpha_cos", "alpha_mlm")
 DISTILLED = WEIGHTS[:-1]   # the parts that read the teacher: one must be > 0
 # What the frozen teacher adds to each micro-batch (trainer_lib.with_frozen).
-TEACHER_KEYS = ("teacher_mlm", "teacher_hidden", "teacher_scores")
+TEACHER_KEYS = ("teacher_mlm", "teacher_last", "teacher_hidden", "teacher_scores")
 
 
 def recipe_fields(c, *, fit_size=768):
@@ -74,10 +88,13 @@ def recipe_fields(c, *, fit_size=768):
   c.alpha_att = 1.0                # attention-score MSE (needs the xla kernel: module docstring)
   c.alpha_att_kl = 0.0             # attention-distribution KL (MobileBERT's; the xla kernel too)
   c.alpha_pred = 0.0               # soft cross-entropy of the MLM logits (task distillation's)
+  c.alpha_ce = 0.0                 # KL x T^2 of the MLM logits (DistilBERT's 5)
+  c.alpha_cos = 0.0                # 1 - cos of the last hidden states (DistilBERT's 1)
   c.alpha_mlm = 0.0                # the student's own MLM loss
   c.temperature = 1.0              # T of distill_pred (TinyBERT's default 1)
   # Teacher layer g(m) of student layer m = 1..M, comma-separated, 1-based; "" = uniform
-  # g(m) = m x N / M (a 12-layer teacher, 4-layer student: 3,6,9,12).
+  # g(m) = m x N / M (a 12-layer teacher, 4-layer student: 3,6,9,12), or with a teacher_layers
+  # field (DistilBERT's student init) the layers it copied, + 1.
   c.layer_map = ""
   # Width F of the learned projection W_h [H_s, F] of the student's hidden states: the teacher's
   # hidden size (TinyBERT's fit_size, 768 for BERT-base); 0 = none (student as wide as teacher).
@@ -88,8 +105,12 @@ def recipe_fields(c, *, fit_size=768):
 # The layer map and the start-up checks.
 # ----------------------------------------------------------------------------------------------
 def layer_map(config, teacher_layers, student_layers):
-  """[g(1), ..., g(M)], teacher layers 1..N: --config.layer_map, or TinyBERT's uniform m x N / M."""
+  """[g(1), ..., g(M)], teacher layers 1..N: --config.layer_map, or TinyBERT's uniform m x N / M;
+  a student initialised from teacher layers (config.teacher_layers: DistilBERT's, 0-based) is
+  matched to them by default, student layer m to the output of the layer it copied."""
   spec = str(config.get("layer_map", "") or "")
+  if not spec and "teacher_layers" in config:
+    return [l + 1 for l in distil.layer_map(config, teacher_layers, student_layers)]
   try:
     layers = ([int(x) for x in spec.split(",") if x.strip()] if spec else
               [m * teacher_layers // student_layers for m in range(1, student_layers + 1)])
@@ -112,15 +133,17 @@ def weights(config):
             and v >= 0):
       raise ConfigError(f"config.{k}={v!r}: expected a loss weight >= 0.")
   if not any(w[k] for k in DISTILLED):
-    raise ConfigError(f"config.{', '.join(DISTILLED)} are all 0: nothing is distilled; give "
-                      "at least one a positive weight (TinyBERT's general distillation: "
-                      "emb, hidden and att 1).")
+    raise ConfigError(f"config.{', '.join(DISTILLED)} are all 0: the student would learn nothing "
+                      "from its teacher; give at least one a positive weight (TinyBERT's general "
+                      "distillation: emb, hidden and att 1; DistilBERT's: ce 5, cos 1).")
   t = config.get("temperature", 1.0)
   if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-    raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 (TinyBERT's 1).")
+    raise ConfigError(f"config.temperature={t!r}: expected a temperature > 0 for the soft "
+                      "targets (TinyBERT's 1, DistilBERT's 2).")
   return {"distill_emb": float(w["alpha_emb"]), "distill_hidden": float(w["alpha_hidden"]),
           "distill_att": float(w["alpha_att"]), "distill_att_kl": float(w["alpha_att_kl"]),
-          "distill_pred": float(w["alpha_pred"]), "mlm": float(w["alpha_mlm"])}
+          "distill_pred": float(w["alpha_pred"]), "distill_ce": float(w["alpha_ce"]),
+          "distill_cos": float(w["alpha_cos"]), "mlm": float(w["alpha_mlm"])}
 
 
 def _score_weight(config):
@@ -181,12 +204,13 @@ def load_teacher(config, model_config) -> distil.Teacher:
   pre, source, where = distil.read_teacher(config, path, "is distilled layer by layer from a teacher")
   t, s = pre.model_config, model_config
   check_teacher_config(config, t, s, where)
-  if config.get("alpha_pred", 0.0):
+  field = next((k for k in ("alpha_pred", "alpha_ce") if config.get(k, 0.0)), None)
+  if field:
     fresh = [p for p in pre.meta.get("initialized_randomly", []) if p.startswith("mlm_head/")]
     if trainer_lib.stored_subtree(pre, "mlm_head") is None or fresh:
-      raise ConfigError(f"{where} has no trained MLM head; config.alpha_pred > 0 matches its MLM "
+      raise ConfigError(f"{where} has no trained MLM head; config.{field} > 0 matches its MLM "
                         "logits: use a BertForPreTraining or BertForMaskedLM checkpoint, or "
-                        "--config.alpha_pred=0.")
+                        f"--config.{field}=0.")
   described = ckpt_lib.describe(source, verify=False)
   distil.check_teacher_vocab(config, pre, described, where)
   check_kernels(config, s)
@@ -312,8 +336,10 @@ def _run(module, batch, deterministic, *, scores, fit_size=0, mlm=True):
   (the step's apply is not; the nested one is a function of the same traced parameters, so the
   gradient reaches them), dropout keys drawn from the step's."""
   args, extra = _args(batch)
+  # output_sequence: BertForPreTraining's (a distilbert-* student) last hidden states; mlm only
+  # when False (a teacher's body alone), which the networks of a teacher take.
   kw = dict(deterministic=deterministic, return_dict=True, output_hidden_states=True,
-            fit_size=fit_size, mlm=mlm, **extra)
+            output_sequence=True, fit_size=fit_size, **({} if mlm else {"mlm": False}), **extra)
   if not scores or module.is_initializing():
     return module(*args, **kw), None
   rngs = {} if deterministic else {"dropout": module.make_rng("dropout")}
@@ -331,12 +357,15 @@ def _run(module, batch, deterministic, *, scores, fit_size=0, mlm=True):
 
 
 def teacher_outputs(model, params, batch, *, layers, scores, mlm=True):
-  """The frozen teacher's {teacher_hidden [B, M+1, T, H_t] (its hidden states 0, g(1), ...,
-  g(M)), teacher_scores [B, M, N, T, S] (layers g(m), when distilled), teacher_mlm [B, P, V]
-  (when distilled)}."""
+  """The frozen teacher's {teacher_last [B, T, H_t] (its last hidden states), teacher_hidden
+  [B, M+1, T, H_t] (its hidden states 0, g(1), ..., g(M); layers () = none), teacher_scores
+  [B, M, N, T, S] (layers g(m), when distilled), teacher_mlm [B, P, V] (when distilled)}. What
+  no part reads, XLA drops from the step."""
   fn = functools.partial(_run, scores=scores, mlm=mlm)
   out, att = model.apply({"params": params}, batch, True, method=fn)
-  res = {"teacher_hidden": out["hidden_states"][:, jnp.array([0, *layers])]}
+  res = {"teacher_last": out["sequence_output"]}
+  if layers:
+    res["teacher_hidden"] = out["hidden_states"][:, jnp.array([0, *layers])]
   if mlm:
     res["teacher_mlm"] = out["mlm"]
   if att is not None:
@@ -355,9 +384,9 @@ def forward(module, batch, deterministic, *, fit_size, parts, temperature, stage
   out, att = _run(module, batch, deterministic,
                   scores=bool({"distill_att", "distill_att_kl"} & set(parts)), fit_size=fit_size)
   res = {"mlm": out["mlm"]}
-  if "teacher_hidden" not in batch:   # init: the parameters are made, the loss is not
+  if "teacher_last" not in batch:   # init: the parameters are made, the loss is not
     return res
-  hidden, t_hidden = out["hidden_states"], batch["teacher_hidden"]        # [B, M+1, T, F]
+  hidden, t_hidden = out["hidden_states"], batch.get("teacher_hidden")    # [B, M+1, T, F]
   layers, every = jnp.ones((hidden.shape[1] - 1,), jnp.float32), jnp.ones((), jnp.float32)
   if stages is not None and "step" in batch:
     layers, every = stages.weights(batch["step"])                         # [M], scalar
@@ -378,9 +407,14 @@ def forward(module, batch, deterministic, *, fit_size, parts, temperature, stage
     for part in {"distill_att", "distill_att_kl"} & set(parts):
       res[part] = {"student": att, "teacher": batch["teacher_scores"], "mask": pairs,  # [B,1,T,S]
                    "layer_weights": layers}
-  if "distill_pred" in parts:
-    res["distill_pred"] = {"student": out["mlm"], "teacher": batch["teacher_mlm"],
-                           "temperature": temperature, "weight": every}
+  # The prediction layer's soft targets (two forms of one pair) and the last hidden states'
+  # cosine: 0 in a progressive stage (`every`), as the embeddings'.
+  for part in [p for p in ("distill_pred", "distill_ce") if p in parts]:
+    res[part] = {"student": out["mlm"], "teacher": batch["teacher_mlm"],
+                 "temperature": temperature, "weight": every}
+  if "distill_cos" in parts:   # DistilBERT's: last hidden states (the student's through W_h)
+    last = hidden[:, -1] if fit_size else out["sequence_output"]          # [B, T, H_t]
+    res["distill_cos"] = {"student": last, "teacher": batch["teacher_last"], "weight": every}
   return res
 
 
@@ -436,19 +470,9 @@ def attention_kl(name, outputs, batch):
   return _over_layers(name, per_layer, outputs)
 
 
-def soft_cross_entropy(name, outputs, batch):
-  """TinyBERT's prediction-layer loss: -sum softmax(z_t/T) log softmax(z_s/T) per masked position,
-  the mean over masked_lm_weights (no T^2, as their soft_cross_entropy); `accuracy`: the
-  student's top-1 is the teacher's."""
-  t = outputs["temperature"]
-  s_logits, t_logits = outputs["student"], outputs["teacher"]            # [B, P, V] float32
-  ce = -jnp.sum(jax.nn.softmax(t_logits / t, -1) * jax.nn.log_softmax(s_logits / t, -1), -1)
-  w = batch["masked_lm_weights"]
-  denom = jnp.sum(w) + 1e-5
-  agree = (jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1)) * w
-  loss = jnp.sum(ce * w) / denom * outputs.get("weight", 1.0)   # 0 in a progressive stage
-  return loss, {f"{name}_loss": loss, f"{name}_accuracy": jnp.sum(agree) / denom}
-
+# TinyBERT's prediction-layer loss: the soft cross-entropy per masked position, no T^2 (their
+# soft_cross_entropy). distill_ce (KL x T^2) and distill_cos are objectives.py's own parts.
+soft_cross_entropy = functools.partial(objectives.soft_cross_entropy, kl_t2=False)
 
 PARTS = {"distill_emb": layer_mse, "distill_hidden": layer_mse, "distill_att": score_mse,
          "distill_att_kl": attention_kl, "distill_pred": soft_cross_entropy}
@@ -458,28 +482,51 @@ objectives.PARTS.update(PARTS)   # objectives are an open table; these are this 
 # ----------------------------------------------------------------------------------------------
 # The family hooks' step (Family.step_parts) and FLOPs.
 # ----------------------------------------------------------------------------------------------
-def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
-  """(student forward, loss weights, the frozen teacher) for trainer_lib.build_steps."""
+def step_parts(config, model_config, teacher, dummy_batch, mesh, rules, *, teacher_head=False):
+  """(student forward, loss weights, the frozen teacher) for trainer_lib.build_steps.
+  teacher_head: load the teacher's MLM head even when its logits are not distilled (DistilBERT's
+  student starts from it: distil.init_student reads it from the frozen parameters)."""
   teacher = teacher or load_teacher(config, model_config)
-  w = weights(config)
-  parts = tuple(p for p, v in w.items() if v > 0)
   layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
   # MobileBERT's progressive transfer (bert_jax/progressive.py): a schedule of layers by step,
   # or None (every layer at once).
   stages = progressive.stages(config, model_config, layers)
-  fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0), parts=parts,
-                          temperature=float(config.get("temperature", 1.0)), stages=stages)
-  fwd.stages = stages   # trainer_lib.build_steps: the step in the batch, the masked optimizer
+  return (student_forward(config, stages), weights(config),
+          frozen_teacher(teacher, dummy_batch, mesh, rules, layers=layers,
+                         parts=_parts(config), head=teacher_head))
+
+
+def _parts(config):
+  """The parts of the loss: those of weight > 0."""
+  return tuple(p for p, v in weights(config).items() if v > 0)
+
+
+def student_forward(config, stages=None):
+  """`forward` of the student at the config's parts, projection and temperature; `stages` (a
+  progressive.Stages) rides along as its attribute for trainer_lib.build_steps (the step in the
+  batch, the masked optimizer)."""
+  fwd = functools.partial(forward, fit_size=int(config.get("fit_size", 0) or 0),
+                          parts=_parts(config), temperature=float(config.get("temperature", 1.0)),
+                          stages=stages)
+  fwd.stages = stages
+  return fwd
+
+
+def frozen_teacher(teacher, dummy_batch, mesh, rules, *, layers=(),
+                   parts=("distill_ce", "distill_cos"), head=False) -> trainer_lib.Frozen:
+  """The teacher's parameters read once into their shardings (the student's logical-axis rules)
+  and its outputs function (teacher_outputs at `layers` for `parts`): trainer_lib.build_steps
+  (frozen=). A planning teacher (pretrained=None) gives their shapes, nothing read."""
   model = network(teacher.model_config)
-  # The teacher's MLM head only when its logits are distilled: any BERT body teaches the layers.
-  mlm = "distill_pred" in parts
+  # The teacher's MLM head only when its logits are distilled (or `head`): any BERT body teaches
+  # the layers.
+  mlm = bool({"distill_pred", "distill_ce"} & set(parts))
   apply = functools.partial(teacher_outputs, model, layers=layers,
                             scores=bool({"distill_att", "distill_att_kl"} & set(parts)), mlm=mlm)
-  keys = ("bert", "mlm_head") if mlm else ("bert",)
-  init = functools.partial(_teacher_init, mlm=mlm)
-  frozen = trainer_lib.load_frozen(teacher.pretrained, model, init, dummy_batch, keys, mesh,
-                                   apply, rules)
-  return fwd, w, frozen
+  keys = ("bert", "mlm_head") if mlm or head else ("bert",)
+  init = functools.partial(_teacher_init, mlm=mlm or head)
+  return trainer_lib.load_frozen(teacher.pretrained, model, init, dummy_batch, keys, mesh,
+                                 apply, rules)
 
 
 def _own_network(config):

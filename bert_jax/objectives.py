@@ -9,8 +9,8 @@
   sbo   [B, P, V] from the span's boundary tokens        masked_lm_ids, masked_lm_weights
   rtd   ELECTRA's discriminator (bert_jax/electra.py):   input_mask (every real token)
         {"logits": [B, T], "labels": [B, T] sampled in the step}
-  distill_ce   DistilBERT (bert_jax/distil.py): {"student",  masked_lm_weights
-        "teacher": MLM logits [B, P, V], "temperature": T}
+  distill_ce   the prediction layer's soft targets (bert_jax/  masked_lm_weights
+        layerwise.py's objective): {"student", "teacher": MLM logits [B, P, V], "temperature": T}
   distill_cos  {"student", "teacher": last hidden [B, T, H]}  input_mask (every real token)
 
 The records keep one label field, `next_sentence_labels`, whatever the sentence task; what the
@@ -19,8 +19,9 @@ objectives before compute (data_pipelines/dataset_info.py).
 
 A model's outputs are a dict {part: logits}; the loss is sum_part weight[part] * loss[part], with
 weight WEIGHTS[part] (1 unless listed) unless given (BERT: MLM + NSP; ALBERT: MLM + SOP; SpanBERT:
-MLM + SBO, as the papers; ELECTRA: generator MLM + 50 x replaced-token detection; DistilBERT:
-5 x distill_ce + 2 x MLM + 1 x distill_cos, HF's recipe, the config's alpha_* fields).
+MLM + SBO, as the papers; ELECTRA: generator MLM + 50 x replaced-token detection; the
+distillation parts: layerwise.weights, from the config's alpha_* fields, e.g. DistilBERT's
+5 x distill_ce + 2 x MLM + 1 x distill_cos, HF's recipe).
 """
 
 import jax
@@ -81,33 +82,44 @@ def replaced_token_detection(name, outputs, batch):
                 f"{name}_replaced_fraction": jnp.sum(labels * w) / denom}
 
 
-def soft_cross_entropy(name, outputs, batch):
-  """DistilBERT's L_ce: KL(softmax(teacher/T) || softmax(student/T)) x T^2 per masked position,
-  the mean over masked_lm_weights (HF distiller.py: KLDivLoss(batchmean) over the selected
-  positions, times T^2 so its gradient keeps the scale of a T=1 loss; Hinton et al. 2015). KL, not
-  the cross-entropy: the same gradient, 0 when the student matches. `accuracy`: the student's
-  top-1 is the teacher's."""
+def soft_cross_entropy(name, outputs, batch, *, kl_t2=True):
+  """The prediction layer's soft targets at temperature T over the masked positions (the mean
+  over masked_lm_weights), in one of two forms (bert_jax/layerwise.py's distill_ce and
+  distill_pred):
+    kl_t2=True   KL(softmax(teacher/T) || softmax(student/T)) x T^2: DistilBERT's L_ce (HF
+                 distiller.py: KLDivLoss(batchmean) over the selected positions, times T^2 so
+                 its gradient keeps the scale of a T=1 loss; Hinton et al. 2015)
+    kl_t2=False  -sum softmax(teacher/T) log softmax(student/T): TinyBERT's soft_cross_entropy
+                 (their task distillation), no T^2
+  KL = cross-entropy - H(teacher/T): the same gradient at equal scale, 0 when the student
+  matches; so the two differ by the teacher's entropy and, at T != 1, by the factor T^2 (at
+  T = 2: 4x the gradient). `accuracy`: the student's top-1 is the teacher's. outputs["weight"]
+  (1 unless given) scales the loss: 0 in a progressive transfer's stage (progressive.py)."""
   t = outputs["temperature"]
   s_logits, t_logits = outputs["student"], outputs["teacher"]           # [B, P, V] float32
   log_p_t = jax.nn.log_softmax(t_logits / t, axis=-1)
   log_p_s = jax.nn.log_softmax(s_logits / t, axis=-1)
-  kl = jnp.sum(jnp.exp(log_p_t) * (log_p_t - log_p_s), axis=-1) * (t * t)    # [B, P]
+  if kl_t2:
+    per = jnp.sum(jnp.exp(log_p_t) * (log_p_t - log_p_s), axis=-1) * (t * t)   # [B, P]
+  else:
+    per = -jnp.sum(jnp.exp(log_p_t) * log_p_s, axis=-1)                        # [B, P]
   w = batch["masked_lm_weights"]
   denom = jnp.sum(w) + 1e-5
   agree = (jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1)) * w
-  return jnp.sum(kl * w) / denom, {f"{name}_loss": jnp.sum(kl * w) / denom,
-                                   f"{name}_accuracy": jnp.sum(agree) / denom}
+  loss = jnp.sum(per * w) / denom * outputs.get("weight", 1.0)
+  return loss, {f"{name}_loss": loss, f"{name}_accuracy": jnp.sum(agree) / denom}
 
 
 def cosine_embedding(name, outputs, batch):
-  """DistilBERT's L_cos: 1 - cos(student, teacher) of the last hidden states, the mean over real
-  tokens (input_mask; HF distiller.py: CosineEmbeddingLoss with target 1 on attention_mask)."""
+  """DistilBERT's L_cos (layerwise.py's distill_cos): 1 - cos(student, teacher) of the last
+  hidden states, the mean over real tokens (input_mask; HF distiller.py: CosineEmbeddingLoss
+  with target 1 on attention_mask); outputs["weight"] as soft_cross_entropy's."""
   s, t = (outputs[k].astype(jnp.float32) for k in ("student", "teacher"))   # [B, T, H]
   cos = jnp.sum(s * t, -1) / (jnp.maximum(jnp.linalg.norm(s, axis=-1), 1e-8)
                               * jnp.maximum(jnp.linalg.norm(t, axis=-1), 1e-8))  # [B, T]
   w = (batch["input_mask"] > 0).astype(jnp.float32)
   denom = jnp.sum(w) + 1e-6
-  loss = jnp.sum((1.0 - cos) * w) / denom
+  loss = jnp.sum((1.0 - cos) * w) / denom * outputs.get("weight", 1.0)
   return loss, {f"{name}_loss": loss, f"{name}_similarity": jnp.sum(cos * w) / denom}
 
 
@@ -116,7 +128,7 @@ PARTS = {"mlm": masked_lm, "nsp": sentence, "sop": sentence, "sbo": masked_lm,
          "distill_cos": cosine_embedding}
 # ELECTRA's lambda = 50 (Clark et al. 2020, section 2; google-research/electra
 # configure_pretraining.py: gen_weight 1.0, disc_weight 50.0).
-# DistilBERT's weights come from the run's config (distil.loss_weights), HF's recipe by default.
+# The distillation parts' weights come from the run's config (layerwise.weights).
 WEIGHTS = {"rtd": 50.0}
 
 

@@ -205,6 +205,9 @@ class BertForPreTraining(nn.Module):
   [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
   chunked_mlm=True (with return_dict; the training forward when config.mlm_loss_chunk > 0): "mlm"
   is mlm_chunks' pieces instead of the [B, P, V] logits, for objectives.masked_lm's chunked loss.
+  output_hidden_states=True (with return_dict) adds "hidden_states" [B, L+1, T, H], or [B, L+1,
+  T, F] through a learned `fit_dense` [H, F] with fit_size=F > 0: what bert_jax/layerwise.py's
+  objective reads of a student (a distilbert-* one; MobileBERT's network takes the same keywords).
   """
   config: BertConfig
 
@@ -212,12 +215,12 @@ class BertForPreTraining(nn.Module):
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
                instance_ids=None, position_ids=None, cls_positions=None, span_left=None,
                span_right=None, deterministic=True, return_dict=False, output_sequence=False,
-               chunked_mlm=False):
+               chunked_mlm=False, output_hidden_states=False, fit_size=0):
     c = self.config
     bert = BertModel(c, name="bert")
     out = bert(input_ids, input_mask, segment_ids, instance_ids=instance_ids,
                position_ids=position_ids, cls_positions=cls_positions,
-               deterministic=deterministic)
+               deterministic=deterministic, output_hidden_states=output_hidden_states)
     # Gather first: [B, P, H] with P = max_predictions_per_seq (20 for T=128), so the
     # H x V projection runs on ~15% of the positions instead of all T.
     masked = gather_positions(out["sequence_output"], masked_lm_positions)
@@ -239,6 +242,11 @@ class BertForPreTraining(nn.Module):
         span_left = span_right = jnp.zeros_like(masked_lm_positions)  # shapes for init
       logits["sbo"] = SpanBoundaryHead(c, name="sbo_head")(
           out["sequence_output"], masked_lm_positions, span_left, span_right, table)
+    if return_dict and output_hidden_states:
+      hidden = jnp.stack(out["hidden_states"], axis=1)                     # [B, L+1, T, H]
+      if fit_size:   # layer-wise distillation's W_h to a teacher of another width
+        hidden = _dense(c, fit_size, ("embed", "embed2"), "fit_dense")(hidden)   # [B, L+1, T, F]
+      logits["hidden_states"] = hidden
     if return_dict:
       return {**logits, "sequence_output": out["sequence_output"]} if output_sequence else logits
     return logits["mlm"], logits.get(sentence)

@@ -5,8 +5,11 @@ steps equal the figures the step gave before it moved onto bert_jax/layerwise.py
 
 GOLDEN holds what DistilBERT's own step (distil.py's teacher outputs and forward, objectives.py's
 distill_ce / distill_cos) printed at 2b35da8 (2026-11-27, shared 2-core CPU VM, jax on CPU, the
-suite's 8 fake devices and mesh (4, 2, 1)); `python -m tests.distil_parity_test` prints them
-again (and writes every parameter to --out for a leaf-by-leaf comparison)."""
+suite's 8 fake devices and mesh (4, 2, 1));
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
+      python -m tests.distil_parity_test --out=params.npz
+prints them again and writes every parameter for a leaf-by-leaf comparison (after the move: all
+41 leaves and every logged metric bit-equal to the step's before it, 2026-11-27)."""
 
 import sys
 

@@ -247,3 +247,73 @@ def test_the_step_trains_student_and_projection_with_the_teacher_frozen(tmp_path
   for part in ("distill_emb", "distill_hidden", "distill_pred"):
     assert last[f"{part}_loss"] < first[f"{part}_loss"], (part, first, last)
   assert last["loss"] < first["loss"] and last["distill_att_loss"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# DistilBERT: a weight setting of the same parts (issue 41 item 1).
+# ----------------------------------------------------------------------------------------------
+def _distilbert_config(**kw):
+  from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
+  c = pretrain.get_config("distilbert-tiny")
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def test_distilbert_recipe_is_weights_of_the_shared_parts_over_its_copy_map():
+  c = _distilbert_config()
+  assert {k: v for k, v in layerwise.weights(c).items() if v} == {
+      "distill_ce": 5.0, "distill_cos": 1.0, "mlm": 2.0}
+  assert (c.temperature, c.fit_size, c.layer_map) == (2.0, 0, "")
+  # Student layer m against the output of the teacher layer it was copied from (0-based + 1).
+  assert layerwise.layer_map(c, 4, 2) == [1, 3]
+  assert layerwise.layer_map(_distilbert_config(teacher_layers="0,3"), 4, 2) == [1, 4]
+  assert layerwise.layer_map(_distilbert_config(layer_map="2,4"), 4, 2) == [2, 4]
+  with pytest.raises(layerwise.ConfigError, match="give 2 numbers below 4"):
+    layerwise.layer_map(_distilbert_config(teacher_layers="0,4"), 4, 2)
+  # MLM alone distils nothing: the teacher would run for nothing (one line, as every 0).
+  with pytest.raises(layerwise.ConfigError, match="all 0: the student would learn nothing"):
+    layerwise.weights(_distilbert_config(alpha_ce=0.0, alpha_cos=0.0))
+  # TinyBERT's fields now carry the DistilBERT parts, off.
+  assert (ml_dict().alpha_ce, ml_dict().alpha_cos) == (0.0, 0.0)
+
+
+def test_a_distilbert_student_takes_the_layer_parts_and_a_narrow_student_the_cosine():
+  """A distilbert-* student (BertForPreTraining) equal to its teacher, identity map: every part,
+  the layer-wise ones added, is 0 (and not once it moves); a TinyBERT student 64 wide against a
+  128-wide teacher gets distill_cos through fit_dense."""
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  c = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB, num_layers=2,
+                                hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+  batch = _batch(rows=4)
+  params = _init(c, 0, batch)      # LayerwiseModel's tree: bert + mlm_head, as the student's
+  config = _distilbert_config(layer_map="1,2", alpha_emb=1.0, alpha_hidden=1.0, alpha_att=1.0,
+                              alpha_pred=1.0)
+  w = layerwise.weights(config)
+  teacher, student = layerwise.LayerwiseModel(c), pretraining_heads.BertForPreTraining(c)
+  fwd = layerwise.student_forward(config)
+
+  def losses(student_params):
+    b = dict(batch, **layerwise.teacher_outputs(teacher, params, batch, layers=[1, 2],
+                                                scores=True))
+    out = student.apply({"params": student_params}, b, True, method=fwd)
+    return objectives.pretraining_loss(out, b, w)[1]
+
+  same = losses(params)
+  for part in ("distill_emb", "distill_hidden", "distill_att", "distill_ce", "distill_cos"):
+    assert abs(float(same[f"{part}_loss"])) < 1e-6, (part, same)
+  assert float(same["distill_pred_accuracy"]) > 0.99
+  moved = losses(jax.tree.map(lambda x: x * 1.1, params))
+  for part in ("distill_emb", "distill_hidden", "distill_att", "distill_ce", "distill_cos"):
+    assert float(moved[f"{part}_loss"]) > 1e-5, (part, moved)   # cos: 9.3e-5 (x 1.1 keeps
+  # the directions nearly: LayerNorm)
+  # A narrow student: its last hidden states through W_h [64, 128] against the teacher's.
+  narrow = model_lib.get_bert_config("tinybert-tiny", vocab_size=VOCAB)        # 1 x 64
+  config = ml_dict(alpha_cos=1.0)                                                # fit_size 128
+  sp = _init(narrow, 1, batch, fit_size=128)
+  b = dict(batch, **layerwise.teacher_outputs(teacher, params, batch, layers=[2], scores=True))
+  out = layerwise.LayerwiseModel(narrow).apply({"params": sp}, b, True,
+                                               method=layerwise.student_forward(config))
+  assert out["distill_cos"]["student"].shape == b["teacher_last"].shape == (4, 16, 128)
+  metrics = objectives.pretraining_loss(out, b, layerwise.weights(config))[1]
+  assert 0 < float(metrics["distill_cos_loss"]) < 2

@@ -1,6 +1,7 @@
 """DistilBERT (Sanh et al. 2019): a student BERT (half the depth, no token types, no pooler)
-distilled from a frozen teacher in the same step (bert_jax/distil.py holds the teacher, the loss
-parts and the student's initialisation).
+distilled from a frozen teacher in the same step: bert_jax/layerwise.py's objective at HF's
+weights (the prediction layer's KL x T^2, MLM, the last hidden states' cosine); bert_jax/
+distil.py holds the teacher's checks and record and the student's initialisation.
 
 What the family declares: its presets and recipe (HF's distillation command), the student's step
 with its frozen teacher and their FLOPs, transformers' DistilBertForSequenceClassification head on
@@ -29,25 +30,32 @@ PRESETS = {f"distilbert-{name}": dict(_DISTILBERT, num_layers=l, hidden_size=h, 
 def recipe(c, preset):
   """DistilBERT (Sanh et al. 2019; transformers examples/research_projects/distillation, train.py
   and its README's command): the loss 5 x KL at T=2 + 2 x MLM + 1 x cosine, lr 5e-4, no NSP
-  (records from create_pretraining_data --no_nsp), token masking."""
+  (records from create_pretraining_data --no_nsp), token masking. The shared objective's fields
+  (bert_jax/layerwise.py), its layer parts off: --config.alpha_hidden=1 etc. add them."""
   del preset
+  from bert_jax import layerwise  # pylint: disable=g-import-not-at-top
+  layerwise.recipe_fields(c, fit_size=0)   # a student as wide as its teacher: no projection
+  c.alpha_emb = c.alpha_hidden = c.alpha_att = 0.0
   c.alpha_ce = 5.0                 # KL(teacher/T || student/T) x T^2 on the masked positions
   c.alpha_mlm = 2.0                # the student's own MLM cross-entropy
   c.alpha_cos = 1.0                # 1 - cos(student, teacher) last hidden states, real tokens
   c.temperature = 2.0              # T of the soft targets
   # Teacher layer of each student layer, comma-separated; "" = every other one (0, 2, 4, ...;
-  # the paper). HF's extract_distilbert.py took 0,2,4,7,9,11 of BERT-base.
+  # the paper). HF's extract_distilbert.py took 0,2,4,7,9,11 of BERT-base. The student starts
+  # from them, and (+ 1) they are the layer parts' map unless --config.layer_map gives one.
   c.teacher_layers = ""
   c.learning_rate = 5e-4
 
 
 def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
-  """The student's forward at the config's temperature, the alpha_* weights, and the teacher's
-  parameters loaded once onto the mesh (trainer_lib.build_steps(frozen=))."""
+  """layerwise.py's step (the student's forward, the alpha_* weights, the teacher loaded once
+  onto the mesh: trainer_lib.build_steps(frozen=)) with DistilBERT's teacher (distil.py's
+  checks) and its MLM head, which the student starts from."""
   from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax import layerwise  # pylint: disable=g-import-not-at-top
   teacher = teacher or distil.load_teacher(config, model_config)
-  return (distil.student_forward(config), distil.loss_weights(config),
-          distil.frozen_teacher(teacher, dummy_batch, mesh, rules))
+  return layerwise.step_parts(config, model_config, teacher, dummy_batch, mesh, rules,
+                              teacher_head=True)
 
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
