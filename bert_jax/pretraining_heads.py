@@ -202,7 +202,7 @@ class BertForPreTraining(nn.Module):
   loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
   prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
   output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
-  [B, T, H] (DistilBERT's cosine loss reads the student's and the teacher's; bert_jax/distil.py).
+  [B, T, H] (distill_cos reads the student's and the teacher's; bert_jax/layerwise.py).
   chunked_mlm=True (with return_dict; the training forward when config.mlm_loss_chunk > 0): "mlm"
   is mlm_chunks' pieces instead of the [B, P, V] logits, for objectives.masked_lm's chunked loss.
   output_hidden_states=True (with return_dict) adds "hidden_states" [B, L+1, T, H], or [B, L+1,
