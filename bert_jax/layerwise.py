@@ -515,8 +515,9 @@ def student_forward(config, stages=None):
 def frozen_teacher(teacher, dummy_batch, mesh, rules, *, layers=(),
                    parts=("distill_ce", "distill_cos"), head=False) -> trainer_lib.Frozen:
   """The teacher's parameters read once into their shardings (the student's logical-axis rules)
-  and its outputs function (teacher_outputs at `layers` for `parts`): trainer_lib.build_steps
-  (frozen=). A planning teacher (pretrained=None) gives their shapes, nothing read."""
+  and its outputs function (teacher_outputs at `layers` for `parts`; by default DistilBERT's
+  recipe's: MLM logits and last hidden states): trainer_lib.build_steps(frozen=). A planning
+  teacher (pretrained=None) gives their shapes, nothing read."""
   model = network(teacher.model_config)
   # The teacher's MLM head only when its logits are distilled (or `head`): any BERT body teaches
   # the layers.

@@ -317,3 +317,20 @@ def test_a_distilbert_student_takes_the_layer_parts_and_a_narrow_student_the_cos
   assert out["distill_cos"]["student"].shape == b["teacher_last"].shape == (4, 16, 128)
   metrics = objectives.pretraining_loss(out, b, layerwise.weights(config))[1]
   assert 0 < float(metrics["distill_cos_loss"]) < 2
+
+
+def test_distilbert_loads_the_teacher_head_its_student_starts_from_even_without_the_kl():
+  """alpha_ce = 0 reads no teacher logits, but distil.init_student copies the teacher's MLM
+  head: the distilbert family's step loads it (teacher_head), the shared step alone does not."""
+  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
+  c = _distilbert_config(alpha_ce=0.0)
+  mc = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB)
+  teacher = distil.planning_teacher(c, mc)           # the tiny preset's shapes, nothing read
+  mesh = sharding_lib.create_mesh((8, 1, 1))
+  dummy = jax.tree.map(lambda x: x[:1], _batch())
+  rules = sharding_lib.LOGICAL_AXIS_RULES
+  _, w, frozen = families.get("distilbert").step_parts(c, mc, teacher, dummy, mesh, rules)
+  assert w["distill_ce"] == 0 and set(frozen.params) == {"bert", "mlm_head"}
+  _, _, frozen = layerwise.step_parts(c, mc, teacher, dummy, mesh, rules)
+  assert set(frozen.params) == {"bert"}
