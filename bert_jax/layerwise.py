@@ -404,7 +404,8 @@ def forward(module, batch, deterministic, *, fit_size, parts, temperature, stage
     packed = "instance_ids" in batch
     ids = batch["instance_ids"] if packed else real
     pairs = attention_lib.attention_mask(ids, packed) & (ids != 0)[:, None, :, None]
-    for part in {"distill_att", "distill_att_kl"} & set(parts):
+    # A fixed order (not a set's, which follows PYTHONHASHSEED): every host traces one program.
+    for part in [p for p in ("distill_att", "distill_att_kl") if p in parts]:
       res[part] = {"student": att, "teacher": batch["teacher_scores"], "mask": pairs,  # [B,1,T,S]
                    "layer_weights": layers}
   # The prediction layer's soft targets (two forms of one pair) and the last hidden states'
