@@ -35,11 +35,13 @@ from benchmarks import families_side_by_side as fam  # noqa: E402  pylint: disab
 
 
 def inference_speed(presets, vocab_size, batch, reps, seq=128):
-  """{preset: median seconds} of a jitted BertModel forward on [batch, seq] (all real tokens),
-  the presets timed in turn within each repetition so load changes hit them alike."""
+  """{preset: median seconds} of a jitted encoder forward on [batch, seq] (all real tokens): the
+  family's body (features_model: BertModel, MobileBertModel, ...), the presets timed in turn
+  within each repetition so load changes hit them alike."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
   from bert_jax import model as m  # pylint: disable=g-import-not-at-top
   from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
@@ -48,10 +50,11 @@ def inference_speed(presets, vocab_size, batch, reps, seq=128):
   fns = {}
   for preset in presets:
     c = m.get_bert_config(preset, vocab_size=vocab_size)
+    body, method = families.get(c.family).features_model(c)
     params = nn.meta.unbox(pretraining_heads.init_params(c, jax.random.key(0),
-                                                         model_cls=m.BertModel))
-    fn = jax.jit(lambda p, model=m.BertModel(c): model.apply(
-        {"params": p}, ids, mask, seg)["sequence_output"])
+                                                         model_cls=type(body)))
+    fn = jax.jit(lambda p, model=body, method=method: model.apply(
+        {"params": p}, ids, mask, seg, method=method)["sequence_output"])
     jax.block_until_ready(fn(params))   # compile
     fns[preset] = (fn, params)
   times = {p: [] for p in presets}

@@ -27,6 +27,9 @@ FULL_ONLY = {
     "tests/gcs_test.py",                        # 28 s: a GCS emulator over HTTPS
     "tests/local_pod_test.py",                  # 21 s: 2-process pods (the full suite's)
     "tests/profile_table_test.py",              # benchmarks/profile_table.py
+    # benchmarks/compact_students.py: a MobileBERT forward compiled and timed (35 s on the box
+    # loaded by other jobs, 2026-11-27)
+    "tests/compact_students_benchmark_test.py::test_inference_speed_runs_mobilebert_s_own_network",
     # -- TPU compiles: the quick tier keeps the plan CLI on one tiny v5e compile
     #    (test_cli_fits_is_exit_0_and_quiet and the tests sharing its fixture)
     "tests/plan_test.py::test_out_of_memory_is_does_not_fit_with_exit_1",

@@ -2,6 +2,7 @@
 BertModel, general distillation through `python -m bert_jax.train`, and a TinyBERT transformers
 folder (model_type bert with TinyBERT's extra keys and fit_dense) through BERT's converter."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,7 +26,8 @@ def test_presets_are_the_family_s_and_the_recipe_is_general_distillation():
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
   for preset, (layers, width, ffn) in {"tinybert-4l-312": (4, 312, 1200),
                                        "tinybert-6l-768": (6, 768, 3072),
-                                       "tinybert-tiny": (1, 64, 256)}.items():
+                                       "tinybert-tiny": (1, 64, 256),
+                                       "tinybert-1l-128": (1, 128, 512)}.items():
     assert families.of_preset(preset).name == "tinybert"
     c = model_lib.get_bert_config(preset)
     assert (c.num_layers, c.hidden_size, c.intermediate_size, c.objectives) == (
@@ -36,6 +38,11 @@ def test_presets_are_the_family_s_and_the_recipe_is_general_distillation():
       1.0, 1.0, 1.0, 0.0, 768)
   assert c.model.attention == "xla" and c.layer_map == ""
   assert pretrain.get_config("tinybert-tiny").fit_size == 128   # BERT-tiny's width
+  # distilbert-tiny's shape, as wide as BERT-tiny: no projection; BERT's tiny-1l body.
+  assert pretrain.get_config("tinybert-1l-128").fit_size == 0
+  assert (dataclasses.replace(model_lib.get_bert_config("tinybert-1l-128"), family="bert",
+                              objectives="mlm,nsp")
+          == model_lib.get_bert_config("tiny-1l"))
   tiny = model_lib.get_bert_config("tinybert-tiny")
   assert isinstance(families.get("tinybert").pretraining_model(tiny), layerwise.LayerwiseModel)
 

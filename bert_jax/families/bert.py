@@ -28,6 +28,10 @@ def _miniatures():
 
 PRESETS = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
+    # BERT-tiny's first layer alone (not one of google's miniatures, which start at 2 layers):
+    # distilbert-tiny's and tinybert-1l-128's shape, trained from scratch beside them in
+    # benchmarks/compact_students.py.
+    "tiny-1l": dict(num_layers=1, hidden_size=128, num_heads=2, intermediate_size=512),
     "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
     "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
     "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),

@@ -47,9 +47,15 @@ PRESETS = {
     # A student of the tiny BERT preset (2 x 128, 2 heads) for tests and laptops: 1 x 64.
     "tinybert-tiny": dict(_TINYBERT, num_layers=1, hidden_size=64, num_heads=2,
                           intermediate_size=256),
+    # distilbert-tiny's shape (1 x 128, 2 heads, FFN 512: BERT's tiny-1l), as wide as `tiny`:
+    # no fit_dense. benchmarks/compact_students.py sets it beside a DistilBERT and a from-scratch
+    # model of the same shape.
+    "tinybert-1l-128": dict(_TINYBERT, num_layers=1, hidden_size=128, num_heads=2,
+                            intermediate_size=512),
 }
-# The width of each preset's teacher (fit_size): BERT-base's 768 (the paper's), tiny's 128.
-TEACHER_WIDTH = {"tinybert-tiny": 128}
+# The width of each preset's teacher (fit_size): BERT-base's 768 (the paper's), tiny's 128;
+# 0 = the student is as wide as its teacher (no projection).
+TEACHER_WIDTH = {"tinybert-tiny": 128, "tinybert-1l-128": 0}
 
 
 def recipe(c, preset):
