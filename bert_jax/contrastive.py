@@ -2,6 +2,7 @@
 
   pool          [B, T, H] hidden states + [B, T] mask -> [B, H]: mean (default), cls, last
   pool_packed   the same per text of packed rows: [B, T, H] + [B, T] instance ids -> [B, K, H]
+  texts_of_rows packed rows' [R, K, H] vectors -> the batch's [B, S, H] (anchor, candidates)
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
   grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
@@ -24,8 +25,8 @@ a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives
 fine-tuning loop; its training step runs grad_cache when config.embedding.grad_cache_chunks > 1
 (embedding.grad_cache_step; benchmarks/grad_cache_memory.py compiles both steps and prints their
 memory). pool_packed pools the texts of packed rows (issue 40 item 2), tested against the
-unpacked encoder; not yet: the embedding task's batches packed (which rows' texts share a row,
-and the loss's map from a row's texts back to anchors and candidates).
+unpacked encoder, and texts_of_rows maps them back to the loss's layout (config.pack=true:
+bert_jax/tasks/embedding.py packs each training batch's texts).
 """
 
 import jax
@@ -92,6 +93,15 @@ def pool_packed(hidden, instance_ids, num_instances, pooling="mean"):
     out = jnp.take_along_axis(hidden, at[..., None], axis=1)            # [B, K, H]
     return jnp.where((last >= 0)[..., None], out, 0.0)
   raise ValueError(f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}.")
+
+
+def texts_of_rows(pooled, text_slots):
+  """[R, K, H] vectors of packed rows' text slots, [B, S] int slot of each text of the batch's
+  rows (row * K + k: data_pipelines.packing.pack_texts) -> [B, S, H], the layout of the unpacked
+  model's output (anchor, positive, negatives). A gather over the global batch: on a sharded
+  batch XLA moves the (small) vectors between devices, as info_nce's einsum does."""
+  r, k, h = pooled.shape
+  return jnp.take(pooled.reshape(r * k, h), text_slots, axis=0)
 
 
 def normalise(x, eps=1e-12):

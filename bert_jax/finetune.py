@@ -79,12 +79,16 @@ def forward(module, batch, deterministic):
 
 def pack_train(train, task, config):
   """config.pack: the training split's sequences packed into rows (classification and
-  regression only; evaluation stays unpacked, so metrics are unchanged). docs/packing.md."""
+  regression; evaluation stays unpacked, so metrics are unchanged). docs/packing.md. A type
+  that packs each batch instead (embedding: pack_batches) keeps the split as it is here."""
   if train is None or not config.get("pack", False):
     return train
   if not task_types.of(task).packable:
-    raise ConfigError(f"config.pack=True: packing is for sentence(-pair) classification and "
-                      f"regression; task {task.name} is {task.type}: set --config.pack=false.")
+    raise ConfigError(f"config.pack=True: packing is for sentence(-pair) classification, "
+                      f"regression and embedding; task {task.name} is {task.type}: set "
+                      "--config.pack=false.")
+  if task_types.of(task).pack_batches:
+    return train
   from data_pipelines import packing  # pylint: disable=g-import-not-at-top
   f = train.features
   k = config.get("max_instances_per_pack", 0) or packing.default_max_instances(
@@ -364,6 +368,29 @@ def schedule(config, train):
   return steps_per_epoch, num_train_steps, int(warmup)
 
 
+def packed_batches(task, train, config, mesh, steps_per_epoch, num_train_steps):
+  """config.pack with a task type that packs each batch (embedding): its host_batch(idx),
+  sized from every batch the run will take (epoch_batches); else None. Before compute."""
+  pack = task_types.of(task).pack_batches
+  if train is None or not config.get("pack", False) or pack is None:
+    return None
+  epochs = math.ceil(num_train_steps / steps_per_epoch)
+  batches = [b for e in range(epochs) for b in epoch_batches(task, train, config, e)]
+  host_batch, line = pack(train, config, batches[:num_train_steps], mesh)
+  if jax.process_index() == 0:
+    print(line, flush=True)
+  return host_batch
+
+
+def epoch_batches(task, train, config, epoch):
+  """The index arrays of an epoch's training batches: a function of (seed, epoch) alone, in the
+  task type's order (embedding: no text twice in a batch), else a shuffle."""
+  epoch_order = task_types.of(task).epoch_order
+  shuffle = functools.partial(epoch_order, train, config.batch_size) if epoch_order else None
+  rng = np.random.default_rng([config.seed, epoch + 1])
+  return _splits_batches(len(train.features["input_ids"]), config.batch_size, rng, shuffle)
+
+
 def steps_per_epoch_of(train, batch_size):
   return 1 if train is None else math.ceil(len(train.features["input_ids"]) / batch_size)
 
@@ -415,6 +442,7 @@ class Run(NamedTuple):
   writer: Any
   is_main: bool
   distill_teacher: dict = None   # DistillTeacher.record, or None
+  train_batch: Any = None        # idx -> this host's training batch (None: _host_batch's rows)
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str):
@@ -466,7 +494,8 @@ def _finetune(config, workdir):
   run = Run(config, workdir, task, tokenizer, model_config, mesh, t, evals,
             ft.input_keys(task) + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
-            jax.process_index() == 0, teacher.record if teacher else None)
+            jax.process_index() == 0, teacher.record if teacher else None,
+            packed_batches(task, train, config, mesh, steps_per_epoch, num_train_steps))
 
   # --- State: pre-trained `bert` + a fresh head (or the export's head when only evaluating). ---
   with trainer_lib.mesh_rules(mesh):
@@ -575,19 +604,16 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   timer, pending, order = trainer_lib.StepTimer(), [], None
   # NaN/Inf steps are skipped inside the step and counted one step late (guard.SkipTracker).
   skips = guard.SkipTracker(config.get("max_consecutive_skips", 10), what="fine-tuning")
-  n = len(train.features["input_ids"])
-  # The task type's order of an epoch's rows (embedding: no text twice in a batch), else a shuffle.
-  epoch_order = task_types.of(run.task).epoch_order
-  shuffle = functools.partial(epoch_order, train, config.batch_size) if epoch_order else None
+  host_batch = run.train_batch or functools.partial(_host_batch, train.features, run.input_keys,
+                                                    batch_size=config.batch_size)
   # SIGTERM (preemption) or Ctrl-C: save at the next step and stop; the handlers are undone on
   # leaving.
   with trainer_lib.mesh_rules(run.mesh), distributed.preemption_check() as preempted:
     while step < num_train_steps:
       epoch, i = divmod(step, steps_per_epoch)  # epochs are 1-based in logs and results
       if order is None or i == 0:  # each epoch's order is a function of (seed, epoch) alone
-        rng = np.random.default_rng([config.seed, epoch + 1])
-        order = _splits_batches(n, config.batch_size, rng, shuffle)
-      batch = _host_batch(train.features, run.input_keys, order[i], config.batch_size)
+        order = epoch_batches(run.task, train, config, epoch)
+      batch = host_batch(order[i])
       state, m = run.steps.train_step(state, sharding_lib.make_global_batch(batch, run.mesh))
       step += 1
       skips.step_done(step, m["skipped"])

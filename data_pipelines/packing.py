@@ -243,3 +243,37 @@ def pack_examples(features, *, max_instances, seed=0):
   out["example_weights"][row, slot] = 1.0
   order = np.random.default_rng(seed).permutation(r)
   return {k: v[order] for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Embedding: one batch's texts (anchors, positives, hard negatives) packed into a fixed number of
+# rows, each text keeping a slot the loss reads its vector back from.
+# ----------------------------------------------------------------------------------------------
+def text_rows(lengths, *, seq_length, max_instances):
+  """The rows best-fit decreasing packs texts of these [N] token counts into (<= T tokens and
+  <= K texts a row); what sizes a run's packed embedding batches (pack_texts' num_rows)."""
+  lengths = np.asarray(lengths).reshape(-1)
+  return num_rows(lengths, np.zeros_like(lengths), seq_length, max_instances, 0,
+                  count_preds=False)
+
+
+def pack_texts(features, *, max_instances, num_rows_out):
+  """N texts, one per row ([N, T] input_ids/input_mask/segment_ids), packed best-fit decreasing
+  into exactly `num_rows_out` rows R of T tokens and K = max_instances text slots (the rows past
+  the packer's own count are padding: instance_ids 0). Returns input_ids, input_mask,
+  segment_ids, instance_ids, position_ids [R, T] int32, cls_positions [R, K] int32 (where text
+  k starts; 0 for an empty slot) and text_slots [N] int32: text n's vector is slot
+  text_slots[n] = row * K + k of the rows' [R * K] pooled vectors. More rows than num_rows_out
+  is a ValueError (the caller sizes num_rows_out from text_rows over every batch it packs)."""
+  ids, mask = features["input_ids"], features["input_mask"]
+  lengths = mask.sum(1)
+  row, slot, offset, _, r = assign(lengths, np.zeros_like(lengths), ids.shape[1], max_instances,
+                                   0, count_preds=False)
+  if r > num_rows_out:
+    raise ValueError(f"packing: {len(lengths)} texts need {r} rows of {ids.shape[1]} tokens "
+                     f"(<= {max_instances} texts a row), more than the {num_rows_out} sized.")
+  out = scatter_tokens(ids, mask, features["segment_ids"], row, slot, offset, num_rows_out)
+  out["cls_positions"] = np.zeros((num_rows_out, max_instances), np.int32)
+  out["cls_positions"][row, slot] = offset
+  out["text_slots"] = (row * max_instances + slot).astype(np.int32)
+  return out

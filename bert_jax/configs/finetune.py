@@ -86,10 +86,12 @@ def get_config(arg="glue_mrpc"):
   # None: the checkpoint's and its vocab's casing; true/false must agree with them.
   c.do_lower_case = config_dict.placeholder(bool)
   c.max_seq_length = 128
-  # Classification / regression only: pack several training sequences per row (attention within
-  # a sequence only; docs/packing.md), e.g. CoLA at 128 is ~89% padding. Evaluation is unpacked.
+  # Classification / regression / embedding: pack several training sequences per row (attention
+  # within a sequence only; docs/packing.md), e.g. CoLA at 128 is ~89% padding. Embedding packs
+  # each batch's texts (anchors, positives, negatives) into a fixed number of rows and pools
+  # each text on its own: the same loss (docs/finetuning.md). Evaluation is unpacked.
   c.pack = False
-  c.max_instances_per_pack = 0  # 0 = max_seq_length // 16
+  c.max_instances_per_pack = 0  # 0 = max_seq_length // 16 (sequences, texts a row holds)
   c.max_train_examples = 0      # >0 keeps only the first N (quick experiments); 0 = all
   c.max_eval_examples = 0
 

@@ -20,12 +20,13 @@ Training batches hold no text twice where the rows allow it (pairs.no_duplicate_
 duplicate is a false negative). The best export records the pooling and prompts
 (export_record: bert_config.json's "sentence_embedding"), which predict embed, extract_features
 and the sentence-transformers export read, and a fine-tune from a checkpoint with such a record
-takes them where its config leaves them unset (with_recorded_settings). Not yet (issue 40):
-packed rows (pooling per instance).
+takes them where its config leaves them unset (with_recorded_settings). --config.pack=true
+packs each training batch's texts into rows (pack_batches: pooling per text, the same loss).
 """
 
 import dataclasses
 import functools
+import math
 import os
 
 import jax
@@ -126,7 +127,16 @@ class EmbeddingModel(nn.Module):
   pooling: str = "mean"
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic=True):
+  def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
+               position_ids=None, cls_positions=None, deterministic=True):
+    if instance_ids is not None:
+      # Packed rows (config.pack, pack_batches below): [R, T], several texts a row, attention
+      # and positions (learned or RoPE) per text -> [R, K, H], each text pooled on its own.
+      out = families.get(self.config.family).encode(
+          self.config, input_ids, input_mask, segment_ids, instance_ids=instance_ids,
+          position_ids=position_ids, cls_positions=cls_positions, deterministic=deterministic)
+      return contrastive.pool_packed(out["sequence_output"], instance_ids,
+                                     cls_positions.shape[1], self.pooling)      # [R, K, H]
     b, s, t = input_ids.shape
     flat = lambda x: x.reshape(b * s, t)  # noqa: E731 - [B, S, T] -> [B*S, T]
     out = families.get(self.config.family).encode(self.config, flat(input_ids),
@@ -146,13 +156,71 @@ def _bind(task):
     return EmbeddingModel(model_config, task.pooling)
 
   def loss(outputs, batch):
+    if "text_slots" in batch:   # packed rows' [R, K, H] -> the rows' texts [B, S, H]
+      outputs = contrastive.texts_of_rows(outputs, batch["text_slots"])
     value = contrastive.matryoshka_info_nce(
         outputs[:, 0], outputs[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
         batch["example_weights"])
     return value, {"loss": value}
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
-                             train_grads=functools.partial(grad_cache_step, task))
+                             train_grads=functools.partial(grad_cache_step, task),
+                             pack_batches=functools.partial(pack_batches, task))
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed training batches (config.pack=true; issue 40 item 2).
+# ----------------------------------------------------------------------------------------------
+def pack_batches(task, train, config, batches, mesh):
+  """config.pack=true: each training batch's B x S texts packed into R rows of T tokens (<= K
+  texts a row) -> (host_batch(idx): this host's part of the packed batch of rows idx, the
+  start-up line). Called before compute, with every batch of the run (its epochs' orders).
+
+  The loss is unchanged: a batch is still B rows (anchor, positive, negatives), every text of
+  them in its rows (packing.pack_texts), pooled per text (EmbeddingModel: pool_packed) and put
+  back in the [B, S, H] layout by text_slots [B, S] (contrastive.texts_of_rows), so the step's
+  InfoNCE over the global batch is the unpacked one's. Shapes are static: R is the most rows any
+  batch of this run needs (packing.text_rows over every batch), rounded up to a multiple of the
+  data-parallel devices x GradCache chunks (and hosts); a batch that needs fewer gets empty
+  rows. So no text is ever dropped or moved to another batch: each batch's examples are the
+  unpacked run's. Texts are cut to T as unpacked (load_split); K = config.max_instances_per_pack
+  (0: T // 16, as fine-tuning's classification packs). Evaluation stays unpacked (predict
+  embed, extract_features too)."""
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  f = train.features                                                    # [N, S, T]
+  n, s, t = f["input_ids"].shape
+  k = int(config.get("max_instances_per_pack", 0) or packing.default_max_instances(t))
+  if k < 1:
+    raise TaskDataError(f"config.max_instances_per_pack={k}: the texts a packed row holds must "
+                        f"be >= 1 (0: max_seq_length // 16 = {packing.default_max_instances(t)}).")
+  lengths = f["input_mask"].sum(-1)                                     # [N, S]
+  need = max(packing.text_rows(lengths[idx], seq_length=t, max_instances=k) for idx in batches)
+  hosts = jax.process_count()
+  multiple = math.lcm(sharding_lib.data_parallel_size(mesh) * max(1, task.grad_cache_chunks),
+                      hosts)
+  rows = -(-need // multiple) * multiple                                # R
+  b = int(config.batch_size)
+  keys = ("input_ids", "input_mask", "segment_ids")
+
+  def host_batch(idx):
+    texts = {key: f[key][idx].reshape(len(idx) * s, t) for key in keys}   # [b * S, T]
+    p = packing.pack_texts(texts, max_instances=k, num_rows_out=rows)
+    slots = np.zeros((b, s), np.int32)               # weight-0 padding rows read slot 0
+    slots[:len(idx)] = p.pop("text_slots").reshape(len(idx), s)
+    weights = (np.arange(b) < len(idx)).astype(np.float32)
+    h = jax.process_index()
+    row_part, example_part = slice(h * rows // hosts, (h + 1) * rows // hosts), slice(
+        h * b // hosts, (h + 1) * b // hosts)
+    out = {key: v[row_part] for key, v in p.items()}                    # [R / hosts, ...]
+    out.update(text_slots=slots[example_part], example_weights=weights[example_part])
+    return out
+
+  real = sum(int(lengths[idx].sum()) for idx in batches)   # the run's tokens, every epoch
+  line = (f"{task.name}/train: packing each batch's {b} x {s} texts into {rows} rows of {t} "
+          f"tokens (<= {k} texts a row; {need} rows: the most any of the run's {len(batches)} "
+          f"batches needs): real tokens per slot {real / (len(batches) * b * s * t):.3f} "
+          f"unpacked -> {real / (len(batches) * rows * t):.3f} packed")
+  return host_batch, line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +389,7 @@ TYPE = registry.register(registry.TaskType(
     create_head=lambda model_config, num_labels=0, num_choices=0: EmbeddingModel(model_config),
     input_shape=input_shape,
     loss=lambda outputs, batch: _bind(EmbeddingTask("", {})).loss(outputs, batch),
-    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
+    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test, packable=True,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
                                                                           batch_size, rng),
     export_record=export_record, next_commands=next_commands))

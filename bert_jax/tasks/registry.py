@@ -65,6 +65,11 @@ class TaskType:
 
   # --- What the loop allows (each refused in one line for the other types).
   packable: bool = False          # config.pack: several sequences per training row
+  pack_batches: Optional[Callable] = None  # (train Split, run config, every batch of the run
+                                           #   [index arrays], mesh) -> (host_batch(idx), a
+                                           #   start-up line): config.pack packs each batch's
+                                           #   sequences (embedding: its loss needs a batch's
+                                           #   rows together); None: the split is packed once
   epoch_order: Optional[Callable] = None   # (train Split, batch_size, rng) -> a permutation
                                            #   of its rows; None: rng.permutation
   soft_labels: bool = False       # config.distill_teacher: a teacher's soft labels per class
