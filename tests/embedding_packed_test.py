@@ -9,7 +9,9 @@ at most K texts a row (data_pipelines.packing.pack_texts), each text pooled on i
     (float32, dropout off, 1e-5): BERT (learned positions: a row's positions instead of each
     text's own change the loss by 3%) and ModernBERT (a local window narrower than the row; its
     RoPE is relative, so there the positions could not show, only the block-diagonal mask),
-    mean / cls / last pooling; GradCache on 8 devices too (slow);
+    mean / cls / last pooling; every other family's tiny preset, mean (MobileBERT: its trigram
+    input reads the padding id's embedding after a text's last token, in packed rows too);
+    GradCache on 8 devices too (slow);
   * a bad max_instances_per_pack is one line before compute.
 """
 
@@ -94,11 +96,22 @@ def test_a_bad_texts_a_row_is_one_line_before_compute():
   assert tasks.get("embedding").packable and tasks.get("classification").pack_batches is None
 
 
+# The other families' tiny presets (NeoBERT: its preset at 2 x 64).
+OTHERS = {"albert": "albert-tiny", "distilbert": "distilbert-tiny", "electra": "electra-tiny",
+          "mobilebert": "mobilebert-tiny", "spanbert": "spanbert-tiny",
+          "tinybert": "tinybert-tiny", "neobert": "neobert"}
+
+
 def _model_config(family):
   if family == "modernbert":
     # local_window 16 of modernbert-tiny: narrower than the row of 24, so the window and the
     # per-text RoPE positions both matter; its dropout is 0.
     return model_lib.get_bert_config("modernbert-tiny", vocab_size=VOCAB)
+  if family in OTHERS:
+    small = (dict(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=96)
+             if family == "neobert" else {})
+    return model_lib.get_bert_config(OTHERS[family], vocab_size=VOCAB, hidden_dropout_prob=0.0,
+                                     attention_dropout_prob=0.0, **small)
   return model_lib.get_bert_config("tiny", vocab_size=VOCAB, hidden_size=32, num_heads=2,
                                    intermediate_size=64, max_position_embeddings=32,
                                    hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
@@ -109,7 +122,8 @@ def _model_config(family):
     pytest.param("bert", "cls", marks=pytest.mark.slow),
     pytest.param("bert", "last", marks=pytest.mark.slow),
     pytest.param("modernbert", "mean", marks=pytest.mark.slow),
-    pytest.param("modernbert", "cls", marks=pytest.mark.slow)])
+    pytest.param("modernbert", "cls", marks=pytest.mark.slow),
+    *(pytest.param(f, "mean", marks=pytest.mark.slow) for f in OTHERS)])
 def test_packed_loss_and_gradients_equal_unpacked(family, pooling):
   """One batch of 6 rows + 2 weight-0 padding rows (an epoch's last batch), symmetric loss with
   Matryoshka widths: value_and_grad of the loss, packed vs unpacked, float32."""
@@ -165,3 +179,35 @@ def test_packed_grad_cache_step_on_8_devices_equals_the_unpacked_plain_step():
   assert len(packed["input_ids"]) % 16 == 0
   plain = step(embedding.EmbeddingTask("t", {}), finetune._host_batch(f, KEYS, idx, b))  # pylint: disable=protected-access
   gct._same_step(step(chunked, packed), plain)   # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_the_loop_trains_packed_with_the_unpacked_runs_losses(tmp_path, capsys):
+  """finetune.finetune, --config.pack=true against false on the same rows: the same steps and
+  each step's loss (dropout off; every batch the same examples), evaluation unpacked."""
+  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  from tests import tasks_embedding_test as tet  # pylint: disable=g-import-not-at-top
+  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  tet._data(tmp_path, n_train=20, n_dev=8)   # pylint: disable=protected-access
+  vocab = tasks_testlib.write_vocab(str(tmp_path), " ".join(tet.WORDS))
+
+  def run(pack):
+    c = tet._config(tmp_path)   # pylint: disable=protected-access
+    c.init_checkpoint, c.model_name, c.vocab_file = "", "tiny", vocab
+    c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
+    c.batch_size, c.eval_batch_size, c.num_train_epochs, c.learning_rate = 8, 8, 2.0, 1e-3
+    c.log_every, c.do_predict, c.pack, c.max_instances_per_pack = 1, False, pack, 4
+    summary = finetune.finetune(c, str(tmp_path / f"run_{pack}"))
+    scalars = metrics_writer.read_scalars(str(tmp_path / f"run_{pack}" / "tensorboard"))
+    return summary, [v for _, v in scalars["train/loss"]]
+
+  unpacked, unpacked_losses = run(False)
+  packed, packed_losses = run(True)
+  # 20 rows of 3 texts of 5 tokens ([CLS] 3 words [SEP]) at T=16: 3 texts a row, 8 rows for a
+  # batch's 24 texts.
+  assert ("custom/train: packing each batch's 8 x 3 texts into 8 rows of 16 tokens (<= 4 texts "
+          "a row" in capsys.readouterr().out)
+  assert packed["steps"] == unpacked["steps"] == 6   # 3 batches (the last of 4 rows) x 2 epochs
+  np.testing.assert_allclose(packed_losses, unpacked_losses, rtol=1e-5)
+  assert packed["history"][0]["eval/dev/ndcg@10"] == pytest.approx(
+      unpacked["history"][0]["eval/dev/ndcg@10"], abs=1e-4)

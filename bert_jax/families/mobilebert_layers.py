@@ -285,16 +285,25 @@ class Embeddings(nn.Module):
     table = lambda n, width, axes, name: nn.Embed(
         n, width, dtype=jnp.float32, param_dtype=c.param_dtype,
         embedding_init=model_lib._init(c, axes), name=name)
-    x = table(c.vocab_size, e, ("vocab", "embed"), "word_embeddings")(input_ids)   # [B, T, E]
+    words = table(c.vocab_size, e, ("vocab", "embed"), "word_embeddings")
+    x = words(input_ids)                                                       # [B, T, E]
     if c.trigram_input:
-      # transformers' cat([x[t + 1], x[t], x[t - 1]]) with zeros past either end. In a packed
-      # row a neighbour of another instance counts as past the end (zeroed), as in its own row.
+      # transformers' cat([x[t + 1], x[t], x[t - 1]]) with zeros past either end. A packed row
+      # gives each instance what its own right-padded row gives it: zeros before its first
+      # token; after its last one the padding id 0's embedding (trained, not zero, in a model
+      # initialised here: zeros instead moved a tiny MobileBERT's contrastive loss by 1e-4 and
+      # its gradient by 11%), or zeros when the instance fills a row of T on its own.
       nxt = jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0)))
       prev = jnp.pad(x[:, :-1], ((0, 0), (1, 0), (0, 0)))
       if instance_ids is not None:
         same = instance_ids[:, 1:] == instance_ids[:, :-1]                      # [B, T - 1]
-        nxt = nxt * jnp.pad(same, ((0, 0), (0, 1)))[..., None]
         prev = prev * jnp.pad(same, ((0, 0), (1, 0)))[..., None]
+        ends = (instance_ids != 0) & ~jnp.pad(same, ((0, 0), (0, 1)))          # [B, T] last
+        own = (position_ids if position_ids is not None
+               else jnp.arange(input_ids.shape[1])[None])                      # [B, T]
+        pad = words(jnp.zeros((), jnp.int32))                                  # [E]
+        nxt = jnp.where((ends & (own < input_ids.shape[1] - 1))[..., None], pad,
+                        nxt * jnp.pad(same, ((0, 0), (0, 1)))[..., None])
       x = jnp.concatenate([nxt, x, prev], -1)                                  # [B, T, 3E]
     if c.trigram_input or e != h:
       x = _dense(c, h, ("mlp", "embed"), "embedding_transformation")(x)       # [B, T, H]

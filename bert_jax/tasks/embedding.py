@@ -192,7 +192,8 @@ def pack_batches(task, train, config, batches, mesh):
   k = int(config.get("max_instances_per_pack", 0) or packing.default_max_instances(t))
   if k < 1:
     raise TaskDataError(f"config.max_instances_per_pack={k}: the texts a packed row holds must "
-                        f"be >= 1 (0: max_seq_length // 16 = {packing.default_max_instances(t)}).")
+                        f"be >= 1 (0: the default, max(2, max_seq_length // 16) = "
+                        f"{packing.default_max_instances(t)}).")
   lengths = f["input_mask"].sum(-1)                                     # [N, S]
   need = max(packing.text_rows(lengths[idx], seq_length=t, max_instances=k) for idx in batches)
   hosts = jax.process_count()
