@@ -65,8 +65,13 @@ def main():
   rows = len(packed_batch(batches[0])["input_ids"])
   unpacked_fill = real / (len(batches) * c.batch_size * s * t)
   packed_fill = real / (len(batches) * rows * t)
+  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  k = c.max_instances_per_pack or packing.default_max_instances(t)
+  needed = [packing.text_rows(f["input_mask"][b].sum(-1), seq_length=t, max_instances=k)
+            for b in batches]
   print(f"real tokens per slot: unpacked {unpacked_fill:.3f} ({c.batch_size * s} rows a batch), "
-        f"packed {packed_fill:.3f} ({rows} rows a batch): {packed_fill / unpacked_fill:.2f}x")
+        f"packed {packed_fill:.3f} ({rows} rows a batch, K={k}; a batch needs {min(needed)}-"
+        f"{max(needed)}, mean {np.mean(needed):.1f}): {packed_fill / unpacked_fill:.2f}x")
 
   mc = model_lib.get_bert_config(args.model, vocab_size=tokenizer.vocab.size,
                                  max_position_embeddings=max(512, t))
