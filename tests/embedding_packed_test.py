@@ -72,19 +72,41 @@ def test_packed_rows_hold_every_text_of_the_batch_once_at_its_slot():
   assert r * 1.5 < B * S   # fewer rows than texts: 14 rows for 24 texts of 3-24 tokens
   for idx, p in zip(batches, packed):
     assert p["input_ids"].shape == (r, T) and p["cls_positions"].shape == (r, K)
-    assert p["text_slots"].shape == (B, S)
-    np.testing.assert_array_equal(p["example_weights"], np.arange(B) < len(idx))
-    slots = p["text_slots"][:len(idx)].reshape(-1)
-    assert len(set(slots.tolist())) == len(slots)   # one slot per text
-    for j, slot in enumerate(slots):
-      i, s = divmod(j, S)
-      row, k = divmod(int(slot), K)
-      at = p["instance_ids"][row] == k + 1
-      n = f["input_mask"][idx[i], s].sum()
-      np.testing.assert_array_equal(p["input_ids"][row][at], f["input_ids"][idx[i], s, :n])
-      np.testing.assert_array_equal(p["position_ids"][row][at], np.arange(n))
-      assert p["cls_positions"][row, k] == np.flatnonzero(at)[0]
-    assert p["input_mask"].sum() == f["input_mask"][idx].sum()   # nothing else in the rows
+    _check_rows(f, idx, p)
+
+
+def _check_rows(f, idx, p):
+  """Every text of the batch's rows idx at its slot, positions its own, nothing else."""
+  assert p["text_slots"].shape == (B, S)
+  np.testing.assert_array_equal(p["example_weights"], np.arange(B) < len(idx))
+  slots = p["text_slots"][:len(idx)].reshape(-1)
+  assert len(set(slots.tolist())) == len(slots)   # one slot per text
+  for j, slot in enumerate(slots):
+    i, s = divmod(j, S)
+    row, k = divmod(int(slot), K)
+    at = p["instance_ids"][row] == k + 1
+    n = f["input_mask"][idx[i], s].sum()
+    np.testing.assert_array_equal(p["input_ids"][row][at], f["input_ids"][idx[i], s, :n])
+    np.testing.assert_array_equal(p["position_ids"][row][at], np.arange(n))
+    assert p["cls_positions"][row, k] == np.flatnonzero(at)[0]
+  assert p["input_mask"].sum() == f["input_mask"][idx].sum()   # nothing else in the rows
+
+
+def test_each_host_takes_its_share_of_rows_and_of_examples(monkeypatch):
+  """On 2 hosts each builds the same packed global batch and keeps its half of the rows (R even)
+  and of the examples' slots, which index the global rows (make_global_batch joins them)."""
+  f, idx = _features(), np.arange(B - 1)
+  task = embedding.EmbeddingTask("t", {})
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  host_batch, _ = embedding.pack_batches(task, _split(f), _config(), [idx], _mesh())
+  parts = []
+  for h in (0, 1):
+    monkeypatch.setattr(jax, "process_index", lambda h=h: h)
+    parts.append(host_batch(idx))
+  assert len(parts[0]["input_ids"]) == len(parts[1]["input_ids"])   # R / 2 rows each
+  assert len(parts[0]["text_slots"]) == len(parts[1]["text_slots"]) == B // 2
+  whole = {k: np.concatenate([parts[0][k], parts[1][k]]) for k in parts[0]}
+  _check_rows(f, idx, whole)
 
 
 def test_a_bad_texts_a_row_is_one_line_before_compute():
