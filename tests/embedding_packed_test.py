@@ -196,9 +196,11 @@ def test_packed_grad_cache_step_on_8_devices_equals_the_unpacked_plain_step():
       return before, jax.device_get(state["params"]), jax.device_get(m)
 
   chunked = embedding.EmbeddingTask("t", {}, grad_cache_chunks=2)
-  host_batch, _ = embedding.pack_batches(chunked, _split(f), config, [idx], mesh)
+  host_batch, line = embedding.pack_batches(chunked, _split(f), config, [idx], mesh)
   packed = host_batch(idx)
-  assert len(packed["input_ids"]) % 16 == 0
+  r = len(packed["input_ids"])
+  assert r % 16 == 0 and line.endswith(f"GradCache embeds each device's {r // 8} rows in 2 "
+                                       f"chunks of {r // 16}")
   plain = step(embedding.EmbeddingTask("t", {}), finetune._host_batch(f, KEYS, idx, b))  # pylint: disable=protected-access
   gct._same_step(step(chunked, packed), plain)   # pylint: disable=protected-access
 

@@ -198,7 +198,7 @@ def pack_batches(task, train, config, batches, mesh):
   need = max(packing.text_rows(lengths[idx], seq_length=t, max_instances=k) for idx in batches)
   hosts = jax.process_count()
   multiple = math.lcm(sharding_lib.data_parallel_size(mesh) * max(1, task.grad_cache_chunks),
-                      hosts)
+                      hosts)   # every device's rows split into the chunks; every host's share
   rows = -(-need // multiple) * multiple                                # R
   b = int(config.batch_size)
   keys = ("input_ids", "input_mask", "segment_ids")
@@ -217,10 +217,13 @@ def pack_batches(task, train, config, batches, mesh):
     return out
 
   real = sum(int(lengths[idx].sum()) for idx in batches)   # the run's tokens, every epoch
+  dp, chunks = sharding_lib.data_parallel_size(mesh), task.grad_cache_chunks
   line = (f"{task.name}/train: packing each batch's {b} x {s} texts into {rows} rows of {t} "
           f"tokens (<= {k} texts a row; {need} rows: the most any of the run's {len(batches)} "
           f"batches needs): real tokens per slot {real / (len(batches) * b * s * t):.3f} "
-          f"unpacked -> {real / (len(batches) * rows * t):.3f} packed")
+          f"unpacked -> {real / (len(batches) * rows * t):.3f} packed"
+          + (f"; GradCache embeds each device's {rows // dp} rows in {chunks} chunks of "
+             f"{rows // dp // chunks}" if chunks > 1 else ""))
   return host_batch, line
 
 
