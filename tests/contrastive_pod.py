@@ -10,7 +10,8 @@ task trains with, contrastive.matryoshka_info_nce, and its gradients are then ta
 the sharded arrays, so every host's and device's rows and hard negatives are every anchor's
 negatives through XLA's collectives (no host gather). Process 0 prints one `RESULT {json}` line:
 the losses and gradients, which tests/contrastive_pod_test.py compares with one process on the
-whole batch. (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
+whole batch; and the same for packed rows (packed_batch: each host holds its rows of pooled text
+vectors and its examples' slots into the global rows). (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
 types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
 ShardingTypeError, jax 0.10.) Tests only.
 """
@@ -35,6 +36,35 @@ def global_batch():
   weights = np.ones(B, np.float32)
   weights[[5, 14]] = 0.0
   return anchors, np.concatenate([positives[:, None], negatives], axis=1), weights
+
+
+R, SLOTS = 16, 8              # packed rows and text slots a row (the packed variant below)
+
+
+def packed_batch():
+  """global_batch()'s B x (2 + K) vectors as packed rows' pooled texts: (pooled [R, SLOTS, D],
+  text_slots [B, 2 + K] int32, weights [B]); the texts sit at random slots of the R x SLOTS, so
+  a host's examples read vectors of the other host's rows (contrastive.texts_of_rows gathers
+  across hosts), and half the slots are empty."""
+  anchors, candidates, weights = global_batch()
+  texts = np.concatenate([anchors[:, None], candidates], axis=1)           # [B, 2 + K, D]
+  at = np.random.default_rng(41).permutation(R * SLOTS)[:texts.size // D]
+  pooled = np.zeros((R * SLOTS, D), np.float32)
+  pooled[at] = texts.reshape(-1, D)
+  return pooled.reshape(R, SLOTS, D), at.reshape(B, -1).astype(np.int32), weights
+
+
+def packed_loss_and_grad(pooled, text_slots, weights):
+  """(loss, d/d pooled [R, SLOTS, D]) of the embedding task's packed loss: texts_of_rows, then
+  matryoshka_info_nce with the "plain" settings (jitted; the inputs may be sharded)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+
+  def loss(p, s, w):
+    t = contrastive.texts_of_rows(p, s)                                    # [B, 2 + K, D]
+    return contrastive.matryoshka_info_nce(t[:, 0], t[:, 1:], DIMS, weights=w,
+                                           **SETTINGS["plain"])
+  return jax.jit(jax.value_and_grad(loss))(pooled, text_slots, weights)
 
 
 def losses_and_grads(anchors, candidates, weights):
@@ -71,6 +101,13 @@ def main(argv):
     def gather(x):
       return np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()
     result[name] = dict(loss=float(loss), d_anchors=gather(d_a), d_candidates=gather(d_c))
+  # Packed rows: this host's R / nproc rows of pooled texts and its B / nproc examples' slots.
+  pooled, slots, w = packed_batch()
+  mine = [pooled[pid * (R // nproc):(pid + 1) * (R // nproc)], slots[pid * rows:(pid + 1) * rows],
+          w[pid * rows:(pid + 1) * rows]]
+  loss, d_pooled = packed_loss_and_grad(*sharding.make_global_batch(mine, mesh))
+  result["packed"] = dict(loss=float(loss), d_pooled=np.asarray(
+      multihost_utils.process_allgather(d_pooled, tiled=True)).tolist())
   if pid == 0:
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -3,8 +3,9 @@ item 3).
 
 tests/contrastive_pod.py runs under `launch.local_pod` (2 processes x 4 CPU devices, gloo): each
 host feeds its own 8 of the 16 rows, and contrastive.matryoshka_info_nce (the embedding task's
-loss) and its gradients are taken on the sharded global arrays. Here one process computes the
-same on the whole batch, unsharded.
+loss) and its gradients are taken on the sharded global arrays, unpacked and as packed rows'
+pooled texts (contrastive.texts_of_rows). Here one process computes the same on the whole batch,
+unsharded.
 """
 
 import json
@@ -38,6 +39,19 @@ def test_two_process_global_batch_loss_and_gradients_equal_one_process():
     np.testing.assert_allclose(pod[name]["d_anchors"], d_a, rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(pod[name]["d_candidates"], d_c, rtol=1e-5, atol=1e-6,
                                err_msg=name)
+  # Packed rows (the embedding task's --config.pack=true): the same loss, and each text's
+  # gradient at its slot of the global rows (empty slots 0), though a host's examples read the
+  # other host's rows.
+  loss, (d_a, d_c) = float(one["plain"][0]), one["plain"][1]
+  assert pod["packed"]["loss"] == pytest.approx(loss, rel=1e-6)
+  _, slots, _ = contrastive_pod.packed_batch()
+  d_pooled = np.asarray(pod["packed"]["d_pooled"]).reshape(-1, contrastive_pod.D)
+  want = np.zeros_like(d_pooled)
+  want[slots.reshape(-1)] = np.concatenate([np.asarray(d_a)[:, None], d_c],
+                                           axis=1).reshape(-1, contrastive_pod.D)
+  np.testing.assert_allclose(d_pooled, want, rtol=1e-5, atol=1e-6)
+  rows_of = slots // contrastive_pod.SLOTS   # the packed row of each text
+  assert (rows_of[:8] >= 8).any() and (rows_of[8:] < 8).any()   # read across hosts
   # ...and that is not what each host would get from its own rows alone: every host's rows and
   # hard negatives are every anchor's negatives.
   a, c, w = contrastive_pod.global_batch()
