@@ -16,19 +16,14 @@ sequences of --seq tokens each. docs/finetuning.md has measured figures.
 """
 
 import sys
-import time
 
 from absl import app
 from absl import flags
 import jax
 
-from bert_jax import finetune
 from bert_jax import model as model_lib
-from bert_jax import sharding as sharding_lib
-from bert_jax import tasks
-from bert_jax import trainer_lib
+from bert_jax import plan_finetune
 from bert_jax.configs import finetune as finetune_config
-from bert_jax.tasks import embedding
 
 flags.DEFINE_string("model", "base", "a preset of bert_jax.model.get_bert_config")
 flags.DEFINE_integer("vocab", 30_522, "vocabulary size")
@@ -54,27 +49,16 @@ def devices_of(topology):
 
 def step_memory(model_config, *, batch, seq, negatives, chunks, devices):
   """{temporaries, arguments, total, compile_seconds} (bytes a device) of the loop's
-  embedding train step with config.embedding.grad_cache_chunks=chunks, compiled for devices."""
+  embedding train step with config.embedding.grad_cache_chunks=chunks, compiled for devices
+  (bert_jax.plan_finetune.compile_step: what `bert_jax.plan` compiles for a fine-tuning config).
+  total: arguments + outputs - donated + temporaries, without the code (as measured before)."""
   config = finetune_config.get_config("custom")
   config.custom.type, config.max_seq_length, config.batch_size = "embedding", seq, batch
   config.learning_rate, config.num_train_epochs = 1e-4, 1.0
-  task = embedding.EmbeddingTask("memory", {}, grad_cache_chunks=chunks)
-  mesh = trainer_lib.create_mesh((-1, 1, 1), batch, devices=devices)
-  t = finetune.build_training(tasks.of(task), model_config, config, mesh, num_train_steps=100,
-                              warmup_steps=10)
-  rows = sharding_lib.batch_sharding(mesh)
-  shape = (batch, 2 + negatives, seq)                                   # [B, S, T]
-  spec = dict(input_ids=(shape, "int32"), input_mask=(shape, "int32"),
-              segment_ids=(shape, "int32"), example_weights=((batch,), "float32"))
-  abstract = {k: jax.ShapeDtypeStruct(s, d, sharding=rows) for k, (s, d) in spec.items()}
-  start = time.perf_counter()
-  with trainer_lib.mesh_rules(mesh):
-    compiled = t.train_step.lower(t.abstract_state, abstract).compile()
-  mem = compiled.memory_analysis()
-  return dict(temporaries=mem.temp_size_in_bytes, arguments=mem.argument_size_in_bytes,
-              total=(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                     - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
-              compile_seconds=time.perf_counter() - start)
+  config.embedding.num_negatives, config.embedding.grad_cache_chunks = negatives, chunks
+  c = plan_finetune.compile_step(config, model_config, devices)
+  return dict(temporaries=c.temporaries, arguments=c.arguments, total=c.total - c.code,
+              compile_seconds=c.compile_seconds)
 
 
 def main(_):

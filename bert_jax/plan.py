@@ -17,6 +17,11 @@ the compiler error the slice would give.
 --search looks for the cheapest settings that fit the configured global batch (data parallel,
 then FSDP, then remat, then gradient accumulation) and prints the flags to paste into `train`.
 
+A fine-tuning config (bert_jax/configs/finetune.py's, as `bert_jax.finetune` takes it; task types
+that declare their training batch: embedding) plans the fine-tuning loop's step instead, and
+with GradCache (config.embedding.grad_cache_chunks = N > 1) the unchunked step beside it:
+memory per chip and compiled FLOPs of both, and which fits (bert_jax/plan_finetune.py).
+
 Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error, 3 no verdict (the
 TPU compiler itself crashed; libtpu 0.0.42.1 segfaulted on some remat programs here).
 """
@@ -38,7 +43,8 @@ from bert_jax import tpu_specs
 # (plan.compile_step, plan.PlanError, ...), as the tests and users' scripts call them.
 from bert_jax.plan_compile import (  # pylint: disable=unused-import
     GiB, Compiled, IsolatedCompiler, PlanError, available_hbm, collectives, compile_step,
-    layout_of, model_config_factory, require_libtpu, topology_devices, without_persistent_cache)
+    hbm_per_chip, layout_of, model_config_factory, require_libtpu, topology_devices,
+    without_persistent_cache)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,11 +241,21 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   compile of the step, and the verdict from it."""
   spec = tpu_specs.parse_topology(topology)     # the cheap checks first
   libtpu = require_libtpu()
+  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
+  if plan_finetune.is_finetune(config):   # bert_jax/configs/finetune.py's: the loop's step
+    if search_settings:
+      raise PlanError("--search looks for pre-training settings (mesh, remat, accumulation); "
+                      "drop it for a fine-tuning config (GradCache's chunks: "
+                      "--config.embedding.grad_cache_chunks=N).")
+    if price is not None:   # its step count depends on the data, which the plan does not read
+      raise PlanError("--price_per_chip_hour: a fine-tuning plan prints memory and FLOPs, no "
+                      "cost (the steps depend on the data); drop the flag.")
+    return plan_finetune.plan(config, spec, libtpu, hbm_gib, log=log, isolate=isolate)
   make_model_config, vocab, teacher, devices = _check_as_train(config, spec, search_settings)
   model_config = make_model_config(config)
   gen = spec.generation
   price = gen.price_per_chip_hour if price is None else float(price)
-  hbm, hbm_source = _hbm_per_chip(devices[0], gen, hbm_gib)
+  hbm, hbm_source = hbm_per_chip(devices[0], gen, hbm_gib)
   _log_header(log, config, model_config, vocab, spec, libtpu, teacher)
   result = dict(topology=spec.cloud_name, jax_topology=spec.jax_topology, chips=spec.chips,
                 hosts=spec.hosts, device_kind=gen.device_kind, libtpu=libtpu,
@@ -313,17 +329,6 @@ def _check_as_train(config, spec, search_settings):
   return make_model_config, vocab, teacher, devices
 
 
-def _hbm_per_chip(device, gen, hbm_gib):
-  """(bytes a program may use on one chip, where the figure comes from): the compiler's own,
-  else the generation's nominal HBM; at most --hbm_gib."""
-  hbm, source = available_hbm(device), "the compiler allows"
-  if hbm is None:
-    hbm, source = gen.hbm_gib * GiB, "(nominal; the compiler gave no figure)"
-  if hbm_gib is not None:
-    hbm, source = min(hbm, hbm_gib * GiB), "allowed by --hbm_gib"
-  return hbm, source
-
-
 def _log_header(log, config, model_config, vocab, spec, libtpu, teacher):
   """The report's first lines: the model and batch, the slice, the teacher, a dtype note."""
   gen = spec.generation
@@ -374,7 +379,10 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   config_flags.DEFINE_config_file("config", None, "The pre-training config, as bert_jax.train's "
-                                  "(e.g. bert_jax/configs/pretrain.py:base).", lock_config=True)
+                                  "(e.g. bert_jax/configs/pretrain.py:base), or a fine-tuning "
+                                  "one, as bert_jax.finetune's (embedding tasks: "
+                                  "bert_jax/configs/finetune.py:modernbert_embed_stage1).",
+                                  lock_config=True)
   flags.DEFINE_string("topology", None, "The TPU slice: v5p-128, v5litepod-16, v4-32, v6e-64 or "
                       "JAX's form v5e:4x4.")
   flags.DEFINE_bool("search", False, "Find the cheapest mesh/remat/accumulation settings that fit "
@@ -409,8 +417,9 @@ def main(argv):
     files_lib.write_atomic(FLAGS.json, json.dumps(result, indent=2, default=str))
     print(f"wrote {FLAGS.json}", flush=True)
   if result["fits"]:
+    program = "bert_jax.finetune" if result.get("kind") == "finetune" else "launch/run.sh"
     print(f"next: create the slice (launch/create.sh with ACCELERATOR_TYPE={result['topology']}), "
-          "then launch/run.sh with the same --config flags; docs/planning.md", flush=True)
+          f"then {program} with the same --config flags; docs/planning.md", flush=True)
   return {True: 0, False: 1, None: 3}[result["fits"]]
 
 

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
+import io
 import math
 import os
 import re
@@ -103,6 +104,17 @@ def available_hbm(device):
   return None
 
 
+def hbm_per_chip(device, gen, hbm_gib):
+  """(bytes a program may use on one chip, where the figure comes from): the compiler's own,
+  else the generation's nominal HBM; at most --hbm_gib."""
+  hbm, source = available_hbm(device), "the compiler allows"
+  if hbm is None:
+    hbm, source = gen.hbm_gib * GiB, "(nominal; the compiler gave no figure)"
+  if hbm_gib is not None:
+    hbm, source = min(hbm, hbm_gib * GiB), "allowed by --hbm_gib"
+  return hbm, source
+
+
 # ----------------------------------------------------------------------------------------------
 # Compiling one configuration.
 # ----------------------------------------------------------------------------------------------
@@ -116,6 +128,7 @@ class Compiled:
   optimizer: int = 0
   batch: int = 0
   frozen: int = 0              # DistilBERT's teacher: parameters in the step, never trained
+  arguments: int = 0           # all the step's inputs (memory_analysis): the four above and more
   temporaries: int = 0
   code: int = 0
   total: int = 0
@@ -173,47 +186,72 @@ def compile_step(config, model_config, devices):
   """Lowers and compiles train.build_training's step for `devices`; a Compiled. DistilBERT's
   step runs with its frozen teacher as train's does, from the teacher's shapes
   (its family's planning_teacher: nothing is read)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import attention as attention_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import fp8 as fp8_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   from bert_jax import input_source  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
 
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
                                  grad_accum_steps=int(config.grad_accum_steps), devices=devices)
-  where = dict(packed=bool(config.pack), seq_len=config.seq_length,
-               platform_name=devices[0].platform)
-  attention = attention_lib.startup_line(model_config, **where)
-  fp8_note = fp8_lib.startup_note(model_config, where["platform_name"])
-  attention += f"; {fp8_note}" if fp8_note else ""
-  kernels = attention_lib.training_backends(model_config, **where)
   t = train.build_training(config, model_config, mesh,
                            teacher=families.get(model_config.family).planning_teacher(
                                config, model_config))
+  batch = abstract_batch(input_source.batch_spec(config, layout_of(config)), mesh)
+  return compile_train_step(t, batch, mesh, **attention_fields(
+      model_config, packed=bool(config.pack), seq_len=config.seq_length,
+      platform_name=devices[0].platform))
+
+
+def attention_fields(model_config, **where):
+  """Compiled's attention (the start-up line's words, fp8's note) and kernels (training's
+  kernel by layer kind) for the step on `where` (packed, seq_len, platform_name)."""
+  from bert_jax import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import fp8 as fp8_lib  # pylint: disable=g-import-not-at-top
+  attention = attention_lib.startup_line(model_config, **where)
+  fp8_note = fp8_lib.startup_note(model_config, where["platform_name"])
+  attention += f"; {fp8_note}" if fp8_note else ""
+  return dict(attention=attention, kernels=attention_lib.training_backends(model_config, **where))
+
+
+def abstract_batch(spec, mesh):
+  """{key: (shape, dtype)} of a global batch -> ShapeDtypeStructs sharded as the loops shard a
+  batch (rows over data x fsdp)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   shard = sharding_lib.batch_sharding(mesh)
-  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shard)
-           for k, (shape, dtype) in input_source.batch_spec(config, layout_of(config)).items()}
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shard)
+          for k, (shape, dtype) in spec.items()}
+
+
+def compile_train_step(t, batch, mesh, **fields):
+  """Lowers and compiles a trainer_lib.Steps' train_step (pre-training's or fine-tuning's) for
+  its abstract state and `batch` (abstract_batch), not through the persistent cache, and reads
+  what the compiler says of it per chip: a Compiled (`fields`: its start-up words). A program
+  that runs out of the chip's memory is Compiled(fits=False) with the compiler's message."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  state = t.abstract_state
   start = time.perf_counter()
   with trainer_lib.mesh_rules(mesh):
-    lowered = t.train_step.lower(t.abstract_state, batch)
+    lowered = t.train_step.lower(state, batch)
   try:
     with without_persistent_cache():
       compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
+    # What the step's inputs hold is known from their shapes without the program.
     return Compiled(False, time.perf_counter() - start,
-                    error=" ".join(str(e).split()).rstrip("."), attention=attention,
-                    kernels=kernels, num_params=_num_params(t.abstract_state["params"]))
+                    error=" ".join(str(e).split()).rstrip("."),
+                    num_params=_num_params(state["params"]),
+                    params=_per_device_bytes(state["params"]),
+                    optimizer=_per_device_bytes(state["opt_state"]),
+                    batch=_per_device_bytes(batch), **fields)
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   hlo = compiled.as_text()
-  state = t.abstract_state
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
            + mem.temp_size_in_bytes + mem.generated_code_size_in_bytes)
   # libtpu 0.0.42.1's cost model counts each ConcatBitcast custom call as -1 s (tiny: -1.9988 s
@@ -224,11 +262,12 @@ def compile_step(config, model_config, devices):
       params=_per_device_bytes(state["params"]),
       optimizer=_per_device_bytes(state["opt_state"]), batch=_per_device_bytes(batch),
       frozen=_per_device_bytes(t.frozen) if t.frozen is not None else 0,
+      arguments=mem.argument_size_in_bytes,
       temporaries=mem.temp_size_in_bytes, code=mem.generated_code_size_in_bytes, total=total,
       flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
       compiler_seconds=float(cost.get("optimal_seconds", 0.0)) + concat_bitcasts,
       compiler_raw_seconds=float(cost.get("optimal_seconds", 0.0)), concat_bitcasts=concat_bitcasts,
-      collectives=collectives(hlo), attention=attention, kernels=kernels)
+      collectives=collectives(hlo), **fields)
 
 
 def _compile_worker(conn, topology):
@@ -236,12 +275,19 @@ def _compile_worker(conn, topology):
   (None), answering each with Compiled as a dict. See IsolatedCompiler."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
+  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
   devices = topology_devices(tpu_specs.parse_topology(topology))
-  while (config_dict := conn.recv()) is not None:
+  while (message := conn.recv()) is not None:
+    config_dict, model_config = message
     config = ml_collections.ConfigDict(config_dict)
     try:
-      make_model_config, _ = model_config_factory(config)
-      conn.send(dataclasses.asdict(compile_step(config, make_model_config(config), devices)))
+      if plan_finetune.is_finetune(config):   # the parent made its model config (and said so)
+        with contextlib.redirect_stdout(io.StringIO()):   # ... and the task's start-up lines
+          c = plan_finetune.compile_step(config, model_config, devices)
+      else:
+        make_model_config, _ = model_config_factory(config)
+        c = compile_step(config, make_model_config(config), devices)
+      conn.send(dataclasses.asdict(c))
     except errors.UserError as e:   # the parent checks first (plan); any it missed is one line
       conn.send({"user_error": str(e)})
     except Exception:  # pylint: disable=broad-except  a bug: its traceback, in the parent
@@ -262,7 +308,9 @@ class IsolatedCompiler:
     import multiprocessing  # pylint: disable=g-import-not-at-top
     self._ctx, self._topology, self._child = multiprocessing.get_context("spawn"), topology, None
 
-  def __call__(self, config):
+  def __call__(self, config, model_config=None):
+    """config's step compiled in the child: a Compiled. model_config: a fine-tuning config's
+    BertConfig as the parent made it (pre-training's is made from the config in the child)."""
     start = time.perf_counter()
     if self._child is None:
       self._conn, child_end = self._ctx.Pipe()
@@ -271,7 +319,7 @@ class IsolatedCompiler:
       self._child.start()
       child_end.close()
     try:
-      self._conn.send(config.to_dict())
+      self._conn.send((config.to_dict(), model_config))
       answer = self._conn.recv()
     except (EOFError, BrokenPipeError):   # the child died: the compiler crashed
       self._child.join()

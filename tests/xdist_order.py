@@ -48,6 +48,7 @@ FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
     "tests/beam_pipeline_test.py": 45,
     "tests/trainer_lib_test.py": 39,
     "tests/distil_test.py": 39,
+    "tests/plan_finetune_test.py": 20,   # an estimate: 18 s on the loaded box, 2026-11-27
     "tests/electra_finetune_test.py": 37,
     "tests/tf_setup_test.py": 36,
     "tests/faults_second_pass_test.py": 35,
@@ -77,6 +78,8 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/finetune_test.py": 248,
     "tests/plan_test.py::"
     "test_search_finds_settings_that_fit": 100,   # 0c6996e: per-chip 2, not 16
+    "tests/plan_finetune_test.py::"   # an estimate: 91 s of CPU, 2026-11-27 on the loaded box
+    "test_cli_plans_grad_cache_against_the_unchunked_step": 100,
     "tests/stream_test.py::"
     "test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other": 222,
     "tests/e2e_pretrain_test.py": 210,

@@ -266,6 +266,17 @@ def grad_cache_step(task, mesh, batch_size):
   return grads_fn
 
 
+def train_batch(task, config):
+  """{key: (shape, dtype)} of one global training batch: B rows of S = 2 + k texts of T tokens
+  (k = config.embedding.num_negatives, pairs when it is -1: any number, which the data decides)
+  and the rows' weights (0.0: a padding row). What bert_jax.plan and
+  benchmarks/grad_cache_memory.py compile the step for, with no data."""
+  b, t = int(config.batch_size), int(config.max_seq_length)
+  shape = (b, 2 + max(task.num_negatives, 0), t)                        # [B, S, T]
+  return dict(input_ids=(shape, "int32"), input_mask=(shape, "int32"),
+              segment_ids=(shape, "int32"), example_weights=((b,), "float32"))
+
+
 def input_shape(seq_length, num_choices=0):
   del num_choices
   return (1, 2, seq_length)   # an anchor and its positive
@@ -391,7 +402,7 @@ TYPE = registry.register(registry.TaskType(
     named_tasks={}, label_keys=(),
     load_split=load_split, custom_task=custom_task, bind=_bind,
     create_head=lambda model_config, num_labels=0, num_choices=0: EmbeddingModel(model_config),
-    input_shape=input_shape,
+    input_shape=input_shape, train_batch=train_batch,
     loss=lambda outputs, batch: _bind(EmbeddingTask("", {})).loss(outputs, batch),
     predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test, packable=True,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,

@@ -52,6 +52,10 @@ class TaskType:
                                            #   called before compute, may refuse the sizes.
                                            #   None: jax.value_and_grad of `loss` (embedding:
                                            #   GradCache when grad_cache_chunks > 1)
+  train_batch: Optional[Callable] = None   # (task, run config) -> {key: (shape, dtype)} of one
+                                           #   global training batch, what the train step
+                                           #   reads; bert_jax.plan compiles the step from it
+                                           #   without data. None: the plan cannot build it
 
   # --- Evaluation and prediction files (host, numpy).
   evaluate: Callable = None       # (task, split, host outputs, tokenizer, config, output_dir)
