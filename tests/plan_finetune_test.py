@@ -170,3 +170,23 @@ def test_an_unchunked_step_out_of_memory_is_shown_from_the_compilers_message():
   assert fits is True and verdict.startswith(
       "GradCache 32 x 64 rows FITS on v5litepod-8 with 9.75 GiB (62%) of HBM to spare per chip; "
       "the unchunked step DOES NOT FIT on v5litepod-8: RESOURCE_EXHAUSTED"), verdict
+
+
+def test_the_model_is_the_init_checkpoints_read_without_its_arrays(tmp_path, vocab):
+  """--config.init_checkpoint: the export's own config (width 64 here, not the preset's 128)
+  and its vocabulary's size, with config.model's settings, as bert_jax.finetune reads them."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  mc = model_lib.get_bert_config("tiny", vocab_size=512, hidden_size=64, num_heads=2,
+                                 intermediate_size=128)
+  params = nn.unbox(pretraining_heads.init_params(mc, jax.random.PRNGKey(0)))
+  path = ckpt_lib.save_params(str(tmp_path / "export"), params, mc)
+  config = _finetune_config(model_name="", init_checkpoint=path, vocab_file=vocab,
+                            **{"model.dtype": "bfloat16"})   # config.model's, as finetune's
+  got, source = plan_finetune.model_config_of(config)
+  assert (got.hidden_size, got.vocab_size, got.dtype) == (64, 512, "bfloat16")
+  assert source == "the init checkpoint's"
