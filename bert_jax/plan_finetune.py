@@ -174,7 +174,8 @@ def labels(config, per_device):
 
 
 def report_lines(config, steps, names, hbm, hbm_source, spec):
-  """The memory table (per chip), FLOPs and the verdict, as `plan` prints them."""
+  """The memory table (per chip, a column a step), the compiled FLOPs and GradCache's ratios to
+  the unchunked step, as `plan` prints them before the verdict."""
   cols = list(names)
   width = max(len(n) for n in names.values()) + 2
 
@@ -209,7 +210,6 @@ def report_lines(config, steps, names, hbm, hbm_source, spec):
                    + (f", {n * gc.flops / plain.flops:.2f}x the unchunked step's (~4/3: one "
                       "more forward)" if plain.fits and plain.flops else ""))
   return lines
-
 
 
 def verdict(steps, names, hbm, spec):

@@ -170,6 +170,14 @@ def test_an_unchunked_step_out_of_memory_is_shown_from_the_compilers_message():
   assert fits is True and verdict.startswith(
       "GradCache 32 x 64 rows FITS on v5litepod-8 with 9.75 GiB (62%) of HBM to spare per chip; "
       "the unchunked step DOES NOT FIT on v5litepod-8: RESOURCE_EXHAUSTED"), verdict
+  # Without GradCache the unchunked step is the configured one: exit 1, and the way out named.
+  alone = {"unchunked": steps["unchunked"]}
+  fits, verdict = plan_finetune.verdict(alone, {"unchunked": "unchunked step"}, 15.75 * GiB, spec)
+  assert fits is False and verdict.endswith("--config.embedding.grad_cache_chunks=N "
+                                            "(custom.type=embedding)"), verdict
+  table = plan_finetune.report_lines(_finetune_config(), alone, {"unchunked": "unchunked step"},
+                                     15.75 * GiB, "the compiler allows", spec)
+  assert not any(l.startswith(("GradCache", "FLOPs:")) for l in table), table
 
 
 def test_the_model_is_the_init_checkpoints_read_without_its_arrays(tmp_path, vocab):
