@@ -79,6 +79,11 @@ def check(config, devices):
                     f"--config.task=custom --config.custom.type={able[0]}); this task is "
                     f"{task.type}, whose bert_jax/tasks/{task.type}.py declares no "
                     "`train_batch` yet.")
+  if config.get("pack"):   # packed rows: how many a batch needs is the data's (pack_batches)
+    raise PlanError("config.pack=true: a packed fine-tuning batch's row count comes from its "
+                    "data, which the plan does not read; plan the unpacked step (drop the flag: "
+                    "packed rows hold the same texts in fewer tokens, so it bounds the packed "
+                    "step's activations).")
   if config.get("distill_teacher"):
     raise PlanError("config.distill_teacher: bert_jax.plan does not compile a distillation "
                     "step (the teacher inside it); drop the flag to plan the student's step.")

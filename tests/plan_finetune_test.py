@@ -118,7 +118,10 @@ def _finetune_config(preset="modernbert_embed_stage1,runlocal", **fields):
      r"config.batch_size=30 .*not divisible by the data-parallel size 4"),
     ("modernbert_embed_stage1,runlocal", {"embedding.matryoshka_dims": (256,)},
      r"matryoshka_dims"),
-], ids=["classification_task", "no_model", "batch_30_on_4_chips", "matryoshka_above_hidden"])
+    ("modernbert_embed_stage1,runlocal", dict(pack=True),
+     r"config.pack=true: a packed fine-tuning batch's row count comes from its data"),
+], ids=["classification_task", "no_model", "batch_30_on_4_chips", "matryoshka_above_hidden",
+        "packed"])
 def test_the_plan_refuses_what_it_cannot_build_before_compiling(monkeypatch, preset, fields,
                                                                 match):
   from bert_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
