@@ -270,20 +270,19 @@ def compile_train_step(t, batch, mesh, **fields):
       collectives=collectives(hlo), **fields)
 
 
-def _compile_worker(conn, topology):
+def _compile_worker(conn, topology, step_fn=None):
   """A child process that compiles configs it receives (dicts) for `topology` until told to stop
   (None), answering each with Compiled as a dict. See IsolatedCompiler."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
-  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
   devices = topology_devices(tpu_specs.parse_topology(topology))
   while (message := conn.recv()) is not None:
     config_dict, model_config = message
     config = ml_collections.ConfigDict(config_dict)
     try:
-      if plan_finetune.is_finetune(config):   # the parent made its model config (and said so)
+      if step_fn is not None:   # the parent made its model config (and said so)
         with contextlib.redirect_stdout(io.StringIO()):   # ... and the task's start-up lines
-          c = plan_finetune.compile_step(config, model_config, devices)
+          c = step_fn(config, model_config, devices)
       else:
         make_model_config, _ = model_config_factory(config)
         c = compile_step(config, make_model_config(config), devices)
@@ -304,9 +303,13 @@ class IsolatedCompiler:
   serves many compiles (JAX and the model code are imported once).
   """
 
-  def __init__(self, topology):
+  def __init__(self, topology, step_fn=None):
+    """step_fn: (config, model_config, devices) -> Compiled for a step other than pre-training's
+    (plan_finetune.compile_step), a module-level function: spawn pickles it by name, so the
+    child imports its module and this one names none (no plan_compile <-> plan_finetune cycle)."""
     import multiprocessing  # pylint: disable=g-import-not-at-top
     self._ctx, self._topology, self._child = multiprocessing.get_context("spawn"), topology, None
+    self._step_fn = step_fn
 
   def __call__(self, config, model_config=None):
     """config's step compiled in the child: a Compiled. model_config: a fine-tuning config's
@@ -314,7 +317,7 @@ class IsolatedCompiler:
     start = time.perf_counter()
     if self._child is None:
       self._conn, child_end = self._ctx.Pipe()
-      self._child = self._ctx.Process(target=_compile_worker, args=(child_end, self._topology),
+      self._child = self._ctx.Process(target=_compile_worker, args=(child_end, self._topology, self._step_fn),
                                       daemon=True)
       self._child.start()
       child_end.close()

@@ -275,7 +275,7 @@ def plan(config, spec, libtpu, hbm_gib=None, *, log=print, isolate=True):
                             remat=bool(model_config.remat), dtype=model_config.dtype,
                             grad_cache_chunks=chunks_of(config)),
                 steps={})
-  compiler = plan_compile.IsolatedCompiler(spec.name) if isolate else None
+  compiler = plan_compile.IsolatedCompiler(spec.name, compile_step) if isolate else None
   steps = {}
   try:
     for key in names:   # the unchunked step first: the reference GradCache is read against
