@@ -56,6 +56,7 @@ FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
     "tests/distil_finetune_test.py": 31,
     "tests/modernbert_test.py": 31,
     "tests/accelerator_benchmark_test.py": 28,
+    "tests/compact_students_benchmark_test.py": 35,   # unmarked; 2026-11-27, a loaded box
     "tests/bpe_tokenizer_test.py": 28,
     "tests/gcs_test.py": 28,
     "tests/convert_electra_test.py": 26,
@@ -94,7 +95,6 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/multihost_train_test.py::"
     "test_two_process_pod_matches_one_process_and_resumes": 122,
     "tests/accelerator_benchmark_test.py": 117,
-    "tests/compact_students_benchmark_test.py": 35,   # 2026-11-27, measured on a loaded box
     "tests/late_host_test.py": 107,
     "tests/multihost_train_test.py::"
     "test_two_process_fsdp_finetune_exports_the_one_process_parameters": 106,
