@@ -3,7 +3,6 @@ distill_ce / distill_cos parts and trainer_lib's frozen network) on tiny configs
 
 import dataclasses
 import functools
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -313,14 +312,9 @@ def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
   full = train.train_and_evaluate(c, str(tmp_path / "full"))
   # Batch 4: train.py peeks at batches 0-3 before the loop installs its SIGTERM handler
   # (synthetic rows: no input watchdog reading ahead); batch 4 is step 5's, so 5 of 6 steps.
-  restore = sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
-  first = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  restore()
-  second = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  assert first["stopped_early"] and not second["stopped_early"]
-  losses = lambda runs: [m["loss"] for r in runs for _, m in r["history"]["train"]]  # noqa: E731
-  np.testing.assert_allclose(losses([first, second]), losses([full]), rtol=1e-5)
+  first, second = sigterm_testlib.preempted_and_resumed(
+      monkeypatch, 4, lambda: train.train_and_evaluate(c, str(tmp_path / "resumed")))
+  sigterm_testlib.assert_same_losses([first, second], full)
   last = full["history"]["train"][-1][1]
   assert {"distill_ce_loss", "mlm_loss", "distill_cos_loss"} <= set(last)
   assert "python -m bert_jax.convert --input=" in " ".join(full["summary"]["next"])

@@ -4,7 +4,6 @@ moves its layer alone (AdamW's weight decay included), and a resumed progressive
 uninterrupted one."""
 
 import functools
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -209,15 +208,10 @@ def test_a_progressive_run_preempted_mid_stage_resumes_exactly(tmp_path, monkeyp
   full = train.train_and_evaluate(c, str(tmp_path / "full"))
   # Batch 4 is the fifth step's (train.py peeks at batches 0-3 first: distil_test's resume test):
   # the run stops after steps 0-4, stage 2 being steps 3-5.
-  restore = sigterm_testlib.sigterm_at_batch(monkeypatch, 4)
-  first = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  restore()
-  second = train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  assert first["stopped_early"] and not second["stopped_early"]
+  first, second = sigterm_testlib.preempted_and_resumed(
+      monkeypatch, 4, lambda: train.train_and_evaluate(c, str(tmp_path / "resumed")))
   assert len(first["history"]["train"]) == 5          # steps 0-4: stopped inside stage 2
-  losses = lambda runs: [m["loss"] for r in runs for _, m in r["history"]["train"]]  # noqa: E731
-  np.testing.assert_allclose(losses([first, second]), losses([full]), rtol=1e-5)
+  sigterm_testlib.assert_same_losses([first, second], full)
   kl = [m["distill_att_kl_loss"] for _, m in full["history"]["train"]]
   assert len(kl) == 8 and all(np.isfinite(kl))
 

@@ -7,6 +7,8 @@ gcs), which copied the same generator.
 import os
 import signal
 
+import numpy as np
+
 from bert_jax import input_source
 
 
@@ -28,3 +30,23 @@ def sigterm_at_batch(monkeypatch, index):
 
   monkeypatch.setattr(input_source, "make_batches", killing_batches)
   return lambda: monkeypatch.setattr(input_source, "make_batches", real)
+
+
+def preempted_and_resumed(monkeypatch, index, run):
+  """(first, second): `run()` SIGTERMed at stream batch `index` (sigterm_at_batch), then `run()`
+  again, which resumes from the checkpoint the first saved; the default SIGTERM handler restored.
+  Asserts the first stopped early and the second ran to the end."""
+  restore = sigterm_at_batch(monkeypatch, index)
+  first = run()
+  restore()
+  second = run()
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert first["stopped_early"] and not second["stopped_early"]
+  return first, second
+
+
+def assert_same_losses(runs, reference, rtol=1e-5):
+  """The train losses of `runs` in order (a preempted run and its resume) equal `reference`'s (an
+  uninterrupted run's), step by step."""
+  losses = lambda rs: [m["loss"] for r in rs for _, m in r["history"]["train"]]  # noqa: E731
+  np.testing.assert_allclose(losses(runs), losses([reference]), rtol=rtol)
