@@ -10,12 +10,11 @@ step's temporaries at 9 MB and GradCache's at 12 MB (the gradient accumulator an
 batch's embeddings are a tiny model's activations' size), at 512 rows 334 MB against 12 MB.
 """
 
-import importlib.util
 import json
-import os
 
 import pytest
 
+from tests import plan_test
 from tests.plan_test import _cli
 
 TINY_EMBED = ("--config=bert_jax/configs/finetune.py:modernbert_embed_stage1,runlocal",
@@ -23,12 +22,8 @@ TINY_EMBED = ("--config=bert_jax/configs/finetune.py:modernbert_embed_stage1,run
               "--config.max_seq_length=32")
 
 
-@pytest.fixture(autouse=True)
-def libtpu():
-  if importlib.util.find_spec("libtpu") is None:
-    if os.environ.get("CI"):
-      pytest.fail("libtpu is not installed: pip install -r requirements-test.txt")
-    pytest.skip("libtpu not installed (pip install -r requirements-test.txt)")
+# plan_test's autouse fixture, the same rule here: skip locally without libtpu, FAIL in CI.
+libtpu = plan_test.libtpu
 
 
 @pytest.fixture
