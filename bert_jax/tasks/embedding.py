@@ -197,8 +197,8 @@ def pack_batches(task, train, config, batches, mesh):
   lengths = f["input_mask"].sum(-1)                                     # [N, S]
   need = max(packing.text_rows(lengths[idx], seq_length=t, max_instances=k) for idx in batches)
   hosts = jax.process_count()
-  multiple = math.lcm(sharding_lib.data_parallel_size(mesh) * max(1, task.grad_cache_chunks),
-                      hosts)   # every device's rows split into the chunks; every host's share
+  dp, chunks = sharding_lib.data_parallel_size(mesh), task.grad_cache_chunks
+  multiple = math.lcm(dp * max(1, chunks), hosts)   # every device's rows in chunks; each host's
   rows = -(-need // multiple) * multiple                                # R
   b = int(config.batch_size)
   keys = ("input_ids", "input_mask", "segment_ids")
@@ -217,7 +217,6 @@ def pack_batches(task, train, config, batches, mesh):
     return out
 
   real = sum(int(lengths[idx].sum()) for idx in batches)   # the run's tokens, every epoch
-  dp, chunks = sharding_lib.data_parallel_size(mesh), task.grad_cache_chunks
   line = (f"{task.name}/train: packing each batch's {b} x {s} texts into {rows} rows of {t} "
           f"tokens (<= {k} texts a row; {need} rows: the most any of the run's {len(batches)} "
           f"batches needs): real tokens per slot {real / (len(batches) * b * s * t):.3f} "
