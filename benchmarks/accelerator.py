@@ -13,7 +13,7 @@ Cases (bfloat16 compute, float32 parameters and Adam state, AdamW as the presets
   large512   BERT-large, phase 2: seq 512, global batch 32 per chip (--batch overrides), 80
              predictions per instance, remat off (one H100 holds it; --remat turns it on)
 Each case runs unpacked (one instance per row, padded) and packed (instances end to end,
-data_pipelines/packing.py), once per attention backend. Attention dropout is 0 unless a variant
+data_pipelines/records/packing.py), once per attention backend. Attention dropout is 0 unless a variant
 asks for the recipe's 0.1 (`@drop`: cuDNN drops in its kernel, xla on the probabilities; the other
 fused kernels have none), so plain backends run the same maths; hidden dropout stays 0.1.
 
@@ -118,7 +118,7 @@ def make_batches(rng, *, count, rows, seq, preds, vocab, packed, max_instances=N
       batches.append(b)
       contents.append((lengths, b["masked_lm_weights"].sum(1).astype(int)))
       continue
-    from data_pipelines import packing  # imports TensorFlow: only when packing
+    from data_pipelines.records import packing  # imports TensorFlow: only when packing
     k = max_instances or packing.default_max_instances(seq)
     q = packing.max_predictions_per_pack(seq, k)
     # Enough instances for `rows` full rows at the quick start's mean fill (0.44), + margin.
@@ -168,7 +168,9 @@ def model_config(case, *, packed, dtype, remat, batch, hidden_dropout=None, atte
 def build(case, *, packed, backend, dtype, remat, batch, interpret, hidden_dropout=None,
           levers=None):
   """The pre-training config, model config, mesh and jitted steps of one run."""
-  from bert_jax import attention, sharding as sharding_lib, train
+  from bert_jax import train
+  from bert_jax.layers import attention
+  from bert_jax.parallel import sharding as sharding_lib
   dropout = (levers or {}).get("attention_dropout_prob", 0.0)
   choice = attention.select_backend(backend, packed=packed, dtype=dtype, seq_len=case["seq"],
                                     dropout=dropout, allow_interpret=interpret)
@@ -189,7 +191,8 @@ def real_flops(mc, contents, used):
 def run(case, *, packed, backend, dtype, steps, warmup, remat, batch, interpret, profile_dir,
         seed=0, hidden_dropout=None, profile_steps_n=3, levers=None, max_instances=None):
   import jax
-  from bert_jax import sharding as sharding_lib, train
+  from bert_jax import train
+  from bert_jax.parallel import sharding as sharding_lib
   c, mc, mesh, t, choice = build(case, packed=packed, backend=backend, dtype=dtype, remat=remat,
                                  batch=batch, interpret=interpret, hidden_dropout=hidden_dropout,
                                  levers=levers)
@@ -268,7 +271,7 @@ def profile_steps(step, state, batches, profile_dir, *, steps=3):
 # ----------------------------------------------------------------------------------------------
 def backends_to_run(requested, *, packed, dtype, seq, interpret):
   """`all`: xla plus every fused kernel that can run here; else the comma-separated list."""
-  from bert_jax import attention
+  from bert_jax.layers import attention
   if requested != "all":
     return requested.split(",")
   fused = [b for b in attention.FUSED if attention.unsupported_reason(
@@ -289,7 +292,7 @@ _KNOBS = {"bwd": ("attention", "PALLAS_BWD_BLOCK"), "M": ("attention", "CUDNN_MA
           "headbf": ("pretraining_heads", "HEAD_BF16_BACKWARD")}
 # Issue 38's levers (bare words): config.model fields, each a switch of the step (the module
 # docstring). `gelu` sets the tanh GELU its cuBLASLt epilogue needs: a change of the recipe that the
-# variant's name says (bert_jax/fused_ops.py). `drop` is the recipe's attention dropout, 0.1.
+# variant's name says (bert_jax/layers/fused_ops.py). `drop` is the recipe's attention dropout, 0.1.
 _LEVERS = {"fp8": {"fp8": True},
            "gelu": {"fused_bias_gelu": True, "hidden_act": "gelu_tanh"},
            "resnorm": {"fused_residual_norm": True},
@@ -507,7 +510,8 @@ def main(argv=None):
         if r is not None:
           peers.append(r)
   import jax
-  from bert_jax import attention, pretraining_heads
+  from bert_jax.layers import attention
+  from bert_jax.models import pretraining_heads
   device = jax.devices()[0]
   print(f"{jax.device_count()} x {device.device_kind} ({attention.platform()}), jax "
         f"{jax.__version__}", flush=True)

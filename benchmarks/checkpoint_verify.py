@@ -26,10 +26,10 @@ import time
 import jax
 import numpy as np
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import manifest as manifest_lib
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 
 
 def random_state(size, with_moments):

@@ -67,7 +67,7 @@ def _word_spans(cont, special):
 def whole_vs_partial(rows, cfg, word_continues, seed=0):
   """(multi-character jieba words masked whole, masked in part) over `rows` (dicts of the
   records' numpy features), masked with (word_continues=True) or without (None) the boundaries."""
-  from data_pipelines import masking
+  from data_pipelines.input import masking
   from bert_jax_core.tf_setup import tf
   ids = tf.constant(np.stack([r["input_ids"] for r in rows]), tf.int32)
   mask = tf.constant(np.stack([r["input_mask"] for r in rows]), tf.int32)
@@ -90,7 +90,9 @@ def main():
   ap.add_argument("--copies", type=int, default=8)
   ap.add_argument("--rows", type=int, default=256)
   args = ap.parse_args()
-  from data_pipelines import build_vocab, masking, vocab as vocab_lib
+  from data_pipelines import build_vocab
+  from data_pipelines.input import masking
+  from data_pipelines.tokenizers import vocab as vocab_lib
   from data_pipelines import create_pretraining_data as cpd
   tmp = tempfile.mkdtemp(prefix="chinese_wwm_")
   text = os.path.join(tmp, "reviews.txt")

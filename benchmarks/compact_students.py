@@ -9,10 +9,10 @@ start's BERT-tiny at equal student compute, and MobileBERT-tiny, fine-tuned on t
    steps of --batch_size x 128 on the same --no_nsp records (equal student compute: the same
    steps, rows and records; the two distilled ones also run the frozen teacher's forward in each
    step, which the FLOPs columns show):
-     tinybert-1l-128  TinyBERT's general distillation (bert_jax/layerwise.py: embedding, hidden-
+     tinybert-1l-128  TinyBERT's general distillation (bert_jax/objectives/layerwise.py: embedding, hidden-
                       state and attention-score MSE, layer map g(1) = 2, no fit_dense; the
                       student from random weights, as TinyBERT's)
-     distilbert-tiny  DistilBERT's recipe (bert_jax/distil.py: soft CE x 5 + MLM x 2 + cosine x 1,
+     distilbert-tiny  DistilBERT's recipe (bert_jax/objectives/distil.py: soft CE x 5 + MLM x 2 + cosine x 1,
                       T 2; the student initialised from the teacher's layer 0)
      tiny-1l          the same BertModel from scratch, MLM only
    All under the `runlocal` recipe (lr 1e-3, 10% warmup), the families' own objectives.
@@ -91,8 +91,8 @@ def encoder_params(preset, vocab_size):
   """Parameters of the family's body (BertModel; MobileBertModel for MobileBERT), from shapes."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as m  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as m  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   c = m.get_bert_config(preset, vocab_size=vocab_size)
   body = type(families.get(c.family).features_model(c)[0])
   return m.count_params(jax.eval_shape(

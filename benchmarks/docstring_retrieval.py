@@ -5,7 +5,7 @@ function's one-line docstring summary is the query, the rest of its docstring th
 
 Writes train.jsonl, dev.jsonl and test.jsonl (columns query, positive) for bert_jax.finetune's
 embedding task, and prints a BM25 baseline's nDCG@10 / MRR@10 on dev and test, scored by
-bert_jax/retrieval_metrics.py (each split's documents are its corpus). The encoder's commands:
+bert_jax/evaluation/retrieval_metrics.py (each split's documents are its corpus). The encoder's commands:
 docs/finetuning.md, "Sentence embeddings: a retrieval benchmark".
 
 Pairs: every public module, class, function and method of every public standard-library module
@@ -113,7 +113,7 @@ def bm25_scores(queries, documents, k1=1.2, b=0.75):
 
 def bm25_metrics(rows):
   """BM25's retrieval metrics on one split's rows (each query's own body relevant)."""
-  from bert_jax import retrieval_metrics  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import retrieval_metrics  # pylint: disable=g-import-not-at-top
   scores = bm25_scores([r["query"] for r in rows], [r["positive"] for r in rows])
   return retrieval_metrics.retrieval_metrics(scores, np.eye(len(rows)), k=10, recall_at=(1, 10))
 

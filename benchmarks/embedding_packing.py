@@ -5,7 +5,7 @@ against unpacked, on the docstring retrieval set's training pairs.
   python -m benchmarks.embedding_packing --data_dir=runs/docstring_retrieval \
       --vocab_file=runs/quickstart/vocab.txt --max_seq_length=64 --batch_size=32
 
-Reads train.jsonl as the embedding task does (bert_jax.finetune_tasks.load_split: each text its
+Reads train.jsonl as the embedding task does (bert_jax.training.finetune_tasks.load_split: each text its
 own [T] sequence), takes one epoch's batches in the loop's order (finetune.epoch_batches) and
 packs them as --config.pack=true does (tasks/embedding.py pack_batches: R rows a batch, the most
 any batch needs). Prints real tokens per slot unpacked (B x S rows of T a batch) and packed (R
@@ -38,13 +38,13 @@ def main():
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenization  # pylint: disable=g-import-not-at-top
 
   c = finetune_config.get_config("custom")
   c.custom.type, c.data_dir = "embedding", args.data_dir
@@ -65,7 +65,7 @@ def main():
   rows = len(packed_batch(batches[0])["input_ids"])
   unpacked_fill = real / (len(batches) * c.batch_size * s * t)
   packed_fill = real / (len(batches) * rows * t)
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   k = c.max_instances_per_pack or packing.default_max_instances(t)
   needed = [packing.text_rows(f["input_mask"][b].sum(-1), seq_length=t, max_instances=k)
             for b in batches]

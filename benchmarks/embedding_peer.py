@@ -47,8 +47,8 @@ def run_ours(batch, seq, steps, chunks):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import embedding  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", max_position_embeddings=max(seq, 64), **SHAPE)
   model = embedding.EmbeddingModel(cfg, "mean")

@@ -151,7 +151,8 @@ def step_flops(preset, batch_size, vocab_size, objectives=None, teacher_preset=N
   runlocal recipe): the load-independent cost of a step. `objectives` overrides the preset's
   (e.g. "mlm"); `teacher_preset` adds a DistilBERT teacher's forward."""
   sys.path.insert(0, ROOT)
-  from bert_jax import model as m, train  # pylint: disable=g-import-not-at-top
+  from bert_jax import train
+  from bert_jax.models import model as m  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
   config = pretrain.get_config(f"{preset},runlocal")
   config.batch_size = batch_size
@@ -167,8 +168,8 @@ def step_flops(preset, batch_size, vocab_size, objectives=None, teacher_preset=N
 def count_params(preset, vocab_size):
   sys.path.insert(0, ROOT)
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as m  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as m  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   c = m.get_bert_config(preset, vocab_size=vocab_size)
   enc = jax.eval_shape(lambda: pretraining_heads.init_params(c, jax.random.key(0),
                                                              model_cls=m.BertModel))

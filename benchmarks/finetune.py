@@ -45,7 +45,10 @@ def _batch_np(workload, batch, seq, vocab, seed=0):
 
 def run_bert_jax(a):
   import jax
-  from bert_jax import finetune, finetune_tasks as ft, model as model_lib, sharding as sharding_lib
+  from bert_jax import finetune
+  from bert_jax.training import finetune_tasks as ft
+  from bert_jax.models import model as model_lib
+  from bert_jax.parallel import sharding as sharding_lib
   from bert_jax.configs import finetune as finetune_config
   layers, hidden = SIZES[a.model]
   seq = WORKLOADS[a.workload]

@@ -77,7 +77,7 @@ fi
 if [ "${CHECKS:-1}" = 1 ]; then
   echo "== correctness on the chip $(elapsed)"
   timeout "${CHECK_TIMEOUT:-75}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
-    tests/attention_test.py tests/fp8_test.py tests/fused_ops_test.py \
+    tests/bert_jax/layers/attention_test.py tests/bert_jax/layers/fp8_test.py tests/bert_jax/layers/fused_ops_test.py \
     -k "cudnn_equals or cudnn_dropout_masks or without_its_scales or used_twice or gelu_tanh_is \
 or residual_layer_norm_equals" 2>&1 | tail -15 | tee "$OUT/check.log"
 fi

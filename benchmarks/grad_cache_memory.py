@@ -21,11 +21,11 @@ from absl import app
 from absl import flags
 import jax
 
-from bert_jax import model as model_lib
-from bert_jax import plan_finetune
+from bert_jax.models import model as model_lib
+from bert_jax.planning import plan_finetune
 from bert_jax.configs import finetune as finetune_config
 
-flags.DEFINE_string("model", "base", "a preset of bert_jax.model.get_bert_config")
+flags.DEFINE_string("model", "base", "a preset of bert_jax.models.model.get_bert_config")
 flags.DEFINE_integer("vocab", 30_522, "vocabulary size")
 flags.DEFINE_integer("batch", 512, "global batch (rows)")
 flags.DEFINE_integer("seq", 128, "tokens a sequence")
@@ -41,8 +41,8 @@ def devices_of(topology):
   """This host's first CPU device, or a TPU slice's compile-only devices (bert_jax.plan's)."""
   if not topology:
     return jax.devices()[:1]
-  from bert_jax import plan_compile  # pylint: disable=g-import-not-at-top
-  from bert_jax import tpu_specs  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_compile  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import tpu_specs  # pylint: disable=g-import-not-at-top
   plan_compile.require_libtpu()
   return plan_compile.topology_devices(tpu_specs.parse_topology(topology))
 
@@ -50,7 +50,7 @@ def devices_of(topology):
 def step_memory(model_config, *, batch, seq, negatives, chunks, devices):
   """{temporaries, arguments, total, compile_seconds} (bytes a device) of the loop's
   embedding train step with config.embedding.grad_cache_chunks=chunks, compiled for devices
-  (bert_jax.plan_finetune.compile_step: what `bert_jax.plan` compiles for a fine-tuning config).
+  (bert_jax.planning.plan_finetune.compile_step: what `bert_jax.plan` compiles for a fine-tuning config).
   total: arguments + outputs - donated + temporaries, without the code (as measured before)."""
   config = finetune_config.get_config("custom")
   config.custom.type, config.max_seq_length, config.batch_size = "embedding", seq, batch

@@ -46,9 +46,9 @@ from bert_jax_core.tf_setup import tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-from data_pipelines import masking  # noqa: E402
-from data_pipelines import pretrain_input  # noqa: E402
-from data_pipelines import vocab as vocab_lib  # noqa: E402
+from data_pipelines.input import masking  # noqa: E402
+from data_pipelines.input import pretrain_input  # noqa: E402
+from data_pipelines.tokenizers import vocab as vocab_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths to measure.")

@@ -14,8 +14,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from bert_jax import objectives
-from bert_jax import pretraining_heads
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.models import pretraining_heads
 
 flags.DEFINE_integer("rows", 9, "rows a chip")
 flags.DEFINE_integer("preds", 2969, "prediction slots a row (packed 8,192 tokens at 30%: 2,969)")

@@ -81,7 +81,7 @@ def bpe_data(out, dupe_factor, seq_length=128, splits=("train", "eval"), num_sha
 def vocab_size(path):
   """Ids of a vocab.txt or tokenizer.json, as train reads them (its model's vocab_size)."""
   sys.path.insert(0, ROOT)
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   json_file = path.endswith(".json")
   return vocab_lib.load_vocab_info(vocab_file=None if json_file else path,
                                    tokenizer_json=path if json_file else None).size

@@ -176,7 +176,8 @@ def accuracy(workdir, held, eval_rows):
   language's held rows. The loss too: a model 400 tiny steps in predicts the commonest pieces
   ("▁the", "▁") almost everywhere, where accuracy is their frequency and the loss still moves."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import families, inference  # pylint: disable=g-import-not-at-top
+  from bert_jax import families
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   m = inference.load_for_inference(workdir)
   logits_of = jax.jit(lambda p, i, k, s, q: families.get(m.config.family).mlm_logits(
       p, m.config, i, k, s, q)[0])   # [B, P, V]

@@ -36,7 +36,8 @@ QS = os.path.join(ROOT, "runs", "quickstart")
 
 
 def _pipeline(pattern, seq, preds, pack, batch=32, seed=0):
-  from data_pipelines import pretrain_input, vocab as vocab_lib
+  from data_pipelines.input import pretrain_input
+  from data_pipelines.tokenizers import vocab as vocab_lib
   vocab = vocab_lib.wordpiece_info(os.path.join(QS, "vocab.txt"))
   ds = pretrain_input.make_pretrain_dataset(pattern, batch_size=batch, seq_length=seq,
                                             max_predictions_per_seq=preds, vocab=vocab,
@@ -45,7 +46,7 @@ def _pipeline(pattern, seq, preds, pack, batch=32, seed=0):
 
 
 def efficiency_table(a):
-  from data_pipelines import packing
+  from data_pipelines.records import packing
   sets = [("quick start, seq 128", os.path.join(QS, "records/train/*.tfrecord"), 128, 20)]
   if a.google_records:
     sets.append(("google-research/bert script, seq 128", a.google_records, 128, 20))
@@ -101,8 +102,11 @@ def run_bert_jax(a, batches):
   import jax
   import jax.numpy as jnp
   import optax
-  from bert_jax import model as model_lib, objectives, pretraining_heads, sharding as sharding_lib
-  from bert_jax import trainer_lib
+  from bert_jax.models import model as model_lib
+  from bert_jax.objectives import pretraining as objectives
+  from bert_jax.models import pretraining_heads
+  from bert_jax.parallel import sharding as sharding_lib
+  from bert_jax.training import trainer_lib
   mc = model_lib.get_bert_config(a.model, vocab_size=_vocab_size(), hidden_act=a.act)
   mesh = sharding_lib.create_mesh((-1, 1, 1))
   tx = optax.adamw(1e-4, weight_decay=0.01)

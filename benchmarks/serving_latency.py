@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -44,10 +44,11 @@ def build_model(directory):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib, model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
-  from tests import hf_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import hf_export  # pylint: disable=g-import-not-at-top
+  from tests.testlib import hf_testlib  # pylint: disable=g-import-not-at-top
   vocab = os.path.join(directory, "vocab.txt")
   hf_testlib.write_vocab(vocab, 5000)
   cfg = model_lib.get_bert_config("tiny", vocab_size=5000)

@@ -19,7 +19,8 @@ import time
 from absl import app, flags
 import tokenizers
 
-from data_pipelines import build_vocab, stdlib_corpus, tokenization
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines.tokenizers import tokenization
 from bert_jax_core.tf_setup import tf
 
 FLAGS = flags.FLAGS

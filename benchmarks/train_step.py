@@ -34,7 +34,8 @@ def _batch_np(batch, seq, preds, vocab, seed=0):
 
 def run_bert_jax(a):
   import jax
-  from bert_jax import sharding as sharding_lib, train
+  from bert_jax import train
+  from bert_jax.parallel import sharding as sharding_lib
   from bert_jax.configs import pretrain
   c = pretrain.get_config(a.model)
   c.train_input_files = "synthetic"

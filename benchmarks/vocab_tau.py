@@ -50,7 +50,7 @@ def corpora(root, max_modules=None):
 
 def pieces_per_word(path, lines):
   """Pieces per whitespace word of `lines` under the tokenizer file at path."""
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenization  # pylint: disable=g-import-not-at-top
   tok = tokenization.get_tokenizer(tokenizer_json=path)
   pieces = sum(len(ids) for ids in tok.encode(lines))
   return pieces / sum(len(l.split()) for l in lines)

@@ -50,7 +50,7 @@ def run(main, *, init_distributed=False, help_config=None, program=None, flags_p
   setup = None
   if init_distributed:
     def setup():
-      from bert_jax import distributed  # pylint: disable=g-import-not-at-top  (imports jax)
+      from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top  (imports jax)
       distributed.maybe_initialize_distributed()
   if help_config:
     def print_help(argv, flag_values):
@@ -105,7 +105,7 @@ stdlib_corpus = _entry("bert-jax-stdlib-corpus")
 
 def verify():
   """bert-jax-verify DIR: `python -m bert_jax.checkpoint verify DIR`."""
-  from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as checkpoint  # pylint: disable=g-import-not-at-top
   from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
   errors.run_main(checkpoint.verify_main, [sys.argv[0], "verify", *sys.argv[1:]])
 

@@ -37,10 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import cli
-from bert_jax import heads
-from bert_jax import inference
+from bert_jax.models import heads
+from bert_jax.inference import loading as inference
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 

@@ -4,7 +4,7 @@ r"""Contextual features from a pre-trained BERT: the paper's feature-based appro
       --init_checkpoint=DIR --layers=-1,-2,-3,-4 --pooling=concat
 
 --init_checkpoint is an export, a pre-training or fine-tuning workdir or a step directory, local or
-gs:// (`bert_jax.inference.load_for_inference`); its bundled vocab.txt / SentencePiece model /
+gs:// (`bert_jax.inference.loading.load_for_inference`); its bundled vocab.txt / SentencePiece model /
 tokenizer.json and recorded casing are used unless --vocab_file / --spm_model_file /
 --tokenizer_json / --do_lower_case say otherwise (a contradiction is an error). The default
 --layers keeps the last four layers, or all of them for a smaller model; an explicit layer the
@@ -55,8 +55,8 @@ from bert_jax import cli
 from bert_jax import families
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from bert_jax import inference
-from bert_jax import model as model_lib
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
 
 DEFAULT_LAYERS = "-1,-2,-3,-4"  # the paper's best feature-based NER result (sec. 5.3)
 SENTENCE_POOLINGS = ("mean", "cls", "last")   # contrastive.POOLINGS: one vector per line

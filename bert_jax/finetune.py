@@ -43,25 +43,25 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from bert_jax import attention
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import distributed
+from bert_jax.layers import attention
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.parallel import distributed
 from bert_jax import families
 from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from bert_jax import finetune_tasks as ft
-from bert_jax import guard
-from bert_jax import heads
-from bert_jax import inference
-from bert_jax import manifest as manifest_lib
-from bert_jax import metrics_writer
-from bert_jax import model as model_lib
-from bert_jax import optimizer as optimizer_lib
-from bert_jax import sharding as sharding_lib
+from bert_jax.training import finetune_tasks as ft
+from bert_jax.training import guard
+from bert_jax.models import heads
+from bert_jax.inference import loading as inference
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.evaluation import metrics_writer
+from bert_jax.models import model as model_lib
+from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import tasks as task_types
-from bert_jax import trainer_lib
-from bert_jax import workdir_lock
+from bert_jax.training import trainer_lib
+from bert_jax.checkpoint import workdir_lock
 
 ConfigError = trainer_lib.ConfigError  # one class for config problems in both loops
 RESULTS = "eval_results.json"
@@ -89,7 +89,7 @@ def pack_train(train, task, config):
                       "--config.pack=false.")
   if task_types.of(task).pack_batches:
     return train
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   f = train.features
   k = config.get("max_instances_per_pack", 0) or packing.default_max_instances(
       f["input_ids"].shape[1])
@@ -250,7 +250,7 @@ def load_init_checkpoint(config):
   as for inference (inference.load_for_inference: the checkpoint's own vocab unless
   config.vocab_file / spm_model_file is given). Dropout, dtype and remat come from config.model.
   """
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
+  from data_pipelines.tokenizers import tokenization  # pylint: disable=g-import-not-at-top  (TF)
   overrides = {k: v for k, v in config.model.items() if v is not None}
   if not config.init_checkpoint:
     if not config.model_name:

@@ -20,7 +20,7 @@ then FSDP, then remat, then gradient accumulation) and prints the flags to paste
 A fine-tuning config (bert_jax/configs/finetune.py's, as `bert_jax.finetune` takes it; task types
 that declare their training batch: embedding) plans the fine-tuning loop's step instead, and
 with GradCache (config.embedding.grad_cache_chunks = N > 1) the unchunked step beside it:
-memory per chip and compiled FLOPs of both, and which fits (bert_jax/plan_finetune.py).
+memory per chip and compiled FLOPs of both, and which fits (bert_jax/planning/plan_finetune.py).
 
 Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error, 3 no verdict (the
 TPU compiler itself crashed; libtpu 0.0.42.1 segfaulted on some remat programs here).
@@ -37,11 +37,11 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax_core import files as files_lib
-from bert_jax import tpu_specs
+from bert_jax.parallel import tpu_specs
 # The compile itself (the slice's devices, compile_step, Compiled, IsolatedCompiler, the model
 # config as train makes it) lives in plan_compile.py; its names stay reachable here
 # (plan.compile_step, plan.PlanError, ...), as the tests and users' scripts call them.
-from bert_jax.plan_compile import (  # pylint: disable=unused-import
+from bert_jax.planning.plan_compile import (  # pylint: disable=unused-import
     GiB, Compiled, IsolatedCompiler, PlanError, available_hbm, collectives, compile_step,
     hbm_per_chip, layout_of, model_config_factory, require_libtpu, topology_devices,
     without_persistent_cache)
@@ -241,7 +241,7 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   compile of the step, and the verdict from it."""
   spec = tpu_specs.parse_topology(topology)     # the cheap checks first
   libtpu = require_libtpu()
-  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_finetune  # pylint: disable=g-import-not-at-top
   if plan_finetune.is_finetune(config):   # bert_jax/configs/finetune.py's: the loop's step
     if search_settings:
       raise PlanError("--search looks for pre-training settings (mesh, remat, accumulation); "
@@ -308,9 +308,9 @@ def _check_as_train(config, spec, search_settings):
   (config -> BertConfig, the vocab, DistilBERT's teacher as shapes or None, the slice's
   compile-only devices)."""
   from bert_jax import families  # pylint: disable=g-import-not-at-top
-  from bert_jax import preflight  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import preflight  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   preflight.check_config_values(config)
   make_model_config, vocab = model_config_factory(config)
   model_config = make_model_config(config)
@@ -388,7 +388,7 @@ def define_flags():
   flags.DEFINE_bool("search", False, "Find the cheapest mesh/remat/accumulation settings that fit "
                     "the configured global batch, and print the flags for bert_jax.train.")
   flags.DEFINE_float("price_per_chip_hour", None, "USD per chip-hour for the cost line (default: "
-                     "the dated on-demand list price in bert_jax/tpu_specs.py).")
+                     "the dated on-demand list price in bert_jax/parallel/tpu_specs.py).")
   flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.")
   flags.DEFINE_float("hbm_gib", None, "Plan for at most this much HBM per chip (GiB), e.g. to keep "
                      "headroom; default: what the TPU compiler allows a program.")

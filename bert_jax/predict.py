@@ -12,11 +12,11 @@ EmbeddingModel: the body, pooled over the real tokens, L2-normalised), with the 
 recorded pooling, prompts and max_seq_length (an embedding run's export or a sentence-transformers
 import: bert_config.json's "sentence_embedding"; else mean, no prompt, max_position_embeddings):
 prints the cosine of every pair, and writes [N, H] float32 with --output_file. extract_features
---pooling=mean|cls|last gives the same vectors (tests/st_interop_test.py).
+--pooling=mean|cls|last gives the same vectors (tests/bert_jax/convert/st_interop_test.py).
 
 --init_checkpoint is a converted export (python -m bert_jax.convert), a pre-training workdir or one
 of its step directories, local or gs://, or a Hugging Face folder (converted on the fly,
-`bert_jax.inference.load_for_inference`); the first line says what was loaded; the vocab.txt,
+`bert_jax.inference.loading.load_for_inference`); the first line says what was loaded; the vocab.txt,
 SentencePiece model or tokenizer.json bundled with it (or --vocab_file / --spm_model_file /
 --tokenizer_json) and its recorded casing are used. A ModernBERT (a converted transformers folder:
 byte-level BPE) writes its own mask token, "[MASK]", as the text's mask. Prints, for each [MASK],
@@ -40,13 +40,10 @@ from absl import logging
 from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax import families
-from bert_jax import inference
+from bert_jax.inference import loading as inference
 
 
-class PredictError(errors.UserError):
-  pass
-
-
+PredictError = inference.PredictError
 Predictor = inference.InferenceModel
 
 
@@ -54,7 +51,7 @@ def load(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None,
          tokenizer_json=None):
   """A Predictor (InferenceModel with device arrays) for a BertForPreTraining checkpoint."""
   # A WordPiece vocab is tokenized in plain Python (same ids as the in-graph tokenizer,
-  # tests/wordpiece_py_test.py), a tokenizer.json by the `tokenizers` library: one sentence
+  # tests/data_pipelines/tokenizers/wordpiece_py_test.py), a tokenizer.json by the `tokenizers` library: one sentence
   # does not need TensorFlow's seconds of import.
   predictor = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                            spm_model_file=spm_model_file,
@@ -143,7 +140,7 @@ def load_embedder(checkpoint, vocab_file=None, do_lower_case=None, spm_model_fil
 def embedding_settings(m, pooling=None, prompt_name=None, max_seq_length=None):
   """(pooling, prompt text, max_seq_length): the flags, else the checkpoint's record, else mean,
   no prompt and the model's max_position_embeddings."""
-  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
   recorded = m.meta.get("sentence_embedding") or {}
   pooling = pooling or recorded.get("pooling") or "mean"
   if pooling not in contrastive.POOLINGS:
@@ -163,7 +160,7 @@ def embedding_settings(m, pooling=None, prompt_name=None, max_seq_length=None):
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _embed_batch(params, config, pooling, ids, mask, segments):
-  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import embedding  # pylint: disable=g-import-not-at-top
   model = embedding.EmbeddingModel(config, pooling)
   out = model.apply({"params": params}, ids[:, None], mask[:, None], segments[:, None])

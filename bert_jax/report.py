@@ -6,7 +6,7 @@ r"""Look at a run: its curves as a PNG and its summary as a table.
 Reads the TensorBoard event files of a pre-training or fine-tuning workdir (WORKDIR/tensorboard)
 and draws four panels: loss, accuracy (and the other eval scores), learning rate, throughput.
 Then prints the run's summary.json (what it did, the final evaluation, where the model is, the
-next commands) and the last value of every scalar. Tags follow bert_jax.metrics_writer's scheme:
+next commands) and the last value of every scalar. Tags follow bert_jax.evaluation.metrics_writer's scheme:
 train/<metric>, eval/<metric>, eval/<split>/<metric>.
 """
 
@@ -17,7 +17,7 @@ from absl import flags
 from bert_jax import cli
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from bert_jax import metrics_writer
+from bert_jax.evaluation import metrics_writer
 
 
 class ReportError(errors.UserError):

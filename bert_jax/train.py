@@ -26,30 +26,30 @@ import ml_collections
 from ml_collections import config_flags
 import numpy as np
 
-from bert_jax import attention
-from bert_jax import batch_warmup
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import checkpoint_fit
-from bert_jax import distributed
+from bert_jax.layers import attention
+from bert_jax.training import batch_warmup
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.checkpoint import checkpoint_fit
+from bert_jax.parallel import distributed
 from bert_jax import families
 from bert_jax.families import bert as families_bert
 from bert_jax import cli
 from bert_jax_core import errors
-from bert_jax import guard
-from bert_jax import inference
-from bert_jax import input_source
-from bert_jax import metrics_writer
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import optimizer as optimizer_lib
-from bert_jax import preflight
-from bert_jax import pretraining_heads
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
-from bert_jax import workdir_lock
+from bert_jax.training import guard
+from bert_jax.inference import loading as inference
+from bert_jax.training import input_source
+from bert_jax.evaluation import metrics_writer
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.training import preflight
+from bert_jax.models import pretraining_heads
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
+from bert_jax.checkpoint import workdir_lock
 # What the loop prints and writes (start-up lines, log line, summary, next commands); these names
 # stay importable from here (train.next_commands, train.device_peak_tflops, ...).
-from bert_jax.train_report import (  # noqa: F401
+from bert_jax.evaluation.train_report import (  # noqa: F401
     PEAK_TFLOPS, device_peak_tflops, input_line, log_line, next_commands, nothing_to_do,
     print_mesh_line, run_summary, summarize)
 
@@ -66,7 +66,7 @@ def forward(module, batch, deterministic):
 
 
 def pretraining_loss(outputs, batch, weights=None):
-  """The sum of the objectives' losses (bert_jax/objectives.py): BERT's MLM + NSP as
+  """The sum of the objectives' losses (bert_jax/objectives/pretraining.py): BERT's MLM + NSP as
   google-research/bert, ALBERT's MLM + SOP, SpanBERT's MLM + SBO; `weights` DistilBERT's."""
   loss, metrics = objectives.pretraining_loss(outputs, batch, weights)
   # Real tokens per slot of the batch (1 - padding); x tokens/s = real tokens/s in the log.
@@ -162,7 +162,7 @@ def expand_files(pattern, field):
     raise ConfigError(f"config.{field} is empty: pass TFRecords from "
                       "`python -m data_pipelines.create_pretraining_data`, e.g. "
                       f"--config.{field}='data/records/train-*'.")
-  from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import pretrain_input  # pylint: disable=g-import-not-at-top
   files = pretrain_input.expand_file_pattern(pattern, what=f"config.{field}")
   kept, empty = pretrain_input.drop_empty_files(files)   # else a shard of them hangs the stream
   if empty and jax.process_index() == 0:
@@ -180,7 +180,7 @@ def load_vocab(config):
   tokenizer_json = config.get("tokenizer_json") or None   # a Hugging Face tokenizer.json
   if config.train_input_files == "synthetic" and not names_a_vocab(config):
     return input_source_vocab(synthetic_vocab_size(config))
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
                                    spm_model_file=config.spm_model_file or None,
                                    tokenizer_json=tokenizer_json, prefix="--config.")
@@ -204,7 +204,7 @@ def synthetic_vocab_size(config):
 
 
 def input_source_vocab(size):
-  from data_pipelines.vocab import VocabInfo  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers.vocab import VocabInfo  # pylint: disable=g-import-not-at-top
   return VocabInfo(size=size, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                    is_continuation=np.zeros(size, bool),
                    is_special=np.arange(size) < 5, path="synthetic")

@@ -63,10 +63,10 @@ finally:
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import instances as instances_lib
-from data_pipelines import records as records_lib
-from data_pipelines import tokenization
-from data_pipelines import whole_corpus
+from data_pipelines.records import instances as instances_lib
+from data_pipelines.records import records as records_lib
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.records import whole_corpus
 from bert_jax_core.tf_setup import tf
 
 

@@ -57,11 +57,11 @@ from absl import flags
 
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from data_pipelines import pretokenize
-from data_pipelines import tokenization
-from data_pipelines import tokenizer_json
-from data_pipelines import vocab as vocab_lib
-from data_pipelines import vocab_mixture
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import tokenizer_json
+from data_pipelines.tokenizers import vocab as vocab_lib
+from data_pipelines.tokenizers import vocab_mixture
 from bert_jax_core.tf_setup import tf
 
 _LINES_PER_BATCH = 4096  # lines per in-graph basic-tokenization call

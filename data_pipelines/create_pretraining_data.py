@@ -12,7 +12,7 @@ count per shard, max_seq_length, the vocab path and sha256, do_lower_case and th
 
 Inputs (`--input_format`, read by `text_sources.py`): `text` (the original format: one sentence
 per line, a blank line between documents), `jsonl` (`--jsonl_text_key`) or `tfds` (a prepared
-dataset, never downloaded); JSONL/TFDS text is split into sentences by `instances.split_sentences`.
+dataset, never downloaded); JSONL/TFDS text is split into sentences by `text_sources.split_sentences`.
 Instances are built by the pure functions of `instances.py`. Optional filters for web corpora
 (exact-duplicate documents, minimum length, script; all off by default): `filters.py`.
 
@@ -53,18 +53,18 @@ import tqdm
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax_core.tf_setup import tf
-from data_pipelines import block_sampling
-from data_pipelines import dataset_info as dataset_info_lib
-from data_pipelines import filters as filters_lib
-from data_pipelines import instances as instances_lib
-from data_pipelines import records
-from data_pipelines import text_sources
-from data_pipelines import tokenization
-from data_pipelines import vocab as vocab_lib
-from data_pipelines import whole_corpus
-from data_pipelines import word_boundaries as word_boundaries_lib
+from data_pipelines.records import block_sampling
+from data_pipelines.records import dataset_info as dataset_info_lib
+from data_pipelines.corpus import filters as filters_lib
+from data_pipelines.records import instances as instances_lib
+from data_pipelines.records import records
+from data_pipelines.corpus import text_sources
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
+from data_pipelines.records import whole_corpus
+from data_pipelines.records import word_boundaries as word_boundaries_lib
 # What callers of this program's API use (the run's config and counts, its error, shard names).
-from data_pipelines.records import (  # noqa: F401
+from data_pipelines.records.records import (  # noqa: F401
     Config, PretrainingDataError, Stats, open_file, shard_name)
 
 _Error = PretrainingDataError

@@ -14,7 +14,7 @@ import sys
 from absl import flags
 
 from bert_jax_core import errors
-from data_pipelines import tokenization
+from data_pipelines.tokenizers import tokenization
 
 FLAGS = flags.FLAGS
 

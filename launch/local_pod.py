@@ -8,7 +8,7 @@ Each process runs `python -m MODULE ARGS...` with
   JAX_PLATFORMS=cpu
   BERT_JAX_COORDINATOR=localhost:PORT, BERT_JAX_NUM_PROCESSES=N, BERT_JAX_PROCESS_ID=i
   BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS=--heartbeat_timeout_seconds
-and `bert_jax.distributed.maybe_initialize_distributed()` turns those into the same
+and `bert_jax.parallel.distributed.maybe_initialize_distributed()` turns those into the same
 `jax.distributed.initialize` call a multi-host pod makes (with gloo collectives on CPU), so
 jax.process_count() == N and jax.devices() lists N*K devices.
 

@@ -23,7 +23,7 @@ import time
 
 from absl import flags
 
-from bert_jax import distributed
+from bert_jax.parallel import distributed
 from bert_jax_core import errors
 
 _GLOBAL_BATCH = flags.DEFINE_integer("global_batch", 16, "Rows in the global batch.")

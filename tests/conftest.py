@@ -8,10 +8,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
-from tests import xla_test_flags  # noqa: E402  pylint: disable=g-import-not-at-top
+from tests.testlib import xla_test_flags  # noqa: E402  pylint: disable=g-import-not-at-top
 
 # Must be set before jax is imported anywhere in the test process. The optimisation level is
-# the one for the programs a test starts (tests/xla_test_flags.py: why, with the figures).
+# the one for the programs a test starts (tests/testlib/xla_test_flags.py: why, with the figures).
 os.environ.setdefault("XLA_FLAGS", xla_test_flags.with_devices(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,7 +38,7 @@ from bert_jax_core import platforms  # noqa: E402  pylint: disable=g-import-not-
 platforms.choose_jax_platforms()
 import jax  # noqa: E402  pylint: disable=g-import-not-at-top,g-bad-import-order
 
-# This process's own compiles: XLA level 0 (tests/xla_test_flags.py).
+# This process's own compiles: XLA level 0 (tests/testlib/xla_test_flags.py).
 jax.config.update("jax_disable_most_optimizations",
                   xla_test_flags.IN_PROCESS_DISABLE_MOST_OPTIMIZATIONS)
 

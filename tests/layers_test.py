@@ -1,11 +1,16 @@
-"""The import layers, read statically (ast, nothing imported): bert_jax_core imports no other project
-module, data_pipelines never imports bert_jax, and no import cycle joins project modules.
-Imports inside functions count as much as those at the top of a file: a cycle that only closes
-at run time is still a cycle (issue 23, point 11).
+"""The import layers, read statically (ast, nothing imported). Imports point down: a module may
+import its own layer and the layers below it, never one above, and no cycle joins project modules.
+Imports inside functions count as much as those at the top of a file: a cycle or a crossing that
+only closes at run time is still one (issue 23 point 11, issue 47 point 4).
 
-  bert_jax       -> data_pipelines, bert_jax_core
-  data_pipelines -> bert_jax_core
-  bert_jax_core  -> (nothing of ours)
+  bert_jax_core                                  (nothing of ours)
+  data_pipelines: tokenizers < corpus < records < input < tasks < its programs (the root modules)
+  bert_jax, bottom to top (LAYERS below): registries < parallel < layers < models < checkpoint
+    < convert < inference < training < objectives < evaluation < tasks/<type> < families/<name>
+    < programs (the root modules, every __main__, planning/, configs/)
+
+A family folder imports no other family's folder but bert's, the family every other builds on.
+docs/development.md draws the same house.
 """
 
 import ast
@@ -16,6 +21,68 @@ PACKAGES = ("bert_jax_core", "data_pipelines", "bert_jax")
 # package -> the project packages it may import (itself always).
 ALLOWED = {"bert_jax_core": (), "data_pipelines": ("bert_jax_core",),
            "bert_jax": ("bert_jax_core", "data_pipelines")}
+
+# Within a package, bottom to top: (layer, the module-name prefixes in it). A module is in the
+# layer of its longest matching prefix; a package's root modules (its programs) are in "programs".
+LAYERS = {
+    "data_pipelines": [
+        ("base", ["data_pipelines"]),             # the package's __init__
+        ("tokenizers", ["data_pipelines.tokenizers"]),
+        ("corpus", ["data_pipelines.corpus"]),
+        ("records", ["data_pipelines.records"]),
+        ("input", ["data_pipelines.input"]),
+        ("tasks", ["data_pipelines.tasks"]),
+    ],
+    "bert_jax": [
+        # The two open lists' tables (they import nothing of ours and find their members by
+        # name) and what every task type shares; the package's face.
+        ("registries", ["bert_jax", "bert_jax.families", "bert_jax.families.registry",
+                        "bert_jax.tasks", "bert_jax.tasks.registry", "bert_jax.tasks.common"]),
+        ("parallel", ["bert_jax.parallel"]),
+        ("layers", ["bert_jax.layers"]),
+        ("models", ["bert_jax.models"]),
+        ("checkpoint", ["bert_jax.checkpoint"]),
+        ("convert", ["bert_jax.convert"]),
+        ("inference", ["bert_jax.inference"]),
+        ("training", ["bert_jax.training"]),
+        ("objectives", ["bert_jax.objectives"]),
+        ("evaluation", ["bert_jax.evaluation"]),
+        ("tasks", ["bert_jax.tasks."]),           # each task type's module
+        ("families", ["bert_jax.families."]),     # each family's folder
+        ("programs", ["bert_jax.planning", "bert_jax.configs"]),
+    ],
+    "bert_jax_core": [("base", ["bert_jax_core"])],
+}
+BASE_FAMILY = "bert_jax.families.bert"
+
+
+def layer_of(name):
+  """(rank, layer name) of a module: its longest matching prefix in LAYERS; a package's root
+  modules and every __main__ are programs, the top."""
+  package = name.split(".")[0]
+  table = LAYERS[package]
+  if name.endswith(".__main__") or (name.count(".") == 1 and not any(
+      name == p or name.startswith(p.rstrip(".") + ".") for _, ps in table for p in ps
+      if p.count(".") >= 1)):
+    return len(table), "programs"
+  best = None
+  for rank, (layer, prefixes) in enumerate(table):
+    for p in prefixes:
+      hit = (name.startswith(p) and p.endswith(".")) or name == p or name.startswith(p + ".")
+      if hit and (best is None or len(p) > best[0]):
+        best = (len(p), rank, layer)
+  if best is None:
+    return len(table), "programs"
+  _, rank, layer = best
+  return (len(table), "programs") if layer == "programs" else (rank, layer)
+
+
+def family_of(name):
+  """The family folder a module is in (bert_jax.families.<f>), or None."""
+  parts = name.split(".")
+  if len(parts) >= 3 and parts[:2] == ["bert_jax", "families"] and parts[2] != "registry":
+    return ".".join(parts[:3])
+  return None
 
 
 def modules(root):
@@ -101,9 +168,17 @@ def violations(root):
     for target, line in imports(name, path, known):
       graph.setdefault(name, set()).add(target)
       to = target.split(".")[0]
-      if to != package and to not in ALLOWED[package]:
-        out.append(f"{os.path.relpath(path, root)}:{line}: {name} imports {target} "
-                   f"({package} may import only {', '.join(ALLOWED[package]) or 'itself'})")
+      where = f"{os.path.relpath(path, root)}:{line}: {name} imports {target}"
+      if to != package:
+        if to not in ALLOWED[package]:
+          out.append(f"{where} ({package} may import only {', '.join(ALLOWED[package]) or 'itself'})")
+        continue
+      (rank, layer), (to_rank, to_layer) = layer_of(name), layer_of(target)
+      if to_rank > rank:
+        out.append(f"{where} (upward: {layer} may not import {to_layer})")
+      mine, theirs = family_of(name), family_of(target)
+      if theirs and mine and theirs != mine and theirs != BASE_FAMILY:
+        out.append(f"{where} (a family folder imports no other family's but {BASE_FAMILY})")
   for component in cycles(graph):
     out.append("import cycle: " + " <-> ".join(component))
   return out

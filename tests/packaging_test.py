@@ -72,7 +72,7 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
   env["JAX_PLATFORMS"] = "cpu"
   r = subprocess.run([os.path.join(bindir, "python"), "-c",
-                      "import bert_jax.train, data_pipelines.vocab, bert_jax; "
+                      "import bert_jax.train, data_pipelines.tokenizers.vocab, bert_jax; "
                       "print(bert_jax.__file__)"],
                      cwd=away, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
   assert re.search(r"summary \(train\): finished: steps 0 -> 2 of 2", r.stdout), r.stdout
   assert (workdir / "summary.json").exists()
   # `python -m` keeps working with the installed package.
-  r = subprocess.run([os.path.join(bindir, "python"), "-m", "bert_jax.checkpoint", "verify",
+  r = subprocess.run([os.path.join(bindir, "python"), "-m", "bert_jax.checkpoint.store", "verify",
                       str(workdir)], cwd=away, env=env, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0 and "step 2: ok" in r.stdout, r.stdout + r.stderr[-3000:]
@@ -100,7 +100,7 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
 # A few test files that exercise the installed package through its public entry points: the
 # loss (objectives), the task heads on the model (heads_test), the configs read from the package
 # and --help of every program (cli_test).
-INSTALLED_SUBSET = ("tests/objectives_test.py", "tests/heads_test.py", "tests/cli_test.py")
+INSTALLED_SUBSET = ("tests/bert_jax/objectives/objectives_test.py", "tests/bert_jax/models/heads_test.py", "tests/bert_jax/cli_test.py")
 
 
 def _installed_package_passes_tests(bindir, away, env):

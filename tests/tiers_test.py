@@ -42,17 +42,17 @@ class _Item:
 
 
 def test_apply_marks_files_tests_and_cases_and_reports_unused_keys():
-  items = [_Item("tests/beam_pipeline_test.py::test_x"),
-           _Item("tests/packing_test.py::test_packed_start_batch_resumes_the_stream[5]"),
-           _Item("tests/packing_test.py::test_packed_start_batch_resumes_the_stream[1]"),
-           _Item("tests/train_test.py::test_same_loss_on_1_device_data8_and_fsdp4_data2"),
-           _Item("tests/electra_test.py::"
+  items = [_Item("tests/data_pipelines/beam_pipeline_test.py::test_x"),
+           _Item("tests/data_pipelines/records/packing_test.py::test_packed_start_batch_resumes_the_stream[5]"),
+           _Item("tests/data_pipelines/records/packing_test.py::test_packed_start_batch_resumes_the_stream[1]"),
+           _Item("tests/bert_jax/train_test.py::test_same_loss_on_1_device_data8_and_fsdp4_data2"),
+           _Item("tests/bert_jax/families/electra/electra_test.py::"
                  "test_python_m_bert_jax_train_pretrains_electra_and_resumes_exactly"),
-           _Item("tests/model_test.py::test_shapes_and_dtypes")]
+           _Item("tests/bert_jax/models/model_test.py::test_shapes_and_dtypes")]
   unused = tiers.apply(items)
   assert [i.marks for i in items] == [["slow"], ["slow"], [], ["slow"], ["smoke"], []]
-  assert "tests/gcs_test.py" in unused
-  assert "tests/beam_pipeline_test.py" not in unused
+  assert "tests/bert_jax/checkpoint/gcs_test.py" in unused
+  assert "tests/data_pipelines/beam_pipeline_test.py" not in unused
 
 
 def test_the_quick_command_selects_not_slow_or_smoke():

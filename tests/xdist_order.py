@@ -32,137 +32,137 @@ DEFAULT_SECONDS = 5.0
 TIERS_ENV = "BERT_JAX_TEST_TIERS"
 
 FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
-    "tests/train_test.py": 139,
-    "tests/plan_test.py": 136,
-    "tests/create_pretraining_data_test.py": 119,
-    "tests/families_finetune_test.py": 118,
-    "tests/families_train_test.py": 105,
-    "tests/model_test.py": 104,
-    "tests/finetune_test.py": 103,
-    "tests/packing_test.py": 98,
-    "tests/attention_test.py": 67,
-    "tests/cli_errors_test.py": 56,
-    "tests/pretrain_input_test.py": 55,
-    "tests/electra_test.py": 52,
-    "tests/build_vocab_test.py": 50,
-    "tests/beam_pipeline_test.py": 45,
-    "tests/trainer_lib_test.py": 39,
-    "tests/distil_test.py": 39,
-    "tests/plan_finetune_test.py": 20,   # an estimate: 18 s on the loaded box, 2026-11-27
-    "tests/electra_finetune_test.py": 37,
-    "tests/tf_setup_test.py": 36,
-    "tests/faults_second_pass_test.py": 35,
-    "tests/modernbert_export_test.py": 33,
-    "tests/distil_finetune_test.py": 31,
-    "tests/modernbert_test.py": 31,
-    "tests/accelerator_benchmark_test.py": 28,
-    "tests/compact_students_benchmark_test.py": 35,   # unmarked; 2026-11-27, a loaded box
-    "tests/bpe_tokenizer_test.py": 28,
-    "tests/gcs_test.py": 28,
-    "tests/convert_electra_test.py": 26,
-    "tests/cli_test.py": 25,
-    "tests/word_boundaries_test.py": 25,
-    "tests/korean_test.py": 22,
-    "tests/heads_test.py": 22,
-    "tests/local_pod_test.py": 21,
-    "tests/tokenization_test.py": 20,
-    "tests/convert_albert_test.py": 20,
-    "tests/families_registry_test.py": 19,
-    "tests/neobert_recipe_test.py": 16,
-    "tests/neobert_test.py": 15,
-    "tests/convert_test.py": 15,
+    "tests/bert_jax/train_test.py": 139,
+    "tests/bert_jax/plan_test.py": 136,
+    "tests/data_pipelines/create_pretraining_data_test.py": 119,
+    "tests/bert_jax/families/families_finetune_test.py": 118,
+    "tests/bert_jax/families/families_train_test.py": 105,
+    "tests/bert_jax/models/model_test.py": 104,
+    "tests/bert_jax/finetune_test.py": 103,
+    "tests/data_pipelines/records/packing_test.py": 98,
+    "tests/bert_jax/layers/attention_test.py": 67,
+    "tests/bert_jax/cli_errors_test.py": 56,
+    "tests/data_pipelines/input/pretrain_input_test.py": 55,
+    "tests/bert_jax/families/electra/electra_test.py": 52,
+    "tests/data_pipelines/build_vocab_test.py": 50,
+    "tests/data_pipelines/beam_pipeline_test.py": 45,
+    "tests/bert_jax/training/trainer_lib_test.py": 39,
+    "tests/bert_jax/families/distilbert/distil_test.py": 39,
+    "tests/bert_jax/planning/plan_finetune_test.py": 20,   # an estimate: 18 s on the loaded box, 2026-11-27
+    "tests/bert_jax/families/electra/electra_finetune_test.py": 37,
+    "tests/bert_jax_core/tf_setup_test.py": 36,
+    "tests/end_to_end/faults_second_pass_test.py": 35,
+    "tests/bert_jax/families/modernbert/modernbert_export_test.py": 33,
+    "tests/bert_jax/families/distilbert/distil_finetune_test.py": 31,
+    "tests/bert_jax/families/modernbert/modernbert_test.py": 31,
+    "tests/benchmarks/accelerator_benchmark_test.py": 28,
+    "tests/benchmarks/compact_students_benchmark_test.py": 35,   # unmarked; 2026-11-27, a loaded box
+    "tests/data_pipelines/tokenizers/bpe_tokenizer_test.py": 28,
+    "tests/bert_jax/checkpoint/gcs_test.py": 28,
+    "tests/bert_jax/families/electra/convert_electra_test.py": 26,
+    "tests/bert_jax/cli_test.py": 25,
+    "tests/data_pipelines/records/word_boundaries_test.py": 25,
+    "tests/data_pipelines/tokenizers/korean_test.py": 22,
+    "tests/bert_jax/models/heads_test.py": 22,
+    "tests/launch/local_pod_test.py": 21,
+    "tests/data_pipelines/tokenizers/tokenization_test.py": 20,
+    "tests/bert_jax/families/albert/convert_albert_test.py": 20,
+    "tests/bert_jax/families/families_registry_test.py": 19,
+    "tests/bert_jax/families/modernbert/neobert_recipe_test.py": 16,
+    "tests/bert_jax/families/modernbert/neobert_test.py": 15,
+    "tests/bert_jax/convert/convert_test.py": 15,
 }
 
 SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of its slow tests
-    "tests/stream_test.py::"
+    "tests/end_to_end/stream_test.py::"
     "test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_each_other": 277,
-    "tests/finetune_test.py": 248,
-    "tests/plan_test.py::"
+    "tests/bert_jax/finetune_test.py": 248,
+    "tests/bert_jax/plan_test.py::"
     "test_search_finds_settings_that_fit": 100,   # 0c6996e: per-chip 2, not 16
-    "tests/plan_finetune_test.py::"   # an estimate: 91 s of CPU, 2026-11-27 on the loaded box
+    "tests/bert_jax/planning/plan_finetune_test.py::"   # an estimate: 91 s of CPU, 2026-11-27 on the loaded box
     "test_cli_plans_grad_cache_against_the_unchunked_step": 100,
-    "tests/stream_test.py::"
+    "tests/end_to_end/stream_test.py::"
     "test_one_and_two_hosts_train_on_the_same_stream_and_resume_on_each_other": 222,
-    "tests/e2e_pretrain_test.py": 210,
-    "tests/kill_test.py::"
+    "tests/end_to_end/e2e_pretrain_test.py": 210,
+    "tests/end_to_end/kill_test.py::"
     "test_sigkill_at_random_moments_resumes_bit_exactly[electra-tiny]": 160,
     "tests/packaging_test.py": 139,
-    "tests/gcs_test.py": 139,
-    "tests/electra_test.py::"
+    "tests/bert_jax/checkpoint/gcs_test.py": 139,
+    "tests/bert_jax/families/electra/electra_test.py::"
     "test_the_discriminator_learns_to_detect_easy_replacements": 133,
-    "tests/distil_test.py::"
+    "tests/bert_jax/families/distilbert/distil_test.py::"
     "test_two_host_pod_distils_like_one_host_with_the_teacher_sharded_across_hosts": 132,
-    "tests/multihost_train_test.py::"
+    "tests/end_to_end/multihost_train_test.py::"
     "test_two_process_pod_matches_one_process_and_resumes": 122,
-    "tests/accelerator_benchmark_test.py": 117,
-    "tests/late_host_test.py": 107,
-    "tests/multihost_train_test.py::"
+    "tests/benchmarks/accelerator_benchmark_test.py": 117,
+    "tests/end_to_end/late_host_test.py": 107,
+    "tests/end_to_end/multihost_train_test.py::"
     "test_two_process_fsdp_finetune_exports_the_one_process_parameters": 106,
-    "tests/electra_finetune_test.py::"
+    "tests/bert_jax/families/electra/electra_finetune_test.py::"
     "test_pretrained_electra_workdir_feeds_finetune_predict_and_extract_features": 99,
-    "tests/kill_test.py::"
+    "tests/end_to_end/kill_test.py::"
     "test_sigkill_at_random_moments_resumes_bit_exactly[tiny]": 95,
-    "tests/electra_test.py": 95,
-    "tests/distil_test.py": 77,
-    "tests/checkpoint_test.py": 74,
-    "tests/distil_finetune_test.py::"
+    "tests/bert_jax/families/electra/electra_test.py": 95,
+    "tests/bert_jax/families/distilbert/distil_test.py": 77,
+    "tests/bert_jax/checkpoint/checkpoint_test.py": 74,
+    "tests/bert_jax/families/distilbert/distil_finetune_test.py::"
     "test_distilled_workdir_feeds_finetune_predict_and_extract_features": 71,
-    "tests/wordpiece_py_test.py": 67,
-    "tests/modernbert_cli_test.py": 59,
-    "tests/distil_parity_test.py": 58,
-    "tests/electra_finetune_test.py": 51,
-    "tests/modernbert_phase2_test.py": 48,
-    "tests/families_registry_test.py": 47,
-    "tests/faults_second_pass_test.py": 46,
-    "tests/modernbert_test.py": 45,
-    "tests/batch_warmup_test.py": 43,
-    "tests/modernbert_export_test.py": 39,
-    "tests/distil_finetune_test.py::"
+    "tests/data_pipelines/tokenizers/wordpiece_py_test.py": 67,
+    "tests/bert_jax/families/modernbert/modernbert_cli_test.py": 59,
+    "tests/bert_jax/objectives/distil_parity_test.py": 58,
+    "tests/bert_jax/families/electra/electra_finetune_test.py": 51,
+    "tests/bert_jax/families/modernbert/modernbert_phase2_test.py": 48,
+    "tests/bert_jax/families/families_registry_test.py": 47,
+    "tests/end_to_end/faults_second_pass_test.py": 46,
+    "tests/bert_jax/families/modernbert/modernbert_test.py": 45,
+    "tests/bert_jax/training/batch_warmup_test.py": 43,
+    "tests/bert_jax/families/modernbert/modernbert_export_test.py": 39,
+    "tests/bert_jax/families/distilbert/distil_finetune_test.py::"
     "test_a_bert_teacher_distils_a_distilbert_student_in_finetune": 28,
-    "tests/extract_features_test.py": 26,
-    "tests/beam_pipeline_test.py": 24,
-    "tests/faults_test.py": 24,
-    "tests/korean_modern_test.py": 21,
-    "tests/bpe_tokenizer_test.py": 18,
-    "tests/tokenization_test.py": 17,
-    "tests/profile_table_test.py": 17,
-    "tests/cjk_test.py": 7,
-    "tests/embedding_packed_test.py": 15,   # rows, bad input, BERT mean packed == unpacked: 14 s
+    "tests/bert_jax/extract_features_test.py": 26,
+    "tests/data_pipelines/beam_pipeline_test.py": 24,
+    "tests/end_to_end/faults_test.py": 24,
+    "tests/bert_jax/families/modernbert/korean_modern_test.py": 21,
+    "tests/data_pipelines/tokenizers/bpe_tokenizer_test.py": 18,
+    "tests/data_pipelines/tokenizers/tokenization_test.py": 17,
+    "tests/benchmarks/profile_table_test.py": 17,
+    "tests/data_pipelines/tokenizers/cjk_test.py": 7,
+    "tests/bert_jax/tasks/embedding_packed_test.py": 15,   # rows, bad input, BERT mean packed == unpacked: 14 s
     # Slow units added 2026-11-27 (issues 38-42), not yet measured in a whole run: the helpers'
     # single runs on the shared box (upper bounds), so that they start before the short units.
-    "tests/checkpoint_fit_test.py": 200,
-    "tests/faults_third_pass_test.py": 150,
-    "tests/tinybert_test.py": 120,
-    "tests/mobilebert_test.py": 260,   # train 71 s, fine-tune 84, transfer 56, export 28 (loaded)
-    "tests/fp8_test.py": 90,
-    "tests/mixture_train_test.py": 60,
-    "tests/mixture_test.py": 60,
-    "tests/phases_test.py": 100,         # the phased stream: 95 s on the loaded box (9 builds then)
-    "tests/phases_train_test.py": 110,   # three 10-step runs, one preempted: 92 s (loaded box)
-    "tests/multilingual_vocab_test.py": 40,
-    "tests/mmbert_convert_test.py": 50,   # its 2 slow tests + the folder, 46 s here (loaded box)
-    "tests/contrastive_test.py": 60,   # + pool_packed vs the unpacked encoder: 5 s CPU, 41 s loaded
-    "tests/tasks_embedding_test.py": 50,   # + report of the run: 41 s (2026-11-27, loaded box)
+    "tests/bert_jax/checkpoint/checkpoint_fit_test.py": 200,
+    "tests/end_to_end/faults_third_pass_test.py": 150,
+    "tests/bert_jax/families/tinybert/tinybert_test.py": 120,
+    "tests/bert_jax/families/mobilebert/mobilebert_test.py": 260,   # train 71 s, fine-tune 84, transfer 56, export 28 (loaded)
+    "tests/bert_jax/layers/fp8_test.py": 90,
+    "tests/data_pipelines/input/mixture_train_test.py": 60,
+    "tests/data_pipelines/input/mixture_test.py": 60,
+    "tests/data_pipelines/input/phases_test.py": 100,         # the phased stream: 95 s on the loaded box (9 builds then)
+    "tests/data_pipelines/input/phases_train_test.py": 110,   # three 10-step runs, one preempted: 92 s (loaded box)
+    "tests/data_pipelines/tokenizers/multilingual_vocab_test.py": 40,
+    "tests/bert_jax/families/modernbert/mmbert_convert_test.py": 50,   # its 2 slow tests + the folder, 46 s here (loaded box)
+    "tests/bert_jax/objectives/contrastive_test.py": 60,   # + pool_packed vs the unpacked encoder: 5 s CPU, 41 s loaded
+    "tests/bert_jax/tasks/tasks_embedding_test.py": 50,   # + report of the run: 41 s (2026-11-27, loaded box)
     # sentence-transformers both ways: 88 s with torch's first import (37 s), 3 CLIs apart
-    "tests/st_interop_test.py": 95,
-    "tests/st_interop_test.py::test_clis": 60,   # 3 CLIs: 55 s (2026-11-27, load 14)
-    "tests/contrastive_pod_test.py": 25,   # a 2-process pod: 14-16 s on the loaded box
-    "tests/embedding_peer_test.py": 80,   # 4 variants, torch + sentence-transformers: 70 s (loaded)
-    "tests/tasks_registry_test.py": 40,
-    "tests/objectives_test.py": 30,
-    "tests/layerwise_test.py": 30,
-    "tests/export_serving_test.py": 70,   # its smoke: 42 s, + mobilebert-tiny 23 s (loaded box)
+    "tests/bert_jax/convert/st_interop_test.py": 95,
+    "tests/bert_jax/convert/st_interop_test.py::test_clis": 60,   # 3 CLIs: 55 s (2026-11-27, load 14)
+    "tests/bert_jax/objectives/contrastive_pod_test.py": 25,   # a 2-process pod: 14-16 s on the loaded box
+    "tests/bert_jax/tasks/embedding_peer_test.py": 80,   # 4 variants, torch + sentence-transformers: 70 s (loaded)
+    "tests/bert_jax/tasks/tasks_registry_test.py": 40,
+    "tests/bert_jax/objectives/objectives_test.py": 30,
+    "tests/bert_jax/objectives/layerwise_test.py": 30,
+    "tests/bert_jax/export_serving_test.py": 70,   # its smoke: 42 s, + mobilebert-tiny 23 s (loaded box)
     # MobileBERT's progressive transfer: the resumed run 48 s, a stage's freeze 25 s (loaded)
-    "tests/progressive_test.py": 90,
-    "tests/serving_latency_benchmark_test.py": 40,
+    "tests/bert_jax/objectives/progressive_test.py": 90,
+    "tests/benchmarks/serving_latency_benchmark_test.py": 40,
     # At 56fe1b4 on the loaded box (load 10-15), wall: GradCache step == plain step on 1 and 8
     # devices 97 + 111 s, its memory benchmark 33 s; the recipes' runlocal run 113 s, hf_cosine
     # against transformers 32 s (importing torch).
-    "tests/embedding_grad_cache_test.py": 250,
-    "tests/embedding_recipes_test.py": 150,
+    "tests/bert_jax/tasks/embedding_grad_cache_test.py": 250,
+    "tests/bert_jax/tasks/embedding_recipes_test.py": 150,
     # Packed embedding batches, 2026-11-27 on the loaded box: 4 more poolings/families and
     # GradCache on 8 devices 52 s, the loop packed vs unpacked 42-51 s.
-    "tests/embedding_packed_test.py": 110,
+    "tests/bert_jax/tasks/embedding_packed_test.py": 110,
 }
 
 

@@ -43,8 +43,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from bert_jax_core import errors
-from bert_jax import manifest as manifest_lib
-from bert_jax import model as model_lib
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.models import model as model_lib
 
 
 class CheckpointError(errors.UserError):
@@ -53,7 +53,7 @@ class CheckpointError(errors.UserError):
 
 ManifestError = manifest_lib.ManifestError
 # Tests only: seconds each asynchronous save stays open (uncommitted) before its manifest is
-# written, so that tests/kill_test.py can SIGKILL a run inside a checkpoint write.
+# written, so that tests/end_to_end/kill_test.py can SIGKILL a run inside a checkpoint write.
 SLOW_SAVE_ENV = "BERT_JAX_TEST_SLOW_CHECKPOINT_S"
 MANIFEST_KEY = "manifest"      # in a step's meta: "sha256" when the step was saved with one
 # Errors of a write that ran out of room or permission: reported as one line, earlier steps kept.
@@ -114,7 +114,7 @@ class Manager:
     """Runs in Orbax's finalize thread on the primary host, once every host's files of the step
     are written and before the step is committed (see manifest.py)."""
     step, label = self._saving
-    if os.environ.get(SLOW_SAVE_ENV):  # fault injection (tests/kill_test.py) only
+    if os.environ.get(SLOW_SAVE_ENV):  # fault injection (tests/end_to_end/kill_test.py) only
       time.sleep(float(os.environ[SLOW_SAVE_ENV]))
     tmp = self._manager.directory / f"{step}{ocp.utils.TMP_DIR_SUFFIX}"
     step_dir = tmp if tmp.exists() else self._manager.directory / str(step)  # gs: no rename
@@ -344,7 +344,7 @@ def sync_hosts(tag):
   (multihost_utils.sync_global_devices): a host 30 s late to a collective's first run kills a
   CPU pod, and a barrier waits 30 min and names a host that never comes.
   """
-  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.meet(f"checkpoint {tag}")
 
 
@@ -621,7 +621,7 @@ def remove_dir(path):
 
 
 # ----------------------------------------------------------------------------------------------
-# CLI: python -m bert_jax.checkpoint verify DIR
+# CLI: python -m bert_jax.checkpoint verify DIR (checkpoint/__main__.py runs verify_main)
 # ----------------------------------------------------------------------------------------------
 def _dirs_to_verify(path):
   """[(label, dir, claims_manifest)] for a workdir, its checkpoints/, one step, or an export."""
@@ -661,6 +661,3 @@ def verify_main(argv):
     raise CheckpointError(f"{len(bad)} damaged: {', '.join(bad)}; training falls back to the "
                           "newest step that verifies.")
 
-
-if __name__ == "__main__":
-  errors.run_main(verify_main, sys.argv)

@@ -243,7 +243,7 @@ def _agree(ok):
     return ok
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.meet("the workdir lock")   # the run's first collective: no host may be 30 s late
   return bool(multihost_utils.broadcast_one_to_all(np.int32(1 if ok else 0)))
 

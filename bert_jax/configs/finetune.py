@@ -137,7 +137,7 @@ def _optimizer_and_run_fields(c):
   c.warmup_proportion = 0.1
   c.warmup_steps = 0            # > 0: this many warmup steps instead of the proportion
   # linear (BERT: warmup, linear decay to 0) | hf_cosine (transformers' cosine to 0) | cosine
-  # (NeoBERT's) | wsd (ModernBERT's): bert_jax/optimizer.py create_schedule
+  # (NeoBERT's) | wsd (ModernBERT's): bert_jax/training/optimizer.py create_schedule
   c.schedule = "linear"
   c.decay_steps = 0             # cosine/wsd: where the decay ends (0 = the last step)
   c.final_lr_fraction = 0.0     # cosine/wsd: the rate after the decay, x learning_rate

@@ -12,9 +12,9 @@ The argument after ':' is PRESET[,phase2][,annealed][,fast][,runlocal]:
             create_pretraining_data --sop; n-gram masking); SpanBERT: spanbert, spanbert-large,
             spanbert-{tiny,mini} (records from --no_nsp; span masking); ELECTRA:
             electra-{small,base,large} (the paper's recipe below) and electra-{tiny,mini}
-            (records from --no_nsp; a generator and a discriminator, bert_jax/electra.py);
+            (records from --no_nsp; a generator and a discriminator, bert_jax/families/electra/objective.py);
             DistilBERT: distilbert-{tiny,mini,base} with --config.teacher_checkpoint=TEACHER
-            (records from --no_nsp; bert_jax/distil.py). docs/models.md.
+            (records from --no_nsp; bert_jax/objectives/distil.py). docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
             ModernBERT: its context extension, 8,192 tokens with the global layers' RoPE theta
@@ -22,7 +22,7 @@ The argument after ':' is PRESET[,phase2][,annealed][,fast][,runlocal]:
   annealed  mmBERT's schedule shape (arXiv 2509.06888) over config.train_sources: three phases of
             60/30/10% of the steps at tau 0.7 -> 0.5 -> 0.3 and 30% -> 15% -> 5% masking
             (config.phases; add sources=... to a phase to hold sources back, as mmBERT's 60 ->
-            110 -> 1,833 languages). data_pipelines/phases.py, docs/non_english.md.
+            110 -> 1,833 languages). data_pipelines/input/phases.py, docs/non_english.md.
   fast      no dropout on the attention probabilities (attention_dropout_prob=0, as MosaicBERT
             and ModernBERT train), so the fused attention kernels (cuDNN, Pallas, splash) can run
             in training; the paper's 0.1 stays the default. Trade-off: docs/attention.md.
@@ -65,15 +65,15 @@ def get_config(arg="base"):
       objectives=config_dict.placeholder(str),
       share_layers=config_dict.placeholder(str),   # ALBERT: all (preset) | attention | ffn
       remat=False,                 # recompute each layer in the backward pass (seq 512 / large)
-      # Attention kernel (bert_jax/attention.py): auto = the fastest that supports the rows on this
+      # Attention kernel (bert_jax/layers/attention.py): auto = the fastest that supports the rows on this
       # chip (TPU splash; GPU cuDNN / Pallas; CPU xla). Attention dropout > 0 in training needs
       # the probabilities, so auto trains on xla unless the `fast` variant sets it to 0.
       attention="auto",
-      # FP8 matmuls for the encoder's QKV, attention output and FFN (bert_jax/fp8.py; Hopper's
+      # FP8 matmuls for the encoder's QKV, attention output and FFN (bert_jax/layers/fp8.py; Hopper's
       # FP8 GEMMs; on CPU an emulation of the same numerics). The scales are checkpointed with
       # the state and never exported.
       fp8=False,
-      # Epilogues XLA fuses (bert_jax/fused_ops.py): the FFN's bias + GELU (needs
+      # Epilogues XLA fuses (bert_jax/layers/fused_ops.py): the FFN's bias + GELU (needs
       # hidden_act="gelu_tanh", a change of the recipe: say so), post-LN's residual + LayerNorm.
       fused_bias_gelu=False,
       fused_residual_norm=False,
@@ -86,7 +86,7 @@ def get_config(arg="base"):
   c.masking = recipe.masking                        # token (BERT) | ngram (ALBERT) | span
   c.whole_word_masking = recipe.whole_word_masking  # ALBERT's n-grams / SpanBERT's spans of words
   _optimizer_and_loop_fields(c)
-  # DistilBERT's teacher (bert_jax/distil.py): a BERT workdir, export or Hugging Face folder;
+  # DistilBERT's teacher (bert_jax/objectives/distil.py): a BERT workdir, export or Hugging Face folder;
   # its path and manifest hash go into every checkpoint's meta and resuming checks them.
   c.teacher_checkpoint = ""
   if recipe.recipe:   # the paper's values of that family (e.g. ELECTRA's Table 6)
@@ -99,14 +99,14 @@ def _input_fields(c):
   # Input: TFRecords from `python -m data_pipelines.create_pretraining_data`.
   c.train_input_files = ""         # glob, comma-separated globs allowed
   c.eval_input_files = ""          # held-out records; empty = no evaluation
-  # A mixture of named sources instead (data_pipelines/mixture.py; then train_input_files stays
+  # A mixture of named sources instead (data_pipelines/input/mixture.py; then train_input_files stays
   # empty): 'ko=data/ko/train-*;en=data/en/train-*', each from its own create_pretraining_data
   # run. Shares: source_weights 'ko=0.7,en=0.3', else records^source_tau (1.0 proportional to
   # size; XLM-R 0.3, mBERT 0.7). Start-up prints the shares, the summary each source's tokens.
   c.train_sources = ""
   c.source_weights = ""
   c.source_tau = 1.0
-  # A schedule of the mixture and the masking rate (data_pipelines/phases.py; needs
+  # A schedule of the mixture and the masking rate (data_pipelines/input/phases.py; needs
   # train_sources): 'steps=60%,sources=en;de,tau=0.7,mask=0.3 | steps=40%,tau=0.3,mask=0.15'.
   # The phases' steps add up to num_train_steps (or 100%); start-up prints them.
   c.phases = ""
@@ -121,14 +121,14 @@ def _input_fields(c):
   c.masked_lm_prob = 0.15
   # What a selected token becomes (transformers' DataCollatorForLanguageModeling names): [MASK]
   # with mask_replace_prob, a random token with random_replace_prob, itself otherwise. BERT's
-  # 80/10/10; NeoBERT 1.0 / 0.0 (every one [MASK]). data_pipelines/masking.py.
+  # 80/10/10; NeoBERT 1.0 / 0.0 (every one [MASK]). data_pipelines/input/masking.py.
   c.mask_replace_prob = 0.8
   c.random_replace_prob = 0.1      # the rest, 1 - both, stays as it was (BERT's 10%)
   # Whole words ("##" pieces; Chinese words too when the records carry jieba boundaries, which
   # then require it: docs/non_english.md).
   c.whole_word_masking = False
   # token (BERT) | ngram (ALBERT: n <= 3, p(n) ~ 1/n) | span (SpanBERT: geometric(0.2) spans of
-  # up to 10 words, 80/10/10 per span; needed by the sbo objective). data_pipelines/masking.py.
+  # up to 10 words, 80/10/10 per span; needed by the sbo objective). data_pipelines/input/masking.py.
   c.masking = "token"
   c.shuffle_buffer = 10_000        # records per logical shard's shuffle buffer
   c.input_stall_minutes = 10.0     # no batch for this long: an error naming the files
@@ -138,7 +138,7 @@ def _input_fields(c):
   c.pack = True
   c.max_instances_per_pack = 0     # K, NSP slots per row; 0 = seq_length // 16 (128 -> 8)
   c.pack_chunk_size = 1024         # instances the best-fit packer looks at together
-  # Logical shards (data_pipelines/pretrain_input.py): the stream is the same for every host
+  # Logical shards (data_pipelines/input/pretrain_input.py): the stream is the same for every host
   # count dividing this; 0 = gcd(#files, batch_size), fixed at the first run and kept in the
   # checkpoint.
   c.num_logical_shards = 0
@@ -152,7 +152,7 @@ def _optimizer_and_loop_fields(c):
   # Optimisation: Adam(W) lr 1e-4, b .9/.999, L2 0.01, 10k warmup, linear decay.
   c.batch_size = 256               # global, across all hosts and devices
   c.grad_accum_steps = 1           # micro-batches per optimizer step (batch_size / k each)
-  # Batch-size warmup (ModernBERT's; bert_jax/batch_warmup.py): the batch grows from this many
+  # Batch-size warmup (ModernBERT's; bert_jax/training/batch_warmup.py): the batch grows from this many
   # rows to batch_size, that many more at a time, over the first batch_size_warmup_tokens tokens
   # (rows x seq_length), each size for the same number of steps. 0 = none (BERT; modernbert-base:
   # 768 -> 4,608 over 50e9).

@@ -5,7 +5,7 @@
   python -m bert_jax.convert --input=ckpt/bert_base --output=hf_export                 # -> HF
   (in Python: hf_export.export_to_hf(checkpoint, output); convert_to_orbax(path, output))
 
-The Orbax output (`bert_jax.checkpoint.save_params` layout + vocab.txt) is a complete
+The Orbax output (`bert_jax.checkpoint.store.save_params` layout + vocab.txt) is a complete
 BertForPreTraining parameter tree usable as `--config.init_checkpoint`; its bert_config.json
 records the model config, casing, the numerical choices of the source implementation, every
 ignored source variable and every parameter the source lacked (initialised like a fresh model).
@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import families
 from bert_jax.convert import formats
 from bert_jax.convert import names

@@ -15,7 +15,7 @@ r"""Convert BERT checkpoints: google TF / Hugging Face -> Orbax, Orbax -> Huggin
   python -m bert_jax.convert --input=st/all-MiniLM-L6-v2 --output=ckpt/minilm
 
 Every family converts through this one command (bert_jax/families/<name>.py says how); the
-former aliases bert_jax.convert.electra and bert_jax.convert.distilbert are one-line errors
+former aliases bert_jax.families.electra.convert and bert_jax.families.distilbert.convert are one-line errors
 naming it.
 
 The direction follows from --input (auto-detected; --source overrides). Every user error is one
@@ -82,7 +82,7 @@ def main(argv):
     raise app.UsageError(f"--{next(iter(st_flags))} is an option of --to=sentence_transformers.")
   source = convert.detect_source(FLAGS.input) if FLAGS.source == "auto" else FLAGS.source
   if source == "orbax":
-    from bert_jax import inference  # pylint: disable=g-import-not-at-top
+    from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
     convert.check_new_output(FLAGS.output)
     m = inference.load_for_inference(FLAGS.input, vocab_file=FLAGS.vocab_file,
                                      spm_model_file=FLAGS.spm_model_file,
@@ -104,7 +104,7 @@ def main(argv):
 
 def export_sentence_transformers(st_flags):
   """Any checkpoint (an export, a workdir, a transformers folder) -> sentence-transformers."""
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
   convert.check_new_output(FLAGS.output)
   load = lambda with_params: inference.load_for_inference(  # noqa: E731

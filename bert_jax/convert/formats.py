@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax_core import errors
 
 
@@ -126,7 +126,7 @@ def hf_config_json(config, pad_token_id=0):
 # Vocab and casing (google-research/bert `validate_case_matches_checkpoint`, generalised).
 # ----------------------------------------------------------------------------------------------
 def read_vocab(path, flag="--vocab_file"):
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   try:
     # convert has no --tokenizer_json: a family that reads one takes it by --vocab_file.
     return vocab_lib.load_wordpiece_vocab(path, flag, json_flag="")
@@ -147,7 +147,7 @@ def infer_casing(path, tokens, recorded=None):
     return bool(recorded[0]), recorded[1]
   # google's released names, then pieces that lower-casing would change (upper-case letters,
   # and whole Hangul syllables: a Hangul-only vocab has no upper-case piece yet is cased).
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   return vocab_lib.infer_wordpiece_casing(tokens, path)
 
 

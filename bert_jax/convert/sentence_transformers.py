@@ -218,9 +218,8 @@ def _write_tokenizer(tmp, m, ids):
   import shutil  # pylint: disable=g-import-not-at-top
   length = m.config.max_position_embeddings
   if m.tokenizer_json:
-    from bert_jax.convert import modernbert  # pylint: disable=g-import-not-at-top
     shutil.copyfile(m.tokenizer_json, os.path.join(tmp, "tokenizer.json"))
-    modernbert.write_tokenizer_config(tmp, dict(zip(ids, m.tokenizer.id_to_token(
+    writing.write_tokenizer_config(tmp, dict(zip(ids, m.tokenizer.id_to_token(
         list(ids.values())))), length)
   elif m.spm_model_file:
     from bert_jax.convert import sentencepiece_export  # pylint: disable=g-import-not-at-top

@@ -1,9 +1,9 @@
 """A SentencePiece `.model` as a Hugging Face fast tokenizer (tokenizer.json) with BERT's template.
 
 `transformers.AutoTokenizer.from_pretrained(export_dir)` then gives the same ids as
-`data_pipelines.tokenization.SentencePieceTokenizer` ([CLS] text [SEP], user-defined [CLS] [SEP]
+`data_pipelines.tokenizers.tokenization.SentencePieceTokenizer` ([CLS] text [SEP], user-defined [CLS] [SEP]
 [MASK] matched whole in raw text, byte-fallback pieces for rare characters), which
-tests/cjk_test.py checks on Korean, Chinese and English text. One corner case differs: a text
+tests/data_pipelines/tokenizers/cjk_test.py checks on Korean, Chinese and English text. One corner case differs: a text
 that *starts* with a literal special token ("[MASK] is ..."): SentencePiece puts a lone "▁"
 piece before it, `tokenizers` splits the token out first and adds the prefix to no piece.
 
@@ -93,7 +93,7 @@ def build_tokenizer(spm_model_file):
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from tokenizers import AddedToken, Regex, Tokenizer  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   proto = vocab_lib._read_bytes(spm_model_file)  # pylint: disable=protected-access
   spec = model_spec(proto)
   sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -139,7 +139,7 @@ def build_tokenizer(spm_model_file):
 
 def write_tokenizer_files(directory, spm_model_file, max_length):
   """tokenizer.json + tokenizer_config.json + special_tokens_map.json + the .model itself."""
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   try:
     tok = build_tokenizer(spm_model_file)
   except ImportError as e:

@@ -4,13 +4,14 @@ convert/distilbert.py and inference.py; it imports no converter, so none of them
 """
 
 import glob
+import json
 import os
 import shutil
 import uuid
 
 import numpy as np
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax_core import files as files_lib
 from bert_jax.convert import formats
 from bert_jax.convert.formats import ConversionError
@@ -74,7 +75,7 @@ def _read_tokenizer(base, vocab_file, config, config_file):
   if len(spm_files) > 1:
     raise ConversionError(f"{base}: no {VOCAB_NAME} and {len(spm_files)} SentencePiece *.model "
                           "files; pass the checkpoint's vocab with --vocab_file.")
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   size = vocab_lib.load_vocab_info(spm_model_file=spm_files[0]).size
   if size != config.vocab_size:
     raise ConversionError(f"{spm_files[0]} has {size} pieces but {config_file} gives vocab_size="
@@ -137,3 +138,20 @@ def check_new_output(output):
   why = files_lib.unwritable_reason(output)
   if why:
     raise ConversionError(f"--output={output}: cannot be written ({why}); choose a writable path.")
+
+
+def write_tokenizer_config(directory, special_tokens, max_length):
+  """tokenizer_config.json + special_tokens_map.json beside a tokenizer.json: the fast tokenizer
+  class (transformers 4's PreTrainedTokenizerFast; 5 reads it as its TokenizersBackend) and the
+  role of each special token, as ModernBERT's own folder has them."""
+  roles = {f"{role}_token": text for role, text in sorted(special_tokens.items()) if text}
+  # bos/eos are cls/sep, as config.json's bos_token_id/eos_token_id (an mmBERT folder's
+  # tokenizer_config names <bos>/<eos> for both; without them AutoTokenizer's bos_token is None).
+  for role, same in (("bos", "cls"), ("eos", "sep")):
+    if f"{same}_token" in roles:
+      roles.setdefault(f"{role}_token", roles[f"{same}_token"])
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
+            "clean_up_tokenization_spaces": False, **roles}   # BPE: cleanup would eat spaces
+  for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+      json.dump(content, f, indent=2, sort_keys=True)

@@ -4,7 +4,7 @@
   spearman           Spearman's rank correlation (ties get their average rank) of two [P] vectors
 
 The ranking metrics are trec_eval's (the numbers BEIR and MTEB report through pytrec_eval;
-tests/retrieval_metrics_test.py checks them against pytrec_eval on random score matrices):
+tests/bert_jax/evaluation/retrieval_metrics_test.py checks them against pytrec_eval on random score matrices):
 
   ranking   each query's documents by score, highest first; among EQUAL scores the document with
             the higher index first. That is trec_eval's own tie rule (score descending, then

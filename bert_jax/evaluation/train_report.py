@@ -8,14 +8,14 @@ import os
 
 import jax
 
-from bert_jax import attention as attention_lib
+from bert_jax.layers import attention as attention_lib
 from bert_jax import families
-from bert_jax import fp8 as fp8_lib
-from bert_jax import metrics_writer
-from bert_jax import objectives
-from bert_jax import sharding as sharding_lib
-from bert_jax import tpu_specs
-from bert_jax import trainer_lib
+from bert_jax.layers import fp8 as fp8_lib
+from bert_jax.evaluation import metrics_writer
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.parallel import tpu_specs
+from bert_jax.training import trainer_lib
 
 
 # Dense bf16 peak per chip, TFLOP/s (vendor figures). MFU is printed only where this is known.

@@ -6,7 +6,7 @@
   families.for_hf_folder("hf/distilbert-base")           # which family reads a transformers folder
 
 This package's __init__ imports the registry only: the family modules are loaded by name on the
-first lookup (they import bert_jax.model, which reads the registry), so importing
+first lookup (they import bert_jax.models.model, which reads the registry), so importing
 `bert_jax.families` never imports a model.
 """
 

@@ -5,19 +5,21 @@ the encoders this framework trains on its one encoder and one loop: its presets,
 fields it may set, its pre-training recipe defaults, the network its step trains and that step's
 outputs, its FLOP count, its fine-tuning body and [CLS] head, fill-mask, the transformers
 `model_type`s it converts from and to, and what a finished run prints next. Each lives in
-`bert_jax/families/<name>.py` as one `Family` record; the loop (train.py, finetune.py), the CLIs
+`bert_jax/families/<name>/` (its `__init__.py` builds one `Family` record, its network,
+objective and converter sit beside it); the loop (train.py, finetune.py), the CLIs
 (predict, extract_features, plan) and the converters look the record up here and never name a
 family. This is transformers' Auto mapping (model_type -> classes) and KerasHub's preset registry
 in one plain dict.
 
-A new family is a new module that builds a `Family` (usually `dataclasses.replace` of BERT's, which
-holds the defaults) and calls `register`; tests/families_registry_test.py adds a toy one in the
+A new family is a new folder whose `__init__.py` builds a `Family` (usually `dataclasses.replace` of BERT's, which
+holds the defaults) and calls `register`; tests/bert_jax/families/families_registry_test.py adds a toy one in the
 test itself and runs it through pre-training, conversion, fill-mask and fine-tuning.
 
 Discovery: every module of this package is imported on the first lookup (pkgutil: `bert` first,
 as it holds every hook's default, then the others in name order), and a module that builds a
-`Family` calls `register`; there is no hand-kept list, so a new family is a new file here (its
-network may sit beside it, e.g. mobilebert_layers.py, which registers nothing), as the task
+`Family` calls `register`; there is no hand-kept list, so a new family is a new folder here
+(its network, objective and converter sit inside it, e.g. mobilebert/layers.py, electra/objective.py,
+albert/convert.py), as the task
 types' table (bert_jax/tasks/registry.py) finds its modules.
 
 Layers: this module imports nothing of ours. model.py reads the table (BertConfig's rules and the
@@ -123,7 +125,7 @@ _PACKAGE = __name__.rpartition(".")[0]   # bert_jax.families
 
 
 def _modules() -> tuple:
-  """The modules of this package that ship with bert_jax (bert_jax/families/<name>.py, this one
+  """The family packages that ship with bert_jax (bert_jax/families/<name>/, this module
   left out): BERT first (it holds every hook's default), the others in name order. Listing
   only (pkgutil reads the folder): nothing is imported here."""
   path = os.path.dirname(os.path.abspath(__file__))
@@ -132,8 +134,7 @@ def _modules() -> tuple:
   return tuple(["bert"] + [m for m in found if m != "bert"])
 
 
-# The modules of the families that ship with bert_jax (and their helpers, e.g. a network module,
-# which register nothing), found in the folder, not kept by hand.
+# The families that ship with bert_jax, one folder each, found in the folder, not kept by hand.
 BUILTIN = _modules()
 _loaded = []
 
@@ -148,12 +149,13 @@ def _load_builtin():
 
 def converter_hooks(module_name) -> dict:
   """A family's four conversion hooks (config_from_json, name_table, normalise_hf_names,
-  hf_config_json) as calls into bert_jax.convert.<module_name>, imported on the first call (a
-  family module must not import its converter, which imports bert_jax.model). The module's
+  hf_config_json) as calls into bert_jax.families.<module_name>.convert, imported on the first
+  call, so that a family's record loads without its converter's imports (convert.formats reads
+  TensorFlow checkpoints). The module's
   `specs` is the name table; its config_from_json names its own activation, so `gelu` is unused.
   Use: dataclasses.replace(bert.FAMILY, ..., **families.converter_hooks("albert"))."""
   def converter():
-    return importlib.import_module(f"bert_jax.convert.{module_name}")
+    return importlib.import_module(f"{_PACKAGE}.{module_name}.convert")
 
   def config_from_json(d, path, kind, gelu="auto"):
     del gelu

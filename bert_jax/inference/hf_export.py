@@ -4,13 +4,13 @@ Hugging Face BertForPreTraining folder.
   from bert_jax.convert import hf_export
   hf_export.export_to_hf("runs/base", "hf_export")
 
-It loads through bert_jax.inference (the checkpoint's own vocabulary and casing), which in turn
+It loads through bert_jax.inference.loading (the checkpoint's own vocabulary and casing), which in turn
 converts Hugging Face folders through bert_jax.convert: so this lives beside the package, not in
 its __init__, and the two never import each other (tests/layers_test.py).
 """
 
 from bert_jax import convert
-from bert_jax import inference
+from bert_jax.inference import loading as inference
 
 
 def export_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None,

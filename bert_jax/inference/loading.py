@@ -13,10 +13,10 @@
   - a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin, as
     `save_pretrained` writes it): converted once with bert_jax.convert into a cache
     ($BERT_JAX_CACHE, default ~/.cache/bert_jax/hf/<hash of the folder's files>) and loaded from
-    there; the run prints where. ELECTRA (bert_jax/convert/electra.py): a discriminator folder
+    there; the run prints where. ELECTRA (bert_jax/families/electra/convert.py): a discriminator folder
     (ElectraForPreTraining / ElectraModel, converted alone: no generator), or a folder holding
     discriminator/ and generator/ as `python -m bert_jax.convert` exports the pair.
-    DistilBERT (bert_jax/convert/distilbert.py): a DistilBertForMaskedLM or DistilBertModel
+    DistilBERT (bert_jax/families/distilbert/convert.py): a DistilBertForMaskedLM or DistilBertModel
     folder (the latter's MLM head starts random: fine for fine-tuning and features, not
     fill-mask), with its vocab.txt in the folder.
 An ELECTRA checkpoint (pre-training workdir, step, export) loads whole (params: bert = the
@@ -36,7 +36,7 @@ vocab_size, is a one-line error naming both sides (never a silent wrong result).
 
 A Hugging Face tokenizer.json (byte-level BPE: a converted ModernBERT bundles its own, recorded as
 meta["tokenizer_json"]; a run pre-trained with --config.tokenizer_json records its path) is read
-by data_pipelines/tokenizer_json.py, TensorFlow-free. Its ids may be fewer than the model's rows
+by data_pipelines/tokenizers/tokenizer_json.py, TensorFlow-free. Its ids may be fewer than the model's rows
 (ModernBERT pads its 50,280 ids to vocab_size=50,368): it must hold exactly the ids the converter
 recorded (meta["vocab_size"]), else at most vocab_size, and the special ids the converter read
 (meta["special_ids"]); a file without a mask/cls/sep token is one line naming it and the model.
@@ -53,15 +53,20 @@ import hashlib
 import json
 import os
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import checkpoint_fit
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.checkpoint import checkpoint_fit
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
 from bert_jax import families
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"   # a Hugging Face tokenizer (convert/modernbert.py bundles it)
+
+
+class PredictError(errors.UserError):
+  """A model that cannot do what `predict` asked of it (e.g. fill-mask without an MLM head): the
+  families' check_fill_mask hooks raise it, bert_jax.predict reports it."""
 
 
 class InferenceLoadError(errors.UserError):
@@ -299,7 +304,7 @@ def resolve_settings(vocab_file, directory, meta, do_lower_case, spm_model_file=
   pretokenizer): the vocab's own (its .meta.json, the SentencePiece model's normalizer, or
   inferred for google/HF vocabs) checked against the checkpoint's recorded casing and the
   argument; any contradiction is a one-line error naming both sides."""
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   recorded = {"do_lower_case": _recorded(meta, "do_lower_case"),
               "pretokenizer": _recorded(meta, "pretokenizer")}
   try:
@@ -321,9 +326,9 @@ def _json_tokenizer(files, directory, meta, config, do_lower_case):
   checkpoint before its hash: the special tokens (all five, at the ids the converter recorded)
   and the size (the ids the converter recorded; else at most the model's rows, which ModernBERT
   pads: 50,280 ids in 50,368 rows). Every mismatch names the file and the checkpoint."""
-  from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
-  from data_pipelines import pretokenize  # pylint: disable=g-import-not-at-top
-  from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import pretokenize  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   path, how = files.tokenizer_json, files[2]
   try:
     settings = resolve_settings(None, directory, meta, do_lower_case,
@@ -356,7 +361,7 @@ def load_for_inference(path, *, vocab_file=None, spm_model_file=None, do_lower_c
   """An InferenceModel for `path` (see the module docstring); with_params=False skips arrays.
 
   python_tokenizer: a WordPiece vocab without a pre-tokenizer gets the plain-Python WordPiece
-  (data_pipelines/wordpiece_py.py: the same ids, no TensorFlow import) instead of the in-graph
+  (data_pipelines/tokenizers/wordpiece_py.py: the same ids, no TensorFlow import) instead of the in-graph
   one; for a few sentences in a command-line program. A tokenizer.json never imports TensorFlow
   (the `tokenizers` library encodes).
   """
@@ -396,10 +401,10 @@ def _tokenizer(vocab_file, spm_model_file, settings, python_tokenizer):
   """WordPiece (plain Python with python_tokenizer and no pre-tokenizer) or SentencePiece."""
   lower = settings["do_lower_case"]
   if python_tokenizer and vocab_file and settings.get("pretokenizer") in (None, "", "none"):
-    from data_pipelines import wordpiece_py  # pylint: disable=g-import-not-at-top
+    from data_pipelines.tokenizers import wordpiece_py  # pylint: disable=g-import-not-at-top
     tokenizer = wordpiece_py.PythonWordPieceTokenizer(vocab_file, lower)
     tokenizer.settings = settings
     return tokenizer
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top  (TF)
+  from data_pipelines.tokenizers import tokenization  # pylint: disable=g-import-not-at-top  (TF)
   return tokenization.get_tokenizer(vocab_file=vocab_file, spm_model_file=spm_model_file,
                                     do_lower_case=lower)

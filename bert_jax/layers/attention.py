@@ -46,7 +46,7 @@ mask from the step's dropout key (flax's rule); cudnn draws it inside the kernel
 Philox generator. jax's wrapper takes that generator's seed as a compile-time constant: each cuDNN
 call site gets its own (`_next_cudnn_seed`, in trace order, so layers do not share a mask), and
 how the generator's offset moves between runs of the compiled step (a new mask per step, the
-backward on the forward's mask) is XLA's runtime: tests/attention_test.py's GPU test
+backward on the forward's mask) is XLA's runtime: tests/bert_jax/layers/attention_test.py's GPU test
 test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_forwards checks both on the
 chip; it passed on one H200 (2026-11-27), so `auto` picks cuDNN with dropout
 (CUDNN_DROPOUT_IN_AUTO) where XLA keeps cuDNN out of CUDA graphs (CUDNN_DROPOUT_XLA_FLAG). pallas_gpu and splash have no dropout: asked for it, they are refused (an explicit backend:
@@ -56,7 +56,7 @@ with a silent 0.
 What a padding query sees differs between kernels (xla: every real key of a padded row, nothing in
 a packed row; the segment-id kernels: the other padding tokens; cuDNN: nothing) but never reaches a
 real token (keys are masked) or the loss (heads read real positions only), so the outputs at real
-tokens, the losses and the gradients agree (tests/attention_test.py checks them against xla at
+tokens, the losses and the gradients agree (tests/bert_jax/layers/attention_test.py checks them against xla at
 float32 <= 1e-5).
 """
 
@@ -80,7 +80,7 @@ FUSED = ("cudnn", "pallas_gpu", "splash")
 # Fused kernels that apply attention dropout themselves (the module docstring's "Dropout").
 DROPOUT_IN_KERNEL = ("cudnn",)
 # Whether `auto` may pick cuDNN for a step with attention dropout. Off until a chip has passed
-# tests/attention_test.py's test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_
+# tests/bert_jax/layers/attention_test.py's test_cudnn_dropout_masks_change_per_run_and_the_backward_uses_the_
 # forwards (benchmarks/gpu_ab.sh runs it): a mask repeated every step would be a silent change of
 # the recipe. attention=cudnn asks for it explicitly, and the start-up line says so.
 CUDNN_DROPOUT_IN_AUTO = True   # passed on one H200, jax/jaxlib 0.11.2, cuDNN 9.19 (2026-11-27)
@@ -424,7 +424,7 @@ def xla_attention(q, k, v, ids, *, packed, window=None, dropout_rate=0.0, dropou
 def scored_attention(q, k, v, ids, *, packed, window=None, dropout_rate=0.0, dropout_rng=None):
   """(ctx [B, T, N, D], scores [B, N, T, S] float32): the xla path with its pre-softmax scores
   q k^T / sqrt(D) before any mask (layer-wise distillation's, TinyBERT's attention_scores less
-  its additive mask; the loss masks them: bert_jax/layerwise.py). Full T x S, also with a
+  its additive mask; the loss masks them: bert_jax/objectives/layerwise.py). Full T x S, also with a
   window (no blocked form: the scores are the point). Same maths as xla_attention's dropout
   path, so ctx equals xla_attention's to float tolerance."""
   if dropout_rate > 0 and dropout_rng is None:
@@ -503,7 +503,7 @@ def packed_offsets(ids, max_segments):
   """Per-instance (offsets [B, M+1], lengths [B, M]) of packed rows, cuDNN's ragged layout as
   jax's wrapper takes it: instance s (ids == s, s = 1..M) starts at offsets[:, s-1] and holds
   lengths[:, s-1] tokens; absent instances (and the last offset column) are -1. Instances must
-  be contiguous in their row (data_pipelines/packing.py writes them so) and number at most M:
+  be contiguous in their row (data_pipelines/records/packing.py writes them so) and number at most M:
   the caller bounds M statically (T always does: one token per instance at most)."""
   b, t = ids.shape
   seg = jnp.arange(1, max_segments + 1, dtype=ids.dtype)                 # [M]
@@ -613,7 +613,7 @@ def _per_shard(kernel, q, k, v, ids):
     return kernel(q, k, v, ids)
   rules = nn.get_logical_axis_rules()
   if not rules:
-    from bert_jax.sharding import LOGICAL_AXIS_RULES as rules
+    from bert_jax.parallel.sharding import LOGICAL_AXIS_RULES as rules
   spec = nn.logical_to_mesh_axes(BTND, rules)    # e.g. P(("data", "fsdp"), None, "tensor", None)
   # An axis that does not split evenly stays whole on every device: model.init's dummy batch of
   # one row (traced under the mesh when the state is built, on a TPU slice as in bert_jax/plan.py),

@@ -6,7 +6,7 @@
 
 Both are how the step runs, not what the model is (the same parameters, left out of to_dict()),
 and each equals the path it replaces to bf16 tolerance, forward and gradients
-(tests/fused_ops_test.py). Whether the chip runs them as one kernel is for the profile's kernel
+(tests/bert_jax/layers/fused_ops_test.py). Whether the chip runs them as one kernel is for the profile's kernel
 list to say (benchmarks/gpu_ab.sh), not this file.
 
 bias + GELU. cuBLASLt's epilogues have the tanh approximation of GELU only

@@ -62,7 +62,7 @@ class GatedFeedForward(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   kernel_init: nn.initializers.Initializer = _truncated_normal()
   names: tuple = ("Wi", "Wo")
-  dot_general_cls: object = None   # bert_jax/fp8.py's FP8 matmul under config.fp8 (None: plain)
+  dot_general_cls: object = None   # bert_jax/layers/fp8.py's FP8 matmul under config.fp8 (None: plain)
 
   @nn.compact
   def __call__(self, x, deterministic=True):

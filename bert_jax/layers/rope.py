@@ -7,7 +7,7 @@ p x theta^(-2c / D), c = 0 .. D/2 - 1 (the "rotate_half" convention of GPT-NeoX,
 Llama and ModernBERT), so the score q_i . k_j depends on the positions only through i - j.
 Nothing here is learned. NeoBERT's apply_rotary_emb (Meta's Llama: view_as_complex) turns
 adjacent pairs (2c, 2c + 1) instead: the same scores once q's and k's channels are reordered
-0, 2, 4, .., 1, 3, .. within each head, which its weight map does (tests/neobert_test.py).
+0, 2, 4, .., 1, 3, .. within each head, which its weight map does (tests/bert_jax/families/modernbert/neobert_test.py).
 
 ModernBERT: theta 160,000 on global layers and 10,000 on local (sliding-window) ones
 (transformers' ModernBertConfig.default_theta); its context extension to 8,192 tokens raises the

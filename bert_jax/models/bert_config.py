@@ -1,5 +1,5 @@
 """BertConfig, the model's one configuration record, and the presets (read from the family
-registry): the first half of what `bert_jax.model` exports (model.py re-exports every name here,
+registry): the first half of what `bert_jax.models.model` exports (model.py re-exports every name here,
 so `model.BertConfig` and `model.get_bert_config` stay the names to use).
 
 What each field means and which family may set it: the comments below and docs/models.md.
@@ -7,8 +7,8 @@ What each field means and which family may set it: the comments below and docs/m
 
 import dataclasses
 
-from bert_jax import attention as attention_lib
-from bert_jax import modern_layers
+from bert_jax.layers import attention as attention_lib
+from bert_jax.layers import modern_layers
 from bert_jax.families import registry as families_registry
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -46,14 +46,14 @@ class BertConfig:
   dtype: str = "float32"            # compute dtype; "bfloat16" for mixed precision
   param_dtype: str = "float32"      # parameters (and so optimizer state) stay float32
   remat: bool = False               # rematerialise each layer (jax.checkpoint) to save memory
-  # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/attention.py). How the model
+  # Attention kernel: auto|xla|cudnn|pallas_gpu|splash (bert_jax/layers/attention.py). How the model
   # runs, not what it is: left out of to_dict(), so checkpoints never pin a kernel.
   attention: str = "xla"
   # FP8 matmuls (e4m3/e5m2, delayed scaling) for the encoder's QKV, attention output and FFN
-  # (bert_jax/fp8.py; issue 38); the scales live beside the params. How the step runs, not what
+  # (bert_jax/layers/fp8.py; issue 38); the scales live beside the params. How the step runs, not what
   # the model is (the parameters are the same): left out of to_dict(), as attention.
   fp8: bool = False
-  # Epilogues in formulations XLA fuses (bert_jax/fused_ops.py; issue 38), how the step runs as
+  # Epilogues in formulations XLA fuses (bert_jax/layers/fused_ops.py; issue 38), how the step runs as
   # well: the FFN's bias + tanh GELU (needs hidden_act="gelu_tanh": cuBLASLt has no erf GELU) and
   # post-LN's residual + LayerNorm with a written-out backward.
   fused_bias_gelu: bool = False
@@ -67,11 +67,11 @@ class BertConfig:
   family: str = "bert"              # bert | albert | spanbert | electra | distilbert
   embedding_size: int = 0           # E; 0 = H, no projection. ALBERT, ELECTRA-small: E=128 -> H
   share_layers: str = "none"        # none | all | attention | ffn (ALBERT's cross-layer sharing)
-  # Pre-training objectives (bert_jax/objectives.py), comma-separated: mlm plus at most one
+  # Pre-training objectives (bert_jax/objectives/pretraining.py), comma-separated: mlm plus at most one
   # sentence-level task (nsp | sop), plus sbo (SpanBERT's span-boundary objective).
   objectives: str = "mlm,nsp"
   sbo_max_targets: int = 20         # SBO relative-position embeddings (spans of up to 20 tokens)
-  # ELECTRA's generator (bert_jax/electra.py): its own encoder on the shared embeddings; the
+  # ELECTRA's generator (bert_jax/families/electra/objective.py): its own encoder on the shared embeddings; the
   # fields above describe the discriminator. 0 for every other family.
   generator_hidden_size: int = 0
   generator_num_layers: int = 0

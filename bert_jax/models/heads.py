@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bert_jax import families
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax import tasks
 
 

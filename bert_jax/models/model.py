@@ -2,7 +2,7 @@
 
 The same modules are ALBERT (embedding_size E > 0: tables of width E projected to H;
 share_layers: one layer applied L times, or its attention / FFN half shared) and SpanBERT (the
-SBO head), chosen by BertConfig's family fields; ELECTRA (bert_jax/electra.py) composes them into
+SBO head), chosen by BertConfig's family fields; ELECTRA (bert_jax/families/electra/objective.py) composes them into
 a generator and a discriminator sharing the embeddings (the generator_* fields); docs/models.md.
 
 Reads top to bottom (BertConfig and the presets are in bert_config.py, re-exported here): the
@@ -29,7 +29,7 @@ pretraining_heads.py's):
 ALBERT adds bert/embeddings/projection and names its shared layer bert/encoder/layer_shared (or
 shared_attention / shared_ffn beside layer_{i}); sop_head replaces nsp_head; SpanBERT has
 sbo_head/{position_embeddings, dense_1, layer_norm_1, dense_2, layer_norm_2, output_bias}.
-The modern encoder's fields (ModernBERT, NeoBERT: bert_jax/families/modernbert.py) change the
+The modern encoder's fields (ModernBERT, NeoBERT: bert_jax/families/modernbert/__init__.py) change the
 same tree: position_embedding="rope" drops position_embeddings (q and k turned instead, rope.py);
 ffn="geglu"/"swiglu" puts layer_{i}/mlp/{Wi [H, 2I], Wo [I, H]} (modern_layers.py) in place of
 intermediate/output; use_bias=False drops every bias but mlm_head/output_bias; norm= picks the
@@ -37,7 +37,7 @@ norms' kind (layer_norm_no_bias, rms_norm: scale only); prenorm=True adds bert/e
 and, after a normalised embedding, layer_0 has no attention_layer_norm (HF's Identity).
 
 Every parameter carries logical axis names and activations carry logical constraints; the rules
-table in `bert_jax/sharding.py` maps them to mesh axes (they are no-ops outside a mesh).
+table in `bert_jax/parallel/sharding.py` maps them to mesh axes (they are no-ops outside a mesh).
 """
 
 import functools
@@ -47,17 +47,17 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax import attention as attention_lib
-from bert_jax import fp8 as fp8_lib
-from bert_jax import fused_ops
-from bert_jax import modern_layers
-from bert_jax import rope as rope_lib
+from bert_jax.layers import attention as attention_lib
+from bert_jax.layers import fp8 as fp8_lib
+from bert_jax.layers import fused_ops
+from bert_jax.layers import modern_layers
+from bert_jax.layers import rope as rope_lib
 
 # The config and the presets live in bert_config.py (this module re-exports them).
-from bert_jax.bert_config import (  # noqa: F401  pylint: disable=unused-import
+from bert_jax.models.bert_config import (  # noqa: F401  pylint: disable=unused-import
     ACTIVATIONS, FAMILY_FIELDS, FFNS, GENERATOR_FIELDS, MODERN_FIELDS, OBJECTIVES,
     POSITION_EMBEDDINGS, SHARE_LAYERS, BertConfig, get_bert_config)
-from bert_jax import bert_config as _bert_config
+from bert_jax.models import bert_config as _bert_config
 
 
 # The pre-training heads, BertForPreTraining and init_params moved to pretraining_heads.py
@@ -74,7 +74,7 @@ _MOVED["pretraining_loss"] = "objectives"
 def __getattr__(name):
   """PRESETS and FAMILIES, read from the registry each time (bert_config.py says how)."""
   if name in _MOVED:
-    raise AttributeError(f"bert_jax.model.{name} moved to bert_jax.{_MOVED[name]}.{name}: "
+    raise AttributeError(f"bert_jax.models.model.{name} moved to bert_jax.{_MOVED[name]}.{name}: "
                          f"`from bert_jax import {_MOVED[name]}`")
   return _bert_config.__getattr__(name)
 
@@ -102,7 +102,7 @@ def _activation(name):
 
 def _dense(config, features, names, name, dtype=None, fp8=False):
   """Dense with kernel [in, out] named `names` and bias named names[1:]. fp8: an encoder matmul
-  that config.fp8 runs in FP8 (bert_jax/fp8.py)."""
+  that config.fp8 runs in FP8 (bert_jax/layers/fp8.py)."""
   return nn.Dense(features, dtype=dtype or config.dtype, param_dtype=config.param_dtype,
                   use_bias=config.use_bias, kernel_init=_init(config, names),
                   bias_init=_zeros(names[1:]), name=name,
@@ -150,7 +150,7 @@ class _HeadsDense(nn.Module):
   @nn.compact
   def __call__(self, x):
     c = self.config
-    # config.fp8: the einsum in FP8 with its scales in their own collection (bert_jax/fp8.py).
+    # config.fp8: the einsum in FP8 with its scales in their own collection (bert_jax/layers/fp8.py).
     einsum = fp8_lib.Einsum(name="fp8") if c.fp8 else jnp.einsum
     kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
     if not c.use_bias:   # ModernBERT: attention_bias=False
@@ -215,7 +215,7 @@ class BertEmbeddings(nn.Module):
 
 
 # Which keys each query sees, from segment-ids-style ids [B, T] (0 = padding): a key padding mask
-# for unpacked rows, block-diagonal for packed ones (see bert_jax/attention.py).
+# for unpacked rows, block-diagonal for packed ones (see bert_jax/layers/attention.py).
 attention_mask = attention_lib.attention_mask
 
 
@@ -257,7 +257,7 @@ class SelfAttention(nn.Module):
                                              seq_len=x.shape[1], dropout=dropout,
                                              window=window).backend
     if self.is_mutable_collection("attention_scores") and not self.is_initializing():
-      # Layer-wise distillation (bert_jax/layerwise.py) applies the model with this collection
+      # Layer-wise distillation (bert_jax/objectives/layerwise.py) applies the model with this collection
       # mutable to read each layer's pre-softmax scores [B, N, T, S] (TinyBERT's): the xla path,
       # which makes them anyway (its start-up check refuses a fused kernel). Not asked (and in
       # init, where every collection is mutable): the path below, unchanged.
@@ -408,7 +408,7 @@ class BertModel(nn.Module):
   pooled_output None, cls_output the [CLS] hidden state).
 
   Unpacked rows: (input_ids, input_mask, segment_ids) [B, T]; pooled_output [B, H] from
-  position 0. Packed rows (data_pipelines/packing.py) add instance_ids [B, T] (0 = padding,
+  position 0. Packed rows (data_pipelines/records/packing.py) add instance_ids [B, T] (0 = padding,
   attention within an instance only), position_ids [B, T] (restarting per instance) and
   cls_positions [B, K] (each instance's [CLS]); pooled_output is then [B, K, H].
   """
@@ -427,7 +427,7 @@ class BertModel(nn.Module):
     packed = instance_ids is not None
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, T, H]
     # Attention ids in the contract of an attention backend: segment-ids style, 0 = padding.
-    # A packed row holds at most K instances, K = cls_positions' width (data_pipelines/packing.py):
+    # A packed row holds at most K instances, K = cls_positions' width (data_pipelines/records/packing.py):
     # the bound cuDNN's packed attention sizes its per-instance bookkeeping by (attention.py).
     block_diagonal = cls_positions.shape[1] if packed and cls_positions is not None else packed
     x, hidden_states = self.encoder(x, instance_ids if packed else input_mask, deterministic,
@@ -436,7 +436,7 @@ class BertModel(nn.Module):
     pooled = (jnp.tanh(self.pooler(cls))                     # [B, H] or [B, K, H] from [CLS]
               if self.config.has_pooler else None)           # DistilBERT: no pooler
     # cls_output: the [CLS] hidden state before any pooler (what a DistilBERT classifier reads,
-    # as ELECTRA's body gives it; bert_jax/heads.py).
+    # as ELECTRA's body gives it; bert_jax/models/heads.py).
     out = {"sequence_output": x, "pooled_output": pooled, "cls_output": cls}
     if output_hidden_states:
       out["hidden_states"] = hidden_states                                # L+1 x [B, T, H]
@@ -451,7 +451,7 @@ def gather_positions(x, positions):
   return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
 
 
-# What a packed row (data_pipelines/packing.py) adds that the encoder reads, in pre-training and
+# What a packed row (data_pipelines/records/packing.py) adds that the encoder reads, in pre-training and
 # fine-tuning alike: each token's instance, its position within it, each instance's [CLS].
 PACKED_ROW_KEYS = ("instance_ids", "position_ids", "cls_positions")
 

@@ -28,7 +28,7 @@ import optax
 from flax import linen as nn
 
 # model.py's building blocks (the house Dense, init, norm, activation) and encoder.
-from bert_jax.model import (  # pylint: disable=g-importing-member
+from bert_jax.models.model import (  # pylint: disable=g-importing-member
     PACKED_ROW_KEYS, BertConfig, BertModel, _activation, _constrain, _dense, _init, _layer_norm,
     _zeros, gather_positions)
 
@@ -192,7 +192,7 @@ class SpanBoundaryHead(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-  """BertModel + the heads of config.objectives (bert_jax/objectives.py composes their losses):
+  """BertModel + the heads of config.objectives (bert_jax/objectives/pretraining.py composes their losses):
     mlm  MaskedLMHead on the masked positions                          mlm_head
     nsp  / sop  dense(2) on the pooled [CLS] (same shape, other data)   nsp_head / sop_head
     sbo  SpanBoundaryHead on the masked positions                      sbo_head
@@ -202,11 +202,11 @@ class BertForPreTraining(nn.Module):
   loss). Packed rows (instance_ids, position_ids, cls_positions [B, K] given) get one sentence
   prediction per instance, read at its own [CLS]: [B, K, 2] instead of [B, 2].
   output_sequence=True (with return_dict) adds "sequence_output", the last hidden states
-  [B, T, H] (distill_cos reads the student's and the teacher's; bert_jax/layerwise.py).
+  [B, T, H] (distill_cos reads the student's and the teacher's; bert_jax/objectives/layerwise.py).
   chunked_mlm=True (with return_dict; the training forward when config.mlm_loss_chunk > 0): "mlm"
   is mlm_chunks' pieces instead of the [B, P, V] logits, for objectives.masked_lm's chunked loss.
   output_hidden_states=True (with return_dict) adds "hidden_states" [B, L+1, T, H], or [B, L+1,
-  T, F] through a learned `fit_dense` [H, F] with fit_size=F > 0: what bert_jax/layerwise.py's
+  T, F] through a learned `fit_dense` [H, F] with fit_size=F > 0: what bert_jax/objectives/layerwise.py's
   objective reads of a student (a distilbert-* one; MobileBERT's network takes the same keywords).
   """
   config: BertConfig
@@ -256,9 +256,9 @@ def __getattr__(name):
   """pretraining_loss moved to objectives.py (2026-11-27): objectives imports this module, so
   this one cannot import it back (tests/layers_test.py); the old name says where it went."""
   if name == "pretraining_loss":
-    raise AttributeError("bert_jax.pretraining_heads.pretraining_loss moved to "
-                         "bert_jax.objectives.pretraining_loss: `from bert_jax import objectives`")
-  raise AttributeError(f"module 'bert_jax.pretraining_heads' has no attribute {name!r}")
+    raise AttributeError("bert_jax.models.pretraining_heads.pretraining_loss moved to "
+                         "bert_jax.objectives.pretraining.pretraining_loss: `from bert_jax import objectives`")
+  raise AttributeError(f"module 'bert_jax.models.pretraining_heads' has no attribute {name!r}")
 
 
 # Batch keys the model reads, besides input_ids/input_mask/segment_ids/masked_lm_positions.

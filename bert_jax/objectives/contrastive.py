@@ -20,7 +20,7 @@ MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for eac
 Inside a jitted step the arrays are the global batch, sharded over the mesh's data axis: the
 [B, 1 + k, B] similarity is one einsum over the sharded arrays, and XLA moves the candidate
 shards between devices and hosts itself (no host gather, no all_gather written by hand), so every
-device's rows and hard negatives are every anchor's negatives (tests/contrastive_test.py checks
+device's rows and hard negatives are every anchor's negatives (tests/bert_jax/objectives/contrastive_test.py checks
 a sharded run against the unsharded numbers). bert_jax/tasks/embedding.py drives these from the
 fine-tuning loop; its training step runs grad_cache when config.embedding.grad_cache_chunks > 1
 (embedding.grad_cache_step; benchmarks/grad_cache_memory.py compiles both steps and prints their
@@ -97,7 +97,7 @@ def pool_packed(hidden, instance_ids, num_instances, pooling="mean"):
 
 def texts_of_rows(pooled, text_slots):
   """[R, K, H] vectors of packed rows' text slots, [B, S] int slot of each text of the batch's
-  rows (row * K + k: data_pipelines.packing.pack_texts) -> [B, S, H], the layout of the unpacked
+  rows (row * K + k: data_pipelines.records.packing.pack_texts) -> [B, S, H], the layout of the unpacked
   model's output (anchor, positive, negatives). A gather over the global batch: on a sharded
   batch XLA moves the (small) vectors between devices, as info_nce's einsum does."""
   r, k, h = pooled.shape

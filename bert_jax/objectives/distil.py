@@ -1,6 +1,6 @@
 """DistilBERT (Sanh et al. 2019): a student BERT trained to match a frozen teacher; the teacher,
 its checks and record, and the student's initialisation from its layers. The step is the shared
-distillation objective's (bert_jax/layerwise.py), DistilBERT a weight setting of its parts.
+distillation objective's (bert_jax/objectives/layerwise.py), DistilBERT a weight setting of its parts.
 
 The student is BertForPreTraining with family "distilbert" (model.py: no token-type table, no
 pooler, MLM head). Pre-training (python -m bert_jax.train with a distilbert-* preset and
@@ -38,12 +38,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import checkpoint_fit
-from bert_jax import inference
-from bert_jax import manifest as manifest_lib
-from bert_jax import model as model_lib
-from bert_jax import trainer_lib
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.checkpoint import checkpoint_fit
+from bert_jax.inference import loading as inference
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.models import model as model_lib
+from bert_jax.training import trainer_lib
 
 ConfigError = trainer_lib.ConfigError
 TEACHER_FAMILIES = ("bert", "spanbert", "distilbert")   # a plain post-LN encoder + MLM head
@@ -82,8 +82,8 @@ def teacher_record(path, described):
 
 
 def _layerwise():
-  """bert_jax/layerwise.py (it imports this module: imported when first called)."""
-  return importlib.import_module("bert_jax.layerwise")
+  """bert_jax/objectives/layerwise.py (it imports this module: imported when first called)."""
+  return importlib.import_module("bert_jax.objectives.layerwise")
 
 
 def check_loss_settings(config):
@@ -181,7 +181,7 @@ def planning_teacher(config, model_config):
   """The teacher bert_jax.plan compiles a distilbert-* step with, as shapes only (Teacher with
   pretrained=None: frozen_teacher reads no array; the plan's devices are compile-only): the
   --config.teacher_checkpoint's encoder, checked as load_teacher checks it for train; without
-  one, the BERT preset the student preset halves (distilbert-base -> base: bert_jax/model.py's
+  one, the BERT preset the student preset halves (distilbert-base -> base: bert_jax/models/model.py's
   presets). None for other families."""
   if model_config.family != "distilbert" or config.get("teacher_checkpoint", ""):
     teacher = load_teacher(config, model_config)

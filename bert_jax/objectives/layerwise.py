@@ -2,8 +2,8 @@
 frozen teacher layer by layer, the teacher run in the same sharded step
 (trainer_lib.build_steps(frozen=)). The one distillation objective of pre-training: a family
 plugs in this module's hooks (load_teacher, step_parts, ...) and sets the weights; TinyBERT
-(bert_jax/families/tinybert.py) and MobileBERT's transfer take its layer parts, DistilBERT
-(families/distilbert.py; its teacher checks and student init are bert_jax/distil.py's) the
+(bert_jax/families/tinybert/__init__.py) and MobileBERT's transfer take its layer parts, DistilBERT
+(families/distilbert.py; its teacher checks and student init are bert_jax/objectives/distil.py's) the
 prediction layer's KL, the last hidden states' cosine and MLM.
 
 Student layer m (1..M) learns from teacher layer g(m) (1..N); g is TinyBERT's uniform map
@@ -45,7 +45,7 @@ alpha_att or alpha_att_kl > 0 a step that would run one (requested, or auto's ch
 chip) is refused at start-up, naming it (`check_kernels`). With both 0 nothing is asked and any
 kernel runs.
 
-MobileBERT's progressive transfer (bert_jax/progressive.py) is a schedule of these parts by step:
+MobileBERT's progressive transfer (bert_jax/objectives/progressive.py) is a schedule of these parts by step:
 stage l weighs layer l's hidden and attention parts alone and trains layer l alone.
 
 Bad input, one line and exit 2 before compute: a layer map outside the teacher's depth, a student
@@ -62,15 +62,15 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import traverse_util
 
-from bert_jax import attention as attention_lib
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import distil
+from bert_jax.layers import attention as attention_lib
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.objectives import distil
 from bert_jax import families
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import progressive
-from bert_jax import trainer_lib
-from bert_jax.pretraining_heads import MaskedLMHead
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.objectives import progressive
+from bert_jax.training import trainer_lib
+from bert_jax.models.pretraining_heads import MaskedLMHead
 
 ConfigError = trainer_lib.ConfigError
 WEIGHTS = ("alpha_emb", "alpha_hidden", "alpha_att", "alpha_att_kl", "alpha_pred", "alpha_ce",
@@ -489,7 +489,7 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules, *, teach
   student starts from it: distil.init_student reads it from the frozen parameters)."""
   teacher = teacher or load_teacher(config, model_config)
   layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
-  # MobileBERT's progressive transfer (bert_jax/progressive.py): a schedule of layers by step,
+  # MobileBERT's progressive transfer (bert_jax/objectives/progressive.py): a schedule of layers by step,
   # or None (every layer at once).
   stages = progressive.stages(config, model_config, layers)
   return (student_forward(config, stages), weights(config),
@@ -550,8 +550,7 @@ def _teacher_init(module, batch, deterministic, *, mlm):
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
   """The student's training FLOPs plus, with a teacher, the teacher's forward (distil's count)."""
-  from bert_jax.families import bert  # pylint: disable=g-import-not-at-top
+  bert_flops = families.get("bert").flops_per_sequence   # the table's, not the folder's
   if teacher_config is None:
-    return bert.flops_per_sequence(cfg, seq_length, num_predictions, num_nsp)
-  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
-                                   bert.flops_per_sequence)
+    return bert_flops(cfg, seq_length, num_predictions, num_nsp)
+  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions, bert_flops)

@@ -7,7 +7,7 @@
   nsp   [B, 2] or packed [B, K, 2] on the pooled [CLS]   next_sentence_labels (1 = random next)
   sop   the same head shape, ALBERT's sentence order     next_sentence_labels (1 = swapped)
   sbo   [B, P, V] from the span's boundary tokens        masked_lm_ids, masked_lm_weights
-  rtd   ELECTRA's discriminator (bert_jax/electra.py):   input_mask (every real token)
+  rtd   ELECTRA's discriminator (bert_jax/families/electra/objective.py):   input_mask (every real token)
         {"logits": [B, T], "labels": [B, T] sampled in the step}
   distill_ce   the prediction layer's soft targets (bert_jax/  masked_lm_weights
         layerwise.py's objective): {"student", "teacher": MLM logits [B, P, V], "temperature": T}
@@ -15,7 +15,7 @@
 
 The records keep one label field, `next_sentence_labels`, whatever the sentence task; what the
 label means is the records' `sentence_objective` in dataset_info.json, checked against the model's
-objectives before compute (data_pipelines/dataset_info.py).
+objectives before compute (data_pipelines/records/dataset_info.py).
 
 A model's outputs are a dict {part: logits}; the loss is sum_part weight[part] * loss[part], with
 weight WEIGHTS[part] (1 unless listed) unless given (BERT: MLM + NSP; ALBERT: MLM + SOP; SpanBERT:
@@ -43,7 +43,7 @@ def masked_lm(name, logits, batch):
   the pieces they are made of (config.model.mlm_loss_chunk > 0: pretraining_heads.mlm_chunks),
   then made C predictions at a time: the same loss and gradients, never all at once."""
   if isinstance(logits, dict):
-    from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+    from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
     weights = batch["masked_lm_weights"]
     ce_sum, hit_sum = pretraining_heads.chunked_cross_entropy(logits, batch["masked_lm_ids"],
                                                               weights)
@@ -84,7 +84,7 @@ def replaced_token_detection(name, outputs, batch):
 
 def soft_cross_entropy(name, outputs, batch, *, kl_t2=True):
   """The prediction layer's soft targets at temperature T over the masked positions (the mean
-  over masked_lm_weights), in one of two forms (bert_jax/layerwise.py's distill_ce and
+  over masked_lm_weights), in one of two forms (bert_jax/objectives/layerwise.py's distill_ce and
   distill_pred):
     kl_t2=True   KL(softmax(teacher/T) || softmax(student/T)) x T^2: DistilBERT's L_ce (HF
                  distiller.py: KLDivLoss(batchmean) over the selected positions, times T^2 so

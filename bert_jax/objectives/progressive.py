@@ -1,5 +1,5 @@
 """MobileBERT's progressive knowledge transfer (Sun et al. 2020, arXiv 2004.02984, section 3.6) as a
-schedule of bert_jax/layerwise.py's objective by optimizer step.
+schedule of bert_jax/objectives/layerwise.py's objective by optimizer step.
 
 The transfer is cut into L stages, L the student's layers: in stage l (steps [e_l, e_l+1)) only
 student layer l learns, against its teacher layer's feature map and attention (layerwise's
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from bert_jax import trainer_lib
+from bert_jax.training import trainer_lib
 
 ConfigError = trainer_lib.ConfigError
 ALWAYS = -2   # trained in every stage: layerwise's fit_dense projection

@@ -16,7 +16,7 @@ import re
 import time
 
 from bert_jax_core import errors
-from bert_jax import tpu_specs
+from bert_jax.parallel import tpu_specs
 
 GiB = 1024 ** 3
 
@@ -37,7 +37,7 @@ def require_libtpu():
 
 
 # What libtpu reads when it loads, only while it loads (os.environ is restored after: a leaked
-# TPU_WORKER_HOSTNAMES makes bert_jax.distributed, and so every later run in this process tree,
+# TPU_WORKER_HOSTNAMES makes bert_jax.parallel.distributed, and so every later run in this process tree,
 # take the host for a Cloud TPU pod). Without the first two libtpu looks for a Cloud TPU VM's
 # metadata and prints errors about worker hostnames on this host; ALLOW_MULTIPLE_LIBTPU_LOAD:
 # libtpu takes /tmp/libtpu_lockfile so that one process owns the chips, and compiling uses none,
@@ -187,9 +187,9 @@ def compile_step(config, model_config, devices):
   step runs with its frozen teacher as train's does, from the teacher's shapes
   (its family's planning_teacher: nothing is read)."""
   from bert_jax import families  # pylint: disable=g-import-not-at-top
-  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import input_source  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
 
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size,
                                  grad_accum_steps=int(config.grad_accum_steps), devices=devices)
@@ -205,8 +205,8 @@ def compile_step(config, model_config, devices):
 def attention_fields(model_config, **where):
   """Compiled's attention (the start-up line's words, fp8's note) and kernels (training's
   kernel by layer kind) for the step on `where` (packed, seq_len, platform_name)."""
-  from bert_jax import attention as attention_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import fp8 as fp8_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.layers import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.layers import fp8 as fp8_lib  # pylint: disable=g-import-not-at-top
   attention = attention_lib.startup_line(model_config, **where)
   fp8_note = fp8_lib.startup_note(model_config, where["platform_name"])
   attention += f"; {fp8_note}" if fp8_note else ""
@@ -217,7 +217,7 @@ def abstract_batch(spec, mesh):
   """{key: (shape, dtype)} of a global batch -> ShapeDtypeStructs sharded as the loops shard a
   batch (rows over data x fsdp)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   shard = sharding_lib.batch_sharding(mesh)
   return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shard)
           for k, (shape, dtype) in spec.items()}
@@ -229,7 +229,7 @@ def compile_train_step(t, batch, mesh, **fields):
   what the compiler says of it per chip: a Compiled (`fields`: its start-up words). A program
   that runs out of the chip's memory is Compiled(fits=False) with the compiler's message."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   state = t.abstract_state
   start = time.perf_counter()
   with trainer_lib.mesh_rules(mesh):

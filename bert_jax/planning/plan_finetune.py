@@ -22,8 +22,8 @@ import dataclasses
 import io
 import re
 
-from bert_jax import plan_compile
-from bert_jax.plan_compile import GiB, Compiled, PlanError
+from bert_jax.planning import plan_compile
+from bert_jax.planning.plan_compile import GiB, Compiled, PlanError
 
 
 def is_finetune(config):
@@ -38,7 +38,7 @@ def is_finetune(config):
 def model_config_of(config):
   """(BertConfig as finetune makes it, where its vocabulary size comes from); reads no array."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
   if config.init_checkpoint:
     return finetune.load_init_checkpoint(config)[2], "the init checkpoint's"
   if not config.model_name:
@@ -47,7 +47,7 @@ def model_config_of(config):
                     "no array is read).")
   overrides = {k: v for k, v in config.model.items() if v is not None}
   if config.vocab_file or config.spm_model_file:
-    from data_pipelines import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+    from data_pipelines.tokenizers import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
     info = vocab_lib.load_vocab_info(vocab_file=config.vocab_file or None,
                                      spm_model_file=config.spm_model_file or None,
                                      prefix="--config.")
@@ -65,11 +65,11 @@ def check(config, devices):
   a learning rate, the task, BertConfig, vocabulary source, rows a device holds, what the task
   type's step says at start-up). Refuses a task type the plan cannot build and a distillation
   teacher (whose step it does not compile)."""
-  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   task = ft.build_task(config)
   task_type = tasks.of(task)
   if task_type.train_batch is None:
@@ -114,9 +114,9 @@ def compile_step(config, model_config, devices):
   global batch of the task type's train_batch shapes; a Compiled. Also what
   benchmarks/grad_cache_memory.py compiles (for this host's CPU or a slice)."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   task = ft.build_task(config)
   task_type = tasks.of(task)
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, devices=devices)

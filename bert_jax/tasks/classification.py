@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import jax.numpy as jnp
 
-from bert_jax import heads
-from bert_jax import metrics as metrics_lib
+from bert_jax.models import heads
+from bert_jax.evaluation import metrics as metrics_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import glue

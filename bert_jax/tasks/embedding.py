@@ -10,7 +10,7 @@ triplets, task=custom with --config.custom.type=embedding.
             MultipleNegativesRankingLoss, Matryoshka sums), padding rows out
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
-            MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/retrieval_metrics.py); or, for a
+            MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
             dev file of scored pairs (a score column, STS), Spearman of the cosine
   files     test split: <name>_<split>_embeddings.npy, [N, S, H] float32, L2-normalised
   step      config.embedding.grad_cache_chunks = N > 1: GradCache (grad_cache_step below), the
@@ -34,10 +34,10 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bert_jax import contrastive
+from bert_jax.objectives import contrastive
 from bert_jax import families
-from bert_jax import retrieval_metrics
-from bert_jax import sharding as sharding_lib
+from bert_jax.evaluation import retrieval_metrics
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import pairs
@@ -186,7 +186,7 @@ def pack_batches(task, train, config, batches, mesh):
   unpacked run's. Texts are cut to T as unpacked (load_split); K = config.max_instances_per_pack
   (0: T // 16, as fine-tuning's classification packs). Evaluation stays unpacked (predict
   embed, extract_features too)."""
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   f = train.features                                                    # [N, S, T]
   n, s, t = f["input_ids"].shape
   k = int(config.get("max_instances_per_pack", 0) or packing.default_max_instances(t))
@@ -311,7 +311,7 @@ _QUERY_CHUNK = 512
 def evaluate(task, split, outputs, tokenizer, config, output_dir=None):
   """Scored pairs (a score column, STS): Spearman of cos(anchor, positive) with the gold score.
   Else retrieval (corpus_of): every query against every document of the split, nDCG@10 (picks
-  the best epoch), MRR@10, Recall@1, Recall@10 (bert_jax/retrieval_metrics.py: trec_eval's)."""
+  the best epoch), MRR@10, Recall@1, Recall@10 (bert_jax/evaluation/retrieval_metrics.py: trec_eval's)."""
   del task, tokenizer, config, output_dir
   e = np.asarray(outputs["embeddings"], np.float32)                     # [R, S, H] normalised
   if split.examples[0].score is not None:
@@ -364,7 +364,7 @@ def checkpoint_record(path):
   """The "sentence_embedding" record of an init checkpoint: a sentence-transformers folder's
   settings (read from its files), an export's bert_config.json "sentence_embedding" (an embedding
   run's best export, a converted sentence-transformers folder), else {}."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
   if not path:
     return {}

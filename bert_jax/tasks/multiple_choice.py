@@ -4,7 +4,7 @@ each choice's [CLS] -> [B, C] logits (heads.BertForMultipleChoice), softmax over
 
 import numpy as np
 
-from bert_jax import heads
+from bert_jax.models import heads
 from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry

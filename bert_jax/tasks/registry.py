@@ -11,7 +11,7 @@ the model families' registry (bert_jax/families/registry.py) for the other open 
 
 Discovery: every module of this package is imported on the first lookup (pkgutil, in name
 order), and a module that builds a `TaskType` calls `register`; there is no hand-kept list, so a
-new task type is a new file here, or a `register` call anywhere (tests/tasks_registry_test.py
+new task type is a new file here, or a `register` call anywhere (tests/bert_jax/tasks/tasks_registry_test.py
 adds a toy one in the test itself and fine-tunes it). A data task (data_pipelines.tasks) names
 its type by name (`task.type`); a fine-tuning export records it as `task_type` (runs before this
 table recorded it as `task_family`: `recorded_type` reads both).

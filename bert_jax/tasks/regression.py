@@ -2,7 +2,7 @@
 labels). classification.py's reader and head with one output -> [B, 1] score, squared error,
 Pearson/Spearman (metrics.classification_metrics), GLUE's STS-B.tsv submission file."""
 
-from bert_jax import metrics as metrics_lib
+from bert_jax.evaluation import metrics as metrics_lib
 from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry

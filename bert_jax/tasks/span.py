@@ -5,8 +5,8 @@ predictions.json + nbest_predictions.json (+ null_odds.json) for dev and test sp
 
 import optax
 
-from bert_jax import heads
-from bert_jax import metrics as metrics_lib
+from bert_jax.models import heads
+from bert_jax.evaluation import metrics as metrics_lib
 from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry

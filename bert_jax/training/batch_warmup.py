@@ -31,9 +31,9 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from bert_jax import distributed
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
+from bert_jax.parallel import distributed
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
 
 ConfigError = trainer_lib.ConfigError
 

@@ -70,10 +70,10 @@ def make_batches(config, vocab, *, files, local_batch_size, seed, start_batch, p
                              max_predictions_per_seq=config.max_predictions_per_seq,
                              vocab_size=vocab.size, seed=seed, start_batch=start_batch,
                              process_index=process_index, process_count=process_count)
-  from data_pipelines import pretrain_input  # TF only when real records are read
+  from data_pipelines.input import pretrain_input  # TF only when real records are read
   layout = layout or {}
   if layout.get("mixture"):   # issue 42: named sources in planned shares (data_pipelines/mixture)
-    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    from data_pipelines.input import mixture  # pylint: disable=g-import-not-at-top
     ds = mixture.make_dataset(
         sources_of(config), batch_size=local_batch_size, seq_length=config.seq_length,
         max_predictions_per_seq=config.max_predictions_per_seq, vocab=vocab,
@@ -119,7 +119,7 @@ def stream(config, vocab, layout, local_batch, files, seed, start, train=True, s
   if train and layout and layout.get("mixture"):
     _TALLY.reset()          # this run's batches only: a process may train several runs
     it = _TALLY.strip(it)   # source_ids leave the batch here, counted per source
-  from data_pipelines import input_watchdog  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import input_watchdog  # pylint: disable=g-import-not-at-top
   return input_watchdog.stall_watchdog(
       it, files, config.get("input_stall_minutes", 10),
       what="train_input_files" if train else "eval_input_files")
@@ -135,7 +135,7 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None, 
   """
   if files == "synthetic":
     return None
-  from data_pipelines import pretrain_input  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import pretrain_input  # pylint: disable=g-import-not-at-top
   sources = sources_of(config)
   layout = pretrain_input.stream_layout(
       # A mixture's logical shard reads files[j::L] of every source: L <= the smallest's files.
@@ -146,23 +146,23 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None, 
       max_instances_per_pack=config.max_instances_per_pack,
       pack_chunk_size=config.pack_chunk_size, seq_length=config.seq_length, stored=stored)
   if sources:
-    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    from data_pipelines.input import mixture  # pylint: disable=g-import-not-at-top
     layout["mixture"] = mixture.layout_entry(sources, float(config.source_tau),
                                              bool(config.source_weights))
     planned = phases_of(config)
     if planned:   # each phase with the stream batch it ends at (a batch warmup: several a step)
-      from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+      from data_pipelines.input import phases  # pylint: disable=g-import-not-at-top
       layout["phases"] = [dict(e, end_position=int((position or int)(p.end_step))) for e, p in
                           zip(phases.layout_entry(planned), planned)]
   if stored and stored.get("mixture") != layout.get("mixture"):
-    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    from data_pipelines.input import mixture  # pylint: disable=g-import-not-at-top
     raise mixture.MixtureError(
         f"the checkpoint was trained on the mixture {_mixture_text(stored.get('mixture'))} but "
         f"this run asks for {_mixture_text(layout.get('mixture'))}; resuming would silently "
         "re-draw the stream: use the checkpoint's --config.train_sources/source_weights/"
         "source_tau, or a new --workdir.")
   if stored and stored.get("phases") != layout.get("phases"):
-    from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+    from data_pipelines.input import mixture  # pylint: disable=g-import-not-at-top
     names = layout["mixture"]["names"]
     raise mixture.MixtureError(
         f"the checkpoint was trained on the phases {_phases_text(stored.get('phases'), names)} "
@@ -175,7 +175,7 @@ def stream_layout(config, files, process_count, stored=None, global_batch=None, 
 def _phases_text(entry, names):
   if not entry:
     return "none"
-  from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import phases  # pylint: disable=g-import-not-at-top
   return " | ".join(phases.describe(e, names) for e in entry)
 
 
@@ -185,7 +185,7 @@ def stream_phases(layout, stream_start=0):
   entry = (layout or {}).get("phases")
   if not entry:
     return None
-  from data_pipelines import mixture  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import mixture  # pylint: disable=g-import-not-at-top
   out, first = [], 0
   for k, e in enumerate(entry):
     end = e["end_position"] - stream_start
@@ -204,7 +204,7 @@ def _mixture_text(entry):
 
 
 # ----------------------------------------------------------------------------------------------
-# Mixtures of named sources (issue 42; data_pipelines/mixture.py): resolved once per process.
+# Mixtures of named sources (issue 42; data_pipelines/input/mixture.py): resolved once per process.
 # ----------------------------------------------------------------------------------------------
 _SOURCES = {}
 
@@ -217,7 +217,8 @@ def sources_of(config):
     return None
   key = (spec, config.get("source_weights", ""), float(config.get("source_tau", 1.0)))
   if key not in _SOURCES:
-    from data_pipelines import mixture, pretrain_input  # pylint: disable=g-import-not-at-top
+    from data_pipelines.input import mixture
+    from data_pipelines.input import pretrain_input  # pylint: disable=g-import-not-at-top
     if config.get("train_input_files"):
       raise mixture.MixtureError(
           f"config.train_sources and config.train_input_files={config.train_input_files!r} are "
@@ -236,7 +237,8 @@ def phases_of(config):
   spec = config.get("phases", "")
   if not spec:
     return None
-  from data_pipelines import mixture, phases  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import mixture
+  from data_pipelines.input import phases  # pylint: disable=g-import-not-at-top
   sources = sources_of(config)
   if not sources:
     raise mixture.MixtureError(
@@ -313,7 +315,8 @@ _TALLY = SourceTally()
 def planned_line(config):
   """Start-up: each source's planned share, size, and what happens when it runs out; under
   config.phases, each phase's steps, shares and masking rate on lines of their own."""
-  from data_pipelines import mixture, phases  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import mixture
+  from data_pipelines.input import phases  # pylint: disable=g-import-not-at-top
   sampling = "weights" if config.get("source_weights") else f"records^{config.source_tau:g}"
   planned = phases_of(config)
   if planned:
@@ -345,9 +348,9 @@ def peek(batches, n=4):
 
 def packed_widths(config, layout):
   """(K instances, Q prediction slots) of a packed row of dynamically masked records."""
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   k = int(layout.get("max_instances_per_pack") or packing.default_max_instances(config.seq_length))
-  from data_pipelines import phases  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import phases  # pylint: disable=g-import-not-at-top
   # Q for the run's largest masking rate (config.phases: every phase's batches one shape).
   return k, packing.max_predictions_per_pack(config.seq_length, k, phases.max_mask(config))
 

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 
 from bert_jax_core import errors
-from bert_jax import optimizer as optimizer_lib
+from bert_jax.training import optimizer as optimizer_lib
 
 # Config fields that must be positive integers (a negative batch size divides evenly by the
 # device count, so the mesh check alone lets batch_size=-32 through).
@@ -54,7 +54,7 @@ def _replacement_problem(mask_replace_prob, random_replace_prob):
   # synthetic-data run never loads).
   if (mask_replace_prob, random_replace_prob) == (0.8, 0.1):
     return None
-  from data_pipelines import masking  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import masking  # pylint: disable=g-import-not-at-top
   return masking.check_replacement(mask_replace_prob, random_replace_prob, prefix="config.")
 
 
@@ -66,7 +66,7 @@ def check_data_contract(files, field, config, vocab, log=print, model_config=Non
   """
   if files == "synthetic":
     return {}
-  from data_pipelines import dataset_info  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import dataset_info  # pylint: disable=g-import-not-at-top
   vocab_sha256 = (dataset_info.sha256_file(vocab.path)
                   if vocab.path and vocab.path != "synthetic" else None)
   counts, without = dataset_info.check_records(

@@ -30,14 +30,14 @@ import orbax.checkpoint as ocp
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import distributed
-from bert_jax import fp8 as fp8_lib
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.parallel import distributed
+from bert_jax.layers import fp8 as fp8_lib
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from bert_jax import guard
-from bert_jax import model as model_lib
-from bert_jax import sharding as sharding_lib
+from bert_jax.training import guard
+from bert_jax.models import model as model_lib
+from bert_jax.parallel import sharding as sharding_lib
 
 
 class ConfigError(errors.UserError):
@@ -68,7 +68,7 @@ def split_micro_batches(x, k, mesh):
 def apply_gradients(state, grads, tx, fp8_scales=None):
   """One optax update of dict(step, params, opt_state, rng[, fp8]); the step counts optimizer
   steps. fp8_scales: the FP8 scales' next values (their "gradient"), which overwrite
-  state["fp8"] and never reach the optimizer (bert_jax/fp8.py; flax's OWG semantics)."""
+  state["fp8"] and never reach the optimizer (bert_jax/layers/fp8.py; flax's OWG semantics)."""
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new = dict(state, step=state["step"] + 1, opt_state=opt_state,
              params=optax.apply_updates(state["params"], updates))
@@ -78,7 +78,7 @@ def apply_gradients(state, grads, tx, fp8_scales=None):
 
 
 def with_frozen(batch, frozen_params, frozen_apply):
-  """batch plus a frozen network's outputs on it (DistilBERT's teacher: bert_jax/distil.py), or
+  """batch plus a frozen network's outputs on it (DistilBERT's teacher: bert_jax/objectives/distil.py), or
   batch itself when the step has none. No gradient reaches them (stop_gradient in the apply, and
   the frozen parameters are an argument of the step, not in the state the gradient is of)."""
   if frozen_apply is None:
@@ -100,13 +100,13 @@ def train_step(state, batch, frozen_params=None, *, model, forward, loss_fn, tx,
   """
   k = grad_accum_steps
 
-  # FP8 (bert_jax/fp8.py): the scales go in beside the params and their gradient is their next
+  # FP8 (bert_jax/layers/fp8.py): the scales go in beside the params and their gradient is their next
   # value (None when the model has no FP8 matmuls).
   scales = state.get("fp8")
 
   def grads_and_metrics(params, micro, j):
     if getattr(forward, "stages", None) is not None:
-      # A staged objective (MobileBERT's progressive transfer: bert_jax/layerwise.py) reads the
+      # A staged objective (MobileBERT's progressive transfer: bert_jax/objectives/layerwise.py) reads the
       # optimizer step this update makes, a traced scalar: one compiled step for every stage.
       micro = dict(micro, step=state["step"])
     micro = with_frozen(micro, frozen_params, frozen_apply)
@@ -195,7 +195,7 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
   grads_fn: train_step's way of taking a micro-batch's gradient (None: jax.value_and_grad).
   A forward with a `stages` attribute (not None) has a step-dependent objective: its batch
   carries the optimizer step as "step", and stages.wrap(tx) is the optimizer (it masks the
-  updates of the parameters a stage does not train: bert_jax/layerwise.py's Stages).
+  updates of the parameters a stage does not train: bert_jax/objectives/layerwise.py's Stages).
   """
   stages = getattr(forward, "stages", None)
   if stages is not None:
@@ -214,7 +214,7 @@ def build_steps(*, model, forward, loss_fn, eval_fn, dummy_batch, tx, schedule, 
     params = nn.unbox(variables["params"])
     state = dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                  rng=dropout_rng)
-    if fp8_lib.COLLECTION in variables:   # config.fp8: the FP8 scales (bert_jax/fp8.py)
+    if fp8_lib.COLLECTION in variables:   # config.fp8: the FP8 scales (bert_jax/layers/fp8.py)
       state["fp8"] = variables[fp8_lib.COLLECTION]
     return state
 
@@ -310,7 +310,7 @@ class Pretrained(NamedTuple):
 
 def check_resume_fp8(manager, step, abstract_state, workdir):
   """Resuming with config.model.fp8 switched: a one-line ConfigError naming both ways on, not
-  Orbax's tree diff. The FP8 scales are part of the train state (bert_jax/fp8.py)."""
+  Orbax's tree diff. The FP8 scales are part of the train state (bert_jax/layers/fp8.py)."""
   stored = "fp8" in _tree_metadata(manager.directory / str(step) / "state")
   wanted = "fp8" in abstract_state
   if stored != wanted:

@@ -12,7 +12,7 @@ the number of workers. A *document* is a list of sentence strings.
 Sentence splitters (`--sentence_splitter`; a line break always ends a sentence, so text that is
 already one sentence per line stays as is). Measured on paragraphs (each document's lines joined)
 by docs/non_english.md's command, on the shared 2-core box:
-  regex  `instances.split_sentences`: . ! ? then whitespace then a capital, digit, quote or
+  regex  `split_sentences_regex`: . ! ? then whitespace then a capital, digit, quote or
          bracket (~1.2-1.4 MB/s). Korean sentences end "...한다. 최근" with no capital: konlpy's
          21 documents give 183 sentences (8.7 per document).
   kss    Korean: kss 6 (Korean Sentence Splitter) on Mecab morphemes (python-mecab-ko's packaged
@@ -30,11 +30,11 @@ import dataclasses
 import functools
 import io
 import json
+import re
 
 from bert_jax_core import errors
-from data_pipelines import instances as instances_lib
-from data_pipelines import pretokenize
-from data_pipelines import tokenization
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.tokenizers import tokenization
 from bert_jax_core.tf_setup import tf
 
 
@@ -196,7 +196,7 @@ def split_sentences(text, splitter="auto"):
   """Free text -> list of sentences (whitespace runs folded to one space, blank text -> [])."""
   splitter, language = choose_splitter(text, splitter)
   if splitter == "regex":
-    return instances_lib.split_sentences(text)
+    return split_sentences_regex(text)
   lines = [" ".join(line.split()) for line in text.splitlines()]
   lines = [line for line in lines if line]
   if not lines:
@@ -267,3 +267,30 @@ def read_documents(source, cfg, stats, progress=lambda n: None):
     return _read_jsonl(source, cfg.jsonl_text_key, stats, progress,
                        getattr(cfg, "sentence_splitter", "auto"))
   return _read_tfds(source, cfg, stats, progress)
+
+
+# Sentence end: . ! ? (optionally followed by closing quotes/brackets), whitespace, then what
+# can open a sentence: an upper-case letter, a digit, a quote or an opening bracket. Crude (it
+# splits after "Dr. Smith") but, like the original's "one sentence per line" input, only the NSP
+# split points depend on it; no text is lost.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[0-9A-Z])")
+
+
+def split_sentences_regex(text):
+  """Text (e.g. a JSONL or TFDS document) -> list of sentences.
+
+  Lines are split first (a line break always ends a sentence: headings, list items), then each
+  line at sentence-ending punctuation followed by whitespace and a sentence opener. Blank-only
+  text gives [].
+  """
+  sentences = []
+  for line in text.splitlines():
+    line = " ".join(line.split())
+    if not line:
+      continue
+    start = 0
+    for m in _SENTENCE_END.finditer(line):
+      sentences.append(line[start:m.start() + len(m.group(0).rstrip())].rstrip())
+      start = m.end()
+    sentences.append(line[start:])
+  return [s for s in sentences if s]

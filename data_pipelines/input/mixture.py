@@ -222,7 +222,9 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
   masked_lm_prob throughout (the stream of a run without phases, unchanged)."""
   from bert_jax_core.tf_setup import tf   # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
-  from data_pipelines import masking, packing, pretrain_input
+  from data_pipelines.input import masking
+  from data_pipelines.records import packing
+  from data_pipelines.input import pretrain_input
   num_parallel_calls = num_parallel_calls or tf.data.AUTOTUNE
   global_batch = batch_size * process_count
   l = num_logical_shards
@@ -292,7 +294,7 @@ def make_dataset(sources, *, batch_size, seq_length, max_predictions_per_seq, vo
     if phases:
       # tf.data's noop_elimination rewrites phases concatenated behind a host's single shard
       # into a pipeline of other shapes ("Incompatible shapes at component 0: expected [4,32]
-      # but got [4]" at MakeIterator; TF 2.x, the 2-host case of tests/phases_test.py).
+      # but got [4]" at MakeIterator; TF 2.x, the 2-host case of tests/data_pipelines/input/phases_test.py).
       options = tf.data.Options()
       options.experimental_optimization.noop_elimination = False
       mixed = mixed.with_options(options)

@@ -29,7 +29,7 @@ uninterrupted one would. This module is pure Python (no TF): parsing, checks, sh
 import dataclasses
 import math
 
-from data_pipelines import mixture
+from data_pipelines.input import mixture
 
 FIELDS = ("steps", "sources", "tau", "weights", "mask")
 

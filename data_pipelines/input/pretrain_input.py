@@ -27,7 +27,7 @@ a function of the epoch number), and at most one epoch of raw records is read an
 `repeat=True` and `start_batch > 0` the records of each shard are counted once (one pass reading
 the files, no parsing) to find the epoch to start in.
 
-With `pack=True` (data_pipelines/packing.py) shard j's records are cut into chunks of
+With `pack=True` (data_pipelines/records/packing.py) shard j's records are cut into chunks of
 `pack_chunk_size` consecutive records; chunk c is parsed, masked per instance with a key folded
 from (seed, j, c) (the same 15% / 80-10-10 recipe and per-instance budget as unpacked), packed
 into rows and its rows shuffled with a key from (seed, j, c); the rows of consecutive chunks form
@@ -45,9 +45,9 @@ from typing import Iterator
 from google.protobuf.message import DecodeError
 
 from bert_jax_core import errors
-from data_pipelines import dataset_info
-from data_pipelines import masking
-from data_pipelines import packing
+from data_pipelines.records import dataset_info
+from data_pipelines.input import masking
+from data_pipelines.records import packing
 from bert_jax_core.tf_setup import tf
 
 SEQ_FEATURES = ("input_ids", "input_mask", "segment_ids")
@@ -333,10 +333,10 @@ def make_pretrain_dataset(file_pattern, *, batch_size, seq_length, max_predictio
     num_parallel_calls: parallelism of file reads and of parse+mask(+pack).
     premasked: None detects google-research/bert records (masked_lm_positions present); True or
       False insists on one format.
-    pack: several instances per row (data_pipelines/packing.py documents the packed contract).
+    pack: several instances per row (data_pipelines/records/packing.py documents the packed contract).
     max_instances_per_pack: K (0 = packing.default_max_instances(seq_length)).
     pack_chunk_size: instances the packer looks at together.
-    masking_scheme: token (BERT), ngram (ALBERT) or span (SpanBERT); data_pipelines/masking.py.
+    masking_scheme: token (BERT), ngram (ALBERT) or span (SpanBERT); data_pipelines/input/masking.py.
     span_boundaries: add masked_lm_span_left/right [batch, P] (SpanBERT's SBO targets:
       masking.span_boundaries, computed after packing, where runs never cross instances since
       [CLS]/[SEP] are never masked).

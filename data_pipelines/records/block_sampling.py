@@ -15,9 +15,9 @@ import random
 import numpy as np
 
 from bert_jax_core import files as files_lib
-from data_pipelines import instances as instances_lib
-from data_pipelines import records
-from data_pipelines import text_sources
+from data_pipelines.records import instances as instances_lib
+from data_pipelines.records import records
+from data_pipelines.corpus import text_sources
 from bert_jax_core.tf_setup import tf
 
 _COPY_CHUNK = 16 << 20  # bytes per read when merging part files into shards

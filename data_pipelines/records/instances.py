@@ -26,7 +26,6 @@ A document is a sequence of sentences; a sentence is a sequence of token ids (a 
 """
 
 import dataclasses
-import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,30 +289,3 @@ def pack_full_sentences(documents, params):
         new_document = False
   flush()
   return instances
-
-
-# Sentence end: . ! ? (optionally followed by closing quotes/brackets), whitespace, then what
-# can open a sentence: an upper-case letter, a digit, a quote or an opening bracket. Crude (it
-# splits after "Dr. Smith") but, like the original's "one sentence per line" input, only the NSP
-# split points depend on it; no text is lost.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[0-9A-Z])")
-
-
-def split_sentences(text):
-  """Text (e.g. a JSONL or TFDS document) -> list of sentences.
-
-  Lines are split first (a line break always ends a sentence: headings, list items), then each
-  line at sentence-ending punctuation followed by whitespace and a sentence opener. Blank-only
-  text gives [].
-  """
-  sentences = []
-  for line in text.splitlines():
-    line = " ".join(line.split())
-    if not line:
-      continue
-    start = 0
-    for m in _SENTENCE_END.finditer(line):
-      sentences.append(line[start:m.start() + len(m.group(0).rstrip())].rstrip())
-      start = m.end()
-    sentences.append(line[start:])
-  return [s for s in sentences if s]

@@ -18,10 +18,10 @@ import time
 import tqdm
 
 from bert_jax_core.tf_setup import tf
-from data_pipelines import filters as filters_lib
-from data_pipelines import text_sources
-from data_pipelines import tokenization
-from data_pipelines import word_boundaries as word_boundaries_lib
+from data_pipelines.corpus import filters as filters_lib
+from data_pipelines.corpus import text_sources
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.records import word_boundaries as word_boundaries_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Config:
   output_dir: str = ""
   vocab_file: str = ""
   spm_model_file: str = ""
-  tokenizer_json: str = ""  # a Hugging Face tokenizer.json (data_pipelines/tokenizer_json.py)
+  tokenizer_json: str = ""  # a Hugging Face tokenizer.json (data_pipelines/tokenizers/tokenizer_json.py)
   do_lower_case: bool | None = None  # None: the vocab's casing (<vocab>.meta.json; vocab.py)
   sentence_splitter: str = "auto"  # JSONL/TFDS text: auto | regex | kss | pysbd (text_sources)
   max_seq_length: int = 128

@@ -27,10 +27,10 @@ import random
 import numpy as np
 
 from bert_jax_core import files as files_lib
-from data_pipelines import filters as filters_lib
-from data_pipelines import instances as instances_lib
-from data_pipelines import records
-from data_pipelines import text_sources
+from data_pipelines.corpus import filters as filters_lib
+from data_pipelines.records import instances as instances_lib
+from data_pipelines.records import records
+from data_pipelines.corpus import text_sources
 from bert_jax_core.tf_setup import tf
 
 _TOKENIZE_BATCH = 1000  # documents per tokenizer call while reading a source

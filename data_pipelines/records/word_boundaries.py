@@ -12,10 +12,10 @@ sampling and the Beam pipeline, and `split_flags` moves it into the records' `wo
 feature. Vocab ids are < 2^30 (a 30k-250k vocab), and array('i') holds 2^30 | id.
 """
 
-from data_pipelines import pretokenize
-from data_pipelines import text_sources
-from data_pipelines import tokenization
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.corpus import text_sources
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
 
 WORD_CONT = 1 << 30
 MODES = ("auto", "none", "jieba")

@@ -10,7 +10,7 @@
 Each task is a frozen dataclass with `name`, `type` (its task type: bert_jax/tasks/<type>.py,
 which the fine-tuning loop looks up), `files` (split -> file under data_dir), `eval_splits` and
 `metrics`; its module here reads its files, builds numpy features with a tokenizer from
-`data_pipelines.tokenization.get_tokenizer`, and writes test predictions.
+`data_pipelines.tokenizers.tokenization.get_tokenizer`, and writes test predictions.
 """
 
 from data_pipelines.tasks import glue

@@ -1,8 +1,8 @@
 """What every fine-tuning task shares: reading files with clear errors, and packing token ids.
 
-Tokenizers are duck-typed (see `data_pipelines.tokenization.get_tokenizer`): `encode(texts)`
+Tokenizers are duck-typed (see `data_pipelines.tokenizers.tokenization.get_tokenizer`): `encode(texts)`
 returns one list of WordPiece/SentencePiece ids per text, `id_to_token(ids)` maps ids back to
-piece strings, and `.vocab` is a `data_pipelines.vocab.VocabInfo` giving [CLS]/[SEP]/[PAD]/[UNK].
+piece strings, and `.vocab` is a `data_pipelines.tokenizers.vocab.VocabInfo` giving [CLS]/[SEP]/[PAD]/[UNK].
 """
 
 import csv

@@ -193,7 +193,7 @@ def _sentence_pieces(sentences, tokenizer):
   """Per sentence, per word, its piece ids: the sentence encoded whole (a tokenizer.json).
 
   The words are joined by single spaces, so the ids are transformers' for that text
-  (PreTrainedTokenizerFast(...)(" ".join(words)), tests/ner_bpe_test.py). Not its
+  (PreTrainedTokenizerFast(...)(" ".join(words)), tests/bert_jax/tasks/ner_bpe_test.py). Not its
   is_split_into_words: that pre-tokenizes each word alone, and a byte-level BPE without a prefix
   space (ModernBERT's) then loses every word's 'Ġ' ('re' for 'Ġre' in the test's 405-id BPE).
   Each piece goes to the word its characters fall in; a piece of spaces only (a lone 'Ġ' before

@@ -28,7 +28,7 @@ import unicodedata
 import numpy as np
 
 from bert_jax_core import files as files_lib
-from data_pipelines import bert_chars
+from data_pipelines.tokenizers import bert_chars
 from data_pipelines.tasks import common
 
 # ---------------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ BertPreTokenizer. Their character tables are NOT today's Unicode, and not what R
     that TF's ICU lower-casing does not know.
 So the tables below were probed from the reference over all 1,112,064 code points (see `main`),
 which makes the in-graph tokenizer id-identical to HF for every single character, and
-tests/tokenization_test.py re-checks every code point against the installed `tokenizers`.
+tests/data_pipelines/tokenizers/tokenization_test.py re-checks every code point against the installed `tokenizers`.
 
 Regenerate after upgrading `tokenizers` or TF (prints the constants to paste below):
-  python -m data_pipelines.bert_chars
+  python -m data_pipelines.tokenizers.bert_chars
 """
 
 # Hex code-point ranges "a-b" (or single "a"), space separated.

@@ -23,9 +23,9 @@ default is 100, set `max_chars_per_word=100` for out-of-the-box HF ids on 101-20
 import functools
 import sys
 
-from data_pipelines import bert_chars
-from data_pipelines import pretokenize
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import bert_chars
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.tokenizers import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
 import tensorflow_text as tf_text
 
@@ -315,7 +315,7 @@ def get_tokenizer(vocab_file=None, spm_model_file=None, do_lower_case=None,
   if vocab_file:
     tok = WordPieceTokenizer(vocab_file, settings["do_lower_case"], max_chars_per_word)
   elif tokenizer_json:
-    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    from data_pipelines.tokenizers import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
     tok = tj.JsonTokenizer(tokenizer_json)
   else:
     tok = SentencePieceTokenizer(spm_model_file)

@@ -6,7 +6,7 @@ The third vocabulary kind beside WordPiece `vocab.txt` and SentencePiece `.model
 
 Ids: `encode` runs the file through the `tokenizers` library itself (the Rust code that
 transformers' PreTrainedTokenizerFast runs), with add_special_tokens=False as for the other kinds
-([CLS]/[SEP] are placed by the record builders). tests/bpe_tokenizer_test.py checks the ids
+([CLS]/[SEP] are placed by the record builders). tests/data_pipelines/tokenizers/bpe_tokenizer_test.py checks the ids
 against PreTrainedTokenizerFast on the standard library's docstrings and on Korean.
 
 Special tokens: read from the file, never assumed. A role (pad, unk, cls, sep, mask) is the token
@@ -39,7 +39,7 @@ What `build_vocab` learns (--output=*.json; `learn` below):
 Gemma-style files (Gemma's 256k vocabulary, which mmBERT reuses; Llama's): a BPE with byte
 fallback over SentencePiece pieces, spaces written "▁" by a Replace normalizer (no Metaspace, no
 prefix "▁"), specials <pad> <eos> <bos> <unk> <mask>: <bos>/<eos> serve as [CLS]/[SEP] unless a
-tokenizer_config.json beside the file names others. tests/multilingual_vocab_test.py checks the
+tokenizer_config.json beside the file names others. tests/data_pipelines/tokenizers/multilingual_vocab_test.py checks the
 ids against PreTrainedTokenizerFast and transformers' GemmaTokenizer on English, Korean, German
 and French.
 
@@ -58,7 +58,7 @@ import os
 
 import numpy as np
 
-from data_pipelines import vocab_base as vocab_lib
+from data_pipelines.tokenizers import vocab_base as vocab_lib
 
 FLAG = "--tokenizer_json"
 # role -> accepted spellings, first preferred (BERT/ModernBERT, then RoBERTa's, then Gemma's:

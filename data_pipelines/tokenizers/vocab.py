@@ -22,7 +22,7 @@ import numpy as np
 from bert_jax_core import errors
 
 # The shared contract lives in vocab_base.py (tokenizer_json.py builds on it); its names are ours.
-from data_pipelines.vocab_base import (SPECIAL_TOKENS, VocabError, VocabInfo,  # noqa: F401,E402
+from data_pipelines.tokenizers.vocab_base import (SPECIAL_TOKENS, VocabError, VocabInfo,  # noqa: F401,E402
                                        _check_file, _gfile_exists, _read_bytes)
 
 
@@ -142,7 +142,7 @@ def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None, p
   if vocab_file:
     return wordpiece_info(vocab_file, f"{prefix}vocab_file")
   if tokenizer_json:
-    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    from data_pipelines.tokenizers import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
     return tj.info(tokenizer_json, f"{prefix}tokenizer_json")
   return sentencepiece_info(spm_model_file, f"{prefix}spm_model_file")
 
@@ -158,7 +158,7 @@ def load_vocab_info(vocab_file=None, spm_model_file=None, tokenizer_json=None, p
 #   do_lower_case   bool (SentencePiece: whether the model's normalizer case-folds)
 #   normalization   "bert_uncased" (NFD, marks stripped, lower-cased) | "bert_cased" | the
 #                   SentencePiece normalizer rule ("nmt_nfkc", "nmt_nfkc_cf", ...)
-#   pretokenizer    "none" | "mecab" | "jieba" (data_pipelines/pretokenize.py), applied to text
+#   pretokenizer    "none" | "mecab" | "jieba" (data_pipelines/tokenizers/pretokenize.py), applied to text
 #                   before the tokenizer by every pipeline that reads the vocab
 #   casing_reason   why build_vocab chose the casing (flag, or the corpus' script mix)
 #   scripts         letter shares of the corpus sample: {"latin": 0.02, "hangul": 0.97, ...}
@@ -283,7 +283,7 @@ def resolve_settings(vocab_file=None, spm_model_file=None, do_lower_case=None,
   if settings is not None:
     value, source = settings["do_lower_case"], meta_path(path)
   elif tokenizer_json:  # an HF tokenizer.json: ask its normalizer
-    from data_pipelines import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
+    from data_pipelines.tokenizers import tokenizer_json as tj  # pylint: disable=g-import-not-at-top
     value, how = tj.lower_case(tokenizer_json)
     source = f"{tokenizer_json} ({how})"
   elif spm_model_file:

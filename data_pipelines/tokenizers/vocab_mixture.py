@@ -6,7 +6,7 @@
 A vocabulary learned on the pooled lines gives each language pieces in proportion to its text:
 a language with 2% of the lines gets few merges of its own and its words fall apart into
 characters (or bytes). mBERT (exponent 0.7), XLM-R (0.3) and mmBERT (0.7 -> 0.5 -> 0.3) sample
-each language with probability ~ size^tau instead, as `data_pipelines/mixture.py` does for the
+each language with probability ~ size^tau instead, as `data_pipelines/input/mixture.py` does for the
 training stream (--config.source_tau). Here:
 
   * size = the source's non-empty lines; share_i = size_i^tau / sum_j size_j^tau (tau = 1: the

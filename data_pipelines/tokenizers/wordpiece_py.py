@@ -1,11 +1,11 @@
 """WordPiece in plain Python, for a few sentences at a time without importing TensorFlow.
 
-`data_pipelines.tokenization.WordPieceTokenizer` (TF, in-graph) is THE tokenizer: it runs inside
+`data_pipelines.tokenizers.tokenization.WordPieceTokenizer` (TF, in-graph) is THE tokenizer: it runs inside
 tf.data for training and for every batch job. Importing TensorFlow costs a command-line program
 seconds before its first word (benchmarks/startup.py), which is most of a one-sentence
 `bert_jax.predict`. This module gives the same ids from the same character tables
-(data_pipelines/bert_chars.py, probed from the HF reference) with Python's str and unicodedata,
-for WordPiece vocabs without a pre-tokenizer; tests/wordpiece_py_test.py checks it against the TF
+(data_pipelines/tokenizers/bert_chars.py, probed from the HF reference) with Python's str and unicodedata,
+for WordPiece vocabs without a pre-tokenizer; tests/data_pipelines/tokenizers/wordpiece_py_test.py checks it against the TF
 tokenizer on every code point and on real text, cased and uncased.
 
 Steps (as tokenization.py's docstring): literal special tokens kept whole; clean (REMOVE chars
@@ -22,9 +22,9 @@ import re
 import sys
 import unicodedata
 
-from data_pipelines import bert_chars
-from data_pipelines import pretokenize
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import bert_chars
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.tokenizers import vocab as vocab_lib
 
 MAX_CHARS_PER_WORD = 200  # as tokenization.MAX_CHARS_PER_WORD (google-research/bert)
 _SPECIAL_RE = re.compile(r"(\[(?:PAD|UNK|CLS|SEP|MASK)\])")

@@ -301,9 +301,10 @@ def rewrite_imports(path, modname, mm, known_after):
       continue
     first = lines[node.lineno - 1]
     indent = first[:node.col_offset]
-    last = lines[node.end_lineno - 1]
-    tail = last[node.end_col_offset:].rstrip("\n")
-    comment = tail if tail.strip().startswith("#") else ""
+    comment = ""
+    for ln in lines[node.lineno - 1:node.end_lineno]:
+      if "#" in ln and not comment:
+        comment = "#" + ln.split("#", 1)[1].rstrip("\n")
     stmts = []
     for head, names in out:
       if names is None:
@@ -363,11 +364,14 @@ def rewrite_names():
 
 
 def rewrite():
+  # Dotted names first (`from bert_jax.checkpoint import X` -> `...checkpoint.store import X`),
+  # then the statements that import a moved module by its package (`from bert_jax import model`),
+  # so that no name is rewritten twice (bert_jax.checkpoint is both an old module and a package).
+  rewrite_names()
   mm = module_map()
   for p in text_files():
     if p.endswith(".py") and os.path.exists(os.path.join(ROOT, p)):
       rewrite_imports(os.path.join(ROOT, p), dotted(p), mm, None)
-  rewrite_names()
 
 
 if __name__ == "__main__":

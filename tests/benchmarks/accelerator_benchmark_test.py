@@ -1,6 +1,7 @@
 """benchmarks/accelerator.py runs end to end on CPU (--smoke), with its torch peer and the device
 session's script; its synthetic records look real."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from benchmarks import accelerator, torch_peer
 
-GPU_SESSION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+GPU_SESSION = os.path.join(tests.ROOT,
                            "benchmarks", "gpu_session.sh")
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks import compact_students as cs
 from benchmarks import electra_distil as ed
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.families import mobilebert
 
 

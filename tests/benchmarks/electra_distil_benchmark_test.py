@@ -8,8 +8,8 @@ import pytest
 
 from benchmarks import electra_distil as ed
 from benchmarks import families_side_by_side as fam
-from bert_jax import electra
-from bert_jax import model as model_lib
+from bert_jax.families.electra import objective as electra
+from bert_jax.models import model as model_lib
 
 
 def test_step_flops_are_the_runs_and_electra_steps_spend_berts_compute():

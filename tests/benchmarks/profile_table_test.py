@@ -95,7 +95,7 @@ def test_a_directory_without_a_trace_is_a_one_line_error(tmp_path):
 def cpu_profile(tmp_path_factory):
   """Two traced steps of BERT-tiny's packed training step on CPU, as the benchmark takes them."""
   import jax
-  from bert_jax import sharding as sharding_lib
+  from bert_jax.parallel import sharding as sharding_lib
   case = accelerator.CASES["smoke"]
   _, _, mesh, t, _ = accelerator.build(case, packed=True, backend="xla", dtype="bfloat16",
                                        remat=False, batch=8, interpret=False)

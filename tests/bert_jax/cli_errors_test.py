@@ -9,6 +9,7 @@ TensorFlow's and XLA's C++ runtimes write their own start-up log lines to stderr
 code runs; those are not ours and are left out before counting lines.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 _CPP_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog)")
 
 
@@ -27,10 +28,10 @@ def _two_layer_export(tmp):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   vocab = tasks_testlib.write_vocab(tmp, "the cat sat on the mat . a dog ran")
   with open(vocab) as f:
     size = len(f.read().splitlines())
@@ -65,7 +66,7 @@ def _cases(tmp):
       "convert": (["bert_jax.convert", f"--input={nope}", f"--output={tmp}/out"],
                   rf"^error: --input={re.escape(nope)}: no such directory"),
       "report": (["bert_jax.report", nope], rf"^error: {re.escape(nope)}: no such directory"),
-      "checkpoint_verify": (["bert_jax.checkpoint", "verify", nope],
+      "checkpoint_verify": (["bert_jax.checkpoint.store", "verify", nope],
                             rf"^error: .*{re.escape(nope)}"),
       "build_vocab": (["data_pipelines.build_vocab", f"--input_file={nope}/*.txt",
                        f"--output={tmp}/vocab.txt", "--vocab_size=100"],

@@ -1,5 +1,6 @@
 """bert_jax/cli.py: --help generated from the config files; console-script plumbing."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import importlib
 import os
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from bert_jax import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _help(*args):
@@ -73,7 +74,7 @@ FLAG_PROGRAMS = {
     "bert_jax.convert": (["--source=auto", "<auto|tf|hf|orbax>: Format of --input.",
                           "--seed=0"], "Every user error is one line"),
     "bert_jax.report": (["--output=None  PNG to write (default: WORKDIR/report.png)."],
-                        "Tags follow bert_jax.metrics_writer's scheme"),
+                        "Tags follow bert_jax.evaluation.metrics_writer's scheme"),
     "bert_jax.plan": (["--topology=None", "--search=false", "--config=None",
                        "--config.FIELD=VALUE"], "libtpu 0.0.42.1 segfaulted"),
     # data_pipelines' programs: the same help, from bert_jax_core (errors.run's default).

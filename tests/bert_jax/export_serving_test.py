@@ -2,6 +2,7 @@
 within the stated tolerance through the TFLite interpreter; bad inputs are one line, exit 2,
 before any conversion."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import shutil
@@ -13,15 +14,15 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import export_serving
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 TEXT = "the film was good . the film was bad . a fine plot and a dull end ."
 SEQ = 16
 

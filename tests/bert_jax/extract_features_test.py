@@ -1,4 +1,5 @@
 """extract_features: layer choice, concat/sum, word alignment, truncation, errors, the CLI."""
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
@@ -8,11 +9,11 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import extract_features as ef
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from tests import tasks_testlib
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from tests.testlib import tasks_testlib
 
 TEXT = "the cat sat on the mat . a dog ran in the park ."
 
@@ -102,7 +103,7 @@ def test_cli_writes_a_numpy_loadable_file(setup, tmp_path):
     ckpt_lib.save_params(export, params, cfg, meta={"do_lower_case": True})
   (tmp_path / "in.txt").write_text("The cat sat.\nA dog ran. ||| The park.\n")
   out = tmp_path / "f.npz"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = tests.ROOT
   r = subprocess.run([sys.executable, "-m", "bert_jax.extract_features",
                       f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}",
                       f"--init_checkpoint={export}", f"--vocab_file={vocab_file}",

@@ -6,14 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax_core import errors
 from bert_jax import finetune
-from bert_jax import metrics_writer
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.evaluation import metrics_writer
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 from bert_jax.configs import finetune as finetune_config
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 WORDS = ("the a cat dog man woman sat ran saw park mat house good bad happy sad at in on paris "
          "london rome where did go yes no john mary went to").split()
@@ -455,7 +455,7 @@ def test_preempted_finetuning_resumes_to_the_same_result(tmp_path, pretrained, m
 def test_a_hugging_face_folder_is_accepted_as_init_checkpoint(tmp_path, monkeypatch, capsys):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
-  from tests import hf_testlib
+  from tests.testlib import hf_testlib
   hf_dir = hf_testlib.save_hf(hf_testlib.random_hf_model(hf_testlib.hf_config()),
                               str(tmp_path / "hf"), do_lower_case=True)
   monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))

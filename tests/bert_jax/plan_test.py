@@ -13,6 +13,7 @@ tests whose claim is not about the vocabulary, the sequence length or dropout co
 programs (SMALL); mini on v4 keeps its vocab (its FLOPs ratio, 1.107 with vocab 512, is the claim).
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import importlib.util
 import json
 import os
@@ -23,10 +24,10 @@ import jax
 import pytest
 
 from bert_jax import plan as plan_lib
-from bert_jax import tpu_specs
+from bert_jax.parallel import tpu_specs
 from bert_jax.configs import pretrain
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 # The cheapest tiny program (the numbers above): fields for config(), and the same as CLI flags.
 SMALL = {"model.vocab_size": 512, "seq_length": 32, "model.attention_dropout_prob": 0.0,
          "model.hidden_dropout_prob": 0.0}
@@ -43,7 +44,7 @@ def libtpu():
 
 @pytest.fixture(autouse=True)
 def tpu_programs_as_users_compile_them(monkeypatch):
-  """The suite lowers XLA's optimisation for its CPU programs (tests/xla_test_flags.py); a TPU
+  """The suite lowers XLA's optimisation for its CPU programs (tests/testlib/xla_test_flags.py); a TPU
   program's memory and FLOPs are these tests' claims, so they compile with XLA's defaults, in this
   process and in the compile processes they start."""
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -263,7 +264,7 @@ def test_the_step_estimate_adds_the_splash_kernels_the_cost_model_cannot_see():
   the analytic FLOPs and the plan said MFU 67%. The estimate now adds the attention FLOPs at the
   chip's peak (a floor) of the layers whose training kernel is splash (Compiled.kernels, from
   the same choice as the start-up line); an xla-attention program is left as it was."""
-  from bert_jax.plan_compile import Compiled
+  from bert_jax.planning.plan_compile import Compiled
   c = config("modernbert-base,phase2", batch=72)
   make, _ = plan_lib.model_config_factory(c)
   mc = make(c)
@@ -290,7 +291,7 @@ def test_the_step_estimate_adds_the_splash_kernels_the_cost_model_cannot_see():
     mixed = step({kind: "splash", other: "xla"})
     assert mixed["step_seconds"] == pytest.approx(0.328 + want[kind] / spec.chips / peak), kind
   # What the compile records: the kernels as the start-up line chose them, for the slice.
-  from bert_jax import attention as attention_lib
+  from bert_jax.layers import attention as attention_lib
   assert attention_lib.training_backends(mc, packed=True, seq_len=t, platform_name="tpu") == {
       "global": "splash", "local": "splash"}
 

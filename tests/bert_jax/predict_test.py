@@ -1,5 +1,6 @@
 """Tests for bert_jax/predict.py: fill-mask equals transformers' pipeline on the same weights."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
@@ -11,12 +12,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
-from bert_jax.convert import hf_export  # noqa: E402
-from bert_jax import inference  # noqa: E402
+from bert_jax.inference import hf_export  # noqa: E402
+from bert_jax.inference import loading as inference  # noqa: E402
 from bert_jax import predict  # noqa: E402
-from tests import hf_testlib  # noqa: E402
+from tests.testlib import hf_testlib  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 @pytest.fixture(scope="module")

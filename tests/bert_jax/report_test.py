@@ -1,15 +1,16 @@
 """bert_jax/report.py: a PNG of the curves and the summary table from a real workdir."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
 
 import pytest
 
-from bert_jax import metrics_writer
+from bert_jax.evaluation import metrics_writer
 from bert_jax import report
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _workdir(d):

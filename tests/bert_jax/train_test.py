@@ -1,5 +1,6 @@
 """Train loop: sharded step equivalence, checkpoint/resume, SIGTERM, bad-input errors."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import signal
@@ -10,15 +11,15 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax_core import errors
-from bert_jax import input_source
-from bert_jax import sharding as sharding_lib
+from bert_jax.training import input_source
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
-from tests import sigterm_testlib
+from tests.testlib import sigterm_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def tiny_config(**overrides):
@@ -229,7 +230,7 @@ def test_init_checkpoint_loads_params_with_fresh_optimizer(tmp_path, capsys):
 
 
 def test_tensorboard_events_written(tmp_path):
-  from bert_jax import metrics_writer
+  from bert_jax.evaluation import metrics_writer
   from tensorboard.backend.event_processing import event_accumulator
   train.train_and_evaluate(tiny_config(num_train_steps=2), str(tmp_path))
   scalars = metrics_writer.read_scalars(str(tmp_path / "tensorboard"))
@@ -274,7 +275,7 @@ def test_summary_json_and_a_finished_workdir_is_a_no_op(tmp_path, capsys):
 
 
 def test_flops_formula_is_6_params_per_token_plus_attention_and_heads():
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("base")
   per_seq = train.model_flops_per_sequence(cfg, 128, 20)
   # 6 * 85M non-embedding params * 128 tokens = 65 GFLOP; attention + MLM head add ~10%.
@@ -282,7 +283,7 @@ def test_flops_formula_is_6_params_per_token_plus_attention_and_heads():
 
 
 def test_packed_step_flops_count_the_packed_prediction_and_nsp_slots():
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("base")
   config = tiny_config(batch_size=2, seq_length=128, max_predictions_per_seq=20)
   unpacked = train.step_flops(config, cfg, None)
@@ -297,7 +298,7 @@ def test_packed_step_flops_count_the_packed_prediction_and_nsp_slots():
 def test_init_checkpoint_from_a_hugging_face_folder(tmp_path, monkeypatch, capsys):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
-  from tests import hf_testlib
+  from tests.testlib import hf_testlib
   hf = hf_testlib.random_hf_model(hf_testlib.hf_config(
       vocab_size=512, hidden_size=128, num_attention_heads=2, intermediate_size=512,
       max_position_embeddings=512))

@@ -1,6 +1,7 @@
 """bert_jax_core/tf_setup.py and errors.quiet_third_party_logs: start-up noise a user cannot act
 on is dropped, everything else is kept."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import logging
 import os
 import subprocess
@@ -8,7 +9,7 @@ import sys
 
 from bert_jax_core import errors
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 # Writes a real warning to fd 2 while TF is being imported (inside the capture), then imports TF.
 _SCRIPT = """

@@ -1,5 +1,6 @@
 """The Beam pipeline on the DirectRunner: the local whole-corpus records, byte for byte."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import glob
 import json
 import os
@@ -12,9 +13,9 @@ import pytest
 from data_pipelines import beam_pipeline, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from bert_jax_core.tf_setup import tf
-from tests import tfds_testlib
+from tests.testlib import tfds_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 # Fields of dataset_info.json that describe the run rather than the records.
 _RUN_FIELDS = ("command", "created")
 

@@ -1,5 +1,6 @@
 """Vocabulary learning: WordPiece vocab.txt and SentencePiece unigram/BPE models, and bad inputs."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
@@ -8,10 +9,11 @@ from absl import flags
 import pytest
 import sentencepiece as spm
 
-from data_pipelines import build_vocab, stdlib_corpus, tokenization
-from data_pipelines import vocab as vocab_lib
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from bert_jax_core import errors
-from data_pipelines import block_sampling, build_vocab, stdlib_corpus
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines.records import block_sampling
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
-from tests import tfds_testlib
+from tests.testlib import tfds_testlib
 
 SEQ = 64
 
@@ -110,7 +111,7 @@ def test_records_round_trip_with_nsp_layout(corpus, nsp_run):
 
 
 def test_records_feed_the_pretraining_input_pipeline(corpus, nsp_run):
-  from data_pipelines import pretrain_input
+  from data_pipelines.input import pretrain_input
   out, summary = nsp_run
   files = pretrain_input.expand_file_pattern(str(out / "*"))  # dataset_info.json is skipped
   assert pretrain_input.count_records(files) == summary["instances"]

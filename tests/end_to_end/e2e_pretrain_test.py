@@ -1,5 +1,6 @@
 """End to end on real text: corpus -> vocab -> records -> pre-training -> resume (slow)."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import glob
 import os
 import subprocess
@@ -7,9 +8,9 @@ import sys
 
 import pytest
 
-from bert_jax import metrics_writer
+from bert_jax.evaluation import metrics_writer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _run(*args, timeout=600):

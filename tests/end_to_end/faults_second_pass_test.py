@@ -2,6 +2,7 @@
 distillation, and a CPU host with libtpu installed. Each test failed before its fix; the rows of
 docs/faults.md name them."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import importlib.util
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from bert_jax_core import platforms
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,13 +136,13 @@ def test_distilbert_step_is_lowered_with_its_frozen_teacher_from_shapes():
   step takes the teacher's parameters as abstract arguments on the slice's devices: the tiny
   preset's shapes without --config.teacher_checkpoint (distil.planning_teacher), nothing read."""
   import jax
-  from bert_jax import distil
-  from bert_jax import input_source
+  from bert_jax.objectives import distil
+  from bert_jax.training import input_source
   from bert_jax import plan as plan_lib
-  from bert_jax import sharding as sharding_lib
-  from bert_jax import tpu_specs
+  from bert_jax.parallel import sharding as sharding_lib
+  from bert_jax.parallel import tpu_specs
   from bert_jax import train
-  from bert_jax import trainer_lib
+  from bert_jax.training import trainer_lib
   c = _plan_config("distilbert-tiny")
   make, _ = plan_lib.model_config_factory(c)
   mc = make(c)
@@ -162,8 +163,8 @@ def test_distilbert_step_is_lowered_with_its_frozen_teacher_from_shapes():
 
 
 def test_distilbert_plan_without_a_teacher_or_a_known_preset_says_what_to_pass():
-  from bert_jax import distil
-  from bert_jax import model as model_lib
+  from bert_jax.objectives import distil
+  from bert_jax.models import model as model_lib
   from bert_jax.configs import pretrain
   c = pretrain.get_config("distilbert-tiny")
   mc = model_lib.get_bert_config("distilbert-tiny", vocab_size=100)
@@ -217,7 +218,7 @@ def test_distillation_loss_settings_are_range_checked_before_compute(tmp_path, f
 
 
 def test_all_distillation_weights_zero_is_refused():
-  from bert_jax import distil
+  from bert_jax.objectives import distil
   from bert_jax.configs import pretrain
   c = pretrain.get_config("distilbert-tiny")
   c.alpha_ce, c.alpha_mlm, c.alpha_cos = 0.0, 0.0, 0.0
@@ -252,7 +253,7 @@ def test_output_file_check_names_the_flag_and_the_fix(tmp_path, kind, match):
 
 
 def _scalars_workdir(workdir):
-  from bert_jax import metrics_writer
+  from bert_jax.evaluation import metrics_writer
   w = metrics_writer.MetricsWriter(str(workdir))
   for step in (1, 2):
     w.write_scalars(step, {"train/loss": 3.0 / step, "train/learning_rate": 1e-4})
@@ -344,9 +345,9 @@ def _teacher_export(tmp_path, vocab_size, *, meta=None, bundle=None):
   import jax
   import numpy as np
   from flax import linen as nn
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import model as model_lib
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.models import model as model_lib
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, num_layers=2,
                                   max_position_embeddings=64)
   params = jax.tree.map(np.asarray, nn.unbox(jax.jit(
@@ -361,8 +362,8 @@ def _teacher_export(tmp_path, vocab_size, *, meta=None, bundle=None):
 def test_distillation_refuses_a_teacher_with_another_vocab_of_the_same_size(tmp_path, how):
   """Before: only the sizes were compared, so a teacher trained on a shuffled vocab of the same
   size distilled into the student (silently wrong: its logits index other tokens)."""
-  from bert_jax import distil
-  from bert_jax import model as model_lib
+  from bert_jax.objectives import distil
+  from bert_jax.models import model as model_lib
   from bert_jax.configs import pretrain
   from bert_jax_core import files as files_lib
   vocab, shuffled, n = _vocab_files(tmp_path)
@@ -420,7 +421,7 @@ def test_an_export_without_a_vocab_hash_refuses_a_shuffled_vocab(tmp_path, capsy
   a shuffled vocab of the same size in extract_features, predict and finetune (all of them load
   through inference.load_for_inference), exit 0 and other features. Now its own vocab (bundled,
   or the file its meta names) is compared by content; with neither, a note says so."""
-  from bert_jax import inference
+  from bert_jax.inference import loading as inference
   vocab, shuffled, n = _vocab_files(tmp_path)
   meta = {"do_lower_case": True, "task": "sst2", "epoch": 1}   # a best_epochN of an old run
   if how == "recorded_path":
@@ -449,7 +450,7 @@ def _pair_records(directory, *, random_next, seq=32, n=24, info=False):
   """Unmasked records as google-research/bert writes them (no dataset_info.json unless `info`):
   next_sentence_labels 1 for every other record when random_next (NSP pairs), else all 0."""
   from bert_jax_core.tf_setup import tf
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   directory.mkdir(parents=True)
   path = directory / "part-00000-of-00001.tfrecord"
   with tf.io.TFRecordWriter(str(path)) as w:
@@ -469,7 +470,7 @@ def _pair_records(directory, *, random_next, seq=32, n=24, info=False):
 
 
 def _check(files, sentence_objective):
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   return dataset_info.check_records(
       files, field="config.train_input_files", vocab_path=None, vocab_size=100,
       vocab_sha256=None, do_lower_case=None, seq_length=32, max_predictions_per_seq=5,
@@ -481,7 +482,7 @@ def test_nsp_pair_records_are_refused_for_a_model_without_nsp_with_or_without_a_
   """Before: ELECTRA (no sentence objective) on google-format NSP pairs (no dataset_info.json)
   trained, on our own NSP records it was refused. Now both are refused, the contract-less ones
   from their own next_sentence_labels (dataset_info.sniff_sentence_pairs)."""
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   google = _pair_records(tmp_path / "google", random_next=True)
   ours = _pair_records(tmp_path / "ours", random_next=True, info=True)
   full = _pair_records(tmp_path / "full", random_next=False)
@@ -503,7 +504,7 @@ def test_nsp_pair_records_are_refused_for_a_model_without_nsp_with_or_without_a_
 def test_electra_refuses_google_format_pair_records_before_the_model(tmp_path):
   from bert_jax import train
   from bert_jax.configs import pretrain
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   c = pretrain.get_config("electra-tiny,runlocal")
   c.train_input_files = _pair_records(tmp_path / "google", random_next=True)[0]
   c.seq_length, c.max_predictions_per_seq = 32, 5

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import guard
+from bert_jax.training import guard
 
 
 def _toy_state():
@@ -121,7 +121,7 @@ def _tiny(**overrides):
 
 def _poison(monkeypatch, bad_batches):
   """Batches at these stream positions get NaN masked_lm_weights (a NaN loss and gradient)."""
-  from bert_jax import input_source
+  from bert_jax.training import input_source
   real = input_source.make_batches
 
   def poisoned(*args, **kwargs):
@@ -134,7 +134,7 @@ def _poison(monkeypatch, bad_batches):
 
 def _saved_state(workdir, step):
   from orbax import checkpoint as ocp
-  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax.checkpoint import store as ckpt_lib
   with ocp.StandardCheckpointer() as ckptr:
     return ckpt_lib._restore_numpy(ckptr, os.path.join(workdir, "checkpoints", str(step),
                                                        "state"))
@@ -183,7 +183,7 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range
 def _records(directory, *, seq=128, max_id=150, shards=2, per_shard=16, info_vocab=None,
              lower=True):
   """Unmasked records (ids < max_id), with a dataset_info.json when info_vocab is given."""
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   from bert_jax_core.tf_setup import tf
   directory.mkdir(parents=True)
   rng = np.random.default_rng(0)
@@ -252,7 +252,7 @@ def test_masked_lm_prob_outside_0_1_is_refused_first(tmp_path, no_model, prob):
 
 def test_warmup_longer_than_training_is_refused_before_any_input(tmp_path, no_model,
                                                                  monkeypatch):
-  from bert_jax import input_source
+  from bert_jax.training import input_source
   from bert_jax_core import errors
 
   def read(*args, **kwargs):
@@ -264,7 +264,7 @@ def test_warmup_longer_than_training_is_refused_before_any_input(tmp_path, no_mo
 
 
 def test_records_contract_mismatches_before_the_model(tmp_path, no_model):
-  from data_pipelines import dataset_info
+  from data_pipelines.records import dataset_info
   vocab = _vocab(tmp_path)
   files = _records(tmp_path / "rec", info_vocab=vocab)
   wd = str(tmp_path / "wd")
@@ -335,7 +335,7 @@ def test_empty_shards_are_skipped_with_a_note_not_a_hang(tmp_path, no_model, cap
 def _checkpoint_of(tmp_path, c, **meta):
   """A workdir holding checkpoint 2 of config `c` (its model and vocab hash unless overridden)."""
   import jax.numpy as jnp
-  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax.checkpoint import store as ckpt_lib
   from bert_jax import train
   vocab = train.load_vocab(c)
   meta = dict(dict(model_config=train.create_model_config(c, vocab).to_dict(),
@@ -352,7 +352,8 @@ def test_resume_with_another_vocab_or_preset_is_refused_before_input_and_model(
     tmp_path, no_model, monkeypatch):
   """Issue 23 faults 2 (a same-size vocab trained on, rc 0) and 8 (another preset refused only
   after the model and input were built, 131 s in)."""
-  from bert_jax import input_source, train
+  from bert_jax import train
+  from bert_jax.training import input_source
 
   def read(*args, **kwargs):
     raise AssertionError("the input was read before the mismatch was found")
@@ -375,9 +376,10 @@ def test_a_finetuned_export_records_its_vocab_and_refuses_another(tmp_path):
   """best_epochN carries its vocab file and sha256 (issue 23, fault 3: it recorded neither)."""
   import types
   import jax.numpy as jnp
-  from bert_jax import finetune, inference
-  from bert_jax import model as model_lib
-  from data_pipelines import tokenization
+  from bert_jax import finetune
+  from bert_jax.inference import loading as inference
+  from bert_jax.models import model as model_lib
+  from data_pipelines.tokenizers import tokenization
   vocab = _vocab(tmp_path)
   run = types.SimpleNamespace(
       workdir=str(tmp_path), is_main=True,
@@ -402,7 +404,8 @@ def test_a_finetuned_export_records_its_vocab_and_refuses_another(tmp_path):
 
 def test_a_vocab_listing_a_token_twice_is_one_line_naming_it(tmp_path):
   """Was a tensorflow_text RuntimeError traceback from create_pretraining_data (fault 7)."""
-  from data_pipelines import tokenization, vocab as vocab_lib
+  from data_pipelines.tokenizers import tokenization
+  from data_pipelines.tokenizers import vocab as vocab_lib
   dup = _vocab(tmp_path, WORDS[:9] + ["w3"] + WORDS[10:], "dup.txt")   # w3 on lines 9 and 10
   with pytest.raises(vocab_lib.VocabError, match=r"dup.txt: token 'w3' is listed twice "
                      r"\(lines 9 and 10\)"):
@@ -443,8 +446,8 @@ def test_pretraining_from_a_checkpoint_takes_its_activation_and_refuses_a_contra
   """Point 9: a converted google checkpoint (gelu_tanh) silently trained with the config's erf
   GELU; now every encoder field comes from the checkpoint, read before the model is built."""
   import jax.numpy as jnp
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import model as model_lib
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.models import model as model_lib
   from bert_jax import train
   stored = model_lib.get_bert_config("tiny", vocab_size=512, hidden_act="gelu_tanh",
                                      layer_norm_eps=1e-6)

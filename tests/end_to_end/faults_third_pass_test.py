@@ -7,10 +7,11 @@
   5. `--config.FIELD=V` without `--config` says "--config is required"; a tokenizer.json given as
      a vocab.txt points at the tokenizer_json flag; convert names no --vocab_file the user never
      passed.
-  6. The former convert aliases (tests/convert_electra_test.py) are one-line errors naming the
+  6. The former convert aliases (tests/bert_jax/families/electra/convert_electra_test.py) are one-line errors naming the
      one converter.
 The unmarked tests are unit tests of a second or less; the slow ones start programs or compile.
 """
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import re
 import signal
@@ -20,12 +21,12 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import distributed
+from bert_jax.parallel import distributed
 from bert_jax_core import errors
-from data_pipelines import tokenizer_json as tj
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import tokenizer_json as tj
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 KOREAN = os.path.join(ROOT, "tests", "data", "korean", "1809890.txt")
 _CPP_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl::InitializeLog)")
 
@@ -92,7 +93,7 @@ _SIGINT_AT_BATCH_4 = """
 import os, signal, sys
 from bert_jax import cli, input_source
 real = input_source.make_batches
-def ctrl_c_at_batch_4(*args, **kwargs):   # as tests/sigterm_testlib.py, with SIGINT
+def ctrl_c_at_batch_4(*args, **kwargs):   # as tests/testlib/sigterm_testlib.py, with SIGINT
   for i, b in enumerate(real(*args, **kwargs)):
     if kwargs["start_batch"] == 0 and i == 4:
       os.kill(os.getpid(), signal.SIGINT)
@@ -136,12 +137,12 @@ def test_ctrl_c_during_fine_tuning_saves_and_the_rerun_resumes(tmp_path, monkeyp
   the SIGINT handler is Python's again after, and the same call resumes from step 5."""
   import jax  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test as ft  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test as ft  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(ft.WORDS) + " .")
   size = tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size
   cfg = model_lib.get_bert_config("tiny", vocab_size=size, max_position_embeddings=128,
@@ -201,8 +202,8 @@ def test_byte_level_tokens_show_as_text_not_byte_symbols(byte_level_korean):
 def _tiny_model(vocab_size):
   import jax  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size, hidden_size=32, num_heads=2,
                                   intermediate_size=64, num_layers=2, max_position_embeddings=64)
   params = jax.tree.map(np.asarray, nn.unbox(pretraining_heads.init_params(
@@ -216,7 +217,7 @@ def test_fill_mask_and_features_of_a_byte_level_bpe_print_text(byte_level_korean
   are text (was: 'Ġìŀħëł¥' for ' 입력')."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import extract_features as ef  # pylint: disable=g-import-not-at-top
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   from bert_jax import predict  # pylint: disable=g-import-not-at-top
   tok = tj.JsonTokenizer(byte_level_korean)
   cfg, params = _tiny_model(tok.vocab.size)

@@ -7,6 +7,7 @@ committed step without its manifest; a kill between steps loses the steps since 
 which the restarted run recomputes from the same data position and rng.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import glob
 import os
 import random
@@ -19,9 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 STEPS = 30
 FLAGS = dict(train_input_files="synthetic", **{"model.vocab_size": 512}, seq_length=32,
              max_predictions_per_seq=6, batch_size=8, num_train_steps=STEPS, warmup_steps=2,

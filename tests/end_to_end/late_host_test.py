@@ -7,16 +7,17 @@ after compiling and before a step's first run (distributed.TogetherOnFirstCall, 
 which waits 30 minutes, and a host that never comes is one line naming it.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
 
 import pytest
 
-from tests import pod_testlib
-from tests import xla_test_flags
+from tests.testlib import pod_testlib
+from tests.testlib import xla_test_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 # One step: the cheapest run with a train step and a checkpoint.
 TRAIN_ARGS = [*pod_testlib.TINY_SYNTHETIC_TRAIN, "--config.warmup_steps=1",
@@ -25,13 +26,13 @@ TRAIN_ARGS = [*pod_testlib.TINY_SYNTHETIC_TRAIN, "--config.warmup_steps=1",
 
 def _pod(late, workdir, env=(), timeout_seconds=300):
   """The finished launcher (its stdout holds both processes' `[pN] `-prefixed lines); `late` is
-  tests/late_host.py's P:SECONDS:FUNCTION. A failed process's peers get 60 s to stop on their
+  tests/testlib/late_host.py's P:SECONDS:FUNCTION. A failed process's peers get 60 s to stop on their
   own (the launcher would kill them at once), so every host's last line is in the output."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **dict(env))
   env["XLA_FLAGS"] = xla_test_flags.SUBPROCESS   # local_pod adds each host's devices
   r = subprocess.run([*pod_testlib.pod_command(), "--peer_grace_seconds=60",
                       f"--timeout_seconds={timeout_seconds}", "--",
-                      "tests.late_host", late, *TRAIN_ARGS, f"--workdir={workdir}"],
+                      "tests.testlib.late_host", late, *TRAIN_ARGS, f"--workdir={workdir}"],
                      cwd=ROOT, env=env, capture_output=True, text=True,
                      timeout=timeout_seconds + 60)
   return r

@@ -1,5 +1,6 @@
 """A 2-host pod simulated on localhost (gloo collectives) trains exactly like 1 host (slow)."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -8,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from tests import pod_testlib
-from tests import xla_test_flags
+from tests.testlib import pod_testlib
+from tests.testlib import xla_test_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 TRAIN_ARGS = [*pod_testlib.TINY_SYNTHETIC_TRAIN, "--config.warmup_steps=2",
               "--config.checkpoint_every=4"]
@@ -56,7 +57,7 @@ def _single(workdir, steps):
 
 
 def _losses(workdir):
-  from bert_jax import metrics_writer
+  from bert_jax.evaluation import metrics_writer
   scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
   return [v for _, v in sorted(scalars["train/loss"])], scalars
 
@@ -97,10 +98,11 @@ def test_two_process_fsdp_finetune_exports_the_one_process_parameters(tmp_path):
   # an array sharded across hosts: a 2-host FSDP fine-tune crashed at its first export.
   import jax
   from flax import linen as nn
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import model as model_lib
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test, tasks_testlib
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.models import model as model_lib
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test
+  from tests.testlib import tasks_testlib
   vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
   vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
   cfg = model_lib.get_bert_config("tiny", vocab_size=vocab.size, max_position_embeddings=128,

@@ -6,9 +6,10 @@ and resumes on the other host count: ALBERT-tiny (n-gram masking, SOP head) and 
 (span masking, SBO head), the in-graph masking schemes that draw the most per batch; and
 ELECTRA-tiny, whose step also samples the generator's replacements with the step's key (two
 networks, one optimizer). BERT's token masking on a 2-process pod is
-tests/multihost_train_test.py's.
+tests/end_to_end/multihost_train_test.py's.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import shutil
 import subprocess
@@ -17,11 +18,11 @@ import sys
 import numpy as np
 import pytest
 
-from data_pipelines import pretrain_input as pi
-from tests import pod_testlib
-from tests import xla_test_flags
+from data_pipelines.input import pretrain_input as pi
+from tests.testlib import pod_testlib
+from tests.testlib import xla_test_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def test_layout_is_stored_and_reused_on_another_host_count():
@@ -54,8 +55,8 @@ def test_layout_changes_that_change_the_stream_are_errors():
 # Slow: real trainings.
 # ----------------------------------------------------------------------------------------------
 def _write_records(root, pairs):
-  from tests.masking_test import write_vocab
-  from tests.pretrain_input_test import make_instances, write_records
+  from tests.data_pipelines.input.masking_test import write_vocab
+  from tests.data_pipelines.input.pretrain_input_test import make_instances, write_records
   vocab = write_vocab(root / "vocab.txt")
   rng = np.random.default_rng(0)
   for i in range(4):
@@ -118,7 +119,7 @@ def _checkpoint_3_of(source, workdir):
 
 
 def _losses(workdir, part="loss"):
-  from bert_jax import metrics_writer
+  from bert_jax.evaluation import metrics_writer
   scalars = metrics_writer.read_scalars(os.path.join(workdir, "tensorboard"))
   return dict(scalars[f"train/{part}"])
 

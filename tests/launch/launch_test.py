@@ -7,6 +7,7 @@ with lines from a `status` file. The tests check the exact commands for a one-ho
 bash, so remote_run.sh and its quoting are exercised for real.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 LAUNCH = os.path.join(ROOT, "launch")
 SCRIPTS = ["common.sh", "create.sh", "setup.sh", "run.sh", "delete.sh", "fetch_logs.sh",
            "tensorboard.sh", "preemptible_loop.sh", "remote_setup.sh", "remote_run.sh",
@@ -186,7 +187,7 @@ def test_setup_tarball_holds_the_checkout_without_ignored_files(fake, tmp_path):
   listing = subprocess.run(["tar", "-tzf", str(bindir / "gcloud.tgz")], capture_output=True,
                            text=True, check=True).stdout.split()
   for must in ("launch/run.sh", "launch/remote_run.sh", "requirements.txt",
-               "bert_jax/distributed.py"):
+               "bert_jax/parallel/distributed.py"):
     assert must in listing or "./" + must in listing
   assert not any(".venv/" in f or "__pycache__" in f or f.startswith(".git/") for f in listing)
 

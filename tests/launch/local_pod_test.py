@@ -5,6 +5,7 @@ Each test starts real processes through `python -m launch.local_pod` running the
 pod takes: BERT_JAX_* env -> maybe_initialize_distributed -> jax.distributed.initialize.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import io
 import json
 import os
@@ -15,9 +16,9 @@ import threading
 import time
 
 from launch import local_pod
-from tests import pod_testlib
+from tests.testlib import pod_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _pod(*args, pod_flags=(), timeout=120):

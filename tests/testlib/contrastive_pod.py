@@ -1,6 +1,6 @@
-r"""A local pod's InfoNCE over the global batch (tests/contrastive_pod_test.py):
+r"""A local pod's InfoNCE over the global batch (tests/bert_jax/objectives/contrastive_pod_test.py):
 
-  python -m launch.local_pod --num_processes=2 --devices_per_process=4 -- tests.contrastive_pod
+  python -m launch.local_pod --num_processes=2 --devices_per_process=4 -- tests.testlib.contrastive_pod
 
 Every process builds the same global batch (global_batch(): anchors [B, D], candidates [B, 1 + K,
 D], weights [B] with padding rows), keeps its own contiguous rows (a disjoint shard, as a host's
@@ -9,7 +9,7 @@ every process (sharding.make_global_batch, as the fine-tuning loop does). The lo
 task trains with, contrastive.matryoshka_info_nce, and its gradients are then taken under jit on
 the sharded arrays, so every host's and device's rows and hard negatives are every anchor's
 negatives through XLA's collectives (no host gather). Process 0 prints one `RESULT {json}` line:
-the losses and gradients, which tests/contrastive_pod_test.py compares with one process on the
+the losses and gradients, which tests/bert_jax/objectives/contrastive_pod_test.py compares with one process on the
 whole batch; and the same for packed rows (packed_batch: each host holds its rows of pooled text
 vectors and its examples' slots into the global rows). (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
 types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
@@ -58,7 +58,7 @@ def packed_loss_and_grad(pooled, text_slots, weights):
   """(loss, d/d pooled [R, SLOTS, D]) of the embedding task's packed loss: texts_of_rows, then
   matryoshka_info_nce with the "plain" settings (jitted; the inputs may be sharded)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
 
   def loss(p, s, w):
     t = contrastive.texts_of_rows(p, s)                                    # [B, 2 + K, D]
@@ -71,7 +71,7 @@ def losses_and_grads(anchors, candidates, weights):
   """{setting: (loss, d/d anchors [B, D], d/d candidates [B, 1 + K, D])} of
   matryoshka_info_nce (jitted; the inputs may be sharded global arrays)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
   out = {}
   for name, kw in SETTINGS.items():
     def loss(a, c, w, kw=kw):   # w an argument: a global array cannot be closed over
@@ -82,11 +82,11 @@ def losses_and_grads(anchors, candidates, weights):
 
 def main(argv):
   del argv
-  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.maybe_initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
 
   pid, nproc = jax.process_index(), jax.process_count()
   # The fine-tuning loop's mesh and batch path: (data, fsdp, tensor) = (8, 1, 1), rows over data.

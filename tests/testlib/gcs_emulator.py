@@ -1,4 +1,4 @@
-"""A small in-memory Google Cloud Storage JSON-API server on localhost, for tests/gcs_test.py.
+"""A small in-memory Google Cloud Storage JSON-API server on localhost, for tests/bert_jax/checkpoint/gcs_test.py.
 
 Nothing here reaches the network: the clients are pointed at 127.0.0.1 by environment variables
 (`env(port, certs_dir)`), the same way their own test suites do it:
@@ -19,7 +19,7 @@ directory; generation preconditions (tensorstore's atomic writes).
 Anything else answers 400 and is logged to stderr as "unsupported", so a client path we do not
 cover fails loudly.
 
-  python tests/gcs_emulator.py CERTS_DIR     # prints the port on stdout, serves until killed
+  python tests/testlib/gcs_emulator.py CERTS_DIR     # prints the port on stdout, serves until killed
 """
 
 import base64

@@ -1,11 +1,11 @@
-r"""A program of a local pod with one host late: `python -m tests.late_host P:SECONDS:FUNCTION MODULE ARGS...`
+r"""A program of a local pod with one host late: `python -m tests.testlib.late_host P:SECONDS:FUNCTION MODULE ARGS...`
 
 Runs `python -m MODULE ARGS...` (under `launch.local_pod`), except that process P sleeps SECONDS
-once, when its first call of `bert_jax.trainer_lib.FUNCTION` returns:
+once, when its first call of `bert_jax.training.trainer_lib.FUNCTION` returns:
   build_steps     it reaches the state init and the first step late, as a host that compiles
                   slower (a loaded machine, a cold compilation cache) or reads its input later;
   check_workdir   it is late to the run's first collective (the workdir lock's broadcast).
-Tests only (tests/late_host_test.py); the program itself is unchanged.
+Tests only (tests/end_to_end/late_host_test.py); the program itself is unchanged.
 """
 
 import functools
@@ -18,7 +18,7 @@ def main():
   spec, module, *args = sys.argv[1:]
   process, seconds, function = spec.split(":")
   import jax  # pylint: disable=g-import-not-at-top  (the backend starts later, in MODULE)
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   original = getattr(trainer_lib, function)
   slept = []
 

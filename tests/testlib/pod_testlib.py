@@ -4,7 +4,7 @@ import re
 import sys
 
 # A line a library printed, not the program (issue 32; the sources are named in launch/local_pod.py
-# and bert_jax/distributed.py): gloo's `[Gloo] Rank 0 is connected to 7 peer ranks. ...`, an INFO
+# and bert_jax/parallel/distributed.py): gloo's `[Gloo] Rank 0 is connected to 7 peer ranks. ...`, an INFO
 # record in absl's format (Python's `I1126 03:22:29.129541 1398... distributed.py:172] Connecting
 # to JAX distributed service ...`, C++'s `I0000 00:00:1764...`) or in Python logging's or JAX's
 # (`INFO:...`). Each may follow the launcher's `[pN] ` prefix.
@@ -31,7 +31,7 @@ def library_lines(text):
 def pod_command(num_processes=2, devices_per_process=4):
   """The launcher's command line up to its `--`.
 
-  The launcher's 10 s heartbeat catches a dead peer fast (tests/local_pod_test.py tests that
+  The launcher's 10 s heartbeat catches a dead peer fast (tests/launch/local_pod_test.py tests that
   path); here a peer starved of CPU for 10 s on a shared 2-core box must not read as dead.
   """
   return [sys.executable, "-m", "launch.local_pod", f"--num_processes={num_processes}",

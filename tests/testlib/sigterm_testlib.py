@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 
-from bert_jax import input_source
+from bert_jax.training import input_source
 
 
 def sigterm_at_batch(monkeypatch, index):

@@ -2,12 +2,12 @@
 
 The tokenizer is HF `tokenizers`' BERT pipeline (BertNormalizer + BertPreTokenizer + WordPiece),
 the same behaviour as google-research/bert's FullTokenizer, behind the interface of
-`data_pipelines.tokenization.get_tokenizer`: encode(list[str]) -> list[list[int]],
+`data_pipelines.tokenizers.tokenization.get_tokenizer`: encode(list[str]) -> list[list[int]],
 id_to_token(ids) -> list[str], and .vocab (VocabInfo).
 """
 import os
 
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import vocab as vocab_lib
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

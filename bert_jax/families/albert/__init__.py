@@ -15,7 +15,7 @@ _ALBERT = dict(family="albert", embedding_size=128, share_layers="all", objectiv
 
 # ALBERT (Lan et al. 2019, Table 1): E=128, all layers shared, SOP; gelu_tanh and no dropout as
 # the released v2 configs. Parameters at a 30k vocab (AlbertModel = transformers' count for the
-# same AlbertConfig, tests/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M, xxlarge 222.6M
+# same AlbertConfig, tests/bert_jax/models/model_test.py): base 11.7M, large 17.7M, xlarge 58.7M, xxlarge 222.6M
 # against the paper's 12M / 18M / 60M / 235M (docs/models.md: the first three round to it,
 # xxlarge is 5.3% below).
 PRESETS = {f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_heads=n,

@@ -22,7 +22,7 @@ The orientation rules are BERT's (names.py): Flax/TF kernels [in, out], torch Li
 q/k/v split per head by a reshape, TF's seq_relationship/output_weights stored [2, H].
 """
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.convert import names
 from bert_jax.convert.formats import ConversionError
 

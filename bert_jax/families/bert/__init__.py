@@ -15,8 +15,8 @@ import numpy as np
 from flax import linen as nn
 
 from bert_jax.families import registry as families
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 
 
 def _miniatures():
@@ -67,7 +67,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   decoder E -> V; E = H for BERT) and SpanBERT's SBO head (3H -> H, H -> E, tied decoder). The
   pooler and the NSP/SOP dense on each of `num_nsp` [CLS] slots (a packed row has K), only when
   the model has a sentence objective (without one the pooler feeds no loss: XLA drops it).
-  tests/families_train_test.py checks it against the dot products of the traced training step.
+  tests/bert_jax/families/families_train_test.py checks it against the dot products of the traced training step.
   """
   del teacher_config
   h, l, t, i = cfg.hidden_size, cfg.num_layers, seq_length, cfg.intermediate_size
@@ -84,27 +84,27 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
 
 
 # ----------------------------------------------------------------------------------------------
-# The pre-training step: no frozen network unless the family distils (bert_jax/distil.py checks
+# The pre-training step: no frozen network unless the family distils (bert_jax/objectives/distil.py checks
 # that a --config.teacher_checkpoint is not given to a family that does not).
 # ----------------------------------------------------------------------------------------------
 def load_teacher(config, model_config):
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   return distil.load_teacher(config, model_config)
 
 
 def check_teacher(meta, teacher, workdir):
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   distil.check_teacher(meta, teacher, workdir)
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   return distil.init_student(state, steps, config, teacher, num_layers)
 
 
 def planning_teacher(config, model_config):
   """The teacher bert_jax.plan compiles the step with (shapes only), or None."""
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   return distil.planning_teacher(config, model_config)
 
 
@@ -155,7 +155,7 @@ def features_model(config):
 
 def check_fill_mask(predictor, checkpoint):
   """fill-mask needs the trained MLM head (and the sentence head a pair asks for)."""
-  from bert_jax.predict import PredictError  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference.loading import PredictError  # pylint: disable=g-import-not-at-top
   config = predictor.config
   sentence = config.sentence_objective   # nsp (BERT), sop (ALBERT), None (SpanBERT, DistilBERT)
   heads = ["mlm_head"] + ([f"{sentence}_head"] if sentence else [])
@@ -191,7 +191,7 @@ def describe(config, purpose, params_keys=(), do_train=True):
 def hf_config_file(path):
   """config.json of a transformers save_pretrained folder (weights beside it, no bert_jax
   export files), or None."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   path = str(path)
   if "://" in path or not os.path.isdir(path):
     return None
@@ -214,7 +214,7 @@ def name_table(config):
 
 def normalise_hf_names(source):
   """BERT's transformers names are the table's. A TinyBERT folder (model_type bert: a general or
-  task distillation checkpoint, bert_jax/families/tinybert.py) also holds fit_dense.{weight,bias},
+  task distillation checkpoint, bert_jax/families/tinybert/__init__.py) also holds fit_dense.{weight,bias},
   the projection W_h its distillation loss used: not part of BertModel, left out with that
   reason (meta's ignored_variables) instead of the one-line "no place" error."""
   extra = {n: "TinyBERT's distillation projection W_h (config fit_size): not part of BertModel"

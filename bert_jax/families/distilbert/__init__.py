@@ -1,5 +1,5 @@
 """DistilBERT (Sanh et al. 2019): a student BERT (half the depth, no token types, no pooler)
-distilled from a frozen teacher in the same step: bert_jax/layerwise.py's objective at HF's
+distilled from a frozen teacher in the same step: bert_jax/objectives/layerwise.py's objective at HF's
 weights (the prediction layer's KL x T^2, MLM, the last hidden states' cosine); bert_jax/
 distil.py holds the teacher's checks and record and the student's initialisation.
 
@@ -13,14 +13,14 @@ import dataclasses
 from flax import linen as nn
 
 from bert_jax.families import registry as families
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.families import bert
 
 _DISTILBERT = dict(family="distilbert", objectives="mlm", type_vocab_size=0)
 
-# DistilBERT (Sanh et al. 2019; bert_jax/distil.py): BERT-base halved in depth, no token types, no
+# DistilBERT (Sanh et al. 2019; bert_jax/objectives/distil.py): BERT-base halved in depth, no token types, no
 # pooler; 66,362,880 parameters (DistilBertModel), 66,985,530 with the MLM head
-# (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/distil_test.py).
+# (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/bert_jax/families/distilbert/distil_test.py).
 # tiny / mini: the tiny / mini BERT presets halved in depth (students of those teachers).
 PRESETS = {f"distilbert-{name}": dict(_DISTILBERT, num_layers=l, hidden_size=h, num_heads=h // 64,
                                       intermediate_size=4 * h)
@@ -31,9 +31,9 @@ def recipe(c, preset):
   """DistilBERT (Sanh et al. 2019; transformers examples/research_projects/distillation, train.py
   and its README's command): the loss 5 x KL at T=2 + 2 x MLM + 1 x cosine, lr 5e-4, no NSP
   (records from create_pretraining_data --no_nsp), token masking. The shared objective's fields
-  (bert_jax/layerwise.py), its layer parts off: --config.alpha_hidden=1 etc. add them."""
+  (bert_jax/objectives/layerwise.py), its layer parts off: --config.alpha_hidden=1 etc. add them."""
   del preset
-  from bert_jax import layerwise  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import layerwise  # pylint: disable=g-import-not-at-top
   layerwise.recipe_fields(c, fit_size=0)   # a student as wide as its teacher: no projection
   c.alpha_emb = c.alpha_hidden = c.alpha_att = 0.0
   c.alpha_ce = 5.0                 # KL(teacher/T || student/T) x T^2 on the masked positions
@@ -51,8 +51,8 @@ def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   """layerwise.py's step (the student's forward, the alpha_* weights, the teacher loaded once
   onto the mesh: trainer_lib.build_steps(frozen=)) with DistilBERT's teacher (distil.py's
   checks) and its MLM head, which the student starts from."""
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
-  from bert_jax import layerwise  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import layerwise  # pylint: disable=g-import-not-at-top
   teacher = teacher or distil.load_teacher(config, model_config)
   return layerwise.step_parts(config, model_config, teacher, dummy_batch, mesh, rules,
                               teacher_head=True)
@@ -62,7 +62,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   """The student's training FLOPs plus, with a teacher, the teacher's forward."""
   if teacher_config is None:
     return bert.flops_per_sequence(cfg, seq_length, num_predictions, num_nsp)
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
                                    bert.flops_per_sequence)
 

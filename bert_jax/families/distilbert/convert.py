@@ -1,5 +1,5 @@
 r"""DistilBERT <-> transformers: DistilBertForMaskedLM (or a bare DistilBertModel) from and to a
-BertForPreTraining tree of family "distilbert" (model.py; bert_jax/distil.py trains it).
+BertForPreTraining tree of family "distilbert" (model.py; bert_jax/objectives/distil.py trains it).
 
   ours (Flax)                                   transformers
   bert/embeddings/{word,position}_embeddings    distilbert.embeddings.{word,position}_embeddings
@@ -20,7 +20,7 @@ no token types and no pooler, as ours.
 
   python -m bert_jax.convert --input=WORKDIR --output=hf/distilbert   # -> transformers
   python -m bert_jax.convert --input=HF_DIR --output=ckpt/distilbert  # <- transformers
-(`python -m bert_jax.convert.distilbert`, once an alias, is a one-line error naming this.)
+(`python -m bert_jax.families.distilbert.convert`, once an alias, is a one-line error naming this.)
 """
 
 import dataclasses
@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert import writing
@@ -270,7 +270,7 @@ def export_to_hf(params, config, output, *, vocab_file=None, do_lower_case=None,
 
 def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
   """An Orbax export, pre-training workdir or step directory of a DistilBERT -> transformers."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   writing.check_new_output(output)
   params, config, meta = ckpt_lib.load_params(checkpoint)
   if config.family != "distilbert":
@@ -285,12 +285,3 @@ def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_cas
     do_lower_case = meta.get("do_lower_case")
   return export_to_hf(params, config, output, vocab_file=vocab_file,
                       do_lower_case=do_lower_case)
-
-
-if __name__ == "__main__":
-  # This module was also a second command line (an alias of `python -m bert_jax.convert`, which
-  # converts DistilBERT both ways); it is gone, as convert.electra's (issue 39).
-  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
-  errors.fail("python -m bert_jax.convert.distilbert is no longer a command: run python -m "
-              "bert_jax.convert --input=CHECKPOINT_OR_HF_DIR --output=DIR, the converter of "
-              "every family.")

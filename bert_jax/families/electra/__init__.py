@@ -1,5 +1,5 @@
 """ELECTRA (Clark et al. 2020): a small MLM generator and a replaced-token-detection
-discriminator trained together (bert_jax/electra.py holds the networks).
+discriminator trained together (bert_jax/families/electra/objective.py holds the networks).
 
 What the family declares: its presets and recipe (Table 6), the generator + discriminator step and
 its FLOPs, the discriminator as the fine-tuning and feature body (no pooler: transformers'
@@ -13,9 +13,9 @@ import os
 from flax import linen as nn
 from ml_collections import config_dict
 
-from bert_jax import electra as electra_lib
+from bert_jax.families.electra import objective as electra_lib
 from bert_jax.families import registry as families
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.families import bert
 
 
@@ -121,7 +121,7 @@ def features_model(config):
 # fill-mask: the generator (the discriminator only tells replaced tokens).
 # ----------------------------------------------------------------------------------------------
 def check_fill_mask(predictor, checkpoint):
-  from bert_jax.predict import PredictError  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference.loading import PredictError  # pylint: disable=g-import-not-at-top
   missing = [k for k in ("bert", "generator", "mlm_head") if k not in predictor.params]
   if missing:
     why = predictor.meta.get("generator") or f"top-level parameters {sorted(predictor.params)}"
@@ -162,7 +162,7 @@ def describe(config, purpose, params_keys=(), do_train=True):
 def hf_config_file(path):
   """config.json of the discriminator: `path` itself, or path/discriminator of a pair folder
   (what export writes: discriminator/ + generator/)."""
-  from bert_jax.convert import electra as convert_electra  # pylint: disable=g-import-not-at-top
+  from bert_jax.families.electra import convert as convert_electra  # pylint: disable=g-import-not-at-top
   path = str(path)
   if "://" in path or not os.path.isdir(path):
     return None

@@ -1,6 +1,6 @@
 r"""ELECTRA <-> transformers: the discriminator as ElectraForPreTraining (or a bare ElectraModel)
 and the generator as ElectraForMaskedLM, two folders (model.safetensors + config.json), from and to
-one ElectraForPreTraining parameter tree (bert_jax/electra.py).
+one ElectraForPreTraining parameter tree (bert_jax/families/electra/objective.py).
 
   ours (Flax)                          discriminator folder               generator folder
   bert/embeddings/*_embeddings, layer_norm  electra.embeddings.*          electra.embeddings.* (*)
@@ -19,7 +19,7 @@ The decoder generator_lm_head.weight is tied to the word embeddings (checked whe
 
   python -m bert_jax.convert --input=WORKDIR --output=hf/electra          # -> transformers
   python -m bert_jax.convert --input=D,G --output=ckpt/electra            # <- transformers
-(`python -m bert_jax.convert.electra`, once an alias, is a one-line error naming these.)
+(`python -m bert_jax.families.electra.convert`, once an alias, is a one-line error naming these.)
 """
 
 import dataclasses
@@ -28,8 +28,8 @@ import os
 
 import numpy as np
 
-from bert_jax import electra as electra_lib
-from bert_jax import model as model_lib
+from bert_jax.families.electra import objective as electra_lib
+from bert_jax.models import model as model_lib
 from bert_jax.convert import formats
 from bert_jax.convert import names
 from bert_jax.convert import writing
@@ -385,7 +385,7 @@ def convert_for_inference(path, output, *, vocab_file=None, do_lower_case=None):
 def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_case=None):
   """An Orbax export, pre-training workdir or step directory of an ELECTRA -> the two
   transformers folders (export_to_hf)."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   params, config, meta = ckpt_lib.load_params(checkpoint)
   if config.family != "electra":
     raise ConversionError(f"{checkpoint}: a {config.family} checkpoint; ELECTRA export needs an "
@@ -393,14 +393,3 @@ def export_checkpoint_to_hf(checkpoint, output, *, vocab_file=None, do_lower_cas
   if do_lower_case is None:
     do_lower_case = meta.get("do_lower_case")
   return export_to_hf(params, config, output, vocab_file=vocab_file, do_lower_case=do_lower_case)
-
-
-if __name__ == "__main__":
-  # This module was also a second command line (an alias of `python -m bert_jax.convert`); it
-  # drifted from the converter (issue 39: its export looked for the bundled vocab.txt in the
-  # working directory) and is gone: one converter for every family.
-  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
-  errors.fail("python -m bert_jax.convert.electra is no longer a command: run python -m "
-              "bert_jax.convert --input=DISCRIMINATOR_DIR,GENERATOR_DIR --output=DIR (import a "
-              "transformers pair) or --input=CHECKPOINT --output=DIR (export), the converter of "
-              "every family.")

@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 
 # The house Dense (truncated-normal init, logical axes) and activation of model.py.
 _dense = model_lib._dense            # pylint: disable=protected-access

@@ -20,7 +20,7 @@ import dataclasses
 import importlib
 
 from bert_jax.families import bert
-from bert_jax.families import mobilebert_layers as layers
+from bert_jax.families.mobilebert import layers as layers
 from bert_jax.families import registry as families
 
 # transformers' MobileBertConfig defaults, with google/mobilebert-uncased's config.json where it
@@ -39,7 +39,7 @@ PRESETS = {
     # 24 x 512 with bottlenecks of 128, 4 heads of 32, 4 FFNs of 512: 24,581,888 parameters in
     # transformers' MobileBertModel (the paper's 25.3M), 36,597,564 in MobileBertForPreTraining:
     # its MLM decoder widens the 128-wide word table by 384 rows of its own, 384 x 30,522 =
-    # 11.7M (tests/mobilebert_test.py counts both from shapes).
+    # 11.7M (tests/bert_jax/families/mobilebert/mobilebert_test.py counts both from shapes).
     "mobilebert": dict(_MOBILEBERT),
     # A CPU size for tests and laptops: 2 x 64 with bottlenecks of 32, 2 heads of 16, 2 FFNs,
     # E 16; the pooler's tanh dense on, so the test covers it.
@@ -75,7 +75,7 @@ def recipe(c, preset):
   """BERT's loop and optimizer (the paper's schedule is not modelled: docs/models.md), with
   MobileBERT's own sizes as --config.model fields; a size that does not divide (the true hidden
   size by the heads) is train's one-line error before compute (MobileBertConfig). The layer-wise
-  objective's fields (bert_jax/layerwise.py: weights, layer map, fit_size), read only when a
+  objective's fields (bert_jax/objectives/layerwise.py: weights, layer map, fit_size), read only when a
   --config.teacher_checkpoint is given: knowledge transfer from an IB-BERT-shaped teacher."""
   del preset
   from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
@@ -85,7 +85,7 @@ def recipe(c, preset):
   # The paper's attention transfer: the KL of the attention distributions (L_AT, section 3.5),
   # not TinyBERT's MSE of the scores.
   c.alpha_att, c.alpha_att_kl = 0.0, 1.0
-  importlib.import_module("bert_jax.progressive").fields(c)   # progressive_stages, steps_per_stage
+  importlib.import_module("bert_jax.objectives.progressive").fields(c)   # progressive_stages, steps_per_stage
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,8 +96,8 @@ def recipe(c, preset):
 # progressive.py: layer l alone in stage l, the rest frozen). Without one, BERT's MLM + NSP step.
 # ----------------------------------------------------------------------------------------------
 def _layerwise():
-  """bert_jax/layerwise.py, imported when first asked (as families/tinybert.py does)."""
-  return importlib.import_module("bert_jax.layerwise")
+  """bert_jax/objectives/layerwise.py, imported when first asked (as families/tinybert.py does)."""
+  return importlib.import_module("bert_jax.objectives.layerwise")
 
 
 def _teacher_given(config):
@@ -106,7 +106,7 @@ def _teacher_given(config):
 
 def load_teacher(config, model_config):
   if not _teacher_given(config):   # a progressive schedule without one: refused here
-    importlib.import_module("bert_jax.progressive").check(config, model_config,
+    importlib.import_module("bert_jax.objectives.progressive").check(config, model_config,
                                                           teacher_given=False)
     return None
   return _layerwise().load_teacher(config, model_config)
@@ -115,7 +115,7 @@ def load_teacher(config, model_config):
 def check_teacher(meta, teacher, workdir):
   """A resume keeps its teacher (distil's check) and its progressive stages."""
   bert.check_teacher(meta, teacher, workdir)
-  importlib.import_module("bert_jax.progressive").check_resume(meta, teacher, workdir)
+  importlib.import_module("bert_jax.objectives.progressive").check_resume(meta, teacher, workdir)
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
@@ -139,7 +139,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   (distil's count: a third of its training FLOPs)."""
   if teacher_config is None:
     return network_flops(cfg, seq_length, num_predictions, num_nsp)
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
                                    network_flops)
 

@@ -1,6 +1,6 @@
 """MobileBERT's name table and configs: transformers' MobileBertForPreTraining /
 MobileBertForMaskedLM / MobileBertModel folders <-> MobileBertForPreTraining(family="mobilebert")
-(bert_jax/families/mobilebert_layers.py), through the one-folder import and export of
+(bert_jax/families/mobilebert/layers.py), through the one-folder import and export of
 convert/__init__.py (vocab.txt and casing as BERT's).
 
   python -m bert_jax.convert --input=HF_MOBILEBERT_DIR --output=ckpt/mobilebert   # <- transformers
@@ -27,7 +27,7 @@ weight is our scale. No google TF MobileBERT checkpoints are read (transformers 
 
 import re
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.convert import names
 from bert_jax.convert.formats import ConversionError
 
@@ -116,7 +116,7 @@ def specs(config):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax.families import mobilebert_layers  # pylint: disable=g-import-not-at-top
+  from bert_jax.families.mobilebert import layers as mobilebert_layers  # pylint: disable=g-import-not-at-top
   if config.family != "mobilebert":
     raise ConversionError(f"MobileBERT conversion needs family='mobilebert'; this model has "
                           f"family={config.family!r}.")

@@ -36,9 +36,9 @@ import dataclasses
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bert_jax import attention as attention_lib
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.layers import attention as attention_lib
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 
 NORMALIZATIONS = ("no_norm", "layer_norm")
 _DEFAULT_EPS = 1e-5   # torch.nn.LayerNorm's, where transformers passes no eps
@@ -201,7 +201,7 @@ class SelfAttention(nn.Module):
     rng = self.make_rng("dropout") if dropout > 0 else None
     if self.is_mutable_collection("attention_scores") and not self.is_initializing():
       # Layer-wise distillation reads each layer's pre-softmax scores [B, N, T, S]
-      # (bert_jax/layerwise.py; model.SelfAttention does the same).
+      # (bert_jax/objectives/layerwise.py; model.SelfAttention does the same).
       ctx, scores = attention_lib.scored_attention(q, k, v, attention_ids, packed=block_diagonal,
                                                    dropout_rate=dropout, dropout_rng=rng)
       self.sow("attention_scores", "scores", scores)
@@ -368,7 +368,7 @@ class MobileBertForPreTraining(nn.Module):
   (nsp_head: dense H -> 2 on the pooled [CLS]). BertForPreTraining's call and returns.
 
   output_hidden_states (with return_dict): "hidden_states" [B, L + 1, T, H], the embeddings'
-  output and each layer's, stacked batch first (the form bert_jax/layerwise.py reads from a
+  output and each layer's, stacked batch first (the form bert_jax/objectives/layerwise.py reads from a
   student or a teacher; fit_size F > 0 adds its `fit_dense` [H, F] projection, mlm=False leaves
   the MLM head out: layerwise.LayerwiseModel's keywords)."""
   config: MobileBertConfig

@@ -36,7 +36,7 @@ import dataclasses
 from flax import linen as nn
 from ml_collections import config_dict
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.families import bert
 from bert_jax.families import registry as families
 
@@ -58,7 +58,7 @@ PRESETS = {
     # 22 x 768, 12 heads, GeGLU 1,152: 149,014,272 parameters in ModernBertModel (transformers).
     "modernbert-base": dict(_MODERNBERT, num_layers=22, hidden_size=768, num_heads=12,
                             intermediate_size=1_152),
-    # 28 x 1,024, 16 heads, GeGLU 2,624: 394,781,696 (tests/modernbert_test.py counts both).
+    # 28 x 1,024, 16 heads, GeGLU 2,624: 394,781,696 (tests/bert_jax/families/modernbert/modernbert_test.py counts both).
     "modernbert-large": dict(_MODERNBERT, num_layers=28, hidden_size=1_024, num_heads=16,
                              intermediate_size=2_624),
     # NeoBERT (Le Breton et al. 2025, Table 1; chandar-lab/NeoBERT src/neobert/model/model.py
@@ -67,7 +67,7 @@ PRESETS = {
     # 10,000 on every (global) layer, 4,096 context, no norm on the embeddings (layer 0
     # normalises its input), a final norm, BERT's 30,522 WordPiece vocab, and NeoBERTLMHead's
     # decoder: an untied nn.Linear(768, 30,522) with a bias, no transform. 245,136,954
-    # parameters, 221,665,536 of them the encoder (tests/neobert_test.py counts both from the
+    # parameters, 221,665,536 of them the encoder (tests/bert_jax/families/modernbert/neobert_test.py counts both from the
     # reference's shapes). Its HF port is remote code, not transformers: no converter here.
     "neobert": dict(_MODERNBERT, num_layers=28, hidden_size=768, num_heads=12,
                     intermediate_size=2_048, ffn="swiglu", norm="rms_norm", local_window=0,
@@ -97,7 +97,7 @@ def check_config(config):
 # copy, not upstream's file). The paper (Warner et al. 2024, section 2.2, Table 3) agrees where it
 # gives a number.
 #
-# Batch-size warmup (section 2.2.2; bert_jax/batch_warmup.py): the first phase's batch grows from
+# Batch-size warmup (section 2.2.2; bert_jax/training/batch_warmup.py): the first phase's batch grows from
 # 768 to 4,608 rows (base: 6 sizes, +768 = 8 GPUs x 96 rows each) over the first 50B tokens,
 # 448 -> 4,928 (large: 11 sizes of 8 x 56) over 10B, each size for the same number of steps.
 # (batch_size, batch_size_warmup_min_size, batch_size_warmup_tokens). Checked against the yamls:
@@ -136,7 +136,7 @@ PHASE1 = dict(seq_length=1_024, optimizer="stable_adamw", b1=0.9, b2=0.98, eps=1
 # 21,194 steps train 50.0B tokens, the rest 1,669.0B / 4,718,592 = 353,707.x: 374,901 steps.
 # Large: 2B tokens at step 1,666 (in the ramp's 5th size, 2,240 rows); the ramp's 3,965 steps
 # train 10.0B, then / 5,046,272: 342,631. Without the ramp (batch_size_warmup_min_size=0) 1.719T
-# is 364,304 steps (base) | 340,648 (large). tests/modernbert_phase2_test.py recounts them.
+# is 364,304 steps (base) | 340,648 (large). tests/bert_jax/families/modernbert/modernbert_phase2_test.py recounts them.
 PHASE1_TOKENS = 1.719e12
 PHASE1_RATES = {"modernbert-base": (8e-4, 1e-5, 3e9), "modernbert-large": (5e-4, 1e-5, 2e9)}
 PHASE1_STEPS = {"modernbert-base": (3_815, 374_901), "modernbert-large": (1_666, 342_631)}
@@ -332,7 +332,7 @@ def export_hf(m, output):
   with mlm_transform/tie_word_embeddings False (NeoBERT's head) has no such folder."""
   untied = [f for f in ("mlm_transform", "tie_word_embeddings") if not getattr(m.config, f)]
   if untied:
-    from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+    from bert_jax.families.modernbert import convert as convert_modernbert  # pylint: disable=g-import-not-at-top
     raise convert_modernbert.ConversionError(
         f"{m.path}: {untied[0]}=False (NeoBERT's MLM head); transformers' ModernBertForMaskedLM "
         "has a tied decoder after a dense + norm transform, and NeoBERT is not in transformers.")
@@ -342,13 +342,13 @@ def export_hf(m, output):
 def hf_body(params, config):
   """("ModernBertModel", its tensors): the body's names with "model." cut, as
   ModernBertModel.save_pretrained names them (a sentence-transformers folder's weights)."""
-  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  from bert_jax.families.modernbert import convert as convert_modernbert  # pylint: disable=g-import-not-at-top
   state = convert_modernbert.hf_state_dict(params, config, head=None)
   return "ModernBertModel", {k.removeprefix("model."): v for k, v in state.items()}
 
 
 def hf_config_json(config, pad_token_id=0):
-  from bert_jax.convert import modernbert as convert_modernbert  # pylint: disable=g-import-not-at-top
+  from bert_jax.families.modernbert import convert as convert_modernbert  # pylint: disable=g-import-not-at-top
   return convert_modernbert.hf_config_json(config, pad_token_id)
 
 

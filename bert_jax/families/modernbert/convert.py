@@ -14,7 +14,7 @@ our query/key/value kernels [H, N, D] are its thirds transposed and split by hea
 is our output kernel [N, D, H] transposed. Layer 0 has no attn_norm (transformers' Identity after
 the normalised embedding), as ours. The decoder weight is tied to the word embeddings (checked
 equal when a file carries it). The tokenizer is the folder's tokenizer.json (byte-level BPE),
-its special ids read from it (data_pipelines/tokenizer_json.py), bundled into the export.
+its special ids read from it (data_pipelines/tokenizers/tokenizer_json.py), bundled into the export.
 """
 
 import dataclasses
@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax import tasks as task_types
 from bert_jax.convert import formats
 from bert_jax.convert import writing
@@ -313,7 +313,7 @@ def _hf_shapes(config):
 def _tokenizer_meta(path, vocab_file, do_lower_case, config):
   """The folder's tokenizer.json (or --vocab_file naming one): its special ids, size (at most
   the model's vocab_size: ModernBERT pads 50,280 tokens to 50,368 rows) and casing."""
-  from data_pipelines import tokenizer_json  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenizer_json  # pylint: disable=g-import-not-at-top
   tok = vocab_file or os.path.join(path, TOKENIZER)
   if not os.path.isfile(tok) and os.path.isfile(os.path.join(path, "tokenizer.model")):
     raise ConversionError(f"{path}: a SentencePiece tokenizer.model but no {TOKENIZER} (a Gemma "
@@ -387,29 +387,12 @@ def export_to_hf(params, config, output, *, tokenizer_file=None, special_ids=Non
       json.dump(config_json, f, indent=2, sort_keys=True)
     if tokenizer_file:
       shutil.copyfile(tokenizer_file, os.path.join(tmp, TOKENIZER))
-      write_tokenizer_config(tmp, special_tokens or {}, config.max_position_embeddings)
+      writing.write_tokenizer_config(tmp, special_tokens or {}, config.max_position_embeddings)
     elif vocab_file:
       formats.write_tokenizer_files(tmp, vocab_file, do_lower_case,
                                     config.max_position_embeddings)
 
   return writing.finish_atomically(output, write)
-
-
-def write_tokenizer_config(directory, special_tokens, max_length):
-  """tokenizer_config.json + special_tokens_map.json beside a tokenizer.json: the fast tokenizer
-  class (transformers 4's PreTrainedTokenizerFast; 5 reads it as its TokenizersBackend) and the
-  role of each special token, as ModernBERT's own folder has them."""
-  roles = {f"{role}_token": text for role, text in sorted(special_tokens.items()) if text}
-  # bos/eos are cls/sep, as config.json's bos_token_id/eos_token_id (an mmBERT folder's
-  # tokenizer_config names <bos>/<eos> for both; without them AutoTokenizer's bos_token is None).
-  for role, same in (("bos", "cls"), ("eos", "sep")):
-    if f"{same}_token" in roles:
-      roles.setdefault(f"{role}_token", roles[f"{same}_token"])
-  config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
-            "clean_up_tokenization_spaces": False, **roles}   # BPE: cleanup would eat spaces
-  for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
-    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-      json.dump(content, f, indent=2, sort_keys=True)
 
 
 def export_model(m, output):

@@ -1,5 +1,5 @@
 """TinyBERT (Jiao et al. 2019, arXiv 1909.10351): a BertModel of fewer, narrower layers distilled
-from a frozen BERT teacher layer by layer (bert_jax/layerwise.py: embedding and hidden-state MSE
+from a frozen BERT teacher layer by layer (bert_jax/objectives/layerwise.py: embedding and hidden-state MSE
 through a learned projection, attention-score MSE, over TinyBERT's uniform layer map).
 
 What the family declares: its presets (the paper's two students) and recipe (general
@@ -21,9 +21,9 @@ from bert_jax.families import registry as families
 
 
 def _layerwise():
-  """bert_jax/layerwise.py, imported at the first hook call, not when the registry loads the
+  """bert_jax/objectives/layerwise.py, imported at the first hook call, not when the registry loads the
   families (it reads checkpoints and teachers: orbax, ~0.3 s of every CLI's start otherwise)."""
-  return importlib.import_module("bert_jax.layerwise")
+  return importlib.import_module("bert_jax.objectives.layerwise")
 
 
 def _hook(name):
@@ -38,7 +38,7 @@ _TINYBERT = dict(family="tinybert", objectives="mlm")
 # The paper's students (Table 1; huawei-noah/TinyBERT's General_4L_312D / General_6L_768D
 # configs): 4 x 312, FFN 1,200, 12 heads of 26: 14,350,248 parameters as transformers'
 # BertModel counts them (pooler included), 14.5M in the paper with fit_dense [312, 768]; 6 x 768
-# is BERT-base's width at half its depth: 66,955,008 (tests/tinybert_test.py counts both).
+# is BERT-base's width at half its depth: 66,955,008 (tests/bert_jax/families/tinybert/tinybert_test.py counts both).
 PRESETS = {
     "tinybert-4l-312": dict(_TINYBERT, num_layers=4, hidden_size=312, num_heads=12,
                             intermediate_size=1200),
@@ -74,11 +74,11 @@ FAMILY = families.register(dataclasses.replace(
     summary="TinyBERT (Jiao et al. 2019): a small BertModel distilled layer by layer (hidden "
             "states, attention scores) from a frozen BERT teacher",
     exact_objectives=("mlm",), recipe=recipe,
-    # The student (BertModel + MLM head + fit_dense) and its step: bert_jax/layerwise.py's.
+    # The student (BertModel + MLM head + fit_dense) and its step: bert_jax/objectives/layerwise.py's.
     pretraining_model=_hook("LayerwiseModel"), forward=_hook("plain_forward"),
     flops_per_sequence=_hook("flops_per_sequence"), load_teacher=_hook("load_teacher"),
     init_from_teacher=_hook("init_from_teacher"), planning_teacher=_hook("planning_teacher"),
     step_parts=_hook("step_parts"),
-    # A TinyBERT folder is model_type "bert": BERT's family reads it (tests/tinybert_test.py).
+    # A TinyBERT folder is model_type "bert": BERT's family reads it (tests/bert_jax/families/tinybert/tinybert_test.py).
     hf_model_types=(), tf_config_names=(), config_marker_keys=(),
     train_further_note=" and the same --config.teacher_checkpoint"))

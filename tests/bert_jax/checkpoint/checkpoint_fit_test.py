@@ -6,6 +6,7 @@ or a data stream whose layout cannot go on: each one line naming both sides, bef
 read or the model built; --config.restart_data_stream=True starts a new stream and says so.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.faults_test import WORDS, _records, _tiny, _vocab, no_model  # noqa: F401  (fixture)
+from tests.end_to_end.faults_test import WORDS, _records, _tiny, _vocab, no_model  # noqa: F401  (fixture)
 
 
 def _export(tmp_path, name, *, vocab_size=len(WORDS), meta=None, bundle=None, preset="tiny",
@@ -21,8 +22,8 @@ def _export(tmp_path, name, *, vocab_size=len(WORDS), meta=None, bundle=None, pr
   """A params export of `preset` (no real weights: validation reads no array), recording `meta`,
   with `bundle` copied in as its vocab.txt (or tokenizer.json)."""
   import jax.numpy as jnp
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import model as model_lib
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config(preset, vocab_size=vocab_size, **fields)
   path = ckpt_lib.save_params(str(tmp_path / name), {"w": jnp.ones((4,))}, cfg, meta=meta or {})
   if bundle:
@@ -77,8 +78,8 @@ def test_init_checkpoint_with_another_tokenizer_json_is_refused(tmp_path):
   pytest.importorskip("tokenizers")
   from bert_jax import train
   from bert_jax_core import files as files_lib
-  from data_pipelines import vocab as vocab_lib
-  from tests.bpe_tokenizer_test import _modernbert_like
+  from data_pipelines.tokenizers import vocab as vocab_lib
+  from tests.data_pipelines.tokenizers.bpe_tokenizer_test import _modernbert_like
   path, _ = _modernbert_like(str(tmp_path / "tok"))
   other = json.load(open(path))
   vocab = other["model"]["vocab"]
@@ -143,8 +144,8 @@ def _checkpoint(tmp_path, c, *, stream=True, latest=2, name="wd"):
   layout and, unless stream=False (a checkpoint from before the record), the data stream)."""
   import jax
   import jax.numpy as jnp
-  from bert_jax import batch_warmup
-  from bert_jax import checkpoint as ckpt_lib
+  from bert_jax.training import batch_warmup
+  from bert_jax.checkpoint import store as ckpt_lib
   from bert_jax import train
   vocab = train.load_vocab(c)
   files = train.expand_files(c.train_input_files, "train_input_files")
@@ -165,7 +166,7 @@ def _checkpoint(tmp_path, c, *, stream=True, latest=2, name="wd"):
 
 @pytest.fixture
 def no_input(monkeypatch):
-  from bert_jax import input_source
+  from bert_jax.training import input_source
 
   def read(*args, **kwargs):
     raise AssertionError("the input was read before the mismatch was found")
@@ -258,8 +259,9 @@ def test_a_restarted_stream_trains_on_and_a_later_resume_continues_it(tmp_path, 
                                                                      monkeypatch):
   """Real runs: 3 steps on 4 files, resumed to 6 on 2 other files with the flag (the new stream
   from its batch 0), then to 8 without it: the new stream goes on at its own position."""
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import input_source, train
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax import train
+  from bert_jax.training import input_source
   vocab = _vocab(tmp_path)
   a = _records(tmp_path / "a", shards=4, info_vocab=vocab)
   b = _records(tmp_path / "b", shards=2, info_vocab=vocab, per_shard=20)
@@ -329,7 +331,7 @@ def test_the_cli_says_each_refusal_in_one_line_with_exit_code_2(tmp_path):
   import subprocess
   import sys
   from bert_jax_core import files as files_lib
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = tests.ROOT
   vocab = _vocab(tmp_path)
   shuffled = _vocab(tmp_path, WORDS[:5] + WORDS[5:][::-1], "shuffled.txt")
   a = _records(tmp_path / "a", shards=4, info_vocab=vocab)

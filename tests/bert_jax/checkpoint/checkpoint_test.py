@@ -1,5 +1,6 @@
 """Checksummed checkpoints: damage is detected, named, and training falls back to a good step."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -11,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax_core import errors
-from bert_jax import manifest as manifest_lib
-from bert_jax import model as model_lib
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.models import model as model_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = tests.ROOT
 
 
 def _w(value):

@@ -1,10 +1,11 @@
-"""gs:// workdirs against a local GCS emulator (tests/gcs_emulator.py; nothing leaves localhost).
+"""gs:// workdirs against a local GCS emulator (tests/testlib/gcs_emulator.py; nothing leaves localhost).
 
 The same client code that talks to Cloud Storage runs here: tf.io.gfile's GCS filesystem (through
 an HTTPS proxy with a test CA), tensorstore's gcs driver (Orbax's arrays) and google-cloud-storage
 (Orbax's bucket check). Every gs:// result is compared with the same run on local disk.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import re
@@ -19,17 +20,17 @@ import pytest
 from etils import epath
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import inference
-from bert_jax import manifest as manifest_lib
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.inference import loading as inference
+from bert_jax.checkpoint import manifest as manifest_lib
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 from bert_jax_core.tf_setup import tf
-from tests import gcs_emulator
-from tests import inference_test
-from tests import sigterm_testlib
+from tests.testlib import gcs_emulator
+from tests.bert_jax.inference import inference_test
+from tests.testlib import sigterm_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 GS = f"gs://{gcs_emulator.BUCKET}"
 
 
@@ -172,7 +173,8 @@ def test_vocab_built_on_gs_and_its_settings_are_found_from_a_gs_workdir(gcs, tmp
 def test_sentencepiece_model_bundled_in_a_gs_workdir(gcs, tmp_path):
   """A SentencePiece model built to gs://, then bundled in a gs:// workdir (the original gone):
   found there, and it tokenizes as the same model read from local disk."""
-  from data_pipelines import build_vocab, stdlib_corpus, tokenization
+  from data_pipelines import build_vocab, stdlib_corpus
+  from data_pipelines.tokenizers import tokenization
   stdlib_corpus.write_corpus(str(tmp_path), num_files=1, max_modules=30)
   built = f"{GS}/spm/tok.model"
   build_vocab.build(str(tmp_path / "*.txt"), 300, built, lower_case=False, model_type="unigram")
@@ -194,7 +196,7 @@ def test_sentencepiece_model_bundled_in_a_gs_workdir(gcs, tmp_path):
 
 
 def test_convert_exports_a_gs_workdir_to_hugging_face_like_local(copied, tmp_path):
-  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import hf_export  # pylint: disable=g-import-not-at-top
   local, remote = copied
   out = {w: hf_export.export_to_hf(w, str(tmp_path / name))
          for name, w in (("local", local), ("gs", remote))}
@@ -211,8 +213,8 @@ def test_finetune_from_a_gs_workdir_equals_local(copied, tmp_path):
   """One fine-tuning epoch from the gs:// workdir (its bundled vocab found there) gives the
   losses and dev metrics of the same run from the local copy."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   local, remote = copied
   finetune_test._sst2(tmp_path, np.random.default_rng(0), 16, 8)
   runs = {}
@@ -255,9 +257,9 @@ def test_predict_and_extract_features_clis_on_a_gs_workdir_equal_local(gcs, copi
 @pytest.mark.slow
 def test_pretraining_saves_to_gs_and_resumes_like_local(gcs, tmp_path, monkeypatch):
   """Stopped (SIGTERM) after step 5 of 8 in a gs:// workdir, then resumed there: the losses are
-  those of 8 uninterrupted local steps (as tests/train_test.py checks on local disk)."""
+  those of 8 uninterrupted local steps (as tests/bert_jax/train_test.py checks on local disk)."""
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  from tests import train_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import train_test  # pylint: disable=g-import-not-at-top
   config = train_test.tiny_config(num_train_steps=8, checkpoint_every=3)
   full = train.train_and_evaluate(config, str(tmp_path / "local"))
   sigterm_testlib.sigterm_at_batch(monkeypatch, 4)

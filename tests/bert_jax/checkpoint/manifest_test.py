@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bert_jax import manifest
+from bert_jax.checkpoint import manifest
 
 
 def _tree(root):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bert_jax import workdir_lock
+from bert_jax.checkpoint import workdir_lock
 
 
 def _lock_file(wd):
@@ -54,7 +54,7 @@ def test_released_when_the_run_raises(tmp_path):
 
 
 def test_a_killed_holder_on_this_host_is_taken_over(tmp_path, capsys):
-  """kill -9 leaves the lock behind: the restart takes it over (tests/kill_test.py restarts so)."""
+  """kill -9 leaves the lock behind: the restart takes it over (tests/end_to_end/kill_test.py restarts so)."""
   wd = str(tmp_path / "wd")
   p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   p.kill()

@@ -1,5 +1,6 @@
 """Tests for bert_jax/convert: name table, TF and HF import, HF export, bad input."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -12,16 +13,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpoint as ckpt_lib  # noqa: E402
+from bert_jax.checkpoint import store as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
-from bert_jax.convert import hf_export  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import pretraining_heads
+from bert_jax.inference import hf_export  # noqa: E402
+from bert_jax.models import model as model_lib  # noqa: E402
+from bert_jax.models import pretraining_heads
 from bert_jax.convert import names  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
-from tests import hf_testlib  # noqa: E402
+from tests.testlib import hf_testlib  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +242,7 @@ def test_cli_round_trip_and_error(hf_dir, tmp_path):
   r = run(f"--input={tmp_path}/o", f"--output={tmp_path}/o")
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --output=")
   # Exporting a pre-training workdir names the step it took (the latest) and its path.
-  from tests import inference_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.inference import inference_test  # pylint: disable=g-import-not-at-top
   params, config, _ = ckpt_lib.load_params(f"{tmp_path}/o")
   workdir = inference_test.make_workdir(str(tmp_path / "run"), params, config,
                                         f"{tmp_path}/o/vocab.txt", steps=(2, 7))
@@ -252,7 +253,7 @@ def test_cli_round_trip_and_error(hf_dir, tmp_path):
 
 def test_pretraining_workdir_exports_without_source_flag(hf_dir, tmp_path):
   """`convert --input=<workdir>` finds the latest step and the run's vocab (no --source=orbax)."""
-  from tests import inference_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.inference import inference_test  # pylint: disable=g-import-not-at-top
   convert.convert_to_orbax(hf_dir, str(tmp_path / "orbax"))
   params, config, _ = ckpt_lib.load_params(str(tmp_path / "orbax"))
   workdir = inference_test.make_workdir(str(tmp_path / "run"), params, config,

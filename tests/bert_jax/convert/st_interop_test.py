@@ -19,20 +19,20 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import convert
 from bert_jax import extract_features
 from bert_jax import finetune
-from bert_jax import inference
-from bert_jax import model as model_lib
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
 from bert_jax import predict
-from bert_jax import pretraining_heads
+from bert_jax.models import pretraining_heads
 from bert_jax.configs import finetune as finetune_config
 from bert_jax.convert import sentence_transformers as st
 from bert_jax.tasks import embedding
-from tests import tasks_testlib
-from tests.modernbert_cli_test import _run  # a CLI in a subprocess, its own compile cache
-from tests.modernbert_cli_test import export as mb_export, hf_folder  # noqa: F401 (fixtures)
+from tests.testlib import tasks_testlib
+from tests.bert_jax.families.modernbert.modernbert_cli_test import _run  # a CLI in a subprocess, its own compile cache
+from tests.bert_jax.families.modernbert.modernbert_cli_test import export as mb_export, hf_folder  # noqa: F401 (fixtures)
 
 COSINE = 0.99999   # the bar, per text
 WORDS = ("the a cat dog man woman sat ran saw park mat house good bad on in of to and with "

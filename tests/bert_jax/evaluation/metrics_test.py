@@ -1,4 +1,4 @@
-"""bert_jax.metrics against sklearn / scipy / seqeval and hand-checked official SQuAD values."""
+"""bert_jax.evaluation.metrics against sklearn / scipy / seqeval and hand-checked official SQuAD values."""
 import math
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from bert_jax import metrics
+from bert_jax.evaluation import metrics
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

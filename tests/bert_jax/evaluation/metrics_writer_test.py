@@ -1,5 +1,6 @@
-"""bert_jax.metrics_writer: TensorBoard event files written without TensorFlow."""
+"""bert_jax.evaluation.metrics_writer: TensorBoard event files written without TensorFlow."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
@@ -7,9 +8,9 @@ import sys
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 
-from bert_jax import metrics_writer
+from bert_jax.evaluation import metrics_writer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 WRITE = """
 import sys

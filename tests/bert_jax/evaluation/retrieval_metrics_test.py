@@ -1,4 +1,4 @@
-"""bert_jax/retrieval_metrics.py: by hand, against pytrec_eval (trec_eval, as BEIR and MTEB score)
+"""bert_jax/evaluation/retrieval_metrics.py: by hand, against pytrec_eval (trec_eval, as BEIR and MTEB score)
 on random score matrices with ties and graded qrels, and Spearman against scipy."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import pytrec_eval
 from scipy import stats
 
-from bert_jax import retrieval_metrics as rm
+from bert_jax.evaluation import retrieval_metrics as rm
 
 
 def test_by_hand_one_and_several_relevant_documents():

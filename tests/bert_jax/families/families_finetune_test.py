@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import extract_features as ef
 from bert_jax import finetune
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 from bert_jax import predict
-from tests import finetune_test
-from tests import tasks_testlib
+from tests.bert_jax import finetune_test
+from tests.testlib import tasks_testlib
 
 FAMILIES = {"albert": dict(name="albert-tiny", embedding_size=32),
             "spanbert": dict(name="spanbert-tiny")}

@@ -11,6 +11,7 @@
 - The loop's modules do not branch on a family name (a static read, as layers_test).
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import ast
 import dataclasses
 import os
@@ -23,13 +24,13 @@ from flax import linen as nn
 from bert_jax import convert
 from bert_jax import extract_features
 from bert_jax import families
-from bert_jax import heads
-from bert_jax import inference
-from bert_jax import model as model_lib
+from bert_jax.models import heads
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
 from bert_jax import predict
 from bert_jax.families import bert as bert_family
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 FIXTURES = os.path.join(ROOT, "tests", "data", "pre_families")
 
 
@@ -92,7 +93,7 @@ def test_a_toy_family_pretrains_predicts_exports_and_finetunes_through_the_entry
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain as pretrain_config  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   vocab = _vocab(tmp_path)
   # --- Pre-training: the preset's family picks the model, its recipe and next commands.
   c = pretrain_config.get_config("toy-tiny,runlocal")
@@ -164,14 +165,14 @@ def test_checkpoints_written_before_the_families_moved_give_the_same_outputs(fam
 # ----------------------------------------------------------------------------------------------
 # The loop's modules name no family.
 # ----------------------------------------------------------------------------------------------
-LOOP_MODULES = ("bert_jax/train.py", "bert_jax/finetune.py", "bert_jax/trainer_lib.py",
-                "bert_jax/predict.py", "bert_jax/extract_features.py", "bert_jax/heads.py",
-                "bert_jax/inference.py", "bert_jax/optimizer.py", "bert_jax/plan.py",
-                "bert_jax/plan_compile.py", "bert_jax/train_report.py", "bert_jax/batch_warmup.py",
-                "bert_jax/model.py", "bert_jax/pretraining_heads.py", "bert_jax/configs/pretrain.py",
+LOOP_MODULES = ("bert_jax/train.py", "bert_jax/finetune.py", "bert_jax/training/trainer_lib.py",
+                "bert_jax/predict.py", "bert_jax/extract_features.py", "bert_jax/models/heads.py",
+                "bert_jax/inference/loading.py", "bert_jax/training/optimizer.py", "bert_jax/plan.py",
+                "bert_jax/planning/plan_compile.py", "bert_jax/evaluation/train_report.py", "bert_jax/training/batch_warmup.py",
+                "bert_jax/models/model.py", "bert_jax/models/pretraining_heads.py", "bert_jax/configs/pretrain.py",
                 "bert_jax/convert/__init__.py", "bert_jax/convert/__main__.py")
-FAMILY_MODULES = ("bert_jax.electra", "bert_jax.distil", "bert_jax.convert.electra",
-                  "bert_jax.convert.distilbert", "bert_jax.convert.albert")
+FAMILY_MODULES = ("bert_jax.families.electra.objective", "bert_jax.objectives.distil", "bert_jax.families.electra.convert",
+                  "bert_jax.families.distilbert.convert", "bert_jax.families.albert.convert")
 
 
 def family_references(path):
@@ -205,4 +206,4 @@ def test_a_planted_family_branch_is_found(tmp_path):
   planted = tmp_path / "x.py"
   planted.write_text('from bert_jax import electra\nif config.family == "distilbert":\n  pass\n')
   assert [w for _, w in family_references(str(planted))] == [
-      "imports bert_jax.electra", "compares with 'distilbert'"]
+      "imports bert_jax.families.electra.objective", "compares with 'distilbert'"]

@@ -12,11 +12,11 @@ from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
 from data_pipelines import build_vocab
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import dataset_info
-from data_pipelines import pretrain_input
+from data_pipelines.records import dataset_info
+from data_pipelines.input import pretrain_input
 from data_pipelines import stdlib_corpus
-from data_pipelines import vocab as vocab_lib
-from tests import sigterm_testlib
+from data_pipelines.tokenizers import vocab as vocab_lib
+from tests.testlib import sigterm_testlib
 
 SEQ = 48
 
@@ -156,9 +156,9 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step(preset):
   SpanBERT: SBO head, no pooler)."""
   import jax  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import pretraining as objectives  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config(preset, vocab_size=1000)
   b, t, p = 2, 64, 10
   model = pretraining_heads.BertForPreTraining(cfg)

@@ -1,4 +1,4 @@
-"""bert_jax/inference.py: every checkpoint layout, its tokenizer files, casing and mismatches."""
+"""bert_jax/inference/loading.py: every checkpoint layout, its tokenizer files, casing and mismatches."""
 
 import hashlib
 import json
@@ -11,11 +11,11 @@ import pytest
 from etils import epath
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import inference
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from tests import tasks_testlib
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from tests.testlib import tasks_testlib
 
 TEXT = "the cat sat on the mat . a dog ran in the park ."
 

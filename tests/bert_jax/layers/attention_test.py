@@ -13,7 +13,7 @@ import pytest
 from flax import linen as nn
 from jax.sharding import Mesh
 
-from bert_jax import attention
+from bert_jax.layers import attention
 
 N, D = 2, 16
 
@@ -109,7 +109,7 @@ def test_attention_dropout_runs_in_cudnn_or_xla_and_the_startup_line_says_where(
   graphs (XLA 0.11.2 aborts otherwise); without that flag auto falls back to xla and names why,
   and attention=cudnn is a one-line error naming the flag; pallas_gpu and splash asked for dropout
   are one-line errors; the start-up line says which kernel drops and where."""
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")   # dropout 0.1
   gpu = dict(seq_len=128, platform_name="gpu")
   cudnn = dataclasses.replace(cfg, attention="cudnn")
@@ -323,7 +323,7 @@ def test_splash_refuses_a_length_that_is_not_a_multiple_of_128():
 
 
 def test_startup_line_names_the_kernel_and_why():
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16")
   line = attention.startup_line(cfg, packed=True, seq_len=128)
   assert line.startswith("attention: xla in training (")
@@ -349,8 +349,8 @@ def _positions(ids):
 def test_model_with_a_fused_kernel_equals_the_xla_model():
   # The whole packed pre-training forward and its parameter gradients, through model.py's
   # SelfAttention: pallas_gpu (interpret mode on CPU) against xla, float32, dropout off.
-  from bert_jax import model as model_lib
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   t = 32
   ids = _ids(t, packed=True)
   rng = np.random.default_rng(1)
@@ -554,7 +554,7 @@ def test_local_window_and_the_training_kernels_of_each_layer_kind():
   """The window the start-up line of train and plan finds for the local layers (it printed the
   global layers' kernel alone, so an explicit kernel the local layers refuse passed the start-up
   check), and the planner's kernels as data."""
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   bert = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16",
                                    attention_dropout_prob=0.0)
   assert attention.local_window(bert) is None
@@ -577,7 +577,7 @@ def test_local_window_and_the_training_kernels_of_each_layer_kind():
 
 
 def test_startup_line_names_the_local_layers_kernel():
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("tiny", attention="auto", dtype="bfloat16",
                                   attention_dropout_prob=0.0)
   line = attention.startup_line(cfg, packed=True, seq_len=1024, platform_name="gpu", window=128)
@@ -668,7 +668,7 @@ def test_prepare_xla_flags_keeps_cudnn_out_of_cuda_graphs_only_where_it_may_drop
   jax's CUDA plugin when the model may run cuDNN's dropout; never over a user's own setting, never
   for a model without attention dropout or on another backend, never on a host without the
   plugin, never once JAX has started (flags are read once)."""
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   from jax._src import xla_bridge
   cfg = model_lib.get_bert_config("tiny", attention="auto")                # dropout 0.1
   monkeypatch.setattr(attention, "_cuda_plugin_installed", lambda: True)

@@ -1,4 +1,4 @@
-"""FP8 matmuls (config.model.fp8, bert_jax/fp8.py): where the ops sit, the scales' overwrite
+"""FP8 matmuls (config.model.fp8, bert_jax/layers/fp8.py): where the ops sit, the scales' overwrite
 semantics, the loss against bf16, and a checkpoint written with FP8 resuming, fine-tuning and
 exporting without its scales. On CPU XLA emulates the FP8 dots (the numerics, not the speed)."""
 
@@ -12,13 +12,13 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bert_jax import fp8
-from bert_jax import input_source
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax import sharding as sharding_lib
+from bert_jax.layers import fp8
+from bert_jax.training import input_source
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import train
-from tests.train_test import tiny_config
+from tests.bert_jax.train_test import tiny_config
 
 
 def _paths(tree):
@@ -58,7 +58,7 @@ def test_fp8_ops_sit_on_the_encoders_dense_matmuls_and_the_params_are_unchanged(
 
 
 def test_electras_generator_and_discriminator_both_get_fp8_ops():
-  from bert_jax import electra
+  from bert_jax.families.electra import objective as electra
   cfg = model_lib.get_bert_config("electra-tiny", vocab_size=512, fp8=True)
   ids, pos = jnp.zeros((1, 16), jnp.int32), jnp.zeros((1, 4), jnp.int32)
   v = jax.eval_shape(lambda: electra.ElectraForPreTraining(cfg).init(
@@ -190,9 +190,9 @@ def test_fp8_loss_stays_within_1_percent_of_bf16_over_50_steps():
 
 @pytest.mark.slow
 def test_an_fp8_checkpoint_resumes_fine_tunes_and_exports_without_its_scales(tmp_path):
-  from bert_jax import checkpoint as ckpt_lib
-  from bert_jax import trainer_lib
-  from bert_jax.convert import hf_export
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.training import trainer_lib
+  from bert_jax.inference import hf_export
   c = tiny_config(num_train_steps=3, checkpoint_every=3)
   c.model.fp8 = True
   c.model.dtype = "bfloat16"
@@ -266,7 +266,7 @@ def test_the_start_up_line_names_fp8_and_where_it_cannot_pay():
   """Issue 38 item 6: a run with FP8 matmuls says so; on a TPU (v5p has no FP8 matrix units: its
   plan estimates 5% slower than bf16) and on a CPU (emulated) it says what that means; without
   FP8 the line is unchanged."""
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("tiny", fp8=True)
   assert fp8.startup_note(cfg, "gpu") == (
       "matmuls: FP8 (e4m3, e5m2 gradients, delayed scaling) in the encoder's dense layers")

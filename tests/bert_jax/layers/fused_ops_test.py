@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import fused_ops
-from bert_jax import model as model_lib
+from bert_jax.layers import fused_ops
+from bert_jax.models import model as model_lib
 
 
 def _close(a, b, tol):

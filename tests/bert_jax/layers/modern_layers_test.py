@@ -1,5 +1,5 @@
-"""bert_jax/rope.py and bert_jax/modern_layers.py against transformers' ModernBERT (PyTorch, CPU)
-and NeoBERT's formulas; and the sliding window's definition (bert_jax/attention.py) against
+"""bert_jax/layers/rope.py and bert_jax/layers/modern_layers.py against transformers' ModernBERT (PyTorch, CPU)
+and NeoBERT's formulas; and the sliding window's definition (bert_jax/layers/attention.py) against
 transformers' mask."""
 
 import jax
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import attention
-from bert_jax import modern_layers
-from bert_jax import rope
+from bert_jax.layers import attention
+from bert_jax.layers import modern_layers
+from bert_jax.layers import rope
 
 torch = pytest.importorskip("torch")
 modeling = pytest.importorskip("transformers.models.modernbert.modeling_modernbert")

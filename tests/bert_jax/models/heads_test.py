@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 
 CFG = model_lib.get_bert_config("tiny", vocab_size=50, hidden_size=32, num_heads=2,
                                 intermediate_size=64, max_position_embeddings=16)

@@ -1,4 +1,4 @@
-"""Tests for bert_jax/model.py on tiny configs (CPU, seconds)."""
+"""Tests for bert_jax/models/model.py on tiny configs (CPU, seconds)."""
 
 import dataclasses
 import functools
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import pretraining_heads
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.models import pretraining_heads
 
 TINY = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32)
 
@@ -80,9 +80,9 @@ def test_padding_invariance():
 
 
 def test_explicit_attention_matches_dot_product_attention():
-  # The xla backend's dropout path (einsum and softmax spelt out, bert_jax/attention.py) equals
+  # The xla backend's dropout path (einsum and softmax spelt out, bert_jax/layers/attention.py) equals
   # the fused call when nothing is dropped (keep probability 1 - 1e-9 = 1.0 in float32).
-  from bert_jax import attention as attention_lib
+  from bert_jax.layers import attention as attention_lib
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
   ids = jnp.asarray(np.arange(6)[None] < np.array([6, 2])[:, None], jnp.int32)
@@ -228,7 +228,7 @@ def test_config_round_trip_and_errors():
 
 
 # ----------------------------------------------------------------------------------------------
-# Packed rows (data_pipelines/packing.py): equivalence with the same instances unpacked.
+# Packed rows (data_pipelines/records/packing.py): equivalence with the same instances unpacked.
 # ----------------------------------------------------------------------------------------------
 def _instances(lengths, seq=32, num_pred=3, vocab=99, seed=0):
   """Unpacked, masked instances [CLS] a [SEP] b [SEP] as the input pipeline yields them."""
@@ -255,7 +255,7 @@ def _instances(lengths, seq=32, num_pred=3, vocab=99, seed=0):
 
 
 def _packed(f, max_instances=4, max_preds=8):
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   return packing.pack_arrays(f, 0, max_instances=max_instances, max_preds=max_preds,
                              count_preds=True)
 
@@ -518,7 +518,7 @@ def test_albert_sharing_with_remat_gives_the_same_outputs_and_gradients(share):
 def test_packed_rows_tell_attention_how_many_instances_a_row_holds(monkeypatch):
   """cuDNN's packed attention sizes its bookkeeping by the instances per row it is told of
   (attention.py _cudnn_packed): the model passes K, the width of cls_positions, not T."""
-  from bert_jax import attention
+  from bert_jax.layers import attention
   seen = []
   real = attention.dot_product_attention
 

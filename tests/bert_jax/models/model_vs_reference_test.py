@@ -7,9 +7,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import pretraining_heads
-from tests import hf_testlib  # noqa: E402
+from bert_jax.models import model as model_lib  # noqa: E402
+from bert_jax.models import pretraining_heads
+from tests.testlib import hf_testlib  # noqa: E402
 
 CONFIGS = {
     # head_dim 16 (heads != H/64), intermediate 100 (!= 4H), exact erf GELU.

@@ -1,13 +1,14 @@
 """InfoNCE over a 2-process pod's global batch equals one process on the same batch (issue 40,
 item 3).
 
-tests/contrastive_pod.py runs under `launch.local_pod` (2 processes x 4 CPU devices, gloo): each
+tests/testlib/contrastive_pod.py runs under `launch.local_pod` (2 processes x 4 CPU devices, gloo): each
 host feeds its own 8 of the 16 rows, and contrastive.matryoshka_info_nce (the embedding task's
 loss) and its gradients are taken on the sharded global arrays, unpacked and as packed rows'
 pooled texts (contrastive.texts_of_rows). Here one process computes the same on the whole batch,
 unsharded.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -15,16 +16,16 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests import contrastive_pod
-from tests import pod_testlib
+from tests.testlib import contrastive_pod
+from tests.testlib import pod_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 @pytest.mark.slow
 def test_two_process_global_batch_loss_and_gradients_equal_one_process():
   r = subprocess.run(pod_testlib.pod_command(2, 4) + ["--timeout_seconds=150", "--",
-                                                      "tests.contrastive_pod"],
+                                                      "tests.testlib.contrastive_pod"],
                      cwd=ROOT, capture_output=True, text=True, timeout=180)
   assert r.returncode == 0, pod_testlib.failure(r)
   results = [json.loads(l.split("RESULT ", 1)[1]) for l in r.stdout.splitlines() if "RESULT " in l]

@@ -1,4 +1,4 @@
-"""bert_jax/contrastive.py: pooling, and InfoNCE equal to sentence-transformers' (6.x)
+"""bert_jax/objectives/contrastive.py: pooling, and InfoNCE equal to sentence-transformers' (6.x)
 MultipleNegativesRankingLoss on the same embeddings, loss and gradients within 1e-5; the same on
 the global batch sharded over 8 devices."""
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import contrastive
-from bert_jax import sharding as sharding_lib
+from bert_jax.objectives import contrastive
+from bert_jax.parallel import sharding as sharding_lib
 
 B, D = 8, 16
 
@@ -115,7 +115,7 @@ def test_settings_no_embedding_can_have():
 
 def _tiny_embedder(dropout):
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import embedding  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", vocab_size=40, hidden_size=32, num_heads=2,
                                   intermediate_size=64, max_position_embeddings=16,
@@ -182,12 +182,12 @@ def test_grad_cache_with_dropout_uses_each_chunks_masks_in_both_passes():
 
 @pytest.mark.slow
 def test_pool_packed_pools_each_text_as_the_unpacked_encoder_does():
-  """Six texts of 3-9 tokens packed up to 4 a row (data_pipelines.packing, as fine-tuning packs)
+  """Six texts of 3-9 tokens packed up to 4 a row (data_pipelines.records.packing, as fine-tuning packs)
   through a tiny BERT: each text's mean / cls / last vector from its packed row equals the one
   from its own unpacked row (1e-5); empty slots are zeros."""
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from data_pipelines import packing  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import packing  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("tiny", vocab_size=40, hidden_size=32, num_heads=2,
                                   intermediate_size=64, max_position_embeddings=32)
   rng = np.random.default_rng(1)

@@ -1,13 +1,13 @@
 """DistilBERT's step through train.build_training (the family's step_parts and init_from_teacher
 hooks) on a fixed tiny batch and seed: the loss, its parts and the student's parameters after 2
-steps equal the figures the step gave before it moved onto bert_jax/layerwise.py's objective
+steps equal the figures the step gave before it moved onto bert_jax/objectives/layerwise.py's objective
 (issue 41 item 1: one distillation step; DistilBERT is a weight setting of its parts).
 
 GOLDEN holds what DistilBERT's own step (distil.py's teacher outputs and forward, objectives.py's
 distill_ce / distill_cos) printed at 2b35da8 (2026-11-27, shared 2-core CPU VM, jax on CPU, the
 suite's 8 fake devices and mesh (4, 2, 1));
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
-      python -m tests.distil_parity_test --out=params.npz
+      python -m tests.bert_jax.objectives.distil_parity_test --out=params.npz
 prints them again and writes every parameter for a leaf-by-leaf comparison (after the move: all
 41 leaves and every logged metric bit-equal to the step's before it, 2026-11-27)."""
 
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests import distil_test
+from tests.bert_jax.families.distilbert import distil_test
 
 # Step 1 and 2's logged metrics, and sum / sum of squares of every student parameter after step 2.
 GOLDEN = {'history': [{'distill_ce_accuracy': 0.20833325386047363,
@@ -123,11 +123,11 @@ def two_steps(workdir):
   """(metrics of steps 1 and 2, the student's parameters after step 2) of distilbert-tiny (2
   layers, dropout 0.1) distilled from a random 4-layer BERT-tiny teacher, at the recipe's
   weights (5 x distill_ce + 2 x mlm + 1 x distill_cos, T = 2)."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  from bert_jax import trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
   teacher_config = distil_test.TEACHER                   # 4 x 128, vocab 99, positions 32
   teacher_params = distil_test._params(teacher_config, 1)   # pylint: disable=protected-access
   path = ckpt_lib.save_params(f"{workdir}/teacher", teacher_params, teacher_config)

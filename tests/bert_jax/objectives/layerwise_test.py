@@ -1,4 +1,4 @@
-"""Layer-wise distillation (bert_jax/layerwise.py): the encoder's attention scores on request,
+"""Layer-wise distillation (bert_jax/objectives/layerwise.py): the encoder's attention scores on request,
 the layer map, the loss parts, the start-up checks, and one student step against a teacher."""
 
 import dataclasses
@@ -12,13 +12,13 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bert_jax import attention as attention_lib
-from bert_jax import layerwise
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
-from tests import distil_test
+from bert_jax.layers import attention as attention_lib
+from bert_jax.objectives import layerwise
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
+from tests.bert_jax.families.distilbert import distil_test
 
 
 def _qkv(seed=0, b=2, t=8, n=2, d=4):
@@ -213,7 +213,7 @@ def test_the_step_trains_student_and_projection_with_the_teacher_frozen(tmp_path
   """trainer_lib.build_steps with layerwise.step_parts: the teacher's parameters are an argument
   of the jitted step (sharded as the student's), the state holds the student and fit_dense, the
   teacher stays bit-equal, every part's loss falls."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   teacher_config = model_lib.get_bert_config("tiny", vocab_size=VOCAB, objectives="mlm")
   student_config = model_lib.get_bert_config(
       "tinybert-4l-312", vocab_size=VOCAB, num_layers=1, hidden_size=64, num_heads=2,
@@ -282,7 +282,7 @@ def test_a_distilbert_student_takes_the_layer_parts_and_a_narrow_student_the_cos
   """A distilbert-* student (BertForPreTraining) equal to its teacher, identity map: every part,
   the layer-wise ones added, is 0 (and not once it moves); a TinyBERT student 64 wide against a
   128-wide teacher gets distill_cos through fit_dense."""
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   c = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB, num_layers=2,
                                 hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
   batch = _batch(rows=4)
@@ -322,7 +322,7 @@ def test_a_distilbert_student_takes_the_layer_parts_and_a_narrow_student_the_cos
 def test_distilbert_loads_the_teacher_head_its_student_starts_from_even_without_the_kl():
   """alpha_ce = 0 reads no teacher logits, but distil.init_student copies the teacher's MLM
   head: the distilbert family's step loads it (teacher_head), the shared step alone does not."""
-  from bert_jax import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   c = _distilbert_config(alpha_ce=0.0)
   mc = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB)

@@ -1,11 +1,11 @@
-"""Tests for bert_jax/objectives.py: the pre-training loss composed from its parts."""
+"""Tests for bert_jax/objectives/pretraining.py: the pre-training loss composed from its parts."""
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from bert_jax import objectives
+from bert_jax.objectives import pretraining as objectives
 
 
 def _batch(rng, b=3, p=4, v=11):
@@ -68,7 +68,7 @@ def _head_pieces(rng, b=3, p=7, e=16, v=53):
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 10])   # 7 = P (one chunk); 3, 10: P padded
 def test_chunked_mlm_loss_and_gradients_equal_the_plain_ones(chunk):
-  from bert_jax import pretraining_heads
+  from bert_jax.models import pretraining_heads
   rng = np.random.default_rng(3)
   x, w, bias = _head_pieces(rng)
   batch = _batch(rng, b=3, p=7, v=53)
@@ -94,7 +94,7 @@ def test_chunked_mlm_loss_backward_keeps_one_chunk_of_logits():
   (2 x 256 x 16,384 x 4 B = 32 MiB) and their cotangent it holds; chunked: a chunk's logits
   (1 MiB) and the decoder's gradient [V, E] (1 MiB) it accumulates. Without the checkpoint the
   scan would store every chunk's logits for the backward and this would fail."""
-  from bert_jax import pretraining_heads
+  from bert_jax.models import pretraining_heads
   rng = np.random.default_rng(4)
   x, w, bias = _head_pieces(rng, b=2, p=256, e=16, v=16_384)
   batch = _batch(rng, b=2, p=256, v=16_384)
@@ -117,7 +117,10 @@ def test_chunked_mlm_loss_on_a_tiny_model_equals_the_plain_loss(preset):
   """The whole step's loss and every parameter's gradient, float32, mlm_loss_chunk 0 vs 3
   (P = 8: chunks of 3, 3, 2 and a padded one), on the trainer's forward and loss."""
   from flax import linen as nn
-  from bert_jax import input_source, model as model_lib, pretraining_heads, train
+  from bert_jax import train
+  from bert_jax.training import input_source
+  from bert_jax.models import model as model_lib
+  from bert_jax.models import pretraining_heads
   base = dict(vocab_size=97, hidden_size=32, num_heads=2, intermediate_size=64, num_layers=2,
               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
   batch = next(input_source.synthetic_batches(batch_size=2, seq_length=16,
@@ -144,7 +147,7 @@ def test_chunked_mlm_loss_on_a_tiny_model_equals_the_plain_loss(preset):
 
 
 def test_mlm_loss_chunk_is_how_the_step_runs_not_what_the_model_is():
-  from bert_jax import model as model_lib
+  from bert_jax.models import model as model_lib
   cfg = model_lib.get_bert_config("tiny", mlm_loss_chunk=128)
   assert "mlm_loss_chunk" not in cfg.to_dict()   # checkpoints compare equal with it on or off
   with pytest.raises(ValueError, match="mlm_loss_chunk=-1"):
@@ -155,7 +158,8 @@ def test_mlm_loss_chunk_is_how_the_step_runs_not_what_the_model_is():
 def test_mlm_loss_chunk_is_refused_where_the_step_reads_the_logits(preset):
   """ELECTRA samples its replacements from the generator's logits and DistilBERT compares the
   student's with the teacher's: a chunked loss there would be silently off (train, plan)."""
-  from bert_jax import model as model_lib, train
+  from bert_jax import train
+  from bert_jax.models import model as model_lib
   from bert_jax.configs import pretrain
   config = pretrain.get_config(preset)
   model_config = model_lib.get_bert_config(preset, mlm_loss_chunk=8)

@@ -1,4 +1,4 @@
-"""MobileBERT's knowledge transfer (bert_jax/progressive.py, layerwise.py's distill_att_kl): the
+"""MobileBERT's knowledge transfer (bert_jax/objectives/progressive.py, layerwise.py's distill_att_kl): the
 attention KL against scipy, the progressive schedule and its one-line errors, a stage's step that
 moves its layer alone (AdamW's weight decay included), and a resumed progressive run equal to an
 uninterrupted one."""
@@ -13,18 +13,18 @@ import pytest
 from flax import linen as nn
 from scipy import special
 
-from bert_jax import attention as attention_lib
-from bert_jax import distil
-from bert_jax import layerwise
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import optimizer as optimizer_lib
-from bert_jax import progressive
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
-from bert_jax.families import mobilebert_layers
-from tests import distil_test
-from tests import sigterm_testlib
+from bert_jax.layers import attention as attention_lib
+from bert_jax.objectives import distil
+from bert_jax.objectives import layerwise
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.objectives import progressive
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
+from bert_jax.families.mobilebert import layers as mobilebert_layers
+from tests.bert_jax.families.distilbert import distil_test
+from tests.testlib import sigterm_testlib
 
 VOCAB = distil_test.VOCAB
 
@@ -131,7 +131,7 @@ def test_a_stage_moves_its_layer_alone_under_adamw_weight_decay(tmp_path):
   step only layer_0 changed (embeddings, layer_1, heads bit-equal, though AdamW decays every
   matrix); after the stage-1 step only layer_1; the final-phase step moves everything. The
   embeddings are the teacher's (copied at init)."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   student, teacher_cfg = _tiny("mobilebert-tiny"), _tiny("ib-bert-tiny")
   batch = distil_test._batch(rows=8)  # pylint: disable=protected-access
   batch = dict(batch, next_sentence_labels=np.zeros((8,), np.int32))
@@ -196,7 +196,7 @@ def test_a_progressive_run_preempted_mid_stage_resumes_exactly(tmp_path, monkeyp
   """python -m bert_jax.train's loop: mobilebert-tiny from an ib-bert-tiny teacher, 2 stages of 3
   steps then 2 of every layer; SIGTERMed in stage 2 (after 5 steps) and resumed, it logs the
   losses of an uninterrupted run."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   teacher_cfg = model_lib.get_bert_config("ib-bert-tiny", vocab_size=128)
   dummy = distil_test._batch(rows=1)  # pylint: disable=protected-access
@@ -219,7 +219,7 @@ def test_a_progressive_run_preempted_mid_stage_resumes_exactly(tmp_path, monkeyp
 def test_train_refuses_a_progressive_schedule_that_cannot_run_before_compute(tmp_path):
   """train.validate_inputs (before the input and the model): a progressive run without a teacher,
   or with a stage count that is not the student's depth, is one line naming the field."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   teacher_cfg = model_lib.get_bert_config("ib-bert-tiny", vocab_size=128)
   dummy = distil_test._batch(rows=1)  # pylint: disable=protected-access

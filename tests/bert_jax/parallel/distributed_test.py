@@ -1,14 +1,14 @@
-"""bert_jax.distributed in one process: env validation and the single-host paths.
+"""bert_jax.parallel.distributed in one process: env validation and the single-host paths.
 
 The multi-process paths (initialize from BERT_JAX_*, the cross-host hash check, dead peers)
-run in real processes in tests/local_pod_test.py.
+run in real processes in tests/launch/local_pod_test.py.
 """
 
 import hashlib
 
 import pytest
 
-from bert_jax import distributed
+from bert_jax.parallel import distributed
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +98,7 @@ def test_preemption_check_restores_the_previous_sigterm_handler():
 
 # ----------------------------------------------------------------------------------------------
 # Meeting before a first collective (distributed.meet, TogetherOnFirstCall). The real barrier of
-# a 2-process pod, a host 40 s late and one that never comes: tests/late_host_test.py (slow).
+# a 2-process pod, a host 40 s late and one that never comes: tests/end_to_end/late_host_test.py (slow).
 # ----------------------------------------------------------------------------------------------
 def test_one_process_meets_nobody_and_runs_the_jitted_step():
   import jax

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax_core import errors
-from bert_jax import sharding
+from bert_jax.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bert_jax import tpu_specs
+from bert_jax.parallel import tpu_specs
 
 
 # Expected values from the Cloud TPU catalogue as MaxText's accelerator_to_spec_map.py lists it

@@ -1,4 +1,4 @@
-"""bert_jax.plan on a fine-tuning config (bert_jax/plan_finetune.py): the embedding task's
+"""bert_jax.plan on a fine-tuning config (bert_jax/planning/plan_finetune.py): the embedding task's
 training step compiled for a TPU slice with libtpu, GradCache's beside the unchunked one.
 
 libtpu comes with requirements-test.txt (plan_test.py's rule: these skip locally without it and
@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from tests import plan_test
-from tests.plan_test import _cli
+from tests.bert_jax import plan_test
+from tests.bert_jax.plan_test import _cli
 
 TINY_EMBED = ("--config=bert_jax/configs/finetune.py:modernbert_embed_stage1,runlocal",
               "--config.model_name=tiny", "--config.model.dtype=bfloat16",
@@ -120,7 +120,7 @@ def _finetune_config(preset="modernbert_embed_stage1,runlocal", **fields):
 def test_the_plan_refuses_what_it_cannot_build_before_compiling(monkeypatch, preset, fields,
                                                                 match):
   from bert_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import plan_compile  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_compile  # pylint: disable=g-import-not-at-top
   from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(plan_compile, "IsolatedCompiler", _NoCompile)
   monkeypatch.setattr(plan_compile, "hbm_per_chip", lambda *a: (_ for _ in ()).throw(
@@ -144,9 +144,9 @@ def test_an_unchunked_step_out_of_memory_is_shown_from_the_compilers_message():
   """modernbert_embed_stage1 on a v5litepod-8: the unchunked step's compile ran out of memory
   (libtpu's message, as it came); GradCache's fits. The table shows the unchunked step's
   temporaries from that message and its total as at least them plus its inputs."""
-  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import tpu_specs  # pylint: disable=g-import-not-at-top
-  from bert_jax.plan_compile import GiB, Compiled  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.parallel import tpu_specs  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning.plan_compile import GiB, Compiled  # pylint: disable=g-import-not-at-top
   inputs = dict(params=GiB // 2, optimizer=GiB, batch=GiB // 64)
   steps = dict(
       unchunked=Compiled(False, 1.0, error="RESOURCE_EXHAUSTED: Ran out of memory on HBM, the "
@@ -183,10 +183,10 @@ def test_the_model_is_the_init_checkpoints_read_without_its_arrays(tmp_path, voc
   and its vocabulary's size, with config.model's settings, as bert_jax.finetune reads them."""
   import jax  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import plan_finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   mc = model_lib.get_bert_config("tiny", vocab_size=512, hidden_size=64, num_heads=2,
                                  intermediate_size=128)
   params = nn.unbox(pretraining_heads.init_params(mc, jax.random.PRNGKey(0)))

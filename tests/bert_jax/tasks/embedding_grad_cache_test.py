@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import contrastive
+from bert_jax.objectives import contrastive
 from bert_jax import finetune
-from bert_jax import model as model_lib
-from bert_jax import sharding as sharding_lib
+from bert_jax.models import model as model_lib
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import tasks
-from bert_jax import trainer_lib
+from bert_jax.training import trainer_lib
 from bert_jax.configs import finetune as finetune_config
 from bert_jax.tasks import embedding
 from data_pipelines.tasks.common import TaskDataError
@@ -134,8 +134,8 @@ def test_grad_cache_with_fp8_matmuls_is_refused_before_compute():
 def test_rows_with_another_number_of_hard_negatives_are_one_line(tmp_path):
   """config.embedding.num_negatives=7 (modernbert-embed's stage 2) on triplets of 1 negative."""
   import json  # pylint: disable=g-import-not-at-top
-  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   (tmp_path / "train.jsonl").write_text(json.dumps(
       {"anchor": "a cat", "positive": "a dog", "negative": "the mat"}) + "\n", encoding="utf-8")
   c = _config()

@@ -1,7 +1,7 @@
 """Packed embedding batches (issue 40 item 2): --config.pack=true with custom.type=embedding.
 
 Each training batch's B x S texts (anchor, positive, hard negatives) go into R rows of T tokens,
-at most K texts a row (data_pipelines.packing.pack_texts), each text pooled on its own
+at most K texts a row (data_pipelines.records.packing.pack_texts), each text pooled on its own
 (contrastive.pool_packed) and put back in the [B, S, H] layout (contrastive.texts_of_rows):
   * the rows hold every text of the batch once, at the slot text_slots names, positions
     restarting per text; R is the most any batch of the run needs, so no text is dropped;
@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
-from bert_jax import finetune_tasks as ft
-from bert_jax import heads
-from bert_jax import model as model_lib
-from bert_jax import sharding as sharding_lib
+from bert_jax.training import finetune_tasks as ft
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import tasks
-from bert_jax import trainer_lib
+from bert_jax.training import trainer_lib
 from bert_jax.configs import finetune as finetune_config
 from bert_jax.tasks import common
 from bert_jax.tasks import embedding
@@ -178,7 +178,7 @@ def test_packed_loss_and_gradients_equal_unpacked(family, pooling):
 def test_packed_grad_cache_step_on_8_devices_equals_the_unpacked_plain_step():
   """The loop's own step (finetune.build_training, AdamW) on an 8-device mesh: packed rows
   with GradCache's 2 chunks (R a multiple of 8 x 2) against unpacked rows without."""
-  from tests import embedding_grad_cache_test as gct  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import embedding_grad_cache_test as gct  # pylint: disable=g-import-not-at-top
   b = 16
   f, idx = _features(b, seed=2), np.arange(b)
   mesh = trainer_lib.create_mesh((-1, 1, 1), b)
@@ -209,9 +209,9 @@ def test_packed_grad_cache_step_on_8_devices_equals_the_unpacked_plain_step():
 def test_the_loop_trains_packed_with_the_unpacked_runs_losses(tmp_path, capsys):
   """finetune.finetune, --config.pack=true against false on the same rows: the same steps and
   each step's loss (dropout off; every batch the same examples), evaluation unpacked."""
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  from tests import tasks_embedding_test as tet  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_embedding_test as tet  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   tet._data(tmp_path, n_train=20, n_dev=8)   # pylint: disable=protected-access
   vocab = tasks_testlib.write_vocab(str(tmp_path), " ".join(tet.WORDS))
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
-from bert_jax import finetune_tasks as ft
-from bert_jax import optimizer as optimizer_lib
+from bert_jax.training import finetune_tasks as ft
+from bert_jax.training import optimizer as optimizer_lib
 from bert_jax.configs import finetune as finetune_config
 
 
@@ -76,10 +76,10 @@ def test_hf_cosine_is_transformers_get_cosine_schedule_with_warmup():
 def test_stage1_runlocal_trains_with_grad_cache_in_the_loop(tmp_path, capsys):
   """The runlocal stage 1 (GradCache in 2 chunks, cosine) on the translated-words pairs from a
   tiny random BERT: the loop says GradCache is on, trains, and its learning rate decays."""
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
-  from tests import tasks_embedding_test  # pylint: disable=g-import-not-at-top
-  from tests import tasks_registry_test  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_embedding_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_registry_test  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=protected-access
   pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)
   data = tmp_path / "data"

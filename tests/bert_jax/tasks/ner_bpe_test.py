@@ -12,10 +12,10 @@ the WordPiece path does) gives 're' 'j' 'ect' 's' for "rejects" instead of the s
 import numpy as np
 import pytest
 
-from data_pipelines import tokenizer_json
+from data_pipelines.tokenizers import tokenizer_json
 from data_pipelines.tasks import ner
 from data_pipelines.tasks.common import TaskDataError
-from tests.modernbert_cli_test import _docstring_lines, hf_tokenizer, modernbert_style_tokenizer
+from tests.bert_jax.families.modernbert.modernbert_cli_test import _docstring_lines, hf_tokenizer, modernbert_style_tokenizer
 
 # CoNLL-2003's first sentences, then words a byte-level BPE splits into several pre-tokens
 # ("U.S.", "don't", "1996-08-22") or into bytes ("Émile", "Zürich", "€5").

@@ -12,11 +12,11 @@ the paragraph's pieces; test_ids_and_answer_pieces_equal_transformers fails on i
 import numpy as np
 import pytest
 
-from data_pipelines import tokenizer_json
+from data_pipelines.tokenizers import tokenizer_json
 from data_pipelines.tasks import squad
 from data_pipelines.tasks import squad_predictions as sp
 from data_pipelines.tasks.common import TaskDataError
-from tests.ner_bpe_test import lines, modern  # noqa: F401 - pytest fixtures, shared
+from tests.bert_jax.tasks.ner_bpe_test import lines, modern  # noqa: F401 - pytest fixtures, shared
 
 # Two spaces and a newline between words (the paragraph is encoded as is, as transformers does),
 # accents ('É' is two byte pieces), a sub-word answer ("1895" inside "(1895-1943)") and words

@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import contrastive
-from bert_jax import finetune_tasks as ft
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.objectives import contrastive
+from bert_jax.training import finetune_tasks as ft
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 from bert_jax import tasks
 from bert_jax.configs import finetune as finetune_config
 from bert_jax.tasks import embedding
 from data_pipelines.tasks.common import TaskDataError
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 WORDS = "the a cat dog man woman sat ran saw park mat house good bad".split()
 
@@ -117,7 +117,7 @@ def test_the_loops_batches_hold_no_text_twice(tmp_path):
 def test_evaluation_queries_are_distinct_anchors_with_all_their_positives():
   """embedding.evaluate: an anchor in two rows is one query with two relevant documents (qrels),
   a text in two rows one document; the numbers are retrieval_metrics' on that matrix."""
-  from bert_jax import retrieval_metrics  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import retrieval_metrics  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import common  # pylint: disable=g-import-not-at-top
   from data_pipelines.tasks import pairs  # pylint: disable=g-import-not-at-top
   rows = [pairs.Pair("q0", "d0", ("d2",)), pairs.Pair("q0", "d1", ("d2",)),
@@ -162,8 +162,8 @@ def test_contrastive_finetune_end_to_end(tmp_path):
   over the untrained one's, the export records task_type embedding, the test split's vectors are
   written."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from tests import tasks_registry_test  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_registry_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)
   data = tmp_path / "data"
   data.mkdir()

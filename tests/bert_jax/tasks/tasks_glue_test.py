@@ -6,7 +6,7 @@ import pytest
 
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.common import TaskDataError
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 TEXT = ("The cat sat on the mat. A dog ran in the park. PCCW's chief operating officer left. "
         "The company said it was \"pleased\" with results. Is it raining? It is sunny today.")

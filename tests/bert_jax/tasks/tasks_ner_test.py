@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from bert_jax import metrics
+from bert_jax.evaluation import metrics
 from data_pipelines.tasks import ner
 from data_pipelines.tasks.common import TaskDataError
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 CONLL = """-DOCSTART- -X- -X- O
 

@@ -2,6 +2,7 @@
 names (none), and a toy task type defined here, in the test, that fine-tunes end to end with no
 edit anywhere else: its own reader, head, loss, metric and prediction files."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import dataclasses
 import json
 import os
@@ -15,16 +16,16 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import families
-from bert_jax import finetune_tasks as ft
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.training import finetune_tasks as ft
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 from bert_jax import tasks
 from bert_jax.configs import finetune as finetune_config
 from bert_jax.tasks import common
 from data_pipelines import tasks as data_tasks
 from data_pipelines.tasks.common import TaskDataError, pack, read_text
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 BUILTIN = ("classification", "multiple_choice", "regression", "span", "tagging")
 
 
@@ -143,7 +144,7 @@ def _data(directory):
 
 
 def test_a_toy_task_type_plugs_into_the_task_glue(toy, tmp_path):
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   _data(tmp_path)
   c = finetune_config.get_config("custom,runlocal")
   c.task, c.data_dir, c.max_seq_length = "toy_length", str(tmp_path), 16
@@ -175,9 +176,9 @@ def test_a_toy_task_type_plugs_into_the_task_glue(toy, tmp_path):
 
 def _pretrained(d, words):
   """finetune_test's tiny 'pre-trained' checkpoint (random BertForPreTraining) and its vocab."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   d.mkdir()
   vocab_file = tasks_testlib.write_vocab(str(d), " ".join(words) + " .")
   vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
@@ -193,7 +194,7 @@ def test_a_toy_task_type_fine_tunes_end_to_end(toy, tmp_path):
   """finetune.finetune on the toy type: trains, evaluates with its metric, keeps the best export
   (recording task_type), writes its dev and test prediction files."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   pretrained = _pretrained(tmp_path / "ckpt", finetune_test.WORDS)
   data = tmp_path / "data"
   data.mkdir()

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import metrics
+from bert_jax.evaluation import metrics
 from data_pipelines.tasks import squad
 from data_pipelines.tasks import squad_predictions as sp
 from data_pipelines.tasks.common import TaskDataError
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 CONTEXT_WORDS = ("the normans were people who in the 10th and 11th centuries gave their name to "
                  "normandy a region in france they were descended from norse raiders and "
@@ -348,7 +348,7 @@ def test_tfds_path_through_mock_data(tokenizer):
 
 
 def test_project_tokenizer_gives_the_same_windows(tokenizer):
-  tokenization = pytest.importorskip("data_pipelines.tokenization")
+  tokenization = pytest.importorskip("data_pipelines.tokenizers.tokenization")
   ours = tokenization.get_tokenizer(vocab_file=tokenizer.vocab.path, do_lower_case=True)
   context = "Café   Müller opened in\tZürich by Steve Smith's architect (1895-1943). " * 3
   data = _data(context, [_qa("q", "Who opened the café in Zürich?",

@@ -4,7 +4,7 @@ import pytest
 
 from data_pipelines.tasks import swag
 from data_pipelines.tasks.common import TaskDataError
-from tests import tasks_testlib
+from tests.testlib import tasks_testlib
 
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 ROWS = [

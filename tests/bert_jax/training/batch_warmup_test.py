@@ -1,4 +1,4 @@
-"""Batch-size warmup (bert_jax/batch_warmup.py): k(s), input positions, refusals, and a tiny
+"""Batch-size warmup (bert_jax/training/batch_warmup.py): k(s), input positions, refusals, and a tiny
 ModernBERT run that ramps, is killed mid-ramp and resumes to the uninterrupted losses."""
 
 import signal
@@ -6,13 +6,13 @@ import signal
 import numpy as np
 import pytest
 
-from bert_jax import batch_warmup
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import input_source
-from bert_jax import sharding as sharding_lib
+from bert_jax.training import batch_warmup
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.training import input_source
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.configs import pretrain as pretrain_config
-from tests import sigterm_testlib
+from tests.testlib import sigterm_testlib
 
 
 def ramp_config(preset="modernbert-tiny", **overrides):

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import finetune_tasks as ft
+from bert_jax.training import finetune_tasks as ft
 from bert_jax.configs import finetune as finetune_config
 from data_pipelines.tasks.common import TaskDataError
 

@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from bert_jax import input_source
+from bert_jax.training import input_source
 from bert_jax.configs import pretrain
-from data_pipelines import pretrain_input as pi
-from tests.pretrain_input_test import PREDS, SEQ, make_instances, write_records, write_vocab
+from data_pipelines.input import pretrain_input as pi
+from tests.data_pipelines.input.pretrain_input_test import PREDS, SEQ, make_instances, write_records, write_vocab
 
 
 def _config(batch, pack):

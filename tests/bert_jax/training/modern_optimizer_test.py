@@ -1,4 +1,4 @@
-"""StableAdamW and the warmup-stable-decay schedule (bert_jax/optimizer.py, ModernBERT's recipe)
+"""StableAdamW and the warmup-stable-decay schedule (bert_jax/training/optimizer.py, ModernBERT's recipe)
 against their formulas: optimi's StableAdamW step written out in numpy, and the schedule's
 pieces evaluated by hand."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optimizer as opt_lib
+from bert_jax.training import optimizer as opt_lib
 
 
 def _optimi_stableadamw(params, grads_per_step, lrs, *, b1, b2, eps, wd, decays, max_lr,

@@ -1,4 +1,4 @@
-"""Tests for bert_jax/optimizer.py."""
+"""Tests for bert_jax/training/optimizer.py."""
 
 import jax
 import jax.numpy as jnp
@@ -7,9 +7,9 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax import optimizer as opt_lib
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.training import optimizer as opt_lib
 
 
 def test_schedule_values():
@@ -281,7 +281,7 @@ def _electra_reference_lr(name, lr, layer_decay, n_layers):
 
 
 def _head_params(preset, family="classification"):
-  from bert_jax import heads
+  from bert_jax.models import heads
   config = model_lib.get_bert_config(preset, vocab_size=50)
   model = heads.create_model(family, config)
   ids, mask, segments = heads.dummy_inputs(family, 8)

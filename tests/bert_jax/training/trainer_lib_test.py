@@ -9,14 +9,14 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import input_source
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax import sharding as sharding_lib
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.training import input_source
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.parallel import sharding as sharding_lib
 from bert_jax import train
-from bert_jax import trainer_lib
-from tests.train_test import tiny_config
+from bert_jax.training import trainer_lib
+from tests.bert_jax.train_test import tiny_config
 
 
 def _sgd_steps(config, mesh, accum):
@@ -138,7 +138,7 @@ def test_both_loops_count_skips_one_step_late_and_average_the_applied_steps():
   """The loop rules train.py and finetune.py share (issue 23, point 13): guard.SkipTracker reads
   a step's skipped flag when the next step is issued (never stalling the one in flight) and at
   each log; trainer_lib.mean_of_applied leaves the skipped steps out of the logged means."""
-  from bert_jax import guard  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import guard  # pylint: disable=g-import-not-at-top
   tracker = guard.SkipTracker(max_consecutive_skips=3)
   tracker.step_done(1, 0)
   tracker.step_done(2, 1)

@@ -1,5 +1,5 @@
 """Writes this folder's checkpoints and expected outputs WITH THE CODE OF ANOTHER COMMIT (the
-layout before bert_jax/families/, commit 36a50ca), so tests/families_registry_test.py can check
+layout before bert_jax/families/, commit 36a50ca), so tests/bert_jax/families/families_registry_test.py can check
 that checkpoints written then still load and give the same outputs now. Run once, from a checkout
 of that commit:
 
@@ -19,8 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.getcwd())
-from bert_jax import convert, electra, extract_features, heads, inference, model, predict  # noqa
-from bert_jax import pretraining_heads  # noqa
+from bert_jax import convert, extract_features, predict
+from bert_jax.families.electra import objective as electra
+from bert_jax.models import heads
+from bert_jax.inference import loading as inference
+from bert_jax.models import model  # noqa
+from bert_jax.models import pretraining_heads  # noqa
 
 OUT = sys.argv[1]
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]

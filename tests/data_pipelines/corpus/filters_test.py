@@ -5,7 +5,7 @@ import array
 import pytest
 
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import filters
+from data_pipelines.corpus import filters
 
 
 def test_parse_scripts_aliases_and_errors():

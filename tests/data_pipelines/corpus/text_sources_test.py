@@ -1,12 +1,13 @@
 """Sentence segmentation of free text (JSONL/TFDS documents) for real scripts."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 
 import pytest
 
-from data_pipelines import text_sources
+from data_pipelines.corpus import text_sources
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA = os.path.join(tests.DATA)
 
 
 def _read(*parts):

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from bert_jax_core import errors
-from data_pipelines import input_watchdog
+from data_pipelines.input import input_watchdog
 
 
 def test_a_stalled_input_is_an_error_naming_the_files():

@@ -1,9 +1,9 @@
-"""Statistics and invariants of the in-graph dynamic masking (data_pipelines/masking.py)."""
+"""Statistics and invariants of the in-graph dynamic masking (data_pipelines/input/masking.py)."""
 import numpy as np
 import pytest
 
-from data_pipelines import masking
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.input import masking
+from data_pipelines.tokenizers import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
 
 SEQ = 128

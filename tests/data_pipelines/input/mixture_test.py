@@ -1,4 +1,4 @@
-"""Mixtures of named sources (data_pipelines/mixture.py; issue 42 item 1): shares, bad input,
+"""Mixtures of named sources (data_pipelines/input/mixture.py; issue 42 item 1): shares, bad input,
 and the mixed stream's determinism, host independence and resume at any step."""
 import itertools
 
@@ -6,10 +6,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from data_pipelines import mixture
-from data_pipelines import pretrain_input as pi
-from tests.masking_test import write_vocab
-from tests.pretrain_input_test import make_instances, unmask, write_records
+from data_pipelines.input import mixture
+from data_pipelines.input import pretrain_input as pi
+from tests.data_pipelines.input.masking_test import write_vocab
+from tests.data_pipelines.input.pretrain_input_test import make_instances, unmask, write_records
 
 SEQ, PREDS, BATCH = 32, 5, 8
 

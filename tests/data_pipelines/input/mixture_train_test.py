@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from bert_jax import input_source
+from bert_jax.training import input_source
 from bert_jax import train
 from bert_jax_core import errors
-from tests.faults_test import WORDS, _records, _vocab
-from tests.train_test import tiny_config
+from tests.end_to_end.faults_test import WORDS, _records, _vocab
+from tests.bert_jax.train_test import tiny_config
 
 SEQ = 32
 

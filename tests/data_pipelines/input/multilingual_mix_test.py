@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from benchmarks import multilingual_mix as mix
-from data_pipelines import vocab_base
+from data_pipelines.tokenizers import vocab_base
 
 
 def _vocab(size=50):

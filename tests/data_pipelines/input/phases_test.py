@@ -1,4 +1,4 @@
-"""Phases of a mixture (data_pipelines/phases.py; issue 42 item 2): the plan's steps, shares and
+"""Phases of a mixture (data_pipelines/input/phases.py; issue 42 item 2): the plan's steps, shares and
 masking rates, one-line errors, and the phased stream's determinism, host independence and
 resume inside any phase (input_source.stream_phases and mixture.make_dataset)."""
 import itertools
@@ -7,14 +7,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import input_source
+from bert_jax.training import input_source
 from bert_jax_core import errors
-from data_pipelines import mixture
-from data_pipelines import phases
-from data_pipelines import pretrain_input as pi
-from tests.masking_test import write_vocab
-from tests.mixture_test import _same   # batch lists equal key by key
-from tests.pretrain_input_test import make_instances, write_records
+from data_pipelines.input import mixture
+from data_pipelines.input import phases
+from data_pipelines.input import pretrain_input as pi
+from tests.data_pipelines.input.masking_test import write_vocab
+from tests.data_pipelines.input.mixture_test import _same   # batch lists equal key by key
+from tests.data_pipelines.input.pretrain_input_test import make_instances, write_records
 
 SEQ, PREDS, BATCH = 32, 12, 8
 
@@ -131,7 +131,7 @@ def test_stream_phases_of_a_layout():
 
 def test_pre_masked_records_cannot_follow_a_masking_schedule(tmp_path, two_sources):
   from bert_jax_core.tf_setup import tf
-  from tests.pretrain_input_test import int_feature
+  from tests.data_pipelines.input.pretrain_input_test import int_feature
   vocab, _ = two_sources
   rng = np.random.default_rng(2)
   paths = [str(tmp_path / f"google-{i}.tfrecord") for i in range(4)]

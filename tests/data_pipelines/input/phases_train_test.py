@@ -1,4 +1,4 @@
-"""A pre-training run on phases of a mixture (data_pipelines/phases.py; issue 42 item 2): bad
+"""A pre-training run on phases of a mixture (data_pipelines/input/phases.py; issue 42 item 2): bad
 phases are one line before compute; the run prints its phases, the summary tallies each phase's
 sources; a run preempted inside a phase resumes the same stream; other phases are refused."""
 import json
@@ -9,9 +9,9 @@ import pytest
 
 from bert_jax import train
 from bert_jax_core import errors
-from tests import sigterm_testlib
+from tests.testlib import sigterm_testlib
 # pylint: disable-next=unused-import
-from tests.mixture_train_test import _config, no_model, sources
+from tests.data_pipelines.input.mixture_train_test import _config, no_model, sources
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -4,9 +4,9 @@ import itertools
 import numpy as np
 import pytest
 
-from data_pipelines import pretrain_input as pi
+from data_pipelines.input import pretrain_input as pi
 from bert_jax_core.tf_setup import tf
-from tests.masking_test import write_vocab
+from tests.data_pipelines.input.masking_test import write_vocab
 
 SEQ = 32
 PREDS = 5

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from data_pipelines import dataset_info
+from data_pipelines.records import dataset_info
 from bert_jax_core.tf_setup import tf
 
 SEQ = 128
@@ -117,7 +117,7 @@ def test_records_without_a_contract_are_counted_with_a_note(data, tmp_path):
   counts, without = _check(files, data["vocab"])
   assert counts == {} and without == [str(tmp_path / "google")]
   notes = []
-  from data_pipelines import pretrain_input
+  from data_pipelines.input import pretrain_input
   assert dataset_info.record_counts(files, pretrain_input.count_records, counts,
                                     log=notes.append) == [4]
   assert len(notes) == 1 and "counted 4 records in 1 file(s) by reading them" in notes[0]
@@ -138,7 +138,7 @@ def test_corrupt_contract_is_one_error(data):
 
 
 def test_pipeline_counts_come_from_the_contract(data, monkeypatch):
-  from data_pipelines import pretrain_input
+  from data_pipelines.input import pretrain_input
   assert dataset_info.known_count(data["files"]) == 5
   monkeypatch.setattr(pretrain_input.tf.data, "TFRecordDataset",
                       lambda *a, **k: pytest.fail("records were read to count them"))

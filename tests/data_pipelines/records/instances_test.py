@@ -6,7 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from data_pipelines import instances as il
+from data_pipelines.corpus import text_sources
+from data_pipelines.records import instances as il
 
 CLS, SEP = 2, 3
 PARAMS = il.InstanceParams(max_seq_length=64, short_seq_prob=0.0, cls_id=CLS, sep_id=SEP)
@@ -169,7 +170,7 @@ def test_pack_full_sentences():
     ("  \n\t \n", []),
 ])
 def test_split_sentences(text, expected):
-  assert il.split_sentences(text) == expected
+  assert text_sources.split_sentences_regex(text) == expected
 
 
 def _planned_instances(docs, params, seed=1):

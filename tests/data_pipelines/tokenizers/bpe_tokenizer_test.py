@@ -1,5 +1,6 @@
 """tokenizer.json end to end: learn (build_vocab), ids equal to transformers, Hangul, records."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import shutil
@@ -11,12 +12,15 @@ import pytest
 
 from bert_jax_core import files as files_lib
 from bert_jax_core.tf_setup import tf
-from data_pipelines import build_vocab, dataset_info, masking, stdlib_corpus, tokenization
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines.records import dataset_info
+from data_pipelines.input import masking
+from data_pipelines.tokenizers import tokenization
 from data_pipelines import create_pretraining_data as cpd
-from data_pipelines import tokenizer_json as tj
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import tokenizer_json as tj
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 DATA = os.path.join(ROOT, "tests", "data")
 SEQ = 64
 # Hard cases beside the corpus: literal special tokens (matched whole, [MASK] takes the space
@@ -408,7 +412,7 @@ def test_plan_sizes_the_model_from_the_tokenizer_json_or_the_preset(tmp_path):
   """bert_jax.plan's model (plan_compile.model_config_factory) has the vocabulary train would
   read: a tokenizer.json's size, else the preset's (modernbert-base: 50,368). Before, it read
   only vocab_file/spm_model_file and fell back to BERT's 30,522 for every preset."""
-  from bert_jax import plan_compile
+  from bert_jax.planning import plan_compile
   from bert_jax.configs import pretrain
   c = pretrain.get_config("modernbert-base")
   make, vocab = plan_compile.model_config_factory(c)

@@ -1,5 +1,6 @@
 """SentencePiece end to end on Korean and Chinese: HF export with id parity, checkpoints, casing."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 
 import flax
@@ -8,15 +9,16 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax.convert import hf_export
-from bert_jax import inference
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.inference import hf_export
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 from bert_jax.convert import sentencepiece_export
-from data_pipelines import build_vocab, tokenization
+from data_pipelines import build_vocab
+from data_pipelines.tokenizers import tokenization
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA = os.path.join(tests.DATA)
 CORPUS = f"{DATA}/korean/*.txt,{DATA}/chinese/*.txt"
 
 

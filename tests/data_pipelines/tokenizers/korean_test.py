@@ -1,15 +1,18 @@
 """Korean through the data pipeline with every default: casing, [UNK] rate, sentences, Mecab."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import dataclasses
 import json
 import os
 
 import pytest
 
-from data_pipelines import build_vocab, create_pretraining_data, pretokenize, tokenization
-from data_pipelines import vocab as vocab_lib
+from data_pipelines import build_vocab, create_pretraining_data
+from data_pipelines.tokenizers import pretokenize
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA = os.path.join(tests.DATA)
 KOREAN = os.path.join(DATA, "korean", "*.txt")
 
 

@@ -2,6 +2,7 @@
 equal to transformers' on English, Korean, German and French, and build_vocab over named corpora
 drawn in shares ~ lines^tau (vocab_mixture)."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -9,11 +10,13 @@ import sys
 
 import pytest
 
-from data_pipelines import build_vocab, tokenization, vocab_mixture
-from data_pipelines import tokenizer_json as tj
-from data_pipelines import vocab as vocab_lib
+from data_pipelines import build_vocab
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab_mixture
+from data_pipelines.tokenizers import tokenizer_json as tj
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 DATA = os.path.join(ROOT, "tests", "data")
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Gemma's ids 0..4
 # Beside the corpora: unseen characters (byte fallback), runs of spaces, a tab, literal specials.
@@ -225,7 +228,7 @@ def test_records_from_a_gemma_style_file(tmp_path):
   each segment as [SEP], both recorded as the file's special ids."""
   from bert_jax_core.tf_setup import tf  # pylint: disable=g-import-not-at-top
   from data_pipelines import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
-  from data_pipelines import dataset_info  # pylint: disable=g-import-not-at-top
+  from data_pipelines.records import dataset_info  # pylint: disable=g-import-not-at-top
   de = _lines("german", "dpkg_man.txt")
   path = _gemma_like(str(tmp_path / "g"), de + _lines("korean", "1809890.txt"))
   (tmp_path / "de.txt").write_text("\n".join(de[:400]) + "\n", encoding="utf-8")

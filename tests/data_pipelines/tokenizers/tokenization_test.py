@@ -4,6 +4,7 @@ The vocab is learned (cased) from the stdlib corpus, plus tokens for the hard ca
 that accents, CJK, 'ß', final sigma etc. are in-vocab in some texts and [UNK] in others.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import random
 import subprocess
@@ -16,11 +17,13 @@ from transformers import BertTokenizer
 from transformers.models.bert.tokenization_bert import load_vocab
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
-from data_pipelines import bert_chars, build_vocab, stdlib_corpus, tokenization
-from data_pipelines import vocab as vocab_lib
+from data_pipelines import build_vocab, stdlib_corpus
+from data_pipelines.tokenizers import bert_chars
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 # Pieces that make the hard cases observable: with them in the vocab a wrong normalization
 # gives a different id instead of the same [UNK].

@@ -1,5 +1,6 @@
 """Tokenizer settings: <vocab>.meta.json, casing inference for vocabs without it, contradictions."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
 import subprocess
 import sys
@@ -7,10 +8,10 @@ import sys
 import pytest
 
 from bert_jax_core import errors
-from data_pipelines import tokenization
-from data_pipelines import vocab as vocab_lib
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import vocab as vocab_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 

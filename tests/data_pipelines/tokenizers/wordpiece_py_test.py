@@ -1,15 +1,16 @@
-"""data_pipelines/wordpiece_py.py gives the ids of the in-graph TF WordPiece tokenizer."""
+"""data_pipelines/tokenizers/wordpiece_py.py gives the ids of the in-graph TF WordPiece tokenizer."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import glob
 import os
 
 import pytest
 
-from data_pipelines import bert_chars
-from data_pipelines import tokenization
-from data_pipelines import wordpiece_py
+from data_pipelines.tokenizers import bert_chars
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import wordpiece_py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EDGE = ["The man went to the [MASK] .", "[CLS]x[SEP]  [mask] [MASK][MASK]", "",
         "ÀÉÎõü ΣΑΣ ß İstanbul 中文字 Ǆ ﬁ x\u0301\u0323y e\u0301 \u00e9", "a" * 250 + " b",

@@ -1,4 +1,4 @@
-"""ALBERT conversion (bert_jax/convert/albert.py): transformers' AlbertForPreTraining/AlbertModel
+"""ALBERT conversion (bert_jax/families/albert/convert.py): transformers' AlbertForPreTraining/AlbertModel
 and google-research/albert TF checkpoints -> BertForPreTraining(family="albert") and back, with
 outputs equal within 1e-4 both ways."""
 
@@ -14,14 +14,14 @@ from flax import linen as nn
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpoint as ckpt_lib  # noqa: E402
+from bert_jax.checkpoint import store as ckpt_lib  # noqa: E402
 from bert_jax import convert  # noqa: E402
-from bert_jax.convert import hf_export  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import pretraining_heads
-from bert_jax.convert import albert  # noqa: E402
+from bert_jax.inference import hf_export  # noqa: E402
+from bert_jax.models import model as model_lib  # noqa: E402
+from bert_jax.models import pretraining_heads
+from bert_jax.families.albert import convert as albert  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
-from tests import hf_testlib  # noqa: E402
+from tests.testlib import hf_testlib  # noqa: E402
 
 VOCAB = 64
 
@@ -215,7 +215,7 @@ def test_bare_albert_model_and_bad_layouts(hf_model, tmp_path):
 
 def test_albert_with_a_sentencepiece_model_imports_predicts_and_exports(tmp_path):
   """The ALBERT way: spiece.model and no vocab.txt (the released models ship one)."""
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   from bert_jax import predict  # pylint: disable=g-import-not-at-top
   from data_pipelines import build_vocab  # pylint: disable=g-import-not-at-top
   from data_pipelines import stdlib_corpus  # pylint: disable=g-import-not-at-top
@@ -223,7 +223,7 @@ def test_albert_with_a_sentencepiece_model_imports_predicts_and_exports(tmp_path
   spm_path = str(tmp_path / "spm.model")
   build_vocab.build(str(tmp_path / "text" / "*.txt"), 400, spm_path, model_type="unigram",
                     lower_case=True, character_coverage=1.0)
-  from data_pipelines import tokenization  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenization  # pylint: disable=g-import-not-at-top
   size = tokenization.get_tokenizer(spm_model_file=spm_path).vocab.size
   cfg = _hf_config()
   cfg.vocab_size = size

@@ -1,4 +1,4 @@
-"""DistilBERT conversion (bert_jax/convert/distilbert.py): transformers' DistilBertForMaskedLM /
+"""DistilBERT conversion (bert_jax/families/distilbert/convert.py): transformers' DistilBertForMaskedLM /
 DistilBertModel <-> BertForPreTraining(family="distilbert"), outputs equal within 1e-4 both ways."""
 
 import json
@@ -12,12 +12,12 @@ from flax import linen as nn
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpoint as ckpt_lib  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import pretraining_heads
-from bert_jax.convert import distilbert  # noqa: E402
+from bert_jax.checkpoint import store as ckpt_lib  # noqa: E402
+from bert_jax.models import model as model_lib  # noqa: E402
+from bert_jax.models import pretraining_heads
+from bert_jax.families.distilbert import convert as distilbert  # noqa: E402
 from bert_jax.convert import names  # noqa: E402
-from tests import hf_testlib  # noqa: E402
+from tests.testlib import hf_testlib  # noqa: E402
 
 VOCAB = 64
 
@@ -144,8 +144,9 @@ def test_python_m_bert_jax_convert_reads_and_writes_a_distilbert_folder(tmp_path
   """The one converter (python -m bert_jax.convert) imports a transformers DistilBERT folder
   with DistilBERT's table (was: BERT's names, 'token_type_embeddings missing') and exports a
   DistilBERT with DistilBERT's names (was: an error naming convert.distilbert): the family's
-  exporter, found in bert_jax/families/distilbert.py."""
-  from bert_jax import convert, inference  # pylint: disable=g-import-not-at-top
+  exporter, found in bert_jax/families/distilbert/__init__.py."""
+  from bert_jax import convert
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   hf_model = _randomise(transformers.DistilBertForMaskedLM(_hf_config()), 5)
   hf_dir = hf_testlib.save_hf(hf_model, str(tmp_path / "hf"))
   params, config, _ = convert.import_checkpoint(hf_dir)

@@ -5,6 +5,7 @@ token types or pooler; [CLS] tasks get transformers' DistilBertForSequenceClassi
 plumbing, not accuracy) and random transformers folders (parity); the slow one distils
 distilbert-tiny with python -m bert_jax.train and runs the three CLIs on its workdir."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -15,17 +16,17 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import extract_features as ef
-from bert_jax import heads
-from bert_jax import inference
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
+from bert_jax.models import heads
+from bert_jax.inference import loading as inference
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
 from bert_jax import predict
-from tests import finetune_test
-from tests import tasks_testlib
+from tests.bert_jax import finetune_test
+from tests.testlib import tasks_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _config(vocab_size):
@@ -147,7 +148,7 @@ def test_extract_features_are_the_bert_models_and_pairs_have_no_segment_embeddin
 # Task-specific distillation: --config.distill_teacher (a fine-tuned teacher's soft labels).
 # ----------------------------------------------------------------------------------------------
 def test_distill_loss_is_alpha_t2_kl_plus_hard_cross_entropy():
-  from bert_jax import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import finetune_tasks as ft  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   student, teacher = rng.normal(size=(4, 3)) * 2, rng.normal(size=(4, 3)) * 2
   batch = dict(label_ids=np.asarray([0, 1, 2, 1]), example_weights=np.asarray([1, 1, 1, 0.]),
@@ -200,7 +201,7 @@ def test_a_bert_teacher_distils_a_distilbert_student_in_finetune(tmp_path, pretr
   """A BERT fine-tuned on the task (one step: the plumbing) teaches the DistilBERT student:
   the teacher runs frozen in the step, the loss is the distillation loss, each part logged."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
   path, vocab_file, cfg = pretrained
   bert_cfg = model_lib.get_bert_config("tiny", vocab_size=cfg.vocab_size, num_layers=1,
                                        max_position_embeddings=128)
@@ -238,7 +239,7 @@ def _hf_folders(tmp_path):
   random DistilBertForMaskedLM, each with a vocab.txt."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from tests import hf_testlib  # pylint: disable=g-import-not-at-top
+  from tests.testlib import hf_testlib  # pylint: disable=g-import-not-at-top
   config = transformers.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4,
                                          hidden_dim=48, max_position_embeddings=40, num_labels=3)
   torch.manual_seed(0)

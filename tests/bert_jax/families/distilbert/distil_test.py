@@ -1,4 +1,4 @@
-"""Tests for DistilBERT (bert_jax/distil.py, model.py's family "distilbert", objectives.py's
+"""Tests for DistilBERT (bert_jax/objectives/distil.py, model.py's family "distilbert", objectives.py's
 distill_ce / distill_cos parts and trainer_lib's frozen network) on tiny configs (CPU)."""
 
 import dataclasses
@@ -10,16 +10,16 @@ import numpy as np
 import optax
 import pytest
 
-from tests import sigterm_testlib
-from tests import xla_test_flags
+from tests.testlib import sigterm_testlib
+from tests.testlib import xla_test_flags
 from flax import linen as nn
 
-from bert_jax import distil
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax import objectives
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
+from bert_jax.objectives import distil
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
 
 VOCAB = 99
 
@@ -176,7 +176,7 @@ def _batch(rows=8, seq=16, preds=3, seed=0):
 def test_the_step_runs_the_frozen_teacher_on_the_mesh_and_trains_only_the_student(tmp_path):
   """trainer_lib.build_steps(frozen=): the teacher's parameters are an argument of the jitted
   step, sharded by the rules; the state holds the student alone; the teacher stays bit-equal."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   # 2 teacher layers, 1 student layer: two networks compile on a shared 2-core CPU.
   teacher_config = dataclasses.replace(TEACHER, num_layers=2)
   student_config = dataclasses.replace(STUDENT, num_layers=1)
@@ -255,7 +255,7 @@ def teacher_workdir(tmp_path_factory):
 
 
 def test_train_refuses_a_missing_or_unfit_teacher_in_one_line(tmp_path):
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   tiny = model_lib.get_bert_config("tiny", vocab_size=128)   # an export: no training needed
   teacher_workdir = ckpt_lib.save_params(str(tmp_path / "teacher"), _params(tiny, 0), tiny)
@@ -277,7 +277,7 @@ def test_a_hugging_face_bert_folder_is_a_teacher_recorded_by_its_weights(tmp_pat
   init_checkpoint cache), recorded by the sha256 of its config and weights; other weights in the
   same folder are another teacher (one line naming both)."""
   pytest.importorskip("torch")
-  from tests import hf_testlib  # pylint: disable=g-import-not-at-top
+  from tests.testlib import hf_testlib  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "cache"))
   hf_dir = str(tmp_path / "hf")
   hf_testlib.save_hf(hf_testlib.random_hf_model(hf_testlib.hf_config()), hf_dir)
@@ -306,7 +306,7 @@ def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
   the teacher is recorded (not saved) in the checkpoints, a SIGTERMed and resumed run logs the
   losses of an uninterrupted one, and a resume with another teacher is one line naming both."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   c = _train_config("distilbert-tiny", teacher_checkpoint=teacher_workdir, num_train_steps=6)
   full = train.train_and_evaluate(c, str(tmp_path / "full"))
@@ -339,13 +339,13 @@ def test_python_m_bert_jax_train_distils_resumes_exactly_and_checks_its_teacher(
 
 @pytest.mark.slow
 def test_two_host_pod_distils_like_one_host_with_the_teacher_sharded_across_hosts(tmp_path):
-  """distilbert-tiny on a 2-process pod (localhost, gloo; tests/multihost_train_test.py's
+  """distilbert-tiny on a 2-process pod (localhost, gloo; tests/end_to_end/multihost_train_test.py's
   harness) logs the losses of 1 process; FSDP over all 8 devices, so the teacher's parameters
   are sharded across the two hosts and each reads only its shards."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from tests import multihost_train_test as mh  # pylint: disable=g-import-not-at-top
-  from tests import pod_testlib  # pylint: disable=g-import-not-at-top
+  from tests.end_to_end import multihost_train_test as mh  # pylint: disable=g-import-not-at-top
+  from tests.testlib import pod_testlib  # pylint: disable=g-import-not-at-top
   root = mh.ROOT
   common = ["--config.train_input_files=synthetic", "--config.model.vocab_size=512",
             "--config.seq_length=32", "--config.max_predictions_per_seq=6",

@@ -4,6 +4,7 @@ predict.py, extract_features.py. Fast tests use a random tiny ELECTRA export (th
 the accuracy); the slow one pre-trains electra-tiny a few steps with python -m bert_jax.train and
 runs the three CLIs on its workdir."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import subprocess
@@ -14,17 +15,17 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
-from bert_jax import electra
+from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax.families.electra import objective as electra
 from bert_jax import extract_features as ef
 from bert_jax import finetune
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.models import heads
+from bert_jax.models import model as model_lib
 from bert_jax import predict
-from tests import finetune_test
-from tests import tasks_testlib
+from tests.bert_jax import finetune_test
+from tests.testlib import tasks_testlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def _config(vocab_size):

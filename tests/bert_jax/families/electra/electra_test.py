@@ -1,4 +1,4 @@
-"""Tests for bert_jax/electra.py (and its rtd objective) on tiny configs (CPU, seconds)."""
+"""Tests for bert_jax/families/electra/objective.py (and its rtd objective) on tiny configs (CPU, seconds)."""
 
 import dataclasses
 import functools
@@ -11,12 +11,12 @@ import pytest
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bert_jax import electra
-from bert_jax import model as model_lib
-from bert_jax import objectives
-from bert_jax import sharding as sharding_lib
-from bert_jax import trainer_lib
-from tests import sigterm_testlib
+from bert_jax.families.electra import objective as electra
+from bert_jax.models import model as model_lib
+from bert_jax.objectives import pretraining as objectives
+from bert_jax.parallel import sharding as sharding_lib
+from bert_jax.training import trainer_lib
+from tests.testlib import sigterm_testlib
 
 VOCAB = 99
 # One layer per network: every test compiles both networks, and the box is a shared 2-core CPU.
@@ -215,7 +215,7 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   """electra.flops_per_sequence (the logged TFLOP/s of an ELECTRA run) against the dot products
   of jax.grad of the loss, both networks, traced for electra-tiny (as families_train_test does
   for BERT, ALBERT and SpanBERT)."""
-  from tests.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
   b, t, p = 2, 16, 3
   batch, _ = _batch(rows=b, seq=t, preds=p)
   params = jax.eval_shape(lambda: nn.meta.unbox(electra.init_params(TINY, jax.random.PRNGKey(0))))
@@ -271,7 +271,7 @@ def test_python_m_bert_jax_train_pretrains_electra_and_resumes_exactly(full_reco
   last = full["history"]["train"][-1][1]
   assert {"mlm_loss", "rtd_loss", "rtd_accuracy", "rtd_replaced_fraction"} <= set(last)
   assert 0 < last["rtd_replaced_fraction"] < 0.2     # ~15% masked, minus correct samples
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   params, config, _ = ckpt_lib.load_params(str(tmp_path / "full"))
   assert config.family == "electra" and set(params) == {"bert", "rtd_head", "generator",
                                                         "mlm_head"}

@@ -1,8 +1,9 @@
-"""MobileBERT (bert_jax/families/mobilebert.py, mobilebert_layers.py, convert/mobilebert.py)
+"""MobileBERT (bert_jax/families/mobilebert/__init__.py, mobilebert_layers.py, convert/mobilebert.py)
 against transformers' MobileBertForPreTraining: the name table, hidden states and MLM/NSP
 logits of a random folder on padded batches (both ways: import, export), parameter counts,
 its own config record, and a bad size refused before compute."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 
@@ -12,16 +13,16 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import convert
 from bert_jax import families
-from bert_jax import model as model_lib
-from bert_jax.convert import hf_export
-from bert_jax.convert import mobilebert as convert_mobilebert
+from bert_jax.models import model as model_lib
+from bert_jax.inference import hf_export
+from bert_jax.families.mobilebert import convert as convert_mobilebert
 from bert_jax.families import mobilebert
-from bert_jax.families import mobilebert_layers
-from tests import hf_testlib
-from tests import xla_test_flags
+from bert_jax.families.mobilebert import layers as mobilebert_layers
+from tests.testlib import hf_testlib
+from tests.testlib import xla_test_flags
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -197,8 +198,8 @@ def test_python_m_bert_jax_train_pretrains_mobilebert_tiny_on_mlm_and_nsp(tmp_pa
   divide is one line and exit 2, before any compute."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  root = tests.ROOT
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root,
              XLA_FLAGS=xla_test_flags.with_devices(2))
   common = ["--config=bert_jax/configs/pretrain.py:mobilebert-tiny,runlocal",
@@ -233,11 +234,11 @@ def test_python_m_bert_jax_train_pretrains_mobilebert_tiny_on_mlm_and_nsp(tmp_pa
 def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   """families/mobilebert.flops_per_sequence (train.step_flops: TFLOP/s, MFU) against the dot
   products of jax.grad of the loss traced for mobilebert-tiny (families_train_test's counter)."""
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import pretraining as objectives  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from ml_collections import ConfigDict as dict_config  # pylint: disable=g-import-not-at-top
-  from tests.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("mobilebert-tiny", vocab_size=1000)
   b, t, p = 2, 64, 10
   model = mobilebert_layers.MobileBertForPreTraining(cfg)
@@ -266,8 +267,8 @@ def test_a_mobilebert_checkpoint_fine_tunes_and_fills_masks(tmp_path):
   body under BERT's [CLS] head, as MobileBertForSequenceClassification) and fill-mask (its own
   MLM head through predict)."""
   from bert_jax import predict  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
   vocab = tasks_testlib.ReferenceTokenizer(vocab_file).vocab
   cfg = model_lib.get_bert_config("mobilebert-tiny", vocab_size=vocab.size)
@@ -298,8 +299,8 @@ def test_knowledge_transfer_from_an_ib_bert_shaped_teacher_through_the_cli(tmp_p
   teacher of another width without fit_size is one line, exit 2."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  root = tests.ROOT
   teachers = {}
   for name, kw in (("teacher", {}), ("wide", dict(hidden_size=96))):
     c = model_lib.get_bert_config("ib-bert-tiny", vocab_size=128, **kw)

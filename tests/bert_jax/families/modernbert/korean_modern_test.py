@@ -12,6 +12,7 @@ The slow test runs the walk-through of docs/non_english.md in small: build_vocab
 create_pretraining_data --no_nsp -> 3 steps of modernbert-tiny -> fill-mask.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import functools
 import json
 import os
@@ -21,10 +22,10 @@ import unicodedata
 import pytest
 
 from data_pipelines import build_vocab
-from data_pipelines import tokenization
-from data_pipelines import tokenizer_json as tj
+from data_pipelines.tokenizers import tokenization
+from data_pipelines.tokenizers import tokenizer_json as tj
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "korean")
+DATA = os.path.join(tests.DATA, "korean")
 TRAIN = f"{DATA}/1809890.txt,{DATA}/1809891.txt"
 _BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
 # Beside the corpus: syllables outside KS X 1001 that the bills never use (뷁 햏 똠), compatibility

@@ -22,10 +22,10 @@ import pytest
 
 from bert_jax import convert
 from bert_jax import families
-from bert_jax import inference
-from bert_jax.convert import hf_export
+from bert_jax.inference import loading as inference
+from bert_jax.inference import hf_export
 from bert_jax.convert.formats import ConversionError
-from tests.multilingual_vocab_test import _gemma_like, _lines
+from tests.data_pipelines.tokenizers.multilingual_vocab_test import _gemma_like, _lines
 
 TOL = 1e-4
 ROWS = 2048          # embedding rows: the file's 2,000 + 6 ids padded to a multiple of 64

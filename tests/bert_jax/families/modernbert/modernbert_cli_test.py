@@ -11,6 +11,7 @@ The fine-tune of that export (glue_sst2, 2 steps) is checked in modernbert_expor
 exports it back (one fine-tune for both); the CLI and training runs are the slow tier.
 """
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import json
 import os
 import re
@@ -21,11 +22,11 @@ import numpy as np
 import pytest
 
 from bert_jax import convert
-from bert_jax import inference
+from bert_jax.inference import loading as inference
 from bert_jax import predict
 from bert_jax.families import modernbert as family
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 TOL = 1e-4
 ROWS = 416   # embedding rows: the tokenizer's 405 ids padded, as ModernBERT's
 ROLES = (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"),
@@ -287,7 +288,7 @@ def test_one_step_squad_from_the_export(export, tmp_path):
   """SQuAD through finetune on the bundled tokenizer.json (squad_bpe_test checks the ids and
   positions): eval windows carry token_to_char and every prediction is cut out of its context."""
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   articles, contexts = [], {}
   for i, (who, city) in enumerate([("John", "Zürich"), ("Mary", "Rome")] * 4):
     context = f"The cat sat.  {who} went to {city} (1895-1943).\nThe end."
@@ -309,8 +310,8 @@ def test_one_step_squad_from_the_export(export, tmp_path):
   # families/modernbert.token_logits) with our start/end logits at every real position.
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import hf_export  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import hf_export  # pylint: disable=g-import-not-at-top
   out = hf_export.export_to_hf(summary["best_checkpoint"], str(tmp_path / "hf_squad"))
   hf = transformers.AutoModelForQuestionAnswering.from_pretrained(
       out, attn_implementation="eager").eval()
@@ -386,8 +387,8 @@ def test_modern_preset_parameter_counts(preset, encoder, with_head):
   init agree, encoder (`bert`) and with the MLM head (tied decoder counted once; NeoBERT's is
   untied)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config(preset)
   abstract = jax.eval_shape(lambda: pretraining_heads.init_params(cfg, jax.random.PRNGKey(0)))
   assert family.num_params(cfg) == model_lib.count_params(abstract["bert"]) == encoder

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import checkpoint as ckpt_lib
+from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax import convert
 from bert_jax import finetune
-from bert_jax import heads
-from bert_jax.convert import hf_export
-from bert_jax.convert import modernbert as convert_modernbert
-from tests.modernbert_cli_test import export, hf_folder  # noqa: F401 (module fixtures)
-from tests.modernbert_cli_test import _run
+from bert_jax.models import heads
+from bert_jax.inference import hf_export
+from bert_jax.families.modernbert import convert as convert_modernbert
+from tests.bert_jax.families.modernbert.modernbert_cli_test import export, hf_folder  # noqa: F401 (module fixtures)
+from tests.bert_jax.families.modernbert.modernbert_cli_test import _run
 
 TOL = 1e-4
 SEQ = 48
@@ -211,9 +211,9 @@ def test_fine_tuned_workdir_exports_through_the_cli(hf_folder, export, tmp_path)
 exit 2, nothing written."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   from bert_jax import predict  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   finetune_test._sst2(tmp_path, np.random.default_rng(0), 16, 8)
   config = finetune_test._config("glue_sst2", (export, ""), tmp_path, num_train_epochs=1.0,
                                  do_predict=False, log_every=1)

@@ -8,7 +8,7 @@ checkpoint's, and the export after phase 2 carrying the new theta so transformer
 we compute.
 
 End to end (slow): a byte-level BPE tokenizer.json learned on the standard library's docstrings
-(tests/modernbert_cli_test.py's, ModernBERT's kind), modernbert-tiny trained 3 steps at 64 tokens
+(tests/bert_jax/families/modernbert/modernbert_cli_test.py's, ModernBERT's kind), modernbert-tiny trained 3 steps at 64 tokens
 (theta 10,000 on every layer, the first phase), then `phase2` at 256 tokens from that workdir
 (theta 160,000 on layers 0; 1 and 2 keep 10,000) and from its transformers export, then exported:
 transformers' ModernBertForMaskedLM gives our MLM logits within 1e-4 on rows of 200 tokens.
@@ -20,10 +20,10 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import batch_warmup
+from bert_jax.training import batch_warmup
 from bert_jax import cli
-from bert_jax import model as model_lib
-from bert_jax import optimizer as opt_lib
+from bert_jax.models import model as model_lib
+from bert_jax.training import optimizer as opt_lib
 from bert_jax import train
 from bert_jax.configs import pretrain
 from bert_jax.families import modernbert
@@ -180,7 +180,7 @@ def test_other_differences_are_still_refused(monkeypatch):
 @pytest.fixture(scope="module")
 def phase1(tmp_path_factory):
   from data_pipelines import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
-  from tests.modernbert_cli_test import _docstring_lines, modernbert_style_tokenizer  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families.modernbert.modernbert_cli_test import _docstring_lines, modernbert_style_tokenizer  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("phase2")
   lines = _docstring_lines()
   tokenizer = str(root / "tokenizer.json")
@@ -208,7 +208,7 @@ def _run_config(arg, root, tokenizer, seq, steps):
 
 
 def _logits(params, config, ids, mask):
-  from tests.modernbert_test import _ours  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families.modernbert.modernbert_test import _ours  # pylint: disable=g-import-not-at-top
   return _ours(params, config, ids, mask)[1]
 
 
@@ -219,7 +219,7 @@ def test_phase2_from_the_workdir_exports_what_transformers_computes(phase1, caps
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   root = phase1["root"]
   c = _run_config("modernbert-tiny,phase2,runlocal", root, phase1["tokenizer"], 256, steps=2)
   assert (c.model.rope_theta_global, c.schedule, c.decay_steps) == (160_000.0, "wsd", 0)
@@ -278,7 +278,7 @@ def test_phase2_from_the_first_phases_transformers_export(phase1, monkeypatch, c
   """The first phase exported to transformers (config.json: theta 10,000, both spellings) is a
   start for phase 2 too: converted once, theta raised with the same line, nothing else moved."""
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("BERT_JAX_CACHE", str(phase1["root"] / "cache"))
   m = inference.load_for_inference(phase1["workdir"])
   assert m.config.rope_theta_global == 10_000.0

@@ -1,5 +1,5 @@
-"""ModernBERT as a family of the one encoder (bert_jax/families/modernbert.py, model.py's modern
-fields, bert_jax/convert/modernbert.py).
+"""ModernBERT as a family of the one encoder (bert_jax/families/modernbert/__init__.py, model.py's modern
+fields, bert_jax/families/modernbert/convert.py).
 
 - Presets: parameter counts equal transformers' ModernBertModel (149,014,272 for base,
   394,781,696 for large), counted from transformers' modules on the meta device (no memory).
@@ -22,11 +22,11 @@ import pytest
 
 from bert_jax import convert
 from bert_jax import families
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax.convert import modernbert as convert_modernbert
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.families.modernbert import convert as convert_modernbert
 from bert_jax.families import modernbert as family
-from tests.families_train_test import records  # noqa: F401 (the records fixture)
+from tests.bert_jax.families.families_train_test import records  # noqa: F401 (the records fixture)
 
 TOL = 1e-4
 
@@ -136,7 +136,7 @@ def hf_folder(tmp_path_factory):
   byte-level BPE tokenizer.json, saved as transformers saves them."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from data_pipelines import tokenizer_json  # pylint: disable=g-import-not-at-top
+  from data_pipelines.tokenizers import tokenizer_json  # pylint: disable=g-import-not-at-top
   folder = str(tmp_path_factory.mktemp("hf") / "modernbert")
   lines = ["the quick brown fox jumps over the lazy dog", "a modern encoder with rotary "
            "positions and a sliding window", "pack the rows and mask thirty percent"] * 20
@@ -205,7 +205,7 @@ def test_import_equals_transformers_hidden_states_and_logits(hf_folder):
 
 @pytest.mark.slow
 def test_convert_writes_an_export_with_its_tokenizer_json(hf_folder, tmp_path):
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / "orbax")
   meta = convert.convert_to_orbax(hf_folder, out)
   assert os.path.isfile(os.path.join(out, "tokenizer.json")) and meta["vocab_hash"]
@@ -250,8 +250,8 @@ def test_flop_count_equals_the_matmuls_of_the_traced_training_step():
   the blocked kernel (T = 64 > 3 x W/2) scores 3 blocks of W/2 = 8 keys per query (24) and the
   formula counts the W + 1 = 17 that the output depends on."""
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  from tests.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import pretraining as objectives  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families.families_train_test import _dot_flops  # pylint: disable=g-import-not-at-top
   cfg = model_lib.get_bert_config("modernbert-tiny", vocab_size=1000)
   b, t, p = 2, 64, 10
   model = pretraining_heads.BertForPreTraining(cfg)
@@ -280,9 +280,9 @@ def test_pretrains_through_the_loop_and_exports_to_transformers(records, tmp_pat
   ModernBertForMaskedLM the MLM logits of our model within 1e-4."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
-  from tests import families_train_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.families import families_train_test  # pylint: disable=g-import-not-at-top
   config = families_train_test._config("modernbert-tiny", records, "full", num_train_steps=4)
   assert config.masked_lm_prob == 0.3 and config.pack
   out = train.train_and_evaluate(config, str(tmp_path / "run"))

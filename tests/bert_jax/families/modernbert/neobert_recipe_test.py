@@ -1,13 +1,13 @@
 """NeoBERT's pre-training recipe (issue 30): the [MASK] / random / unchanged split as config fields
-(mask_replace_prob, random_replace_prob; data_pipelines/masking.py) and the neobert preset's
+(mask_replace_prob, random_replace_prob; data_pipelines/input/masking.py) and the neobert preset's
 values from chandar-lab/NeoBERT's conf/ (families/modernbert.py NEOBERT_RECIPE)."""
 import numpy as np
 import pytest
 
 from bert_jax_core import errors
 from bert_jax_core.tf_setup import tf
-from data_pipelines import masking
-from tests.masking_test import make_sequences, write_vocab
+from data_pipelines.input import masking
+from tests.data_pipelines.input.masking_test import make_sequences, write_vocab
 
 SEQ = 128
 
@@ -105,8 +105,8 @@ def test_impossible_splits_are_refused(vocab, split, message):
 
 def test_premasked_records_refuse_a_split_they_cannot_take(tmp_path, vocab):
   """google-research/bert records carry their masks: a split would change nothing, so say so."""
-  from data_pipelines import pretrain_input as pi  # pylint: disable=g-import-not-at-top
-  from tests import pretrain_input_test as pit  # pylint: disable=g-import-not-at-top
+  from data_pipelines.input import pretrain_input as pi  # pylint: disable=g-import-not-at-top
+  from tests.data_pipelines.input import pretrain_input_test as pit  # pylint: disable=g-import-not-at-top
   inst = pit.make_instances(vocab, 1, np.random.default_rng(0))[0]
   feats = {k: pit.int_feature(v) for k, v in inst.items()}
   feats["masked_lm_positions"] = pit.int_feature([1] + [0] * (pit.PREDS - 1))
@@ -123,9 +123,9 @@ def test_premasked_records_refuse_a_split_they_cannot_take(tmp_path, vocab):
 
 def test_the_trainers_stream_takes_the_split_from_the_config(tmp_path, vocab):
   """input_source.make_batches (the trainer's reader) passes the preset's split to masking."""
-  from bert_jax import input_source  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import input_source  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
-  from tests import pretrain_input_test as pit  # pylint: disable=g-import-not-at-top
+  from tests.data_pipelines.input import pretrain_input_test as pit  # pylint: disable=g-import-not-at-top
   pit.write_records(tmp_path / "part-0.tfrecord",
                     pit.make_instances(vocab, 64, np.random.default_rng(2)))
   c = pretrain.get_config("neobert,runlocal")
@@ -206,7 +206,7 @@ def test_neobert_preset_is_the_reference_recipe():
 
 
 def test_neobert_preset_trains_on_the_cosine_and_decays_every_tensor():
-  from bert_jax import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
   c = pretrain.get_config("neobert")
   _, schedule = opt_lib.from_config(c, num_train_steps=c.num_train_steps,

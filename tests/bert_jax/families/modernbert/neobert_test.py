@@ -40,9 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
-from bert_jax import pretraining_heads
-from bert_jax import modern_layers
+from bert_jax.models import model as model_lib
+from bert_jax.models import pretraining_heads
+from bert_jax.layers import modern_layers
 from bert_jax.convert import formats
 from bert_jax.families import modernbert as family
 

@@ -1,7 +1,8 @@
-"""TinyBERT (bert_jax/families/tinybert.py): the presets and their counts against transformers'
+"""TinyBERT (bert_jax/families/tinybert/__init__.py): the presets and their counts against transformers'
 BertModel, general distillation through `python -m bert_jax.train`, and a TinyBERT transformers
 folder (model_type bert with TinyBERT's extra keys and fit_dense) through BERT's converter."""
 
+import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import dataclasses
 import json
 import os
@@ -15,11 +16,11 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import families
-from bert_jax import layerwise
-from bert_jax import model as model_lib
-from tests import xla_test_flags
+from bert_jax.objectives import layerwise
+from bert_jax.models import model as model_lib
+from tests.testlib import xla_test_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = tests.ROOT
 
 
 def test_presets_are_the_family_s_and_the_recipe_is_general_distillation():
@@ -72,7 +73,7 @@ def _tinybert_folder(path):
   bert, their extra config keys, and fit_dense.{weight,bias} beside the BERT weights."""
   torch = pytest.importorskip("torch")
   from safetensors.torch import load_file, save_file  # pylint: disable=g-import-not-at-top
-  from tests import hf_testlib  # pylint: disable=g-import-not-at-top
+  from tests.testlib import hf_testlib  # pylint: disable=g-import-not-at-top
   model = hf_testlib.random_hf_model(hf_testlib.hf_config())
   hf_testlib.save_hf(model, path)
   with open(os.path.join(path, "config.json")) as f:
@@ -122,8 +123,8 @@ def test_python_m_bert_jax_train_distils_tinybert_from_a_bert_teacher(tmp_path):
   """General distillation of tinybert-tiny from a BERT-tiny export through the CLI: every
   layer-wise loss logged, the checkpoint holds the student and fit_dense, the teacher recorded;
   a wrong fit_size and a layer map past the teacher's depth are one line and exit 2."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   teacher_config = model_lib.get_bert_config("tiny", vocab_size=128)
   teacher = str(tmp_path / "teacher")
   params = jax.jit(lambda k: nn.meta.unbox(pretraining_heads.init_params(teacher_config, k)))(
@@ -150,7 +151,7 @@ def test_python_m_bert_jax_train_distils_tinybert_from_a_bert_teacher(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr[-3000:]
   r = train(str(tmp_path / "run"))
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
   scalars = metrics_writer.read_scalars(str(tmp_path / "run" / "tensorboard"))
   for part in ("distill_emb", "distill_hidden", "distill_att", "mlm"):
     assert len(scalars[f"train/{part}_loss"]) == 4, sorted(scalars)
@@ -170,14 +171,14 @@ def test_task_distillation_layers_from_a_fine_tuned_teacher_then_its_soft_labels
   1. the intermediate layers (train, alpha_pred=0: the teacher's body alone, no MLM
   head, teaches), 2. the prediction layer (finetune --config.distill_teacher, alpha 1 at T=1:
   the gradient of TinyBERT's soft cross-entropy) on the tinybert student's workdir."""
-  from bert_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics_writer  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.evaluation import metrics_writer  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import pretrain  # pylint: disable=g-import-not-at-top
-  from tests import finetune_test  # pylint: disable=g-import-not-at-top
-  from tests import tasks_testlib  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.testlib import tasks_testlib  # pylint: disable=g-import-not-at-top
   vocab_file = tasks_testlib.write_vocab(str(tmp_path), " ".join(finetune_test.WORDS) + " .")
   vocab_size = tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size
   bert_cfg = model_lib.get_bert_config("tiny", vocab_size=vocab_size)      # 2 x 128, 2 heads
