@@ -213,3 +213,48 @@ def test_a_planted_crossing_or_cycle_is_found(tmp_path):
              for v in found), found
   assert "import cycle: bert_jax.a <-> bert_jax.b" in found, found
   assert len(found) == 3, found
+
+
+def test_the_layers_of_some_modules():
+  assert layer_of("bert_jax.train")[1] == "programs"
+  assert layer_of("bert_jax.convert.__main__")[1] == "programs"
+  assert layer_of("bert_jax.convert")[1] == "convert"
+  assert layer_of("bert_jax.families")[1] == "registries"
+  assert layer_of("bert_jax.families.registry")[1] == "registries"
+  assert layer_of("bert_jax.families.electra.objective")[1] == "families"
+  assert layer_of("bert_jax.tasks.common")[1] == "registries"
+  assert layer_of("bert_jax.tasks.span")[1] == "tasks"
+  assert layer_of("bert_jax.planning.plan_compile")[1] == "programs"
+  assert layer_of("data_pipelines.build_vocab")[1] == "programs"
+  assert layer_of("data_pipelines.tokenizers.vocab")[1] == "tokenizers"
+  ranks = [layer_of(m)[0] for m in ("bert_jax.parallel.sharding", "bert_jax.layers.attention",
+                                     "bert_jax.models.model", "bert_jax.checkpoint.store",
+                                     "bert_jax.convert.formats", "bert_jax.inference.loading",
+                                     "bert_jax.training.trainer_lib", "bert_jax.objectives.layerwise",
+                                     "bert_jax.evaluation.metrics", "bert_jax.tasks.span",
+                                     "bert_jax.families.bert", "bert_jax.train")]
+  assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks), ranks
+
+
+def test_a_planted_upward_import_or_family_crossing_is_found(tmp_path):
+  for package in PACKAGES:
+    _write(tmp_path, f"{package}/__init__.py", "")
+  for sub in ("layers", "models", "families", "families/a", "families/b", "families/bert"):
+    _write(tmp_path, f"bert_jax/{sub}/__init__.py", "")
+  _write(tmp_path, "bert_jax/models/m.py", "from bert_jax.layers import k\n")   # down: fine
+  _write(tmp_path, "bert_jax/layers/k.py", "def f():\n  from bert_jax.families.a import net\n")
+  _write(tmp_path, "bert_jax/families/a/net.py", "from bert_jax.families.bert import x\n")
+  _write(tmp_path, "bert_jax/families/bert/x.py", "")
+  _write(tmp_path, "bert_jax/families/b/y.py", "from bert_jax.families.a import net\n")
+  _write(tmp_path, "data_pipelines/tokenizers/__init__.py", "")
+  _write(tmp_path, "data_pipelines/input/__init__.py", "")
+  _write(tmp_path, "data_pipelines/input/i.py", "")
+  _write(tmp_path, "data_pipelines/tokenizers/t.py", "import data_pipelines.input.i\n")
+  found = violations(tmp_path)
+  assert any(v.startswith("bert_jax/layers/k.py:2: bert_jax.layers.k imports bert_jax.families.a"
+                          ".net (upward: layers may not import families)") for v in found), found
+  assert any(v.startswith("bert_jax/families/b/y.py:1: bert_jax.families.b.y imports "
+                          "bert_jax.families.a.net (a family folder") for v in found), found
+  assert any("data_pipelines.tokenizers.t imports data_pipelines.input.i (upward: tokenizers may "
+             "not import input)" in v for v in found), found
+  assert len(found) == 3, found
