@@ -133,7 +133,7 @@ def build_training(config, model_config, mesh, teacher=None,
 # ----------------------------------------------------------------------------------------------
 # FLOPs (for TFLOP/s and MFU).
 # ----------------------------------------------------------------------------------------------
-# Analytic training FLOPs per sequence of BERT-style encoders (families/bert.py, where the
+# Analytic training FLOPs per sequence of BERT-style encoders (families/bert/, where the
 # accounting is written out); a family's own count is its Family.flops_per_sequence.
 model_flops_per_sequence = families_bert.flops_per_sequence
 

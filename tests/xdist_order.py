@@ -77,6 +77,9 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/end_to_end/stream_test.py::"
     "test_electra_one_and_two_hosts_give_the_same_losses_and_resume_on_each_other": 277,
     "tests/bert_jax/finetune_test.py": 248,
+    # six programs on a copy of bert_jax/ with a toy family's folder (estimate: 700 s on the box
+    # loaded by five other jobs, 2026-11-29; ~200 s idle)
+    "tests/bert_jax/families/toy_family_test.py": 200,
     "tests/bert_jax/plan_test.py::"
     "test_search_finds_settings_that_fit": 100,   # 0c6996e: per-chip 2, not 16
     "tests/bert_jax/planning/plan_finetune_test.py::"   # an estimate: 91 s of CPU, 2026-11-27 on the loaded box

@@ -18,7 +18,7 @@ The argument after ':' is PRESET[,phase2][,annealed][,fast][,runlocal]:
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
             ModernBERT: its context extension, 8,192 tokens with the global layers' RoPE theta
-            raised to 160,000 (families/modernbert.py phase2; docs/models.md).
+            raised to 160,000 (families/modernbert/ phase2; docs/models.md).
   annealed  mmBERT's schedule shape (arXiv 2509.06888) over config.train_sources: three phases of
             60/30/10% of the steps at tau 0.7 -> 0.5 -> 0.3 and 30% -> 15% -> 5% masking
             (config.phases; add sources=... to a phase to hold sources back, as mmBERT's 60 ->

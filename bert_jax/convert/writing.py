@@ -1,6 +1,6 @@
 """Writing converted checkpoints: a fresh parameter, the tokenizer's export metadata, the atomic
-Orbax export folder. Shared by convert/__init__ (BERT/ALBERT), convert/electra.py,
-convert/distilbert.py and inference.py; it imports no converter, so none of them imports another.
+Orbax export folder. Shared by convert/__init__ (BERT/ALBERT), families/electra/convert.py,
+families/distilbert/convert.py and inference.py; it imports no converter, so none of them imports another.
 """
 
 import glob

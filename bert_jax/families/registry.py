@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Optional
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """What one model family declares. The callables' signatures are BERT's (families/bert.py)."""
+  """What one model family declares. The callables' signatures are BERT's (families/bert/)."""
   name: str
   presets: Mapping[str, dict]      # preset name -> BertConfig fields (family=name among them)
   summary: str                     # one line for --help and docs: the paper and what differs

@@ -61,7 +61,7 @@ from bert_jax import families
 from bert_jax.models import model as model_lib
 
 VOCAB_NAME = "vocab.txt"
-TOKENIZER_JSON = "tokenizer.json"   # a Hugging Face tokenizer (convert/modernbert.py bundles it)
+TOKENIZER_JSON = "tokenizer.json"   # a Hugging Face tokenizer (families/modernbert/convert.py bundles it)
 
 
 class PredictError(errors.UserError):

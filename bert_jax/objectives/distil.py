@@ -268,7 +268,7 @@ def init_student(state, t, config, teacher: Teacher, student_layers):
 
 
 # ----------------------------------------------------------------------------------------------
-# The step: layerwise.py's (families/distilbert.py's step_parts), under DistilBERT's names.
+# The step: layerwise.py's (families/distilbert/'s step_parts), under DistilBERT's names.
 # ----------------------------------------------------------------------------------------------
 def loss_weights(config):
   """{part: weight} from the config's alpha_* fields (HF's recipe by default): layerwise.weights."""

@@ -3,7 +3,7 @@ frozen teacher layer by layer, the teacher run in the same sharded step
 (trainer_lib.build_steps(frozen=)). The one distillation objective of pre-training: a family
 plugs in this module's hooks (load_teacher, step_parts, ...) and sets the weights; TinyBERT
 (bert_jax/families/tinybert/__init__.py) and MobileBERT's transfer take its layer parts, DistilBERT
-(families/distilbert.py; its teacher checks and student init are bert_jax/objectives/distil.py's) the
+(families/distilbert/; its teacher checks and student init are bert_jax/objectives/distil.py's) the
 prediction layer's KL, the last hidden states' cosine and MLM.
 
 Student layer m (1..M) learns from teacher layer g(m) (1..N); g is TinyBERT's uniform map

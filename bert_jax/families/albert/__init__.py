@@ -2,7 +2,7 @@
 shared across depth (or its attention / FFN half), sentence-order prediction, n-gram masking.
 
 The same encoder as BERT (model.py's share_layers and embedding_size fields); what differs here:
-the presets, the recipe's masking, and the checkpoint names (convert/albert.py).
+the presets, the recipe's masking, and the checkpoint names (families/albert/convert.py).
 """
 
 import dataclasses
@@ -31,6 +31,6 @@ FAMILY = families.register(dataclasses.replace(
     factorised_embeddings=True, shared_layers=True, masking="ngram", whole_word_masking=True,
     hf_model_types=("albert",), tf_config_names=("albert_config.json",),
     config_marker_keys=("embedding_size",),
-    # ALBERT's configs name their GELU, which convert/albert.py maps.
+    # ALBERT's configs name their GELU, which families/albert/convert.py maps.
     **families.converter_hooks("albert"),
     hf_class="AlbertForPreTraining"))

@@ -5,7 +5,7 @@ distil.py holds the teacher's checks and record and the student's initialisation
 
 What the family declares: its presets and recipe (HF's distillation command), the student's step
 with its frozen teacher and their FLOPs, transformers' DistilBertForSequenceClassification head on
-[CLS], and transformers' DistilBERT names (convert/distilbert.py).
+[CLS], and transformers' DistilBERT names (families/distilbert/convert.py).
 """
 
 import dataclasses
@@ -112,7 +112,7 @@ def describe(config, purpose, params_keys=(), do_train=True):
           "classifier: as transformers' DistilBertForSequenceClassification)")
 
 
-# transformers' DistilBertForMaskedLM, one folder (convert/distilbert.py).
+# transformers' DistilBertForMaskedLM, one folder (families/distilbert/convert.py).
 import_hf, export_hf = bert.own_hf_converter("distilbert")
 
 

@@ -4,7 +4,7 @@ discriminator trained together (bert_jax/families/electra/objective.py holds the
 What the family declares: its presets and recipe (Table 6), the generator + discriminator step and
 its FLOPs, the discriminator as the fine-tuning and feature body (no pooler: transformers'
 ElectraClassificationHead on [CLS]), fill-mask through the generator, and transformers' two
-folders (discriminator/ + generator/, convert/electra.py).
+folders (discriminator/ + generator/, families/electra/convert.py).
 """
 
 import dataclasses
@@ -157,7 +157,7 @@ def describe(config, purpose, params_keys=(), do_train=True):
 
 
 # ----------------------------------------------------------------------------------------------
-# transformers: two folders (convert/electra.py).
+# transformers: two folders (families/electra/convert.py).
 # ----------------------------------------------------------------------------------------------
 def hf_config_file(path):
   """config.json of the discriminator: `path` itself, or path/discriminator of a pair folder

@@ -3,9 +3,9 @@
 layer, NoNorm, ReLU and a trigram input embedding; MLM + NSP.
 
 One place: the config record with MobileBERT's own fields and the network are
-families/mobilebert_layers.py (MobileBertConfig subclasses BertConfig, so the shared record
+families/mobilebert/layers.py (MobileBertConfig subclasses BertConfig, so the shared record
 carries none of them); this module is the family record (presets, recipe, the step's network,
-FLOPs, fine-tuning body); convert/mobilebert.py is its transformers name table
+FLOPs, fine-tuning body); families/mobilebert/convert.py is its transformers name table
 (MobileBertForPreTraining / MobileBertForMaskedLM / MobileBertModel folders, both ways).
 
   python -m bert_jax.train --config=bert_jax/configs/pretrain.py:mobilebert-tiny \
@@ -96,7 +96,7 @@ def recipe(c, preset):
 # progressive.py: layer l alone in stage l, the rest frozen). Without one, BERT's MLM + NSP step.
 # ----------------------------------------------------------------------------------------------
 def _layerwise():
-  """bert_jax/objectives/layerwise.py, imported when first asked (as families/tinybert.py does)."""
+  """bert_jax/objectives/layerwise.py, imported when first asked (as families/tinybert/ does)."""
   return importlib.import_module("bert_jax.objectives.layerwise")
 
 
@@ -146,7 +146,7 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
 
 def network_flops(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
   """Analytic training FLOPs per sequence (3 x forward, 2 a multiply-add: 6 per matmul
-  parameter a token), element-wise work not counted, as BERT's (families/bert.py). Per token:
+  parameter a token), element-wise work not counted, as BERT's (families/bert/). Per token:
   the embedding transformation (3E x H), and per layer every dense kernel of the network
   (mobilebert_layers: bottlenecks H x B, q/k B x B, v H x B, attention output B x B, F FFNs
   2 x B x I, output bottleneck B x H); attention scores + context 12 x T^2 x B a layer; on the
@@ -234,7 +234,7 @@ FAMILY = families.register(dataclasses.replace(
     encode=encode, features_model=features_model, describe=describe,
     hf_model_types=("mobilebert",), tf_config_names=(),
     config_marker_keys=("intra_bottleneck_size",),
-    # Its configs name their activation (relu), which convert/mobilebert.py maps.
+    # Its configs name their activation (relu), which families/mobilebert/convert.py maps.
     **families.converter_hooks("mobilebert"),
     hf_class="MobileBertForPreTraining",
     train_further_note=" (and the same --config.teacher_checkpoint, if it had one)"))

@@ -28,7 +28,7 @@ LayerNorms without config.layer_norm_eps (the embeddings' and the layer output's
 default 1e-5); so does this file (`_DEFAULT_EPS`), so a layer_norm MobileBERT matches too.
 
 Parameter names follow transformers' module names (layer_{i} for layer.{i}, ffn_{j} for
-ffn.{j}; kernels [in, out]), so convert/mobilebert.py's name table is a rename.
+ffn.{j}; kernels [in, out]), so families/mobilebert/convert.py's name table is a rename.
 """
 
 import dataclasses

@@ -14,7 +14,7 @@ What differs from BERT, each a BertConfig field (model.py) rather than a second 
   type_vocab_size=0, no pooler, MLM only (30%, no sentence objective; NeoBERT 20%, all [MASK]:
                               `recipe`)
 
-Parameter tree against transformers' ModernBertForMaskedLM (convert/modernbert.py maps them):
+Parameter tree against transformers' ModernBertForMaskedLM (families/modernbert/convert.py maps them):
   bert/embeddings/word_embeddings/embedding [V, H]    model.embeddings.tok_embeddings.weight
   bert/embeddings/layer_norm/scale [H]                model.embeddings.norm.weight
   bert/encoder/layer_{i}/attention/{query,key,value}/kernel [H, N, D]
@@ -252,7 +252,7 @@ def phase2(c, preset):
 
 def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
   """Analytic training FLOPs per sequence (3 x forward, 2 a multiply-add), as BERT's
-  (families/bert.py): per token 6 x (4H^2 for q,k,v,o + 3HI for the gated FFN's Wi [H, 2I] and
+  (families/bert/): per token 6 x (4H^2 for q,k,v,o + 3HI for the gated FFN's Wi [H, 2I] and
   Wo [I, H]); attention scores + context 12 x T x S x H per layer with S = T on global layers and
   S = min(T, W + 1) keys on local ones (|i - j| <= W/2: what the blocked kernel's output depends
   on, not the 3W/2 keys it computes); the MLM head (H -> H transform, tied H -> V decoder) on the

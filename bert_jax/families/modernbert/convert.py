@@ -1,5 +1,5 @@
 """ModernBERT <-> transformers: ModernBertForMaskedLM (or a bare ModernBertModel) from and to a
-BertForPreTraining tree of family "modernbert" (families/modernbert.py holds the name table in
+BertForPreTraining tree of family "modernbert" (families/modernbert/ holds the name table in
 its docstring; model.py's modern fields build it).
 
   python -m bert_jax.convert --input=HF_DIR --output=ckpt/modernbert     # <- transformers

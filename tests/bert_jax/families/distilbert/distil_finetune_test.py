@@ -294,7 +294,7 @@ def test_an_hf_folder_without_its_vocab_is_one_line(tmp_path, monkeypatch):
   _, _, body_dir, _ = _hf_folders(tmp_path)
   os.remove(os.path.join(body_dir, "vocab.txt"))
   from bert_jax.convert import ConversionError  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ConversionError,   # the one converter's (families/distilbert.py's import)
+  with pytest.raises(ConversionError,   # the one converter's (families/distilbert/'s import)
                      match=r"a transformers DistilBERT folder without its tokenizer \(vocab.txt\)"
                            r"; save the tokenizer into it too"):
     inference.load_for_inference(body_dir)

@@ -1,4 +1,4 @@
-"""MobileBERT (bert_jax/families/mobilebert/__init__.py, mobilebert_layers.py, convert/mobilebert.py)
+"""MobileBERT (bert_jax/families/mobilebert/__init__.py, mobilebert/layers.py, families/mobilebert/convert.py)
 against transformers' MobileBertForPreTraining: the name table, hidden states and MLM/NSP
 logits of a random folder on padded batches (both ways: import, export), parameter counts,
 its own config record, and a bad size refused before compute."""
@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 64
-# The tiny preset's shape (families/mobilebert.py) at VOCAB words.
+# The tiny preset's shape (families/mobilebert/) at VOCAB words.
 TINY = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, embedding_size=16, intra_bottleneck_size=32,
             num_feedforward_networks=2, classifier_activation=True, max_position_embeddings=128,

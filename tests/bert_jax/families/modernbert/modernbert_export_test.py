@@ -1,5 +1,5 @@
 """A fine-tuned ModernBERT exported to transformers (issue 30 item 3: "exporting gives a folder
-transformers loads with every output equal"): convert/modernbert.py's fine_tuned_task.
+transformers loads with every output equal"): families/modernbert/convert.py's fine_tuned_task.
 
 The body is modernbert_cli_test's: a transformers ModernBertForMaskedLM of modernbert-tiny's shape
 (3 x 128, window 16, 416 rows), every parameter random, with a 405-id byte-level BPE tokenizer.json

@@ -1,7 +1,7 @@
 """ModernBERT's two pre-training phases: the first as the defaults of the modernbert-base and
--large presets (families/modernbert.py PHASE1, BATCH_WARMUP), its steps recounted from the yamls'
+-large presets (families/modernbert/ PHASE1, BATCH_WARMUP), its steps recounted from the yamls'
 tokens under the batch-size warmup; the context extension as the `phase2` variant
-(families/modernbert.py phase2, train.model_from_init_checkpoint): the recipe's values, the global
+(families/modernbert/ phase2, train.model_from_init_checkpoint): the recipe's values, the global
 layers' RoPE theta raised from
 the first phase's checkpoint with one line said, every other architecture field the
 checkpoint's, and the export after phase 2 carrying the new theta so transformers computes what

@@ -1,6 +1,6 @@
 """NeoBERT's pre-training recipe (issue 30): the [MASK] / random / unchanged split as config fields
 (mask_replace_prob, random_replace_prob; data_pipelines/input/masking.py) and the neobert preset's
-values from chandar-lab/NeoBERT's conf/ (families/modernbert.py NEOBERT_RECIPE)."""
+values from chandar-lab/NeoBERT's conf/ (families/modernbert/ NEOBERT_RECIPE)."""
 import numpy as np
 import pytest
 
@@ -240,7 +240,7 @@ def test_other_presets_keep_80_10_10_and_their_values(preset, prob):
   if prob is not None:
     assert c.masked_lm_prob == prob
   # The neobert values did not leak into ModernBERT's: tiny and mini keep BERT's loop, base and
-  # large ModernBERT's first phase (families/modernbert.py PHASE1).
+  # large ModernBERT's first phase (families/modernbert/ PHASE1).
   if preset in ("modernbert-tiny", "modernbert-mini"):
     assert (c.seq_length, c.b2, c.eps, c.warmup_steps, c.num_train_steps) == (
         128, 0.999, 1e-6, 10_000, 900_000)
