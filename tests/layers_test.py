@@ -258,3 +258,15 @@ def test_a_planted_upward_import_or_family_crossing_is_found(tmp_path):
   assert any("data_pipelines.tokenizers.t imports data_pipelines.input.i (upward: tokenizers may "
              "not import input)" in v for v in found), found
   assert len(found) == 3, found
+
+
+def test_every_test_folder_is_a_package():
+  """tests/ mirrors the code in folders (tests/data_pipelines/tokenizers/, ...): each needs an
+  __init__.py, or pytest's rootdir import puts the folder itself on sys.path, where its name
+  would shadow a library's (tests/data_pipelines/tokenizers/ over Hugging Face `tokenizers`)."""
+  missing = []
+  for d, dirs, names in os.walk(os.path.join(ROOT, "tests")):
+    dirs[:] = [x for x in dirs if x not in ("__pycache__", "data")]
+    if any(n.endswith(".py") for n in names) and "__init__.py" not in names:
+      missing.append(os.path.relpath(d, ROOT))
+  assert missing == []
