@@ -12,7 +12,7 @@ start's BERT-tiny at equal student compute, and MobileBERT-tiny, fine-tuned on t
      tinybert-1l-128  TinyBERT's general distillation (bert_jax/objectives/layerwise.py: embedding, hidden-
                       state and attention-score MSE, layer map g(1) = 2, no fit_dense; the
                       student from random weights, as TinyBERT's)
-     distilbert-tiny  DistilBERT's recipe (bert_jax/objectives/distil.py: soft CE x 5 + MLM x 2 + cosine x 1,
+     distilbert-tiny  DistilBERT's recipe (bert_jax/families/distilbert/distil.py: soft CE x 5 + MLM x 2 + cosine x 1,
                       T 2; the student initialised from the teacher's layer 0)
      tiny-1l          the same BertModel from scratch, MLM only
    All under the `runlocal` recipe (lr 1e-3, 10% warmup), the families' own objectives.

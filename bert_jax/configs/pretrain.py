@@ -14,7 +14,7 @@ The argument after ':' is PRESET[,phase2][,annealed][,fast][,runlocal]:
             electra-{small,base,large} (the paper's recipe below) and electra-{tiny,mini}
             (records from --no_nsp; a generator and a discriminator, bert_jax/families/electra/objective.py);
             DistilBERT: distilbert-{tiny,mini,base} with --config.teacher_checkpoint=TEACHER
-            (records from --no_nsp; bert_jax/objectives/distil.py). docs/models.md.
+            (records from --no_nsp; bert_jax/families/distilbert/distil.py). docs/models.md.
   phase2    the paper's second phase: seq 512, 80 predictions, 100k steps, started from phase 1's
             parameters (--config.init_checkpoint=PHASE1_WORKDIR) with a fresh optimizer.
             ModernBERT: its context extension, 8,192 tokens with the global layers' RoPE theta
@@ -86,7 +86,7 @@ def get_config(arg="base"):
   c.masking = recipe.masking                        # token (BERT) | ngram (ALBERT) | span
   c.whole_word_masking = recipe.whole_word_masking  # ALBERT's n-grams / SpanBERT's spans of words
   _optimizer_and_loop_fields(c)
-  # DistilBERT's teacher (bert_jax/objectives/distil.py): a BERT workdir, export or Hugging Face folder;
+  # DistilBERT's teacher (bert_jax/families/distilbert/distil.py): a BERT workdir, export or Hugging Face folder;
   # its path and manifest hash go into every checkpoint's meta and resuming checks them.
   c.teacher_checkpoint = ""
   if recipe.recipe:   # the paper's values of that family (e.g. ELECTRA's Table 6)

@@ -76,6 +76,10 @@ class Family:
   planning_teacher: Callable = None     # (config, model_config) -> teacher as shapes, or None
   step_parts: Callable = None           # (config, model_config, teacher, dummy, mesh, rules)
                                         #   -> (forward, loss weights or None, frozen or None)
+  # May a student learn from this family's checkpoints as from BERT's (a post-LN encoder with
+  # an MLM head: objectives/teacher.py)? BERT's record says yes, and so does every family built
+  # on it unless it says no (ALBERT's shared layers, ELECTRA's pair, the own networks).
+  plain_teacher: bool = False
 
   # --- Fine-tuning, features, fill-mask.
   encode: Callable = None               # (config, ids, mask, segments, **rows) -> BertModel dict;

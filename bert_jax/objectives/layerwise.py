@@ -3,7 +3,8 @@ frozen teacher layer by layer, the teacher run in the same sharded step
 (trainer_lib.build_steps(frozen=)). The one distillation objective of pre-training: a family
 plugs in this module's hooks (load_teacher, step_parts, ...) and sets the weights; TinyBERT
 (bert_jax/families/tinybert/__init__.py) and MobileBERT's transfer take its layer parts, DistilBERT
-(families/distilbert/; its teacher checks and student init are bert_jax/objectives/distil.py's) the
+(families/distilbert/distil.py; the teacher's checks and the student's init are
+bert_jax/objectives/teacher.py's) the
 prediction layer's KL, the last hidden states' cosine and MLM.
 
 Student layer m (1..M) learns from teacher layer g(m) (1..N); g is TinyBERT's uniform map
@@ -29,7 +30,7 @@ gives any other. Hidden state 0 (the embedding output) is matched to the teacher
 
 DistilBERT (Sanh et al. 2019) is the weight setting alpha_ce 5, alpha_mlm 2, alpha_cos 1 at T = 2
 (HF's research_projects/distillation train.py), the layer parts 0; its student starts from every
-other teacher layer (distil.init_student; --config.teacher_layers, 0-based), and that copy map,
+other teacher layer (teacher.init_student; --config.teacher_layers, 0-based), and that copy map,
 1-based, is its layer map unless --config.layer_map gives one.
 
 TinyBERT's general distillation is the first three (their general_distill.py); the prediction
@@ -50,7 +51,7 @@ stage l weighs layer l's hidden and attention parts alone and trains layer l alo
 
 Bad input, one line and exit 2 before compute: a layer map outside the teacher's depth, a student
 whose width differs from the teacher's without --config.fit_size (or with another), a teacher of
-another vocabulary (size, or content as distil.check_teacher_vocab), heads that differ with
+another vocabulary (size, or content as teacher.check_teacher_vocab), heads that differ with
 alpha_att or alpha_att_kl > 0, a progressive schedule that cannot run (progressive.check).
 """
 
@@ -64,7 +65,7 @@ from flax import traverse_util
 
 from bert_jax.layers import attention as attention_lib
 from bert_jax.checkpoint import store as ckpt_lib
-from bert_jax.objectives import distil
+from bert_jax.objectives import teacher as teacher_lib
 from bert_jax import families
 from bert_jax.models import model as model_lib
 from bert_jax.objectives import pretraining as objectives
@@ -110,7 +111,7 @@ def layer_map(config, teacher_layers, student_layers):
   matched to them by default, student layer m to the output of the layer it copied."""
   spec = str(config.get("layer_map", "") or "")
   if not spec and "teacher_layers" in config:
-    return [l + 1 for l in distil.layer_map(config, teacher_layers, student_layers)]
+    return [l + 1 for l in teacher_lib.layer_map(config, teacher_layers, student_layers)]
   try:
     layers = ([int(x) for x in spec.split(",") if x.strip()] if spec else
               [m * teacher_layers // student_layers for m in range(1, student_layers + 1)])
@@ -195,13 +196,14 @@ def check_fit(config, t, s, where):
                       f"--config.{field}=0.")
 
 
-def load_teacher(config, model_config) -> distil.Teacher:
+def load_teacher(config, model_config) -> teacher_lib.Teacher:
   """The teacher of a layer-wise run: described (no array read), checked against the student
   (vocab, widths, depth and layer map, heads, kernels), recorded. One-line ConfigError before
   any compute."""
   path = config.get("teacher_checkpoint", "")
   weights(config)
-  pre, source, where = distil.read_teacher(config, path, "is distilled layer by layer from a teacher")
+  pre, source, where = teacher_lib.read_teacher(config, path,
+                                                "is distilled layer by layer from a teacher")
   t, s = pre.model_config, model_config
   check_teacher_config(config, t, s, where)
   field = next((k for k in ("alpha_pred", "alpha_ce") if config.get(k, 0.0)), None)
@@ -212,13 +214,13 @@ def load_teacher(config, model_config) -> distil.Teacher:
                         "logits: use a BertForPreTraining or BertForMaskedLM checkpoint, or "
                         f"--config.{field}=0.")
   described = ckpt_lib.describe(source, verify=False)
-  distil.check_teacher_vocab(config, pre, described, where)
+  teacher_lib.check_teacher_vocab(config, pre, described, where)
   check_kernels(config, s)
   progressive.check(config, s)
   # A progressive run's checkpoints record its stages with the teacher: a resume must keep them
   # (progressive.check_resume).
-  record = progressive.with_stages(distil.teacher_record(path, described), config, s)
-  return distil.Teacher(path, pre, distil._as_teacher(t, s),  # pylint: disable=protected-access
+  record = progressive.with_stages(teacher_lib.teacher_record(path, described), config, s)
+  return teacher_lib.Teacher(path, pre, teacher_lib.as_teacher(t, s),
                         record)
 
 
@@ -229,11 +231,12 @@ def check_teacher_config(config, t, s, where):
   # BertModel: TinyBERT) in its turn, or a family whose own network gives the layer-wise
   # outputs (MobileBERT's, and so an IB-BERT-shaped teacher of its architecture).
   own = _own_network(t)
-  ok = (t.family in distil.TEACHER_FAMILIES or own is not None
+  ok = (t.family in teacher_lib.plain_teachers() or own is not None
         or families.get(t.family).pretraining_model.__name__ == LayerwiseModel.__name__)
   if not ok or (own is None and (t.factorised or t.share_layers != "none")):
     raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
-                      f"({', '.join(distil.TEACHER_FAMILIES)}, or a layer-wise student) without "
+                      f"({', '.join(teacher_lib.plain_teachers())}, or a layer-wise student) "
+                      "without "
                       "factorised or shared layers.")
   if t.vocab_size != s.vocab_size:
     raise ConfigError(f"{where} has a vocabulary of {t.vocab_size} tokens and the student "
@@ -258,8 +261,8 @@ def planning_teacher(config, model_config):
   check_teacher_config(config, t, model_config, "the base preset (planning teacher)")
   check_kernels(config, model_config)
   progressive.check(config, model_config)
-  return distil.Teacher("the base preset (shapes only: no --config.teacher_checkpoint)", None,
-                        distil._as_teacher(t, model_config), None)  # pylint: disable=protected-access
+  return teacher_lib.Teacher("the base preset (shapes only: no --config.teacher_checkpoint)", None,
+                             teacher_lib.as_teacher(t, model_config), None)
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
@@ -486,7 +489,7 @@ objectives.PARTS.update(PARTS)   # objectives are an open table; these are this 
 def step_parts(config, model_config, teacher, dummy_batch, mesh, rules, *, teacher_head=False):
   """(student forward, loss weights, the frozen teacher) for trainer_lib.build_steps.
   teacher_head: load the teacher's MLM head even when its logits are not distilled (DistilBERT's
-  student starts from it: distil.init_student reads it from the frozen parameters)."""
+  student starts from it: teacher_lib.init_student reads it from the frozen parameters)."""
   teacher = teacher or load_teacher(config, model_config)
   layers = layer_map(config, teacher.model_config.num_layers, model_config.num_layers)
   # MobileBERT's progressive transfer (bert_jax/objectives/progressive.py): a schedule of layers by step,
@@ -553,4 +556,4 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   bert_flops = families.get("bert").flops_per_sequence   # the table's, not the folder's
   if teacher_config is None:
     return bert_flops(cfg, seq_length, num_predictions, num_nsp)
-  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions, bert_flops)
+  return teacher_lib.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions, bert_flops)

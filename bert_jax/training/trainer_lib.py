@@ -78,7 +78,7 @@ def apply_gradients(state, grads, tx, fp8_scales=None):
 
 
 def with_frozen(batch, frozen_params, frozen_apply):
-  """batch plus a frozen network's outputs on it (DistilBERT's teacher: bert_jax/objectives/distil.py), or
+  """batch plus a frozen network's outputs on it (DistilBERT's teacher: bert_jax/families/distilbert/distil.py), or
   batch itself when the step has none. No gradient reaches them (stop_gradient in the apply, and
   the frozen parameters are an argument of the step, not in the state the gradient is of)."""
   if frozen_apply is None:

@@ -136,7 +136,7 @@ def test_distilbert_step_is_lowered_with_its_frozen_teacher_from_shapes():
   step takes the teacher's parameters as abstract arguments on the slice's devices: the tiny
   preset's shapes without --config.teacher_checkpoint (distil.planning_teacher), nothing read."""
   import jax
-  from bert_jax.objectives import distil
+  from bert_jax.families.distilbert import distil
   from bert_jax.training import input_source
   from bert_jax import plan as plan_lib
   from bert_jax.parallel import sharding as sharding_lib
@@ -163,7 +163,7 @@ def test_distilbert_step_is_lowered_with_its_frozen_teacher_from_shapes():
 
 
 def test_distilbert_plan_without_a_teacher_or_a_known_preset_says_what_to_pass():
-  from bert_jax.objectives import distil
+  from bert_jax.families.distilbert import distil
   from bert_jax.models import model as model_lib
   from bert_jax.configs import pretrain
   c = pretrain.get_config("distilbert-tiny")
@@ -218,7 +218,7 @@ def test_distillation_loss_settings_are_range_checked_before_compute(tmp_path, f
 
 
 def test_all_distillation_weights_zero_is_refused():
-  from bert_jax.objectives import distil
+  from bert_jax.families.distilbert import distil
   from bert_jax.configs import pretrain
   c = pretrain.get_config("distilbert-tiny")
   c.alpha_ce, c.alpha_mlm, c.alpha_cos = 0.0, 0.0, 0.0
@@ -362,7 +362,7 @@ def _teacher_export(tmp_path, vocab_size, *, meta=None, bundle=None):
 def test_distillation_refuses_a_teacher_with_another_vocab_of_the_same_size(tmp_path, how):
   """Before: only the sizes were compared, so a teacher trained on a shuffled vocab of the same
   size distilled into the student (silently wrong: its logits index other tokens)."""
-  from bert_jax.objectives import distil
+  from bert_jax.families.distilbert import distil
   from bert_jax.models import model as model_lib
   from bert_jax.configs import pretrain
   from bert_jax_core import files as files_lib

@@ -26,7 +26,7 @@ PRESETS = {f"albert-{name}": dict(_ALBERT, num_layers=l, hidden_size=h, num_head
 
 
 FAMILY = families.register(dataclasses.replace(
-    bert.FAMILY, name="albert", presets=PRESETS, title="ALBERT",
+    bert.FAMILY, name="albert", presets=PRESETS, plain_teacher=False, title="ALBERT",
     summary="ALBERT (Lan et al. 2019): factorised embeddings, shared layers, MLM + SOP",
     factorised_embeddings=True, shared_layers=True, masking="ngram", whole_word_masking=True,
     hf_model_types=("albert",), tf_config_names=("albert_config.json",),

@@ -84,28 +84,30 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
 
 
 # ----------------------------------------------------------------------------------------------
-# The pre-training step: no frozen network unless the family distils (bert_jax/objectives/distil.py checks
-# that a --config.teacher_checkpoint is not given to a family that does not).
+# The pre-training step: no frozen network unless the family distils (objectives/teacher.py's
+# no_teacher: a --config.teacher_checkpoint given to a family that does not is one line). The
+# teacher module is imported at the first call, not when the registry loads the families (it
+# reads checkpoints: orbax).
 # ----------------------------------------------------------------------------------------------
 def load_teacher(config, model_config):
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  return distil.load_teacher(config, model_config)
+  from bert_jax.objectives import teacher  # pylint: disable=g-import-not-at-top
+  return teacher.no_teacher(config, model_config)
 
 
 def check_teacher(meta, teacher, workdir):
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  distil.check_teacher(meta, teacher, workdir)
+  from bert_jax.objectives import teacher as teacher_lib  # pylint: disable=g-import-not-at-top
+  teacher_lib.check_teacher(meta, teacher, workdir)
 
 
 def init_from_teacher(state, steps, config, teacher, num_layers):
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  return distil.init_student(state, steps, config, teacher, num_layers)
+  from bert_jax.objectives import teacher as teacher_lib  # pylint: disable=g-import-not-at-top
+  return teacher_lib.init_student(state, steps, config, teacher, num_layers)
 
 
 def planning_teacher(config, model_config):
   """The teacher bert_jax.plan compiles the step with (shapes only), or None."""
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  return distil.planning_teacher(config, model_config)
+  from bert_jax.objectives import teacher  # pylint: disable=g-import-not-at-top
+  return teacher.no_teacher(config, model_config)
 
 
 def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
@@ -293,7 +295,7 @@ FAMILY = families.register(families.Family(
     forward=pretraining_heads.pretraining_outputs,
     flops_per_sequence=flops_per_sequence, load_teacher=load_teacher,
     check_teacher=check_teacher, init_from_teacher=init_from_teacher,
-    planning_teacher=planning_teacher, step_parts=step_parts,
+    planning_teacher=planning_teacher, step_parts=step_parts, plain_teacher=True,
     encode=encode, cls_logits=cls_logits, token_logits=token_logits,
     features_model=features_model,
     check_fill_mask=check_fill_mask, mlm_logits=mlm_logits, describe=describe,

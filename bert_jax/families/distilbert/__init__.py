@@ -1,7 +1,8 @@
 """DistilBERT (Sanh et al. 2019): a student BERT (half the depth, no token types, no pooler)
 distilled from a frozen teacher in the same step: bert_jax/objectives/layerwise.py's objective at HF's
 weights (the prediction layer's KL x T^2, MLM, the last hidden states' cosine); bert_jax/
-distil.py holds the teacher's checks and record and the student's initialisation.
+distil.py (beside this file) loads and checks its teacher; objectives/teacher.py (shared with
+the layer-wise students) records it and initialises the student from it.
 
 What the family declares: its presets and recipe (HF's distillation command), the student's step
 with its frozen teacher and their FLOPs, transformers' DistilBertForSequenceClassification head on
@@ -9,6 +10,7 @@ with its frozen teacher and their FLOPs, transformers' DistilBertForSequenceClas
 """
 
 import dataclasses
+import importlib
 
 from flax import linen as nn
 
@@ -18,7 +20,7 @@ from bert_jax.families import bert
 
 _DISTILBERT = dict(family="distilbert", objectives="mlm", type_vocab_size=0)
 
-# DistilBERT (Sanh et al. 2019; bert_jax/objectives/distil.py): BERT-base halved in depth, no token types, no
+# DistilBERT (Sanh et al. 2019; bert_jax/families/distilbert/distil.py): BERT-base halved in depth, no token types, no
 # pooler; 66,362,880 parameters (DistilBertModel), 66,985,530 with the MLM head
 # (DistilBertForMaskedLM, decoder tied), as transformers counts them (tests/bert_jax/families/distilbert/distil_test.py).
 # tiny / mini: the tiny / mini BERT presets halved in depth (students of those teachers).
@@ -47,13 +49,26 @@ def recipe(c, preset):
   c.learning_rate = 5e-4
 
 
+def _distil():
+  """distil.py (DistilBERT's teacher), imported at the first hook call, not when the registry
+  loads the families (it reads checkpoints: orbax)."""
+  return importlib.import_module("bert_jax.families.distilbert.distil")
+
+
+def load_teacher(config, model_config):
+  return _distil().load_teacher(config, model_config)
+
+
+def planning_teacher(config, model_config):
+  return _distil().planning_teacher(config, model_config)
+
+
 def step_parts(config, model_config, teacher, dummy_batch, mesh, rules):
   """layerwise.py's step (the student's forward, the alpha_* weights, the teacher loaded once
   onto the mesh: trainer_lib.build_steps(frozen=)) with DistilBERT's teacher (distil.py's
   checks) and its MLM head, which the student starts from."""
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
   from bert_jax.objectives import layerwise  # pylint: disable=g-import-not-at-top
-  teacher = teacher or distil.load_teacher(config, model_config)
+  teacher = teacher or _distil().load_teacher(config, model_config)
   return layerwise.step_parts(config, model_config, teacher, dummy_batch, mesh, rules,
                               teacher_head=True)
 
@@ -62,9 +77,9 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   """The student's training FLOPs plus, with a teacher, the teacher's forward."""
   if teacher_config is None:
     return bert.flops_per_sequence(cfg, seq_length, num_predictions, num_nsp)
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
-                                   bert.flops_per_sequence)
+  from bert_jax.objectives import teacher  # pylint: disable=g-import-not-at-top
+  return teacher.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
+                                    bert.flops_per_sequence)
 
 
 # transformers' DistilBertConfig.seq_classif_dropout default: the dropout between
@@ -120,6 +135,7 @@ FAMILY = families.register(dataclasses.replace(
     bert.FAMILY, name="distilbert", presets=PRESETS, title="DistilBERT",
     summary="DistilBERT (Sanh et al. 2019): a half-depth student distilled from a frozen teacher",
     token_types=False, pooler=False, exact_objectives=("mlm",), recipe=recipe,
+    load_teacher=load_teacher, planning_teacher=planning_teacher,
     step_parts=step_parts, flops_per_sequence=flops_per_sequence, cls_logits=cls_logits,
     describe=describe, hf_model_types=("distilbert",), tf_config_names=(),
     config_marker_keys=(), import_hf=import_hf, export_hf=export_hf,

@@ -1,5 +1,5 @@
 r"""DistilBERT <-> transformers: DistilBertForMaskedLM (or a bare DistilBertModel) from and to a
-BertForPreTraining tree of family "distilbert" (model.py; bert_jax/objectives/distil.py trains it).
+BertForPreTraining tree of family "distilbert" (model.py; bert_jax/families/distilbert/distil.py trains it).
 
   ours (Flax)                                   transformers
   bert/embeddings/{word,position}_embeddings    distilbert.embeddings.{word,position}_embeddings

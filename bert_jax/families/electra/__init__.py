@@ -178,7 +178,7 @@ import_hf, export_hf = bert.own_hf_converter("electra")
 
 
 FAMILY = families.register(dataclasses.replace(
-    bert.FAMILY, name="electra", presets=PRESETS, title="ELECTRA",
+    bert.FAMILY, name="electra", presets=PRESETS, plain_teacher=False, title="ELECTRA",
     summary="ELECTRA (Clark et al. 2020): generator MLM + discriminator replaced-token detection",
     factorised_embeddings=True, generator=True, pooler=False, exact_objectives=("mlm", "rtd"),
     own_objectives=("rtd",), check_config=check_config, recipe=recipe,

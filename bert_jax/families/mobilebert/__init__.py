@@ -139,9 +139,9 @@ def flops_per_sequence(cfg, seq_length, num_predictions, num_nsp=1, teacher_conf
   (distil's count: a third of its training FLOPs)."""
   if teacher_config is None:
     return network_flops(cfg, seq_length, num_predictions, num_nsp)
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
-  return distil.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
-                                   network_flops)
+  from bert_jax.objectives import teacher  # pylint: disable=g-import-not-at-top
+  return teacher.flops_per_sequence(cfg, teacher_config, seq_length, num_predictions,
+                                    network_flops)
 
 
 def network_flops(cfg, seq_length, num_predictions, num_nsp=1, teacher_config=None):
@@ -224,7 +224,7 @@ def describe(config, purpose, params_keys=(), do_train=True):
 
 
 FAMILY = families.register(dataclasses.replace(
-    bert.FAMILY, name="mobilebert", presets=PRESETS, title="MobileBERT",
+    bert.FAMILY, name="mobilebert", presets=PRESETS, plain_teacher=False, title="MobileBERT",
     summary="MobileBERT (Sun et al. 2020): bottlenecked thin layers (512 / 128), stacked FFNs, "
             "NoNorm, trigram embeddings; MLM + NSP",
     config_class=layers.MobileBertConfig, factorised_embeddings=True, recipe=recipe,

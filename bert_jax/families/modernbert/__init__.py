@@ -371,7 +371,7 @@ def num_params(cfg, with_mlm_head=False):
 
 
 FAMILY = families.register(dataclasses.replace(
-    bert.FAMILY, name="modernbert", presets=PRESETS, title="ModernBERT",
+    bert.FAMILY, name="modernbert", presets=PRESETS, plain_teacher=False, title="ModernBERT",
     summary="ModernBERT (Warner et al. 2024) / NeoBERT (Breton et al. 2025): pre-norm, RoPE, "
             "GeGLU/SwiGLU, local+global attention, MLM only at 30%",
     token_types=False, pooler=False, exact_objectives=("mlm",), check_config=check_config,

@@ -70,7 +70,7 @@ def recipe(c, preset):
 
 
 FAMILY = families.register(dataclasses.replace(
-    bert.FAMILY, name="tinybert", presets=PRESETS, title="TinyBERT",
+    bert.FAMILY, name="tinybert", presets=PRESETS, plain_teacher=False, title="TinyBERT",
     summary="TinyBERT (Jiao et al. 2019): a small BertModel distilled layer by layer (hidden "
             "states, attention scores) from a frozen BERT teacher",
     exact_objectives=("mlm",), recipe=recipe,

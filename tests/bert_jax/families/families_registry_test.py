@@ -171,7 +171,7 @@ LOOP_MODULES = ("bert_jax/train.py", "bert_jax/finetune.py", "bert_jax/training/
                 "bert_jax/planning/plan_compile.py", "bert_jax/evaluation/train_report.py", "bert_jax/training/batch_warmup.py",
                 "bert_jax/models/model.py", "bert_jax/models/pretraining_heads.py", "bert_jax/configs/pretrain.py",
                 "bert_jax/convert/__init__.py", "bert_jax/convert/__main__.py")
-FAMILY_MODULES = ("bert_jax.families.electra.objective", "bert_jax.objectives.distil", "bert_jax.families.electra.convert",
+FAMILY_MODULES = ("bert_jax.families.electra.objective", "bert_jax.families.distilbert.distil", "bert_jax.families.electra.convert",
                   "bert_jax.families.distilbert.convert", "bert_jax.families.albert.convert")
 
 

@@ -320,9 +320,10 @@ def test_a_distilbert_student_takes_the_layer_parts_and_a_narrow_student_the_cos
 
 
 def test_distilbert_loads_the_teacher_head_its_student_starts_from_even_without_the_kl():
-  """alpha_ce = 0 reads no teacher logits, but distil.init_student copies the teacher's MLM
+  """alpha_ce = 0 reads no teacher logits, but teacher.init_student copies the teacher's MLM
   head: the distilbert family's step loads it (teacher_head), the shared step alone does not."""
-  from bert_jax.objectives import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.families.distilbert import distil  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import teacher as teacher_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import families  # pylint: disable=g-import-not-at-top
   c = _distilbert_config(alpha_ce=0.0)
   mc = model_lib.get_bert_config("distilbert-tiny", vocab_size=VOCAB)

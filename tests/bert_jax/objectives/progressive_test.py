@@ -14,7 +14,7 @@ from flax import linen as nn
 from scipy import special
 
 from bert_jax.layers import attention as attention_lib
-from bert_jax.objectives import distil
+from bert_jax.objectives import teacher as teacher_lib
 from bert_jax.objectives import layerwise
 from bert_jax.models import model as model_lib
 from bert_jax.objectives import pretraining as objectives
@@ -242,7 +242,7 @@ def test_a_resume_keeps_its_stages_or_is_one_line_naming_both():
   """The stages are recorded with the teacher; equal shares move with num_train_steps, so a
   resume that would move them is refused, naming steps_per_stage as the fix."""
   cfg = model_lib.get_bert_config("mobilebert-tiny", vocab_size=VOCAB)
-  teacher = lambda c: distil.Teacher(  # noqa: E731
+  teacher = lambda c: teacher_lib.Teacher(  # noqa: E731
       "T", None, None, progressive.with_stages({"path": "T", "sha256": "0" * 64}, c, cfg))
   was = teacher(_config(progressive_stages=2, num_train_steps=60))
   assert was.record["progressive_bounds"] == [0, 30, 60]

@@ -1,44 +1,34 @@
-"""DistilBERT (Sanh et al. 2019): a student BERT trained to match a frozen teacher; the teacher,
-its checks and record, and the student's initialisation from its layers. The step is the shared
-distillation objective's (bert_jax/objectives/layerwise.py), DistilBERT a weight setting of its parts.
+"""The frozen teacher that distillation reads, whatever the student: found, checked against the
+student (vocab by content, width, depth) and recorded before compute, compared on resume, and the
+student's initialisation from its layers. DistilBERT's run (families/distilbert/distil.py) and
+the layer-wise students (layerwise.py: TinyBERT, MobileBERT) both use it.
 
-The student is BertForPreTraining with family "distilbert" (model.py: no token-type table, no
-pooler, MLM head). Pre-training (python -m bert_jax.train with a distilbert-* preset and
---config.teacher_checkpoint) runs both networks in one jitted, mesh-sharded step
-(layerwise.step_parts):
+  Teacher            path, the read checkpoint (None: shapes only, for bert_jax.plan), its
+                     encoder's BertConfig as the step runs it, the record its meta stores
+  read_teacher       --config.teacher_checkpoint read (a workdir, an export or a transformers
+                     folder, converted on the fly)
+  teacher_record     {path, directory, sha256}: what a run's checkpoints record of its teacher
+  check_teacher      a resume keeps its teacher (the recorded sha256 against this run's)
+  layer_map / init_student
+                     the teacher layer of each student layer (every other one by default, as
+                     the DistilBERT paper, or --config.teacher_layers) and a fresh run's student
+                     from them: embeddings, those layers, the MLM head
+  no_teacher         the default of every family that does not distil: a --config.teacher_checkpoint
+                     given to it is one line
 
-  1. teacher: its MLM logits at the masked positions [B, P, V] and last hidden states [B, T, H],
-     deterministic, in the run's compute dtype (bf16 on accelerators), under stop_gradient; its
-     parameters are an argument of the step (loaded once, sharded by the same logical-axis rules),
-     never in the TrainState, the optimizer or a checkpoint (trainer_lib.build_steps(frozen=))
-  2. student: the same outputs, with dropout
-  3. loss (layerwise.py's parts, weights from the config; HF's distillation recipe by default):
-       alpha_ce   5.0 x distill_ce   KL(teacher/T || student/T) x T^2 over the masked positions
-       alpha_mlm  2.0 x mlm          cross-entropy against the original tokens
-       alpha_cos  1.0 x distill_cos  1 - cos(student, teacher) last hidden states, real tokens
-     at temperature T = 2.0 (transformers examples/research_projects/distillation, train.py
-     --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0 --temperature 2.0); the layer-wise parts
-     (alpha_emb, alpha_hidden, alpha_att, alpha_pred) 0 unless set, over the copy map below.
-
-Student init (a fresh run; `init_student`): teacher layers `layer_map(...)` (default every other
-one, 0, 2, 4, ..., "taking one layer out of two" as the paper; HF's scripts/extract_distilbert.py
-takes 0, 2, 4, 7, 9, 11 of BERT-base: --config.teacher_layers=0,2,4,7,9,11), the word and position
-embeddings and their LayerNorm (the token-type table is dropped) and the MLM head.
-
-The checkpoint meta records the teacher (`teacher_record`: path, resolved directory and the sha256
-of its manifest, or of its weight files for a Hugging Face folder); resuming with another or a
-missing teacher is a one-line error naming both (`check_teacher`).
+Which families may teach is each family's `plain_teacher` field (a post-LN BERT encoder with an
+MLM head: BERT, SpanBERT, DistilBERT); a layer-wise student may also learn from a family whose
+own network gives layer-wise outputs (layerwise.py).
 """
 
 import hashlib
-import importlib
 import os
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from bert_jax.checkpoint import store as ckpt_lib
+from bert_jax import families
 from bert_jax.checkpoint import checkpoint_fit
 from bert_jax.inference import loading as inference
 from bert_jax.checkpoint import manifest as manifest_lib
@@ -46,7 +36,12 @@ from bert_jax.models import model as model_lib
 from bert_jax.training import trainer_lib
 
 ConfigError = trainer_lib.ConfigError
-TEACHER_FAMILIES = ("bert", "spanbert", "distilbert")   # a plain post-LN encoder + MLM head
+
+
+def plain_teachers():
+  """The families a BERT-shaped student may learn from as it learns from BERT (their record's
+  plain_teacher: a post-LN encoder + MLM head), in the table's order."""
+  return tuple(n for n in families.names() if families.get(n).plain_teacher)
 
 
 class Teacher(NamedTuple):
@@ -81,19 +76,6 @@ def teacher_record(path, described):
               sha256=manifest_lib.sha256_file(os.path.join(directory, manifest_lib.NAME)))
 
 
-def _layerwise():
-  """bert_jax/objectives/layerwise.py (it imports this module: imported when first called)."""
-  return importlib.import_module("bert_jax.objectives.layerwise")
-
-
-def check_loss_settings(config):
-  """The loss weights and the temperature in range (layerwise.weights), as task distillation
-  checks its own (finetune.load_distill_teacher): T = 0 divided the logits by zero (every step
-  NaN, skipped, and a run that ended with exit 0 and an untrained student); a negative weight
-  rewards the student for moving away from its teacher."""
-  _layerwise().weights(config)
-
-
 def read_teacher(config, path, how):
   """(read_pretrained of --config.teacher_checkpoint, the path it read (an HF folder's
   conversion), how errors name it), for DistilBERT's and the layer-wise (TinyBERT) teachers. A
@@ -106,47 +88,6 @@ def read_teacher(config, path, how):
                       "workdir, a params export or a Hugging Face folder.")
   source = inference.from_hf_folder(path) if inference.is_hf_folder(path) else path
   return (trainer_lib.read_pretrained(source), source, f"config.teacher_checkpoint={path}")
-
-
-def load_teacher(config, model_config) -> Teacher:
-  """The teacher of a distilbert-* run: described and verified (no array read), checked against
-  the student (vocab, width, depth), recorded. One-line ConfigError before any compute."""
-  path = config.get("teacher_checkpoint", "")
-  if model_config.family != "distilbert":
-    if path:
-      raise ConfigError(f"config.teacher_checkpoint={path} is set but config.model_name="
-                        f"{config.model_name} is not a distilbert-* preset; drop the teacher or "
-                        "pick --config=bert_jax/configs/pretrain.py:distilbert-base.")
-    return None
-  check_loss_settings(config)
-  pre, source, where = read_teacher(config, path, "distils from a teacher")
-  t, s = pre.model_config, model_config
-  if t.family not in TEACHER_FAMILIES or t.factorised or t.share_layers != "none":
-    raise ConfigError(f"{where} is a {t.family} model; the teacher must be a BERT-style encoder "
-                      f"({', '.join(TEACHER_FAMILIES)}) without factorised or shared layers.")
-  missing = [k for k in ("bert", "mlm_head") if trainer_lib.stored_subtree(pre, k) is None]
-  fresh = [p for p in pre.meta.get("initialized_randomly", []) if p.startswith("mlm_head/")]
-  if missing or fresh:
-    why = f"no {missing} parameters" if missing else f"{fresh[0]} was initialised randomly"
-    raise ConfigError(f"{where} has no trained MLM head ({why}); "
-                      "distillation matches the teacher's MLM logits: use a BertForPreTraining "
-                      "or BertForMaskedLM checkpoint.")
-  diff = checkpoint_fit.differences(t, s, ("vocab_size", "hidden_size"))
-  if diff:
-    raise ConfigError(f"{where} does not fit the student {config.model_name} (teacher vs "
-                      f"student: {diff}); the logits and hidden states are compared one to one: "
-                      "use the teacher's vocab and a student of its width.")
-  layer_map(config, t.num_layers, s.num_layers)   # the init's layers exist (checked now)
-  _layerwise().layer_map(config, t.num_layers, s.num_layers)   # and the loss's map
-  _layerwise().check_fit(config, t, s, where)      # fit_size, heads for alpha_att
-  _layerwise().check_kernels(config, s)            # scores for alpha_att: the xla kernel
-  if s.max_position_embeddings > t.max_position_embeddings:
-    raise ConfigError(f"{where} has max_position_embeddings={t.max_position_embeddings} but the "
-                      f"student {s.max_position_embeddings}; set --config.model."
-                      f"max_position_embeddings={t.max_position_embeddings}.")
-  described = ckpt_lib.describe(source, verify=False)
-  check_teacher_vocab(config, pre, described, where)
-  return Teacher(path, pre, _as_teacher(t, s), teacher_record(path, described))
 
 
 def check_teacher_vocab(config, pre, described, where):
@@ -169,37 +110,12 @@ def check_teacher_vocab(config, pre, described, where):
           "teacher's vocab, on records made with it.")
 
 
-def _as_teacher(t, s):
+def as_teacher(t, s):
   """The teacher's encoder `t` as the step runs it: MLM only, in the student's (`s`) compute
   dtype and attention kernel, without remat or dropout."""
   return model_lib.BertConfig.from_dict({   # the teacher family's record (MobileBERT's own)
       **t.to_dict(), "objectives": "mlm", "dtype": s.dtype, "attention": s.attention,
       "remat": False, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0})
-
-
-def planning_teacher(config, model_config):
-  """The teacher bert_jax.plan compiles a distilbert-* step with, as shapes only (Teacher with
-  pretrained=None: frozen_teacher reads no array; the plan's devices are compile-only): the
-  --config.teacher_checkpoint's encoder, checked as load_teacher checks it for train; without
-  one, the BERT preset the student preset halves (distilbert-base -> base: bert_jax/models/model.py's
-  presets). None for other families."""
-  if model_config.family != "distilbert" or config.get("teacher_checkpoint", ""):
-    teacher = load_teacher(config, model_config)
-    return teacher._replace(pretrained=None) if teacher else None
-  check_loss_settings(config)
-  preset = str(config.model_name).removeprefix("distilbert-")
-  if preset == config.model_name or preset not in model_lib.PRESETS or \
-      model_lib.PRESETS[preset].get("family", "bert") not in TEACHER_FAMILIES:
-    raise ConfigError(f"config.model_name={config.model_name} distils from a teacher, and no "
-                      "BERT preset of its size is known to plan with: pass "
-                      "--config.teacher_checkpoint=WORKDIR, export or Hugging Face BERT folder.")
-  t = model_lib.get_bert_config(preset, vocab_size=model_config.vocab_size,
-                                max_position_embeddings=model_config.max_position_embeddings)
-  layer_map(config, t.num_layers, model_config.num_layers)
-  _layerwise().check_teacher_config(config, t, model_config, f"the {preset} preset")
-  _layerwise().check_kernels(config, model_config)
-  return Teacher(f"the {preset} preset (shapes only: no --config.teacher_checkpoint)", None,
-                 _as_teacher(t, model_config), None)
 
 
 def check_teacher(meta, teacher, workdir):
@@ -267,25 +183,21 @@ def init_student(state, t, config, teacher: Teacher, student_layers):
   return dict(state, params=params)
 
 
+def no_teacher(config, model_config):
+  """Every family's teacher hook unless it distils (BERT's record holds it): None, and a
+  --config.teacher_checkpoint given to a model that learns from no teacher is one line."""
+  path = config.get("teacher_checkpoint", "")
+  if path:
+    raise ConfigError(f"config.teacher_checkpoint={path} is set but config.model_name="
+                      f"{config.model_name} ({model_config.family}) distils from no teacher; drop "
+                      "the teacher or pick a student preset (distilbert-*, tinybert-*, "
+                      "mobilebert-*: docs/models.md).")
+  return None
+
+
 # ----------------------------------------------------------------------------------------------
-# The step: layerwise.py's (families/distilbert/'s step_parts), under DistilBERT's names.
+# FLOPs of a step with a teacher.
 # ----------------------------------------------------------------------------------------------
-def loss_weights(config):
-  """{part: weight} from the config's alpha_* fields (HF's recipe by default): layerwise.weights."""
-  return _layerwise().weights(config)
-
-
-def student_forward(config):
-  """The student's forward at the config's parts and temperature: layerwise.student_forward."""
-  return _layerwise().student_forward(config)
-
-
-def frozen_teacher(teacher: Teacher, dummy_batch, mesh, rules) -> trainer_lib.Frozen:
-  """The teacher's bert + mlm_head parameters read once into their shardings and its outputs
-  for the recipe's parts (MLM logits, last hidden states): layerwise.frozen_teacher."""
-  return _layerwise().frozen_teacher(teacher, dummy_batch, mesh, rules, head=True)
-
-
 def flops_per_sequence(model_config, teacher_config, seq_length, num_predictions, flops_fn):
   """Training FLOPs per sequence: the student's (forward + backward) plus the teacher's forward
   (a third of its training FLOPs, flops_fn = train.model_flops_per_sequence)."""
