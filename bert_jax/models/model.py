@@ -65,17 +65,18 @@ from bert_jax.models import bert_config as _bert_config
 # a function (tests/layers_test.py: no import cycle): an old `model.BertForPreTraining` is an
 # AttributeError that names the new home.
 # pretraining_loss went on to objectives.py (2026-11-27: the loss imports the heads, not back).
-_MOVED = {name: "pretraining_heads" for name in (
+_MOVED = {name: ("bert_jax.models", "pretraining_heads") for name in (
     "MaskedLMHead", "SpanBoundaryHead", "BertForPreTraining", "pretraining_outputs",
     "pretraining_forward", "init_params", "VOCAB_PAD", "HEAD_BF16_BACKWARD")}
-_MOVED["pretraining_loss"] = "objectives"
+_MOVED["pretraining_loss"] = ("bert_jax.objectives", "pretraining")
 
 
 def __getattr__(name):
   """PRESETS and FAMILIES, read from the registry each time (bert_config.py says how)."""
   if name in _MOVED:
-    raise AttributeError(f"bert_jax.models.model.{name} moved to bert_jax.{_MOVED[name]}.{name}: "
-                         f"`from bert_jax import {_MOVED[name]}`")
+    package, module = _MOVED[name]
+    raise AttributeError(f"bert_jax.models.model.{name} moved to {package}.{module}.{name}: "
+                         f"`from {package} import {module}`")
   return _bert_config.__getattr__(name)
 
 

@@ -257,7 +257,8 @@ def __getattr__(name):
   this one cannot import it back (tests/layers_test.py); the old name says where it went."""
   if name == "pretraining_loss":
     raise AttributeError("bert_jax.models.pretraining_heads.pretraining_loss moved to "
-                         "bert_jax.objectives.pretraining.pretraining_loss: `from bert_jax import objectives`")
+                         "bert_jax.objectives.pretraining.pretraining_loss: "
+                         "`from bert_jax.objectives import pretraining`")
   raise AttributeError(f"module 'bert_jax.models.pretraining_heads' has no attribute {name!r}")
 
 

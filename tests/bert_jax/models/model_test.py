@@ -580,13 +580,13 @@ def test_a_name_moved_to_pretraining_heads_is_an_error_naming_its_new_home():
                "pretraining_outputs", "pretraining_forward", "init_params", "VOCAB_PAD",
                "HEAD_BF16_BACKWARD"):
     assert hasattr(pretraining_heads, name), name
-    with pytest.raises(AttributeError, match=rf"model\.{name} moved to bert_jax\."
+    with pytest.raises(AttributeError, match=rf"model\.{name} moved to bert_jax\.models\."
                                              rf"pretraining_heads\.{name}"):
       getattr(model_lib, name)
   # The loss went on to objectives.py (it imports the heads; the heads cannot import it back).
   assert hasattr(objectives, "pretraining_loss")
   for module in (model_lib, pretraining_heads):
     with pytest.raises(AttributeError, match=r"pretraining_loss moved to "
-                                             r"bert_jax\.objectives\.pretraining_loss"):
+                                             r"bert_jax\.objectives\.pretraining\.pretraining_loss"):
       getattr(module, "pretraining_loss")
   assert model_lib.gather_positions is pretraining_heads.gather_positions   # the encoder's own
