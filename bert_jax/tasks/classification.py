@@ -101,10 +101,10 @@ def cannot_learn(task, train, tokenizer, config):
   if config.get("distill_teacher") and float(config.get("distill_alpha", 0.0)) > 0:
     return [f"{what}: only the distillation teacher's soft labels (distill_alpha="
             f"{config.distill_alpha:g}) tell the classes apart"]
-  raise TaskDataError(f"{common.train_source(task, config, train)}: {what}: a classifier learns only to "
-                      f"predict {name!r}, nothing of the text; check the label column, or "
-                      "shuffle a file sorted by label (config.max_train_examples takes the "
-                      "first rows).")
+  where = common.train_source(task, config, train)
+  raise TaskDataError(f"{where}: {what}: a classifier learns only to predict {name!r}, nothing "
+                      "of the text; check the label column, or shuffle a file sorted by label "
+                      "(config.max_train_examples takes the first rows).")
 
 
 ONE_CLASS_SHARE = 0.95   # predictions this concentrated on one class ...

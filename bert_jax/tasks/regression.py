@@ -34,10 +34,11 @@ def cannot_learn(task, train, tokenizer, config):
   score = common.one_value(train.features["label_ids"])
   if score is None:
     return []
-  raise TaskDataError(f"{common.train_source(task, config, train)}: all {len(train.features['label_ids'])}"
-                      f" training scores are {float(score):g}: squared error learns only that "
-                      "constant, nothing of the text; check the score column (for classes, "
-                      "--config.custom.type=classification with --config.custom.labels).")
+  where, n = common.train_source(task, config, train), len(train.features["label_ids"])
+  raise TaskDataError(f"{where}: all {n} training scores are {float(score):g}: squared error "
+                      "learns only that constant, nothing of the text; check the score column "
+                      "(for classes, --config.custom.type=classification with "
+                      "--config.custom.labels).")
 
 
 def evaluate(task, split, outputs, tokenizer, config, output_dir=None):

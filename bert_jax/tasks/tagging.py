@@ -55,9 +55,10 @@ def cannot_learn(task, train, tokenizer, config):
   if tag is None:
     return []
   name = task.labels[int(tag)] if int(tag) < len(task.labels) else str(tag)
-  raise TaskDataError(f"{common.train_source(task, config, train)}: all {len(tags)} training words are "
-                      f"tagged {name!r}: a tagger learns only to predict {name!r}, nothing of "
-                      "the text; check the tag column (the last of each line).")
+  where = common.train_source(task, config, train)
+  raise TaskDataError(f"{where}: all {len(tags)} training words are tagged {name!r}: a tagger "
+                      f"learns only to predict {name!r}, nothing of the text; check the tag "
+                      "column (the last of each line).")
 
 
 def predict_outputs(outputs):

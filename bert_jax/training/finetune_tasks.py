@@ -90,10 +90,11 @@ def check_can_learn(task, train, tokenizer, config):
   warnings = list(check(task, train, tokenizer, config) or ()) if check else []
   n, b = len(train.features["input_ids"]), int(config.batch_size)
   if n < b:   # one padded batch an epoch: the run's batch size is not the one asked for
-    raise TaskDataError(f"{common.train_source(task, config, train)}: {n} training sequences, fewer "
-                        f"than one batch (config.batch_size={b}): every step would be the same "
-                        f"{n} rows and {b - n} of padding; set --config.batch_size={n} or less "
-                        "(a multiple of the data-parallel devices), or add data.")
+    where = common.train_source(task, config, train)
+    raise TaskDataError(f"{where}: {n} training sequences, fewer than one batch "
+                        f"(config.batch_size={b}): every step would be the same {n} rows and "
+                        f"{b - n} of padding; set --config.batch_size={n} or less (a multiple "
+                        "of the data-parallel devices), or add data.")
   return warnings
 
 

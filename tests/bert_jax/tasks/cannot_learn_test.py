@@ -2,6 +2,7 @@
 (bert_jax/tasks/registry.py) on tiny train splits read as the loop reads them, the loop's own
 check of a train split smaller than one batch (finetune_tasks.check_can_learn), and one run of
 finetune.finetune stopped by it before the model is built."""
+# pylint: disable=protected-access  (tasks_embedding_test's and finetune_test's data helpers)
 
 import json
 import os
@@ -47,8 +48,8 @@ def _pairs(n, seed=0):
 # Embedding: InfoNCE's constant losses.
 # ---------------------------------------------------------------------------------------------
 def test_good_pairs_and_triplets_pass_without_a_warning(tmp_path):
-  tet._data(tmp_path)   # pylint: disable=protected-access  (24 triplets, batches of 8)
-  _, warnings = _check(tet._config(tmp_path), tmp_path)   # pylint: disable=protected-access
+  tet._data(tmp_path)
+  _, warnings = _check(tet._config(tmp_path), tmp_path)
   assert warnings == []
 
 
@@ -56,7 +57,7 @@ def test_one_pair_a_batch_and_no_hard_negative_is_refused(tmp_path):
   """Seen on main: a one-row train file, and batch_size=1: the positive is the only candidate,
   loss 0 and gradient 0 at every step."""
   _jsonl(tmp_path / "train.jsonl", _pairs(1))
-  c = tet._config(tmp_path)   # pylint: disable=protected-access
+  c = tet._config(tmp_path)
   with pytest.raises(TaskDataError, match=r"train.jsonl: 1 row with no hard negatives: each "
                                           r"batch is one pair, whose positive is InfoNCE's only "
                                           r"candidate \(loss 0, gradient 0 at every step\)"):
@@ -72,7 +73,7 @@ def test_one_pair_a_batch_and_no_hard_negative_is_refused(tmp_path):
 
 
 def test_rows_whose_texts_are_all_the_same_are_refused(tmp_path):
-  c = tet._config(tmp_path)   # pylint: disable=protected-access
+  c = tet._config(tmp_path)
   _jsonl(tmp_path / "train.jsonl", [{"anchor": "the cat", "positive": "a cat sat"}] * 16)
   with pytest.raises(TaskDataError, match=r"train.jsonl: every positive text is 'a cat sat': "
                                           r"every in-batch negative is the positive, every logit "
@@ -97,14 +98,14 @@ def test_a_prompt_that_leaves_no_room_for_the_text_is_refused(tmp_path):
   0.08). max_seq_length 16 leaves 14 tokens for a text; the prompt is 14 words."""
   _jsonl(tmp_path / "train.jsonl", _pairs(16))
   prompt = " ".join(WORDS) + " "
-  c = tet._config(tmp_path, query_prompt=prompt)   # pylint: disable=protected-access
+  c = tet._config(tmp_path, query_prompt=prompt)
   with pytest.raises(TaskDataError, match=r"config.embedding.query_prompt='the a .* bad ' is 14 "
                                           r"tokens and max_seq_length=16 leaves 14 for a text, so "
                                           r"every anchor is cut to the prompt alone: no query can "
                                           r"be told from another.*raise --config.max_seq_length "
                                           r"above 16 or shorten the prompt.$"):
     _check(c, tmp_path)
-  c = tet._config(tmp_path, document_prompt=prompt)   # pylint: disable=protected-access
+  c = tet._config(tmp_path, document_prompt=prompt)
   with pytest.raises(TaskDataError, match=r"document_prompt=.* every positive is cut to the "
                                           r"prompt alone: every in-batch negative is the "
                                           r"positive"):
@@ -113,7 +114,7 @@ def test_a_prompt_that_leaves_no_room_for_the_text_is_refused(tmp_path):
   assert _check(c, tmp_path)[1] == []
   # No prompt, but texts alike for all 14 tokens max_seq_length keeps.
   _jsonl(tmp_path / "train.jsonl", [dict(r, anchor=prompt + r["anchor"]) for r in _pairs(16)])
-  c = tet._config(tmp_path)   # pylint: disable=protected-access
+  c = tet._config(tmp_path)
   with pytest.raises(TaskDataError, match=r"every anchor text begins with the same 14 tokens, "
                                           r"all that max_seq_length=16 keeps of it"):
     _check(c, tmp_path)
@@ -121,20 +122,20 @@ def test_a_prompt_that_leaves_no_room_for_the_text_is_refused(tmp_path):
 
 def test_a_scale_that_is_a_temperature_is_refused_a_low_one_warned(tmp_path):
   """Seen on main: scale=0.05, a loss of ~log(candidates) that never moves."""
-  tet._data(tmp_path)   # pylint: disable=protected-access
+  tet._data(tmp_path)
   with pytest.raises(TaskDataError, match=r"^config.embedding.scale=0.05 is a temperature: "
                                           r"InfoNCE's logits are scale x cosine, within \+-0.05.*"
                                           r"scale = 1 / temperature: pass "
                                           r"--config.embedding.scale=20 "):
-    _check(tet._config(tmp_path, scale=0.05), tmp_path)   # pylint: disable=protected-access
-  _, warnings = _check(tet._config(tmp_path, scale=2.0), tmp_path)   # pylint: disable=protected-access
+    _check(tet._config(tmp_path, scale=0.05), tmp_path)
+  _, warnings = _check(tet._config(tmp_path, scale=2.0), tmp_path)
   assert warnings == ["config.embedding.scale=2: the logits (scale x cosine) span only +-2, so "
                       "the loss moves little (scale = 1 / temperature; sentence-transformers' "
                       "20)"]
 
 
 def test_batches_that_learn_less_than_asked_are_warned(tmp_path):
-  c = tet._config(tmp_path)   # pylint: disable=protected-access  (batch_size 8)
+  c = tet._config(tmp_path)
   _jsonl(tmp_path / "train.jsonl", _pairs(17))
   (warning,) = _check(c, tmp_path)[1]
   assert warning.endswith("train.jsonl: 17 rows in batches of 8 leave each epoch a last batch of "
@@ -271,7 +272,7 @@ def test_a_train_split_smaller_than_one_batch_is_refused(tmp_path):
   assert _check(_glue("glue_sst2", tmp_path, batch_size=5), tmp_path)[1] == []
   _jsonl(tmp_path / "train.jsonl", _pairs(5))
   with pytest.raises(TaskDataError, match=r"train.jsonl: 5 training sequences, fewer than one"):
-    _check(tet._config(tmp_path), tmp_path)   # pylint: disable=protected-access
+    _check(tet._config(tmp_path), tmp_path)
 
 
 def test_every_builtin_type_declares_its_check():
@@ -286,11 +287,11 @@ def test_finetune_stops_a_run_that_cannot_learn_before_the_model(tmp_path, capsy
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
   from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
   from tests.bert_jax.tasks import tasks_registry_test  # pylint: disable=g-import-not-at-top
-  pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)  # pylint: disable=protected-access
+  pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)
   data = tmp_path / "data"
   data.mkdir()
-  tet._data(data, n_train=1, n_dev=4)   # pylint: disable=protected-access
-  c = finetune_test._config("custom", pretrained, data, max_seq_length=16)  # pylint: disable=protected-access
+  tet._data(data, n_train=1, n_dev=4)
+  c = finetune_test._config("custom", pretrained, data, max_seq_length=16)
   c.custom.type, c.custom.train_file, c.custom.dev_file = "embedding", "train.jsonl", "dev.jsonl"
   _jsonl(data / "train.jsonl", _pairs(1))
   workdir = tmp_path / "run"
