@@ -89,12 +89,16 @@ def cannot_learn(task, train, tokenizer, config):
   """One line when every training example has the same label: cross-entropy then learns that
   class's prior (its bias) and nothing of the text. Seen with a file sorted by label cut by
   config.max_train_examples. A distillation teacher's soft labels still teach the classes: a
-  warning then. (A classifier that predicts one class after training is `warn`'s, below.)"""
+  warning then. A class of the label set no training example has: a warning (a user may mean
+  it). (A classifier that predicts one class after training is `warn`'s, below.)"""
   del tokenizer
   label = common.one_value(np.asarray(train.features["label_ids"]))
-  if label is None:
-    return []
   names = list(getattr(task, "labels", ()) or ())
+  if label is None:
+    unseen = [n for i, n in enumerate(names) if not (train.features["label_ids"] == i).any()]
+    return [f"{common.train_source(task, config, train)}: no training example has label "
+            f"{', '.join(map(repr, unseen))} (of {len(names)}): the classifier will hardly ever "
+            "predict it"] if unseen else []
   name = names[int(label)] if int(label) < len(names) else str(label)
   n = len(train.features["label_ids"])
   what = f"all {n} training examples have label {name!r}"

@@ -181,6 +181,13 @@ def test_a_classifier_whose_train_split_has_one_label_is_refused(tmp_path):
                                           r"config.max_train_examples=8\): all 8 training"):
     _check(_glue("glue_sst2", tmp_path, max_train_examples=8), tmp_path)
   assert _check(_glue("glue_sst2", tmp_path), tmp_path)[1] == []
+  # A class no training example has: a warning (of 3 classes, 'contradiction' is never seen).
+  _tsv(tmp_path / "train.tsv", "sentence1\tsentence2\tgold_label",
+       [f"{WORDS[i]}\t{WORDS[i + 1]}\t{('entailment', 'neutral')[i % 2]}" for i in range(8)])
+  assert _check(_glue("glue_mnli", tmp_path), tmp_path)[1] == [
+      f"{tmp_path}/train.tsv: no training example has label 'contradiction' (of 3): the "
+      "classifier will hardly ever predict it"]
+  _tsv(tmp_path / "train.tsv", "sentence\tlabel", rows + [f"{WORDS[i]}\t0" for i in range(8)])
   # A distillation teacher's soft labels still tell the classes apart: a warning.
   c = _glue("glue_sst2", tmp_path, max_train_examples=8, distill_teacher="teacher")
   assert _check(c, tmp_path)[1] == [
