@@ -471,6 +471,10 @@ def _finetune(config, workdir):
     print(teacher.line, flush=True)
   trainer_lib.check_same_on_all_hosts(config, tokenizer.vocab.path, tokenizer.vocab.size)
   train, evals, tests = load_splits(task, tokenizer, config)
+  # A run that cannot learn (one class, one pair a batch, ...) stops here; warnings print.
+  for line in ft.check_can_learn(task, train, tokenizer, config):
+    if jax.process_index() == 0:
+      print(f"warning: {line}", flush=True)
   train = pack_train(train, task, config)
   config, hp_line = resolve_hyperparameters(config, model_config,
                                             steps_per_epoch_of(train, config.batch_size))

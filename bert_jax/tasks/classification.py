@@ -30,6 +30,12 @@ def custom_task(config, labels):
   if not labels:
     raise TaskDataError("config.custom.labels is empty; list the classes, e.g. "
                         "--config.custom.labels='neg,pos'.")
+  if len(labels) == 1:   # softmax over one logit: probability 1, loss 0, gradient 0
+    raise TaskDataError(f"config.custom.labels={labels}: one class; a softmax over one class is "
+                        "certain of it (loss 0 and gradient 0 on every example), so nothing can "
+                        "be learned: list every class of the label column, e.g. "
+                        f"--config.custom.labels='{labels[0]},other' (for a score, "
+                        "--config.custom.type=regression).")
   return glue_custom_task(config.custom, labels)
 
 
@@ -78,6 +84,33 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
   return [glue.write_predictions(task, split.name, split.examples, preds, output_dir)]
 
 
+# --- What cannot be learned, checked before compute (TaskType.cannot_learn). ---
+def cannot_learn(task, train, tokenizer, config):
+  """One line when every training example has the same label: cross-entropy then learns that
+  class's prior (its bias) and nothing of the text. Seen with a file sorted by label cut by
+  config.max_train_examples. A distillation teacher's soft labels still teach the classes: a
+  warning then. A class of the label set no training example has: a warning (a user may mean
+  it). (A classifier that predicts one class after training is `warn`'s, below.)"""
+  del tokenizer
+  label = common.one_value(np.asarray(train.features["label_ids"]))
+  names = list(getattr(task, "labels", ()) or ())
+  if label is None:
+    unseen = [n for i, n in enumerate(names) if not (train.features["label_ids"] == i).any()]
+    return [f"{common.train_source(task, config, train)}: no training example has label "
+            f"{', '.join(map(repr, unseen))} (of {len(names)}): the classifier will hardly ever "
+            "predict it"] if unseen else []
+  name = names[int(label)] if int(label) < len(names) else str(label)
+  n = len(train.features["label_ids"])
+  what = f"all {n} training examples have label {name!r}"
+  if config.get("distill_teacher") and float(config.get("distill_alpha", 0.0)) > 0:
+    return [f"{what}: only the distillation teacher's soft labels (distill_alpha="
+            f"{config.distill_alpha:g}) tell the classes apart"]
+  where = common.train_source(task, config, train)
+  raise TaskDataError(f"{where}: {what}: a classifier learns only to predict {name!r}, nothing "
+                      "of the text; check the label column, or shuffle a file sorted by label "
+                      "(config.max_train_examples takes the first rows).")
+
+
 ONE_CLASS_SHARE = 0.95   # predictions this concentrated on one class ...
 ONE_CLASS_LABELS = 0.8   # ... while it is at most this share of the true labels: warn
 
@@ -111,6 +144,6 @@ TYPE = registry.register(registry.TaskType(
     load_split=load_split, custom_task=custom_task,
     create_head=create_head, input_shape=input_shape, loss=loss,
     predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
-    warn=single_class_warning, packable=True, soft_labels=True,
+    warn=single_class_warning, cannot_learn=cannot_learn, packable=True, soft_labels=True,
     hf_head="SequenceClassification", hf_problem_type="single_label_classification",
     hf_named_labels=True))

@@ -169,6 +169,109 @@ def _bind(task):
 
 
 # ----------------------------------------------------------------------------------------------
+# What cannot be learned, checked before compute (TaskType.cannot_learn; issue 49).
+# ----------------------------------------------------------------------------------------------
+TEMPERATURE_SCALE = 1.0   # scale below this: a temperature given as the scale (refused)
+LOW_SCALE = 5.0           # scale below this: a warning (sentence-transformers' default is 20)
+
+
+def cannot_learn(task, train, tokenizer, config):
+  """One line where InfoNCE cannot move by construction, else [warning sentences].
+
+  The loss of an anchor is logsumexp(scale x cos(anchor, every candidate of the batch)) minus
+  its positive's term (contrastive.info_nce). It is constant, with gradient 0, when
+    one candidate   a batch is one row with no hard negative: the positive alone, loss 0 (a
+                    one-row train file, config.batch_size=1);
+    one text        every candidate (positives, negatives) is the same sequence: every logit
+                    equal, loss log(candidates). Every anchor the same sequence is refused too
+                    (no query can be told from another). Compared as token ids, so a prompt
+                    that leaves no room for the text at max_seq_length (every anchor cut to the
+                    prompt alone: dev nDCG@10 0.34 -> 0.08 in issue 49) is found as well;
+    a temperature   scale < 1: logits within +-scale, loss ~log(candidates) whatever the
+                    model does (scale = 1 / temperature; 0.05 means 20).
+  Warnings (a user may mean it): a scale below 5; an epoch's last batch of one row (that step's
+  loss is 0); fewer distinct positives than a batch's rows (a false negative in every batch);
+  rows whose negative repeats their positive."""
+  ids = train.features["input_ids"]                                     # [N, S, T]
+  n, s, _ = ids.shape
+  k, b = s - 2, min(n, int(config.batch_size))   # hard negatives a row, rows a batch
+  where = common.train_source(task, config, train)
+  if task.scale < TEMPERATURE_SCALE:
+    raise TaskDataError(
+        f"config.embedding.scale={task.scale:g} is a temperature: InfoNCE's logits are scale x "
+        f"cosine, within +-{task.scale:g}, so the loss stays near log(candidates) and cannot "
+        f"learn; scale = 1 / temperature: pass --config.embedding.scale="
+        f"{1 / max(task.scale, 1e-9):g} (sentence-transformers' 20 = temperature 0.05).")
+  if k == 0 and b == 1:
+    size = (f"{where}: 1 row" if n == 1 else
+            f"config.batch_size={config.batch_size} on {where}'s rows")
+    raise TaskDataError(
+        f"{size} with no hard negatives: each batch is one pair, whose positive is InfoNCE's "
+        "only candidate (loss 0, gradient 0 at every step); give each batch 2 or more rows "
+        "(more rows, --config.batch_size >= 2) or add hard-negative columns.")
+  texts = train.examples
+  candidates = [x for r in texts for x in r.texts[1:]]
+  if all(_rows_equal(ids[:, j], ids[0, 1]) for j in range(1, s)):
+    why, fix = _why_the_same("positive and negative" if k else "positive", candidates,
+                             task.document_prompt, "document_prompt", tokenizer, config)
+    raise TaskDataError(f"{where}: {why}: every in-batch negative is the positive, every logit "
+                        f"equal, so the loss is log(candidates) and its gradient 0; {fix}.")
+  if _rows_equal(ids[:, 0], ids[0, 0]):
+    why, fix = _why_the_same("anchor", [r.anchor for r in texts], task.query_prompt,
+                             "query_prompt", tokenizer, config)
+    raise TaskDataError(f"{where}: {why}: no query can be told from another, so the loss cannot "
+                        f"learn which document goes with which; {fix}.")
+  warnings = []
+  if task.scale < LOW_SCALE:
+    warnings.append(f"config.embedding.scale={task.scale:g}: the logits (scale x cosine) span "
+                    f"only +-{task.scale:g}, so the loss moves little (scale = 1 / temperature; "
+                    "sentence-transformers' 20)")
+  if k == 0 and n > b and n % b == 1:
+    warnings.append(f"{where}: {n} rows in batches of {b} leave each epoch a last batch of one "
+                    "pair and no hard negative, whose loss and gradient are 0; drop a row or "
+                    "change --config.batch_size")
+  positives = set()
+  for r in texts:   # up to b distinct positives: enough to fill a batch without a repeat
+    positives.add(r.positive)
+    if len(positives) >= b:
+      break
+  if len(positives) < b:
+    warnings.append(f"{where}: {len(positives)} distinct positives for batches of {b} rows: "
+                    "every batch holds a positive twice, one row's positive another's in-batch "
+                    f"negative (a false negative); --config.batch_size={len(positives)} or "
+                    "fewer avoids it")
+  repeats = sum(len(set(r.texts[1:])) < len(r.texts) - 1 for r in texts)
+  if repeats:
+    warnings.append(f"{where}: {repeats} rows hold a hard negative equal to their positive (or "
+                    "another negative): each is a false negative, a text pushed away from "
+                    "itself")
+  return warnings
+
+
+def _rows_equal(x, row, chunk=4096):
+  """Whether every row of x [N, T] equals `row` [T] (in chunks: a large split stops at the
+  first chunk that differs, without an [N, T] comparison)."""
+  return all((x[i:i + chunk] == row).all() for i in range(0, len(x), chunk))
+
+
+def _why_the_same(side, texts, prompt, prompt_field, tokenizer, config):
+  """(why every `side` sequence of the train split is the same, the fix): the same text, a
+  prompt that leaves no room for the text, or texts alike for their first max_seq_length - 2
+  tokens."""
+  t = int(config.max_seq_length)
+  if all(x == texts[0] for x in texts):
+    return (f"every {side} text is {texts[0][:80]!r}",
+            f"check the file's {side} column{'s' if ' and ' in side else ''}")
+  room, used = t - 2, len(tokenizer.encode([prompt])[0]) if prompt else 0
+  if prompt and used >= room:
+    return (f"config.embedding.{prompt_field}={prompt!r} is {used} tokens and max_seq_length={t} "
+            f"leaves {room} for a text, so every {side} is cut to the prompt alone",
+            f"raise --config.max_seq_length above {used + 2} or shorten the prompt")
+  return (f"every {side} text begins with the same {room} tokens, all that max_seq_length={t} "
+          "keeps of it", "raise --config.max_seq_length")
+
+
+# ----------------------------------------------------------------------------------------------
 # Packed training batches (config.pack=true; issue 40 item 2).
 # ----------------------------------------------------------------------------------------------
 def pack_batches(task, train, config, batches, mesh):
@@ -403,7 +506,8 @@ TYPE = registry.register(registry.TaskType(
     create_head=lambda model_config, num_labels=0, num_choices=0: EmbeddingModel(model_config),
     input_shape=input_shape, train_batch=train_batch,
     loss=lambda outputs, batch: _bind(EmbeddingTask("", {})).loss(outputs, batch),
-    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test, packable=True,
+    predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
+    cannot_learn=cannot_learn, packable=True,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
                                                                           batch_size, rng),
     export_record=export_record, next_commands=next_commands))

@@ -52,6 +52,12 @@ class TaskType:
                                            #   called before compute, may refuse the sizes.
                                            #   None: jax.value_and_grad of `loss` (embedding:
                                            #   GradCache when grad_cache_chunks > 1)
+  cannot_learn: Optional[Callable] = None  # (task, train Split, tokenizer, run config) ->
+                                           #   [warning sentences] for the start-up; raises
+                                           #   TaskDataError (one line) where the loss cannot
+                                           #   move by construction (one class, one pair a
+                                           #   batch, every text the same). Called by the loop
+                                           #   before compute, on the unpacked train split
   train_batch: Optional[Callable] = None   # (task, run config) -> {key: (shape, dtype)} of one
                                            #   global training batch, what the train step
                                            #   reads; bert_jax.plan compiles the step from it

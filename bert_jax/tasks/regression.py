@@ -7,6 +7,7 @@ from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import glue
+from data_pipelines.tasks.common import TaskDataError
 
 
 def custom_task(config, labels):
@@ -24,6 +25,20 @@ def loss(outputs, batch):
   err = (outputs[..., 0] - batch["label_ids"]) ** 2  # [B] or [B, K]
   value = common.weighted_mean(err, batch["example_weights"])
   return value, {"loss": value}
+
+
+def cannot_learn(task, train, tokenizer, config):
+  """One line when every training score is the same: squared error then learns that constant
+  (the head's bias) and nothing of the text."""
+  del tokenizer
+  score = common.one_value(train.features["label_ids"])
+  if score is None:
+    return []
+  where, n = common.train_source(task, config, train), len(train.features["label_ids"])
+  raise TaskDataError(f"{where}: all {n} training scores are {float(score):g}: squared error "
+                      "learns only that constant, nothing of the text; check the score column "
+                      "(for classes, --config.custom.type=classification with "
+                      "--config.custom.labels).")
 
 
 def evaluate(task, split, outputs, tokenizer, config, output_dir=None):
@@ -46,4 +61,5 @@ TYPE = registry.register(registry.TaskType(
     load_split=classification.load_split, custom_task=custom_task,
     create_head=create_head, input_shape=classification.input_shape, loss=loss,
     predict_outputs=classification.predict_outputs, evaluate=evaluate, write_test=write_test,
-    packable=True, hf_head="SequenceClassification", hf_problem_type="regression"))
+    cannot_learn=cannot_learn, packable=True, hf_head="SequenceClassification",
+    hf_problem_type="regression"))

@@ -11,6 +11,7 @@ from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import squad, squad_predictions
+from data_pipelines.tasks.common import TaskDataError
 
 
 def load_split(task, split, tokenizer, config, is_training):
@@ -39,6 +40,28 @@ def loss(outputs, batch):
                                                           batch["end_positions"])) / 2
   value = common.weighted_mean(ce, batch["example_weights"])
   return value, {"loss": value}
+
+
+def cannot_learn(task, train, tokenizer, config):
+  """One line when no training window holds an answer (every start and end is [CLS], position
+  0): the model can learn only "no answer". Every question unanswerable (SQuAD 2.0's
+  is_impossible), or every answer outside its windows (a window too small for it)."""
+  del tokenizer
+  f = train.features
+  if len(f["start_positions"]) == 0 or (f["start_positions"] > 0).any() or (
+      f["end_positions"] > 0).any():
+    return []
+  where, n = common.train_source(task, config, train), len(f["start_positions"])
+  if all(getattr(ex, "is_impossible", False) for ex in train.examples):
+    raise TaskDataError(f"{where}: all {len(train.examples)} training questions are unanswerable "
+                        "(is_impossible): every window's answer is [CLS], so the model learns "
+                        "only to answer nothing; train on answerable questions too.")
+  raise TaskDataError(f"{where}: none of the {n} training windows holds its answer (every "
+                      "start and end is [CLS]): the model learns only to answer nothing; the "
+                      f"windows are too small for the answers: raise --config.max_seq_length="
+                      f"{config.max_seq_length}, or lower --config.doc_stride="
+                      f"{config.doc_stride} (more overlap) or --config.max_query_length="
+                      f"{config.max_query_length}.")
 
 
 def predict_outputs(outputs):
@@ -81,5 +104,5 @@ TYPE = registry.register(registry.TaskType(
     label_keys=("start_positions", "end_positions"),
     load_split=load_split, create_head=create_head, input_shape=classification.input_shape,
     loss=loss, predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
-    primary_metric=lambda task: "f1", dev_prediction_files=True,
+    cannot_learn=cannot_learn, primary_metric=lambda task: "f1", dev_prediction_files=True,
     hf_head="QuestionAnswering", hf_num_labels=2))

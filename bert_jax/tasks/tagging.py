@@ -14,6 +14,7 @@ from bert_jax.tasks import classification
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
 from data_pipelines.tasks import ner
+from data_pipelines.tasks.common import TaskDataError
 
 
 def load_split(task, split, tokenizer, config, is_training):
@@ -42,6 +43,22 @@ def loss(outputs, batch):
   value = common.weighted_mean(ce, tw)
   correct = (jnp.argmax(outputs, -1) == batch["label_ids"]).astype(jnp.float32)
   return value, {"loss": value, "accuracy": common.weighted_mean(correct, tw)}
+
+
+def cannot_learn(task, train, tokenizer, config):
+  """One line when every labelled word (first piece) of the train split has the same tag
+  (every word 'O': no entity): cross-entropy then learns only that tag."""
+  del tokenizer
+  f = train.features
+  tags = f["label_ids"][f["label_weights"] > 0]                        # [words]
+  tag = common.one_value(tags)
+  if tag is None:
+    return []
+  name = task.labels[int(tag)] if int(tag) < len(task.labels) else str(tag)
+  where = common.train_source(task, config, train)
+  raise TaskDataError(f"{where}: all {len(tags)} training words are tagged {name!r}: a tagger "
+                      f"learns only to predict {name!r}, nothing of the text; check the tag "
+                      "column (the last of each line).")
 
 
 def predict_outputs(outputs):
@@ -76,5 +93,5 @@ TYPE = registry.register(registry.TaskType(
     load_split=load_split, custom_task=custom_task,
     create_head=create_head, input_shape=classification.input_shape, loss=loss,
     predict_outputs=predict_outputs, evaluate=evaluate, write_test=write_test,
-    primary_metric=lambda task: "f1", dev_prediction_files=True,
+    cannot_learn=cannot_learn, primary_metric=lambda task: "f1", dev_prediction_files=True,
     hf_head="TokenClassification", hf_named_labels=True))

@@ -79,6 +79,25 @@ def load_split(task, split, tokenizer, config, is_training):
   return task_types.of(task).load_split(task, split, tokenizer, config, is_training)
 
 
+def check_can_learn(task, train, tokenizer, config):
+  """A training run whose loss cannot move says so before compute (issue 49): the task type's
+  own checks (TaskType.cannot_learn: one line, e.g. a classifier's train split of one label),
+  then a train split smaller than one batch. Returns the warnings for the start-up lines (a
+  setting a user may mean). Called on the unpacked split, before packing."""
+  if train is None:
+    return []
+  check = task_types.of(task).cannot_learn
+  warnings = list(check(task, train, tokenizer, config) or ()) if check else []
+  n, b = len(train.features["input_ids"]), int(config.batch_size)
+  if n < b:   # one padded batch an epoch: the run's batch size is not the one asked for
+    where = common.train_source(task, config, train)
+    raise TaskDataError(f"{where}: {n} training sequences, fewer than one batch "
+                        f"(config.batch_size={b}): every step would be the same {n} rows and "
+                        f"{b - n} of padding; set --config.batch_size={n} or less (a multiple "
+                        "of the data-parallel devices), or add data.")
+  return warnings
+
+
 # ---------------------------------------------------------------------------------------------
 # Loss (pure jnp; runs inside the jitted train/eval steps).
 # ---------------------------------------------------------------------------------------------

@@ -48,8 +48,8 @@ def test_the_loop_and_the_clis_name_no_task_type():
   """The fine-tuning loop, its task glue, the heads and the CLIs look task types up: no quoted
   type name in their source (a `"span"` there would be a branch the table should hold)."""
   names = "|".join(tasks.names())
-  for module in ("finetune", "finetune_tasks", "heads", "predict", "extract_features", "cli",
-                 "inference", "trainer_lib"):
+  for module in ("finetune", "training/finetune_tasks", "models/heads", "predict",
+                 "extract_features", "cli", "inference/loading", "training/trainer_lib"):
     with open(os.path.join(ROOT, "bert_jax", f"{module}.py"), encoding="utf-8") as f:
       found = re.findall(rf"[\"']({names})[\"']", f.read())
     assert not found, f"bert_jax/{module}.py names task types {found}"
