@@ -217,7 +217,7 @@ def _bind(task):
     return value, {"loss": value}
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
-                             label_keys=FALSE_NEGATIVE_KEYS,
+                             label_keys=false_negative_keys(task),
                              train_grads=functools.partial(grad_cache_step, task),
                              pack_batches=functools.partial(pack_batches, task))
 
@@ -225,6 +225,12 @@ def _bind(task):
 # The training batch's arrays the false-negative masks read ([B, S] text numbers, [B, S, G] guide
 # vectors; load_split adds them to the training split when asked for).
 FALSE_NEGATIVE_KEYS = ("text_ids", "guide_embeddings")
+
+
+def false_negative_keys(task):
+  """The arrays of FALSE_NEGATIVE_KEYS this task's loss reads (its batches carry them)."""
+  return (("text_ids",) if task.mask_duplicates else ()) + (
+      ("guide_embeddings",) if task.guide_embeddings else ())
 
 
 def false_negatives_of(task, batch):
