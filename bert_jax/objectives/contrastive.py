@@ -5,6 +5,8 @@
   texts_of_rows packed rows' [R, K, H] vectors -> the batch's [B, S, H] (anchor, candidates)
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
+  false_negatives  the candidates that are no negatives: the positive's text elsewhere
+                (text_ids), GISTEmbed's guided mask (a guide's vectors) -> [B, M, B] bool
   grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
   chunk_rows    [B, ...] -> [n, B/n, ...], chunk i = rows i, i + n, ... (and unchunk_rows back)
 
@@ -15,7 +17,10 @@ MNRL's [B, B(1 + k)] columns, all positives then every row's first negative, ...
 and the loss is the mean cross-entropy of each anchor's own positive. symmetric=True adds each positive's
 cross-entropy over the anchors, averaged with the first (MNRL's directions=("query_to_doc",
 "doc_to_query"), partition_mode="per_direction"). Matryoshka (Kusupati et al. 2022; ST's
-MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d.
+MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d. With a
+guide (issue 48 item 2), info_nce is sentence-transformers' GISTEmbedLoss (temperature = 1 /
+scale) on the same embeddings and guide embeddings
+(tests/bert_jax/objectives/contrastive_false_negatives_test.py).
 
 Inside a jitted step the arrays are the global batch, sharded over the mesh's data axis: the
 [B, 1 + k, B] similarity is one einsum over the sharded arrays, and XLA moves the candidate

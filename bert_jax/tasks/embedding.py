@@ -7,7 +7,9 @@ triplets, task=custom with --config.custom.type=embedding.
   head      the family's body on [B*S, T], pooled per sequence (mean / cls / last) -> [B, S, H];
             no new parameters (the tree is {"bert"})
   loss      InfoNCE over the global batch (contrastive.matryoshka_info_nce: sentence-transformers'
-            MultipleNegativesRankingLoss, Matryoshka sums), padding rows out
+            MultipleNegativesRankingLoss, Matryoshka sums), padding rows out; opt-in false
+            negatives out: mask_duplicates (text_ids: text_numbers), guide_embeddings (GISTEmbed:
+            guide_vectors), both carried by the training batches (false_negatives_of)
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
