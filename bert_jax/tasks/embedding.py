@@ -149,9 +149,9 @@ def load_split(task, split, tokenizer, config, is_training):
 
 
 def text_numbers(input_ids):
-  """[N, S, T] token ids -> [N, S] int32, one number per distinct token sequence (0, 1, ...
-  in order of first sight): the mask_duplicates test in the step compares these numbers, which
-  is comparing the texts' input ids (after prompts and truncation: what the encoder sees)."""
+  """[N, S, T] token ids (0 after a text's end) -> [N, S] int32, one number per distinct token
+  sequence (its rank among them): the mask_duplicates test in the step compares these numbers,
+  which is comparing the texts' input ids (after prompts and truncation: what the encoder sees)."""
   n, s, t = input_ids.shape
   _, numbers = np.unique(input_ids.reshape(n * s, t), axis=0, return_inverse=True)
   return numbers.reshape(n, s).astype(np.int32)
