@@ -5,7 +5,8 @@ contrast_anchors, contrast_positives):
   * config -> task, the training split's text numbers and guide vectors, bad files and settings
     one line before compute;
   * the step's loss is contrastive.info_nce with those masks, unpacked and packed (equal, loss
-    and gradients) and with GradCache on the 8-device mesh (equal to the plain step, slow).
+    and gradients) and with GradCache on the 8-device mesh (equal to the plain step, slow);
+  * a checkpoint's predicted vectors of the train file guide a masked fine-tune (slow).
 The loss itself against sentence-transformers' GISTEmbedLoss:
 tests/bert_jax/objectives/contrastive_false_negatives_test.py.
 """
@@ -211,3 +212,45 @@ def test_grad_cache_step_with_the_masks_on_8_devices_equals_the_plain_step():
   gct._same_step(chunked, plain)   # pylint: disable=protected-access
   off = _step(embedding.EmbeddingTask("t", {}, symmetric=True), jax.devices()[:1])
   assert abs(float(off[2]["loss"]) - float(plain[2]["loss"])) > 1e-2
+
+
+@pytest.mark.slow
+def test_a_guide_run_s_vectors_train_a_masked_run_end_to_end(tmp_path):
+  """The documented route: a checkpoint's vectors of the train file (do_train=false,
+  do_predict=true, test_file = the train file) are the guide of a fine-tune with both masks, on
+  8 devices with GradCache. Its steps are the unmasked run's, its losses finite and lower (the
+  masks took candidates out: the train file holds each row twice, so every batch holds
+  duplicates)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax import finetune_test  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_embedding_test as tet  # pylint: disable=g-import-not-at-top
+  from tests.bert_jax.tasks import tasks_registry_test  # pylint: disable=g-import-not-at-top
+  pretrained = tasks_registry_test._pretrained(tmp_path / "ckpt", finetune_test.WORDS)  # pylint: disable=protected-access
+  data = tmp_path / "data"
+  data.mkdir()
+  tet._data(data, n_train=8, n_dev=8)   # pylint: disable=protected-access
+  rows = (data / "train.jsonl").read_text(encoding="utf-8")
+  (data / "train.jsonl").write_text(rows + rows, encoding="utf-8")   # 16 rows, each twice
+
+  def config(**kw):
+    c = finetune_test._config("custom", pretrained, data, max_seq_length=16, log_every=1,   # pylint: disable=protected-access
+                              batch_size=16, num_train_epochs=2.0, **kw)
+    c.custom.type, c.custom.train_file, c.custom.dev_file = "embedding", "train.jsonl", "dev.jsonl"
+    c.embedding.grad_cache_chunks = 2
+    return c
+
+  guide = config(do_train=False, do_predict=True)
+  guide.custom.test_file = "train.jsonl"
+  finetune.finetune(guide, str(tmp_path / "guide"))
+  vectors = tmp_path / "guide" / "predictions" / "custom_test_embeddings.npy"
+  assert np.load(vectors).shape[:2] == (16, 3)
+  shutil.copy(vectors, data / "guide.npy")
+  masked = config()
+  masked.embedding.mask_duplicates, masked.embedding.guide_embeddings = True, "guide.npy"
+  got = finetune.finetune(masked, str(tmp_path / "masked"))
+  want = finetune.finetune(config(), str(tmp_path / "plain"))
+  assert got["steps"] == want["steps"] == 2
+  got_losses = finetune_test._train_losses(str(tmp_path / "masked"))   # pylint: disable=protected-access
+  want_losses = finetune_test._train_losses(str(tmp_path / "plain"))   # pylint: disable=protected-access
+  assert np.isfinite(got_losses).all() and len(got_losses) == len(want_losses) == 2
+  assert got_losses[0] < want_losses[0] - 0.1, (got_losses, want_losses)
