@@ -76,7 +76,22 @@ def get_config(arg="glue_mrpc"):
       # gradients, takes the loss's gradient w.r.t. all embeddings, then each chunk's backward
       # (same dropout): activations of B/(devices x N) rows at a time, ~4/3 the FLOPs. 0/1: off.
       grad_cache_chunks=0,
-      num_negatives=-1))        # >= 0: every row must hold exactly this many hard negatives
+      num_negatives=-1,         # >= 0: every row must hold exactly this many hard negatives
+      # False negatives out of the loss (docs/finetuning.md, "False negatives"):
+      # true: a candidate (another row's positive or negative, anywhere in the global batch, or
+      # a hard negative) with the same input ids as the anchor's positive is no negative of it.
+      # Off by default, as sentence-transformers 6.2 (no such option in MultipleNegatives-
+      # RankingLoss: its answer is the no-duplicates sampler, which our epoch order already is).
+      mask_duplicates=False,
+      # GISTEmbed (sentence-transformers' GISTEmbedLoss): a .npy [N, S, G] of a guide model's
+      # vectors of the train file's texts (under data_dir); candidates the guide scores above the
+      # anchor's pair less the margin are no negatives. "" = no guide. GISTEmbedLoss's default
+      # temperature 0.01 is scale=100.
+      guide_embeddings="",
+      margin_strategy="absolute",   # absolute: g - margin; relative: g - |g| x margin
+      margin=0.0,
+      contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
+      contrast_positives=True))  # ... and other positives, of each anchor's positive
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir

@@ -5,6 +5,8 @@
   texts_of_rows packed rows' [R, K, H] vectors -> the batch's [B, S, H] (anchor, candidates)
   embed         pool, then Matryoshka truncation and L2 normalisation -> {dim: [B, d]}
   info_nce      InfoNCE with in-batch negatives over the whole global batch -> scalar loss
+  false_negatives  the candidates that are no negatives: the positive's text elsewhere
+                (text_ids), GISTEmbed's guided mask (a guide's vectors) -> [B, M, B] bool
   grad_cache    (loss, gradients) of a batch embedded a chunk at a time (GradCache)
   chunk_rows    [B, ...] -> [n, B/n, ...], chunk i = rows i, i + n, ... (and unchunk_rows back)
 
@@ -15,7 +17,10 @@ MNRL's [B, B(1 + k)] columns, all positives then every row's first negative, ...
 and the loss is the mean cross-entropy of each anchor's own positive. symmetric=True adds each positive's
 cross-entropy over the anchors, averaged with the first (MNRL's directions=("query_to_doc",
 "doc_to_query"), partition_mode="per_direction"). Matryoshka (Kusupati et al. 2022; ST's
-MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d.
+MatryoshkaLoss with weights 1) sums the loss over the first d dimensions for each d. With a
+guide (issue 48 item 2), info_nce is sentence-transformers' GISTEmbedLoss (temperature = 1 /
+scale) on the same embeddings and guide embeddings
+(tests/bert_jax/objectives/contrastive_false_negatives_test.py).
 
 Inside a jitted step the arrays are the global batch, sharded over the mesh's data axis: the
 [B, 1 + k, B] similarity is one einsum over the sharded arrays, and XLA moves the candidate
@@ -33,10 +38,14 @@ import jax
 import jax.numpy as jnp
 
 POOLINGS = ("mean", "cls", "last")
+MARGIN_STRATEGIES = ("absolute", "relative")   # GISTEmbedLoss's false-negative margins
 
 
-def problem(pooling="mean", scale=20.0, matryoshka_dims=()):
+def problem(pooling="mean", scale=20.0, matryoshka_dims=(), margin_strategy="absolute"):
   """What is wrong with these settings (one sentence), or None; checked before any compute."""
+  if margin_strategy not in MARGIN_STRATEGIES:
+    return (f"margin_strategy={margin_strategy!r}; use one of {', '.join(MARGIN_STRATEGIES)} "
+            "(sentence-transformers' GISTEmbedLoss).")
   if pooling not in POOLINGS:
     return f"pooling={pooling!r}; use one of {', '.join(POOLINGS)}."
   if not scale > 0:
@@ -125,33 +134,140 @@ def _cos(a, b):
   return jnp.einsum("id,jd->ij", normalise(a), normalise(b))
 
 
-def info_nce(anchors, candidates, scale=20.0, symmetric=False, weights=None):
+def _blocks(a, c, contrast_anchors=False, contrast_positives=False):
+  """Cosines [B anchors, M, B rows] of every anchor against every row's candidates: block n < 1 + k
+  row b's candidate n (its positive, then its k negatives); then, GISTEmbed's extra terms, every
+  row's anchor (contrast_anchors: cos(a_i, a_b)) and every row's positive against anchor i's
+  positive (contrast_positives: cos(c_i0, c_b0)). M = 1 + k (+ 1) (+ 1); stacked on axis 1, the
+  candidate axis, so no reshape crosses the sharded rows."""
+  an, cn = normalise(a), normalise(c)
+  blocks = [jnp.einsum("id,bnd->inb", an, cn)]                          # [B, 1 + k, B]
+  if contrast_anchors:
+    blocks.append(jnp.einsum("id,bd->ib", an, an)[:, None])             # [B, 1, B]
+  if contrast_positives:
+    blocks.append(jnp.einsum("id,bd->ib", cn[:, 0], cn[:, 0])[:, None])  # [B, 1, B]
+  return jnp.concatenate(blocks, axis=1)
+
+
+def _texts_of_blocks(text_ids, contrast_anchors=False, contrast_positives=False):
+  """[B, S] text ids (anchor, positive, negatives) -> [M, B]: the id of block n's row-b text,
+  in _blocks' layout."""
+  t = [text_ids[:, 1:].T]                                               # [1 + k, B]
+  if contrast_anchors:
+    t.append(text_ids[None, :, 0])
+  if contrast_positives:
+    t.append(text_ids[None, :, 1])
+  return jnp.concatenate(t, axis=0)
+
+
+def _guided(guide_sims, margin, margin_strategy):
+  """GISTEmbed's false negatives: [B, M, B] guide cosines (_blocks' layout) -> [B, M, B] bool,
+  True where the guide scores a candidate above anchor i's own pair (its diagonal of block 0,
+  g_i) less the margin: g_i - margin ("absolute") or g_i - |g_i| margin ("relative")."""
+  g = jnp.diagonal(guide_sims[:, 0, :])[:, None, None]                  # [B, 1, 1]
+  slack = margin if margin_strategy == "absolute" else jnp.abs(g) * margin
+  return guide_sims > g - slack
+
+
+def false_negatives(text_ids=None, guide=None, margin=0.0, margin_strategy="absolute",
+                    contrast_anchors=False, contrast_positives=False):
+  """[B, M, B] bool, True for a candidate that is no negative of anchor i (_blocks' layout), or
+  None when neither test is asked for:
+
+    text_ids [B, S] int    the same id = the same input ids (embedding.load_split numbers each
+                           distinct token sequence): a candidate whose text is anchor i's
+                           positive's (a duplicate positive in another row, a hard negative
+                           equal to the positive). By ids, not by embedding: with dropout two
+                           copies of a text embed differently (sentence-transformers #3260).
+    guide                  (guide anchors [B, G], guide candidates [B, 1 + k, G]): GISTEmbed's
+                           mask (_guided) on the guide's cosines.
+
+  Anchor i's own positive (block 0, row i) is never masked. On a sharded batch the comparisons
+  are [B, M, B] elementwise ops over the global arrays (XLA moves the shards, as for the
+  logits), so a duplicate on another device is found as one on this one."""
+  if text_ids is None and guide is None:
+    return None
+  b = (text_ids if text_ids is not None else guide[0]).shape[0]
+  m = (text_ids.shape[1] - 1 if text_ids is not None else guide[1].shape[1]) + int(
+      contrast_anchors) + int(contrast_positives)
+  out = jnp.zeros((b, m, b), bool)
+  if text_ids is not None:
+    texts = _texts_of_blocks(text_ids, contrast_anchors, contrast_positives)   # [M, B]
+    out = out | (texts[None] == text_ids[:, 1, None, None])
+  if guide is not None:
+    g = _blocks(guide[0].astype(jnp.float32), guide[1].astype(jnp.float32), contrast_anchors,
+                contrast_positives)
+    out = out | _guided(g, margin, margin_strategy)
+  own = (jnp.arange(m)[None, :, None] == 0) & jnp.eye(b, dtype=bool)[:, None, :]
+  return out & ~own
+
+
+def _false_negatives_back(a_ids, guide, margin, margin_strategy):
+  """symmetric=True's second direction (each positive p_j over the anchors): [B positives, B
+  anchors] bool, True for an anchor that is no negative of p_j: the same text as p_j's own
+  anchor (a_ids: [B] text ids), or (guide) guide cos(p_j, a_i) above p_j's pair's less the
+  margin. The own anchor (the diagonal) is never masked."""
+  b = (a_ids if a_ids is not None else guide[0]).shape[0]
+  out = jnp.zeros((b, b), bool)
+  if a_ids is not None:
+    out = out | (a_ids[None, :] == a_ids[:, None])
+  if guide is not None:
+    back = _cos(guide[1][:, 0].astype(jnp.float32), guide[0].astype(jnp.float32))   # [B, B]
+    out = out | _guided(back[:, None, :], margin, margin_strategy)[:, 0]
+  return out & ~jnp.eye(b, dtype=bool)
+
+
+def info_nce(anchors, candidates, scale=20.0, symmetric=False, weights=None, *, text_ids=None,
+             guide=None, margin=0.0, margin_strategy="absolute", contrast_anchors=False,
+             contrast_positives=False):
   """MNRL's loss. anchors [B, D]; candidates [B, 1 + k, D] (positive first, then k hard
   negatives); weights [B] (1.0 real row, 0.0 padding: a padding row is no anchor and no
-  candidate) -> scalar float32."""
+  candidate) -> scalar float32.
+
+  False negatives out (false_negatives; every option off = MNRL):
+    text_ids [B, S]     candidates with anchor i's positive's input ids (mask_duplicates)
+    guide               (guide anchors [B, G], guide candidates [B, 1 + k, G]): GISTEmbed's
+                        guided mask, sentence-transformers' GISTEmbedLoss(margin_strategy,
+                        margin, contrast_anchors, contrast_positives, temperature=1 / scale)
+                        on these embeddings and the guide's, for any k (GISTEmbedLoss: k <= 1)
+    contrast_anchors    GISTEmbedLoss's: every row's anchor is a candidate of anchor i too, and
+    contrast_positives  every row's positive one of anchor i's positive (guide only)"""
+  if (contrast_anchors or contrast_positives) and guide is None:
+    raise ValueError("info_nce: contrast_anchors / contrast_positives are GISTEmbed's terms; "
+                     "they need a guide (its mask drops each text's own copy).")
   a = anchors.astype(jnp.float32)
   c = candidates.astype(jnp.float32)
   b = c.shape[0]
   w = jnp.ones((b,), jnp.float32) if weights is None else weights.astype(jnp.float32)
-  # [B anchors, 1 + k, B rows]: every anchor against every row's positive and negatives. Kept
-  # 3-d (MNRL's [B, (1 + k) B] columns, unflattened) so no reshape crosses the sharded axis.
-  logits = scale * jnp.einsum("id,bnd->inb", normalise(a), normalise(c))
+  # [B anchors, M, B rows]: every anchor against every row's positive and negatives (and GIST's
+  # anchors and positives). Kept 3-d (MNRL's [B, (1 + k) B] columns, unflattened) so no reshape
+  # crosses the sharded axis.
+  logits = scale * _blocks(a, c, contrast_anchors, contrast_positives)
   logits = jnp.where(w[None, None, :] > 0, logits, _MASKED)   # padding rows' candidates drop out
+  drop = false_negatives(text_ids, guide, margin, margin_strategy, contrast_anchors,
+                         contrast_positives)
+  if drop is not None:
+    logits = jnp.where(drop, _MASKED, logits)
   positive = jnp.diagonal(logits[:, 0, :])                 # [B]: a_i . c_i0
   log_z = jax.nn.logsumexp(logits, axis=(1, 2))
   if symmetric:   # each positive over every anchor ("doc_to_query")
     back = jnp.where(w[None, :] > 0, scale * _cos(c[:, 0], a), _MASKED)   # [B, B]
+    if text_ids is not None or guide is not None:
+      back = jnp.where(_false_negatives_back(None if text_ids is None else text_ids[:, 0],
+                                             guide, margin, margin_strategy), _MASKED, back)
     log_z = (log_z + jax.nn.logsumexp(back, axis=-1)) / 2
   per_row = log_z - positive
   return jnp.sum(jnp.where(w > 0, per_row, 0.0) * w) / jnp.maximum(jnp.sum(w), 1e-5)
 
 
 def matryoshka_info_nce(anchors, candidates, dims=(), scale=20.0, symmetric=False,
-                        weights=None):
+                        weights=None, **false_negative_options):
   """info_nce summed over each Matryoshka width d in `dims` (the first d dimensions, compared
   after truncation: sentence-transformers' MatryoshkaLoss(matryoshka_dims=dims) with every
-  weight 1); dims=() is the full width alone."""
-  return sum(info_nce(anchors[..., :d], candidates[..., :d], scale, symmetric, weights)
+  weight 1); dims=() is the full width alone. false_negative_options (text_ids, guide, margin,
+  ...: info_nce's) are the same at every width (the guide is not truncated)."""
+  return sum(info_nce(anchors[..., :d], candidates[..., :d], scale, symmetric, weights,
+                      **false_negative_options)
              for d in (dims or (anchors.shape[-1],)))
 
 

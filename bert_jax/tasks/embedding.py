@@ -7,7 +7,9 @@ triplets, task=custom with --config.custom.type=embedding.
   head      the family's body on [B*S, T], pooled per sequence (mean / cls / last) -> [B, S, H];
             no new parameters (the tree is {"bert"})
   loss      InfoNCE over the global batch (contrastive.matryoshka_info_nce: sentence-transformers'
-            MultipleNegativesRankingLoss, Matryoshka sums), padding rows out
+            MultipleNegativesRankingLoss, Matryoshka sums), padding rows out; opt-in false
+            negatives out: mask_duplicates (text_ids: text_numbers), guide_embeddings (GISTEmbed:
+            guide_vectors), both carried by the training batches (false_negatives_of)
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
@@ -40,6 +42,7 @@ from bert_jax.evaluation import retrieval_metrics
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
+from bert_jax_core import files
 from data_pipelines.tasks import pairs
 from data_pipelines.tasks.common import TaskDataError, pack
 
@@ -59,6 +62,13 @@ class EmbeddingTask:
   metrics: tuple = ("ndcg@10", "mrr@10", "recall@1", "recall@10")   # STS dev: ("spearman",)
   grad_cache_chunks: int = 0     # > 1: GradCache, each device's rows embedded in this many chunks
   num_negatives: int = -1        # >= 0: the hard negatives every row must hold; -1: any
+  # False negatives out of the loss (contrastive.false_negatives; docs/finetuning.md):
+  mask_duplicates: bool = False  # candidates with the anchor's positive's input ids
+  guide_embeddings: str = ""     # a .npy [N, S, G]: a guide's vectors of the train file's texts
+  margin_strategy: str = "absolute"   # GISTEmbedLoss's, with the guide
+  margin: float = 0.0
+  contrast_anchors: bool = True
+  contrast_positives: bool = True
   type: str = "embedding"        # the task type (this module)
 
 
@@ -67,7 +77,7 @@ def custom_task(config, labels):
   del labels
   c, e = config.custom, with_recorded_settings(config)
   dims = tuple(int(d) for d in e.matryoshka_dims)
-  wrong = contrastive.problem(e.pooling, e.scale, dims)
+  wrong = contrastive.problem(e.pooling, e.scale, dims, e.get("margin_strategy", "absolute"))
   if wrong:
     raise TaskDataError(f"config.embedding.{wrong}")
   chunks = int(e.get("grad_cache_chunks", 0))
@@ -82,7 +92,19 @@ def custom_task(config, labels):
   return dev_metrics(EmbeddingTask("custom", files, "" if tsv_default else c.format, e.pooling,
                                    float(e.scale), bool(e.symmetric), dims, e.query_prompt,
                                    e.document_prompt, grad_cache_chunks=chunks,
-                                   num_negatives=int(e.get("num_negatives", -1))), config)
+                                   num_negatives=int(e.get("num_negatives", -1)),
+                                   **false_negative_settings(e)), config)
+
+
+def false_negative_settings(e):
+  """config.embedding's false-negative fields -> EmbeddingTask's (missing ones: the defaults)."""
+  d = EmbeddingTask("", {})
+  return dict(mask_duplicates=bool(e.get("mask_duplicates", d.mask_duplicates)),
+              guide_embeddings=str(e.get("guide_embeddings", "") or ""),
+              margin_strategy=str(e.get("margin_strategy", d.margin_strategy)),
+              margin=float(e.get("margin", d.margin)),
+              contrast_anchors=bool(e.get("contrast_anchors", d.contrast_anchors)),
+              contrast_positives=bool(e.get("contrast_positives", d.contrast_positives)))
 
 
 def dev_metrics(task, config):
@@ -99,8 +121,9 @@ def dev_metrics(task, config):
 def load_split(task, split, tokenizer, config, is_training):
   common.check_files_only(task, config)
   path = os.path.join(config.data_dir, task.files[split])
-  rows = common.limit(pairs.read_pairs(path, task.file_format or None, task.query_prompt,
-                                       task.document_prompt), config, is_training)
+  every = pairs.read_pairs(path, task.file_format or None, task.query_prompt,
+                           task.document_prompt)
+  rows = common.limit(every, config, is_training)
   if is_training and rows[0].score is not None:
     raise TaskDataError(f"{path}: scored pairs (a score/label column) are an evaluation set; "
                         "contrastive training reads pairs or triplets (anchor, positive, "
@@ -117,7 +140,39 @@ def load_split(task, split, tokenizer, config, is_training):
             for x in ids]
   features = {k: np.stack([p[i] for p in packed]).reshape(len(rows), width, -1)
               for i, k in enumerate(("input_ids", "input_mask", "segment_ids"))}
+  if is_training and task.mask_duplicates:
+    features["text_ids"] = text_numbers(features["input_ids"])
+  if is_training and task.guide_embeddings:
+    features["guide_embeddings"] = guide_vectors(task, config, path, len(every), width)[
+        :len(rows)]
   return common.Split(split, rows, features, notes=common.note(cut, "texts truncated"))
+
+
+def text_numbers(input_ids):
+  """[N, S, T] token ids (0 after a text's end) -> [N, S] int32, one number per distinct token
+  sequence (its rank among them): the mask_duplicates test in the step compares these numbers,
+  which is comparing the texts' input ids (after prompts and truncation: what the encoder sees)."""
+  n, s, t = input_ids.shape
+  _, numbers = np.unique(input_ids.reshape(n * s, t), axis=0, return_inverse=True)
+  return numbers.reshape(n, s).astype(np.int32)
+
+
+def guide_vectors(task, config, train_path, num_rows=None, width=None):
+  """config.embedding.guide_embeddings (under data_dir unless absolute): a guide model's vectors
+  of the train file's texts, [N, S, G] in its rows' order, any G (the guide's width). Local,
+  memory-mapped when float32 (each batch reads its rows). Checked against the train file
+  (num_rows, width) before any compute."""
+  path = os.path.join(config.data_dir, task.guide_embeddings)
+  if files.is_remote(path) or not os.path.isfile(path):
+    raise TaskDataError(f"config.embedding.guide_embeddings={task.guide_embeddings!r}: no local "
+                        f"file {path}; write the guide's vectors of {train_path}'s texts there "
+                        "([rows, texts a row, G] float32 .npy) or set it to '' (no guide).")
+  vectors = np.load(path, mmap_mode="r")
+  if vectors.ndim != 3 or (num_rows is not None and vectors.shape[:2] != (num_rows, width)):
+    raise TaskDataError(f"{path}: guide embeddings of shape {vectors.shape}, but {train_path} "
+                        f"has {num_rows} rows of {width} texts; expected [{num_rows}, {width}, G]"
+                        f" (one vector per text, in the file's row and column order).")
+  return vectors if vectors.dtype == np.float32 else vectors.astype(np.float32)
 
 
 class EmbeddingModel(nn.Module):
@@ -160,12 +215,36 @@ def _bind(task):
       outputs = contrastive.texts_of_rows(outputs, batch["text_slots"])
     value = contrastive.matryoshka_info_nce(
         outputs[:, 0], outputs[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
-        batch["example_weights"])
+        batch["example_weights"], **false_negatives_of(task, batch))
     return value, {"loss": value}
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
+                             label_keys=false_negative_keys(task),
                              train_grads=functools.partial(grad_cache_step, task),
                              pack_batches=functools.partial(pack_batches, task))
+
+
+# The training batch's arrays the false-negative masks read ([B, S] text numbers, [B, S, G] guide
+# vectors; load_split adds them to the training split when asked for).
+FALSE_NEGATIVE_KEYS = ("text_ids", "guide_embeddings")
+
+
+def false_negative_keys(task):
+  """The arrays of FALSE_NEGATIVE_KEYS this task's loss reads (its batches carry them)."""
+  return (("text_ids",) if task.mask_duplicates else ()) + (
+      ("guide_embeddings",) if task.guide_embeddings else ())
+
+
+def false_negatives_of(task, batch):
+  """info_nce's false-negative options for a training batch (none for one without the arrays)."""
+  kw = {}
+  if task.mask_duplicates and "text_ids" in batch:
+    kw["text_ids"] = batch["text_ids"]
+  if task.guide_embeddings and "guide_embeddings" in batch:
+    g = batch["guide_embeddings"]
+    kw.update(guide=(g[:, 0], g[:, 1:]), margin=task.margin, margin_strategy=task.margin_strategy,
+              contrast_anchors=task.contrast_anchors, contrast_positives=task.contrast_positives)
+  return kw
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,6 +396,11 @@ def pack_batches(task, train, config, batches, mesh):
         h * b // hosts, (h + 1) * b // hosts)
     out = {key: v[row_part] for key, v in p.items()}                    # [R / hosts, ...]
     out.update(text_slots=slots[example_part], example_weights=weights[example_part])
+    for key in FALSE_NEGATIVE_KEYS:   # per example [b, S, ...], as text_slots
+      if key in f:
+        v = np.zeros((b,) + f[key].shape[1:], f[key].dtype)
+        v[:len(idx)] = f[key][idx]
+        out[key] = v[example_part]
     return out
 
   real = sum(int(lengths[idx].sum()) for idx in batches)   # the run's tokens, every epoch
@@ -375,8 +459,14 @@ def train_batch(task, config):
   benchmarks/grad_cache_memory.py compile the step for, with no data."""
   b, t = int(config.batch_size), int(config.max_seq_length)
   shape = (b, 2 + max(task.num_negatives, 0), t)                        # [B, S, T]
-  return dict(input_ids=(shape, "int32"), input_mask=(shape, "int32"),
-              segment_ids=(shape, "int32"), example_weights=((b,), "float32"))
+  out = dict(input_ids=(shape, "int32"), input_mask=(shape, "int32"),
+             segment_ids=(shape, "int32"), example_weights=((b,), "float32"))
+  if task.mask_duplicates:
+    out["text_ids"] = (shape[:2], "int32")
+  if task.guide_embeddings:   # the guide's width G from the file's header (not its data)
+    g = guide_vectors(task, config, task.files["train"], None, None)
+    out["guide_embeddings"] = (shape[:2] + g.shape[2:], "float32")
+  return out
 
 
 def input_shape(seq_length, num_choices=0):

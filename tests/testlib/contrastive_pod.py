@@ -11,7 +11,8 @@ the sharded arrays, so every host's and device's rows and hard negatives are eve
 negatives through XLA's collectives (no host gather). Process 0 prints one `RESULT {json}` line:
 the losses and gradients, which tests/bert_jax/objectives/contrastive_pod_test.py compares with one process on the
 whole batch; and the same for packed rows (packed_batch: each host holds its rows of pooled text
-vectors and its examples' slots into the global rows). (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
+vectors and its examples' slots into the global rows); and with both false-negative masks
+(false_negative_batch: text numbers with duplicates across the hosts, a guide's vectors). (The mesh is the fine-tuning loop's, sharding.create_mesh: on a mesh of explicit axis
 types, jax.make_mesh's default, the [B, 1 + K, B] einsum of two row-sharded arrays is a
 ShardingTypeError, jax 0.10.) Tests only.
 """
@@ -36,6 +37,24 @@ def global_batch():
   weights = np.ones(B, np.float32)
   weights[[5, 14]] = 0.0
   return anchors, np.concatenate([positives[:, None], negatives], axis=1), weights
+
+
+G = 6                         # the guide's width (false_negative_batch)
+
+
+def false_negative_batch():
+  """(text_ids [B, 2 + K] int32, guide anchors [B, G], guide candidates [B, 1 + K, G]): row 11's
+  positive (host 1) is row 2's (host 0), row 3's negative is row 12's positive, row 8's first
+  negative its own positive's text; a guide vector per text number (copies: the same vector)."""
+  ids = np.arange(B * (2 + K), dtype=np.int32).reshape(B, 2 + K)
+  ids[11, 1], ids[3, 2], ids[8, 2] = ids[2, 1], ids[12, 1], ids[8, 1]
+  guide = np.random.default_rng(42).normal(size=(ids.size, G)).astype(np.float32)[ids]
+  return ids, guide[:, 0], guide[:, 1:]
+
+
+# The false-negative masks' setting (losses_and_grads with masks): symmetric as "symmetric".
+MASKED = dict(scale=50.0, symmetric=True, margin=0.1, contrast_anchors=True,
+              contrast_positives=True)
 
 
 R, SLOTS = 16, 8              # packed rows and text slots a row (the packed variant below)
@@ -67,9 +86,10 @@ def packed_loss_and_grad(pooled, text_slots, weights):
   return jax.jit(jax.value_and_grad(loss))(pooled, text_slots, weights)
 
 
-def losses_and_grads(anchors, candidates, weights):
+def losses_and_grads(anchors, candidates, weights, masks=None):
   """{setting: (loss, d/d anchors [B, D], d/d candidates [B, 1 + K, D])} of
-  matryoshka_info_nce (jitted; the inputs may be sharded global arrays)."""
+  matryoshka_info_nce (jitted; the inputs may be sharded global arrays); masks
+  (false_negative_batch's arrays): also "false_negatives", MASKED with both masks."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
   out = {}
@@ -77,6 +97,12 @@ def losses_and_grads(anchors, candidates, weights):
     def loss(a, c, w, kw=kw):   # w an argument: a global array cannot be closed over
       return contrastive.matryoshka_info_nce(a, c, DIMS, weights=w, **kw)
     out[name] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(anchors, candidates, weights)
+  if masks is not None:
+    def masked(a, c, w, t, ga, gc):
+      return contrastive.matryoshka_info_nce(a, c, DIMS, weights=w, text_ids=t, guide=(ga, gc),
+                                             **MASKED)
+    out["false_negatives"] = jax.jit(jax.value_and_grad(masked, argnums=(0, 1)))(
+        anchors, candidates, weights, *masks)
   return out
 
 
@@ -93,10 +119,12 @@ def main(argv):
   mesh = sharding.create_mesh((-1, 1, 1))
   rows = B // nproc
   local = [x[pid * rows:(pid + 1) * rows] for x in global_batch()]   # this host's rows
-  anchors, candidates, weights = sharding.make_global_batch(local, mesh)
+  local += [x[pid * rows:(pid + 1) * rows] for x in false_negative_batch()]
+  anchors, candidates, weights, *masks = sharding.make_global_batch(local, mesh)
   result = dict(process_count=nproc, device_count=jax.device_count(),
                 fully_addressable=bool(anchors.is_fully_addressable))
-  for name, (loss, (d_a, d_c)) in losses_and_grads(anchors, candidates, weights).items():
+  for name, (loss, (d_a, d_c)) in losses_and_grads(anchors, candidates, weights,
+                                                   masks).items():
     # The gradients are sharded like the rows (each host holds its own): gathered for process 0.
     def gather(x):
       return np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()

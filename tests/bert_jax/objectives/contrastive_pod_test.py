@@ -4,7 +4,8 @@ item 3).
 tests/testlib/contrastive_pod.py runs under `launch.local_pod` (2 processes x 4 CPU devices, gloo): each
 host feeds its own 8 of the 16 rows, and contrastive.matryoshka_info_nce (the embedding task's
 loss) and its gradients are taken on the sharded global arrays, unpacked and as packed rows'
-pooled texts (contrastive.texts_of_rows). Here one process computes the same on the whole batch,
+pooled texts (contrastive.texts_of_rows), and with the false-negative masks (a duplicate
+positive on the other host, a guide's vectors: contrastive_pod.false_negative_batch). Here one process computes the same on the whole batch,
 unsharded.
 """
 
@@ -33,13 +34,17 @@ def test_two_process_global_batch_loss_and_gradients_equal_one_process():
   pod = results[0]
   # The rows really were split over two hosts: no process held the whole batch.
   assert (pod["process_count"], pod["device_count"], pod["fully_addressable"]) == (2, 8, False)
-  one = contrastive_pod.losses_and_grads(*contrastive_pod.global_batch())
+  one = contrastive_pod.losses_and_grads(*contrastive_pod.global_batch(),
+                                         masks=contrastive_pod.false_negative_batch())
+  assert set(one) <= set(pod) and "false_negatives" in one
   for name, (loss, (d_a, d_c)) in one.items():
     assert pod[name]["loss"] == pytest.approx(float(loss), rel=1e-6), name
     # float32 sums in another order: gradients of size ~1 differ by up to 1.5e-7 (measured).
     np.testing.assert_allclose(pod[name]["d_anchors"], d_a, rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(pod[name]["d_candidates"], d_c, rtol=1e-5, atol=1e-6,
                                err_msg=name)
+  # The masks took candidates out: not the symmetric setting's loss (the same scale).
+  assert abs(pod["false_negatives"]["loss"] - pod["symmetric"]["loss"]) > 1e-2
   # Packed rows (the embedding task's --config.pack=true): the same loss, and each text's
   # gradient at its slot of the global rows (empty slots 0), though a host's examples read the
   # other host's rows.
