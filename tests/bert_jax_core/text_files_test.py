@@ -58,8 +58,7 @@ def test_text_passes():
 
 
 def test_check_reads_the_first_block_of_a_file(tmp_path):
-  paths = not_text.write_all(tmp_path)
-  assert "PNG image" in text_files.check(paths["png"])
+  assert "PNG image" in text_files.check(not_text.write(tmp_path, "png"))
   big = tmp_path / "late.txt"    # binary past the first block: a reader's own business
   big.write_bytes(b"word " * (text_files.SNIFF_BYTES // 5 + 1) + b"\x00\x00")
   assert text_files.check(str(big)) is None

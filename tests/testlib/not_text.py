@@ -21,8 +21,9 @@ def png(width=64, height=64, seed=0):
 
   def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-          + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+  header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)   # 8-bit RGB
+  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+          + chunk(b"IEND", b""))
 
 
 def gzipped(text=TEXT * 20):
@@ -35,12 +36,14 @@ def utf16(text=TEXT, bom=True):
   return text.encode("utf-16" if bom else "utf-16-le")
 
 
-def write_all(folder):
-  """{kind: path} of one file of each kind in `folder`, each named like text (.txt)."""
-  made = {"png": png(), "gzip": gzipped(), "utf16": utf16(), "utf16_no_bom": utf16(bom=False)}
-  paths = {}
-  for kind, data in made.items():
-    path = folder / f"{kind}.txt"
-    path.write_bytes(data)
-    paths[kind] = str(path)
-  return paths
+KINDS = ("png", "gzip", "utf16", "utf16_no_bom")
+
+
+def write(folder, kind, name=None):
+  """The path of a file of `kind` (KINDS) in `folder` (a pathlib.Path), named like text
+  (KIND.txt) unless `name` is given."""
+  data = {"png": png, "gzip": gzipped, "utf16": utf16,
+          "utf16_no_bom": lambda: utf16(bom=False)}[kind]()
+  path = folder / (name or f"{kind}.txt")
+  path.write_bytes(data)
+  return str(path)
