@@ -108,7 +108,8 @@ def test_bad_inputs_raise_one_line_errors(corpus, tmp_path):
 @pytest.mark.parametrize("kind, found", [
     ("png", "it is a PNG image"), ("gzip", "it is gzip-compressed"), ("utf16", "it is UTF-16LE"),
     # No byte-order mark: every byte is valid UTF-8 and was learned from, NULs and all.
-    ("utf16_no_bom", "a NUL byte at byte 1 (line 1)")])
+    ("utf16_no_bom", "a NUL byte at byte 1 (line 1)"),
+    ("cp949", "characters are invalid UTF-8 (the first at byte 0, line 1; more than 10%")])
 def test_a_file_that_is_not_text_is_refused_by_the_shared_rule(corpus, tmp_path, kind, found):
   # Issue 49: the rule create_pretraining_data and the task readers apply (text_files.not_text).
   out = str(tmp_path / "out" / "vocab.txt")

@@ -248,12 +248,14 @@ def test_bad_inputs_are_one_line_errors_before_any_output(corpus, tmp_path):
 def test_a_file_that_is_not_text_is_refused_and_nothing_is_replaced(corpus, nsp_run, tmp_path):
   # Seen on main (issue 49): a PNG named .txt and a .gz in the glob were written into records,
   # exit 0 (48,241 bytes replaced); a UTF-16 file's documents ran together ("\n\0" is no blank
-  # line). Now one line naming the file, before the output dir is looked at.
+  # line); Korean in CP949 became U+FFFD. Now one line naming the file, before the output dir
+  # is looked at.
   out = tmp_path / "kept"
   shutil.copytree(nsp_run[0], out)
   before = _bytes(out)
   for kind, found in [("png", "a PNG image"), ("gzip", "gzip-compressed"),
-                      ("utf16", "UTF-16LE"), ("utf16_no_bom", "a NUL byte at byte 1")]:
+                      ("utf16", "UTF-16LE"), ("utf16_no_bom", "a NUL byte at byte 1"),
+                      ("cp949", "characters are invalid UTF-8")]:
     folder = tmp_path / kind
     folder.mkdir()
     bad = not_text.write(folder, kind, "corpus.txt" if kind != "gzip" else "corpus.txt.gz")

@@ -1,10 +1,12 @@
 """Files that are not UTF-8 text, as they end up in a corpus glob or a task folder (issue 49).
 
 Made here, byte for byte, so no binary fixture is committed: a real PNG (its pixels deflated),
-gzip-compressed text, UTF-16 text with and without its byte-order mark.
+gzip-compressed text, UTF-16 text with and without its byte-order mark, Korean in CP949.
 """
 
+import tests  # tests.DATA: tests/data
 import gzip
+import os
 import random
 import struct
 import zlib
@@ -36,14 +38,21 @@ def utf16(text=TEXT, bom=True):
   return text.encode("utf-16" if bom else "utf-16-le")
 
 
-KINDS = ("png", "gzip", "utf16", "utf16_no_bom")
+def cp949():
+  """Korean text in CP949 (EUC-KR's superset), as older Korean corpora come: 71% of its
+  characters are invalid UTF-8."""
+  with open(os.path.join(tests.DATA, "korean", "constitution.txt"), encoding="utf-8") as f:
+    return f.read()[:5000].encode("cp949")
+
+
+KINDS = ("png", "gzip", "utf16", "utf16_no_bom", "cp949")
 
 
 def write(folder, kind, name=None):
   """The path of a file of `kind` (KINDS) in `folder` (a pathlib.Path), named like text
   (KIND.txt) unless `name` is given."""
   data = {"png": png, "gzip": gzipped, "utf16": utf16,
-          "utf16_no_bom": lambda: utf16(bom=False)}[kind]()
+          "utf16_no_bom": lambda: utf16(bom=False), "cp949": cp949}[kind]()
   path = folder / (name or f"{kind}.txt")
   path.write_bytes(data)
   return str(path)

