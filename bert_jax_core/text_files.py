@@ -15,9 +15,9 @@ it writes anything, at the cost of one small read a file:
   3. a NUL byte: no text has one; a binary file (TFRecords, .npy, images) or UTF-16/32 text
      without a byte-order mark has many (random bytes: one in 256);
   4. invalid UTF-8 in more than MAX_INVALID_SHARE of the block's characters. Measured on the
-     first 64 KiB (tests/data): random or compressed bytes 44%, Korean in CP949 71%, Chinese in
-     GBK 78% and Big5 54%, Chinese in UTF-16 without a BOM 27%; Western text in Latin-1 3%
-     (French) and 1% (German). Above the line is not text in UTF-8; below it is UTF-8 text with
+     first 64 KiB of random bytes, of gzip, and of tests/data's texts re-encoded: random or
+     gzip-compressed bytes 44%, Korean in CP949 71%, Chinese in GBK 78% and Big5 54%, Chinese
+     in UTF-16 without a BOM 27%; Western text in Latin-1 3% (French) and 1% (German). Above the line is not text in UTF-8; below it is UTF-8 text with
      stray bytes, which each reader treats as it did: create_pretraining_data replaces them with
      U+FFFD and counts them, build_vocab and the task readers refuse any (they need every byte).
 
