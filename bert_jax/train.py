@@ -164,7 +164,8 @@ def expand_files(pattern, field):
                       f"--config.{field}='data/records/train-*'.")
   from data_pipelines.input import pretrain_input  # pylint: disable=g-import-not-at-top
   files = pretrain_input.expand_file_pattern(pattern, what=f"config.{field}")
-  kept, empty = pretrain_input.drop_empty_files(files)   # else a shard of them hangs the stream
+  # Empty files dropped: else a shard of them hangs the stream.
+  kept, empty = pretrain_input.drop_empty_files(files, f"config.{field}")
   if empty and jax.process_index() == 0:
     print(pretrain_input.empty_files_note(empty, len(files), f"config.{field}"), flush=True)
   return kept

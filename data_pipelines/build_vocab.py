@@ -57,6 +57,7 @@ from absl import flags
 
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
+from bert_jax_core import text_files
 from data_pipelines.tokenizers import pretokenize
 from data_pipelines.tokenizers import tokenization
 from data_pipelines.tokenizers import tokenizer_json
@@ -113,11 +114,26 @@ def corpus_paths(input_file):
       raise BuildVocabError(f"--input_file={pattern}: no file matches; check the path or "
                             "build a corpus with `python -m data_pipelines.stdlib_corpus`.")
     paths.extend(matched)
+  return check_text_files(paths, f"--input_file={input_file}")
+
+
+def check_text_files(paths, flag):
+  """`paths`, once each is known to be a file of UTF-8 text (its first block:
+  text_files.not_text, the rule create_pretraining_data and the task readers apply too)."""
+  for path in paths:
+    if tf.io.gfile.isdir(path):
+      raise BuildVocabError(f"{flag}: {path} is a directory; pass text files or a glob of them "
+                            "(e.g. 'corpus/*.txt').")
+    why = text_files.check(path)
+    if why:
+      raise BuildVocabError(f"{flag}: {why}")
   return paths
 
 
 def iter_lines(paths):
-  """Yields the non-empty lines of the files, streaming (one line in memory at a time)."""
+  """Yields the non-empty lines of the files, streaming (one line in memory at a time). A stray
+  invalid byte past the first block (which check_text_files sniffed) is refused too: a
+  vocabulary is learned from every byte."""
   for path in paths:
     offset = 0
     with tf.io.gfile.GFile(path, "rb") as f:
@@ -131,6 +147,8 @@ def iter_lines(paths):
               "`iconv -f latin1 -t utf-8`.") from e
         offset += len(raw)
         line = line.rstrip("\r\n")
+        if number == 1:
+          line = text_files.strip_bom(line)
         if line.strip():
           yield line
 
@@ -562,7 +580,7 @@ def _check_sources(input_file, input_sources, source_tau):
     if not paths:
       raise BuildVocabError(f"{vocab_mixture.FLAG}: source {name!r} ({pattern}): no file "
                             "matches; check the path.")
-    out.append((name, paths))
+    out.append((name, check_text_files(paths, f"{vocab_mixture.FLAG}: source {name!r}")))
   return out
 
 

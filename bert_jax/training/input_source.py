@@ -226,7 +226,7 @@ def sources_of(config):
 
     def expand(pattern, what):
       files = pretrain_input.expand_file_pattern(pattern, what=f"config.{what}")
-      return pretrain_input.drop_empty_files(files)[0]
+      return pretrain_input.drop_empty_files(files, f"config.{what}")[0]
     _SOURCES[key] = mixture.resolve(config, expand, pretrain_input.count_records)
   return _SOURCES[key]
 

@@ -33,6 +33,7 @@ import json
 import re
 
 from bert_jax_core import errors
+from bert_jax_core import text_files
 from data_pipelines.tokenizers import pretokenize
 from data_pipelines.tokenizers import tokenization
 from bert_jax_core.tf_setup import tf
@@ -56,18 +57,23 @@ def open_file(path, mode):
 
 
 def _check_readable(path, pattern):
-  """Size in bytes of `path`, after reading one byte of it (permissions, broken links)."""
+  """Size in bytes of `path`, after reading its first block: readable (permissions, broken
+  links) and UTF-8 text (text_files.not_text: no PNG, .gz or UTF-16 file in a glob)."""
   try:
     if tf.io.gfile.isdir(path):
       raise PretrainingDataError(f"--input_file={pattern}: {path} is a directory; pass "
                                  "files or a glob of them (e.g. 'corpus/*.txt').")
     with open_file(path, "rb") as f:
-      f.read(1)
-    return tf.io.gfile.stat(path).length
+      head = f.read(text_files.SNIFF_BYTES)
+    size = tf.io.gfile.stat(path).length
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
     raise PretrainingDataError(f"--input_file={pattern}: cannot read {path} ({reason}); fix "
                                "its permissions or the pattern.") from None
+  why = text_files.not_text(head, path)
+  if why:
+    raise PretrainingDataError(f"--input_file={pattern}: {why}")
+  return size
 
 
 def resolve_sources(cfg):
@@ -137,11 +143,11 @@ def _tfds_sources(cfg):
 def _read_text(source, stats, progress):
   document = []
   with open_file(source.path, "rb") as f:
-    for raw in f:
+    for number, raw in enumerate(f):
       progress(len(raw))
       line, n = tokenization.decode_utf8(raw)
       stats.replaced += n
-      line = line.strip()
+      line = (text_files.strip_bom(line) if number == 0 else line).strip()
       if line:
         document.append(line)
       elif document:  # blank lines separate documents
@@ -226,6 +232,8 @@ def _read_jsonl(source, key, stats, progress, splitter="auto"):
       progress(len(raw))
       line, n = tokenization.decode_utf8(raw)
       stats.replaced += n
+      if line_number == 1:
+        line = text_files.strip_bom(line)
       if not line.strip():
         continue
       try:

@@ -72,6 +72,8 @@ def expand_file_pattern(file_pattern, what="file_pattern"):
   patterns = [p.strip() for pat in patterns for p in pat.split(",") if p.strip()]
   files = set()
   for p in patterns:
+    if tf.io.gfile.isdir(p):  # one request a pattern (a glob is no directory)
+      raise _directory_error(what, file_pattern, p)
     files.update(tf.io.gfile.glob(p))
   # An output dir also holds dataset_info.json; a pattern such as "out/*" must not read it.
   files = sorted(f for f in files if not f.endswith(".json"))
@@ -83,13 +85,29 @@ def expand_file_pattern(file_pattern, what="file_pattern"):
   return files
 
 
-def drop_empty_files(files):
+def _directory_error(what, file_pattern, directory):
+  # tf.data reads a directory as a corrupt record file: a ReduceDataset error that advised
+  # regenerating the records (issue 49).
+  example = directory.rstrip("/") + "/part-*"
+  return InputPipelineError(
+      f"{what}={file_pattern!r}: {directory} is a directory; pass the record files in it, e.g. "
+      f"{what}='{example}' (create_pretraining_data's shards are part-*.tfrecord).")
+
+
+def drop_empty_files(files, what="file_pattern"):
   """(files that hold records, empty files). An empty TFRecord file is 0 bytes: create_pretraining
   _data writes one for a shard that got no document (a 4-line corpus: 4 of 16 shards). A logical
   shard of only empty files made the repeated stream spin forever without a batch (issue 23,
-  fault 1: a hang after the "device order" line); without them every shard has records."""
+  fault 1: a hang after the "device order" line); without them every shard has records. A
+  directory a glob matched (the stat says so, at no extra request) is a one-line error."""
   with concurrent.futures.ThreadPoolExecutor(16) as pool:   # gs://: one request per file
-    sizes = list(pool.map(lambda f: tf.io.gfile.stat(f).length, files))
+    stats = list(pool.map(tf.io.gfile.stat, files))
+  for f, st in zip(files, stats):
+    if st.is_directory:
+      raise InputPipelineError(
+          f"{what}: the pattern matches the directory {f}; pass a glob of the record files "
+          "only, e.g. 'DIR/part-*' (create_pretraining_data's shards are part-*.tfrecord).")
+  sizes = [st.length for st in stats]
   kept = [f for f, n in zip(files, sizes) if n > 0]
   if not kept:
     raise InputPipelineError(f"{files[0]} and the other {len(files) - 1} file(s) hold no records "

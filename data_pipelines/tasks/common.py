@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 from bert_jax_core import errors
+from bert_jax_core import text_files
 
 
 class TaskDataError(errors.UserError):
@@ -42,13 +43,22 @@ class SkipCounter:
 # ---------------------------------------------------------------------------------------------
 
 
+def _is_a_directory(path):
+  return TaskDataError(f"{path}: is a directory, not a task file; name a file in it (check the "
+                       "task's data_dir and file names).")
+
+
 def _open_bytes(path):
   if "://" in path:  # gs://... on Cloud TPU VMs
     from bert_jax_core.tf_setup import tf
     if not tf.io.gfile.exists(path):
       raise TaskDataError(f"{path}: no such file.")
+    if tf.io.gfile.isdir(path):
+      raise _is_a_directory(path)
     with tf.io.gfile.GFile(path, "rb") as f:
       return f.read()
+  if os.path.isdir(path):
+    raise _is_a_directory(path)
   if not os.path.isfile(path):
     raise TaskDataError(f"{path}: no such file; check the task's data_dir and file names.")
   with open(path, "rb") as f:
@@ -56,8 +66,13 @@ def _open_bytes(path):
 
 
 def read_text(path):
-  """The whole file as str; raises TaskDataError if missing, empty or not UTF-8."""
+  """The whole file as str; raises TaskDataError if missing, empty or not UTF-8 (a binary,
+  compressed or UTF-16 file: text_files.not_text, the rule every corpus reader applies; then any
+  invalid byte, since a label or an answer span needs every character)."""
   raw = _open_bytes(path)
+  why = text_files.not_text(raw[:text_files.SNIFF_BYTES], path)
+  if why:
+    raise TaskDataError(why)
   try:
     text = raw.decode("utf-8-sig")  # GLUE's MRPC files start with a UTF-8 BOM
   except UnicodeDecodeError as e:

@@ -192,6 +192,17 @@ def test_errors_before_compute(tmp_path):
   assert not os.listdir(tmp_path / "a") if (tmp_path / "a").exists() else True
 
 
+def test_a_directory_of_records_is_one_line_before_compute(tmp_path):
+  # Issue 49: a TensorFlow ReduceDataset error advising to regenerate the records, before.
+  for field in ("train_input_files", "eval_input_files"):
+    with pytest.raises(errors.UserError) as e:
+      train.train_and_evaluate(tiny_config(**{field: str(tmp_path)}), str(tmp_path / field))
+    assert str(e.value).startswith(f"config.{field}='{tmp_path}': {tmp_path} is a directory; "
+                                   f"pass the record files in it, e.g. config.{field}="
+                                   f"'{tmp_path}/part-*'")
+    assert not os.path.exists(tmp_path / field / "checkpoints")
+
+
 def test_vocab_size_mismatch(tmp_path):
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +

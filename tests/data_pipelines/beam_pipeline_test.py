@@ -13,6 +13,7 @@ import pytest
 from data_pipelines import beam_pipeline, build_vocab, stdlib_corpus
 from data_pipelines import create_pretraining_data as cpd
 from bert_jax_core.tf_setup import tf
+from tests.testlib import not_text
 from tests.testlib import tfds_testlib
 
 ROOT = tests.ROOT
@@ -99,6 +100,23 @@ def test_beam_refuses_block_sampling(corpus, tmp_path):
   with pytest.raises(beam_pipeline.BeamPipelineError, match="--nsp_sampling=block"):
     beam_pipeline.run(_config(corpus, tmp_path, nsp_sampling="block"))
   assert not os.path.exists(tmp_path / "part-00000-of-00003.tfrecord")
+
+
+def test_beam_refuses_a_file_that_is_not_text_before_the_pipeline(corpus, tmp_path):
+  # Issue 49: the rule create_pretraining_data applies (its prepare), before a worker starts;
+  # an output dir that holds shards is not touched, --overwrite or not.
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "part-00000-of-00001.tfrecord").write_bytes(b"old shard")
+  (out / cpd.INFO_FILE).write_text("{}")
+  for kind in ("png", "gzip"):
+    bad = not_text.write(tmp_path, kind, f"{kind}.txt")
+    pattern = f"{corpus['glob']},{bad}"
+    with pytest.raises(cpd.PretrainingDataError) as e:
+      beam_pipeline.run(_config(corpus, out, input_file=pattern, num_shards=1, overwrite=True))
+    assert str(e.value).startswith(f"--input_file={pattern}: {bad} is not UTF-8 text: it is ")
+  assert sorted(os.listdir(out)) == [cpd.INFO_FILE, "part-00000-of-00001.tfrecord"]
+  assert (out / "part-00000-of-00001.tfrecord").read_bytes() == b"old shard"
 
 
 @pytest.mark.slow

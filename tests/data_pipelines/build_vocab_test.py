@@ -12,6 +12,7 @@ import sentencepiece as spm
 from data_pipelines import build_vocab, stdlib_corpus
 from data_pipelines.tokenizers import tokenization
 from data_pipelines.tokenizers import vocab as vocab_lib
+from tests.testlib import not_text
 
 ROOT = tests.ROOT
 
@@ -102,6 +103,32 @@ def test_bad_inputs_raise_one_line_errors(corpus, tmp_path):
   assert "--model_type=char" in _error(input_file=corpus, vocab_size=500, output=out,
                                        model_type="char")
   assert not os.path.exists(os.path.dirname(out))  # nothing written on any error
+
+
+@pytest.mark.parametrize("kind, found", [
+    ("png", "it is a PNG image"), ("gzip", "it is gzip-compressed"), ("utf16", "it is UTF-16LE"),
+    # No byte-order mark: every byte is valid UTF-8 and was learned from, NULs and all.
+    ("utf16_no_bom", "a NUL byte at byte 1 (line 1)"),
+    ("cp949", "characters are invalid UTF-8 (the first at byte 0, line 1; more than 10%")])
+def test_a_file_that_is_not_text_is_refused_by_the_shared_rule(corpus, tmp_path, kind, found):
+  # Issue 49: the rule create_pretraining_data and the task readers apply (text_files.not_text).
+  out = str(tmp_path / "out" / "vocab.txt")
+  bad = not_text.write(tmp_path, kind)
+  pattern = f"{corpus},{tmp_path}/*.txt"
+  msg = _error(input_file=pattern, vocab_size=500, output=out)
+  assert msg.startswith(f"--input_file={pattern}: {bad} is not UTF-8 text: ") and found in msg
+  msg = _error(input_file="", input_sources=f"en={corpus};bad={tmp_path}/*.txt", vocab_size=500,
+               output=out)
+  assert msg.startswith(f"--input_sources: source 'bad': {bad} is not UTF-8 text: ")
+  assert not os.path.exists(os.path.dirname(out))
+
+
+def test_a_directory_is_one_line_and_a_utf8_bom_is_no_character(corpus, tmp_path):
+  out = str(tmp_path / "out" / "vocab.txt")
+  msg = _error(input_file=f"{corpus},{tmp_path}", vocab_size=500, output=out)
+  assert msg.startswith(f"--input_file={corpus},{tmp_path}: {tmp_path} is a directory; ")
+  bom = _write(tmp_path / "bom.txt", b"\xef\xbb\xbfFirst line.\nSecond line.\n")
+  assert build_vocab.read_corpus(bom)[1] == ["First line.", "Second line."]
 
 
 def test_cli_error_is_one_line(corpus, tmp_path, monkeypatch):

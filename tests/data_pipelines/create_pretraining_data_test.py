@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 
 from absl import flags
 import numpy as np
@@ -14,6 +15,7 @@ from data_pipelines.records import block_sampling
 from data_pipelines import create_pretraining_data as cpd
 from data_pipelines.tokenizers import vocab as vocab_lib
 from bert_jax_core.tf_setup import tf
+from tests.testlib import not_text
 from tests.testlib import tfds_testlib
 
 SEQ = 64
@@ -241,6 +243,31 @@ def test_bad_inputs_are_one_line_errors_before_any_output(corpus, tmp_path):
   empty = tmp_path / "empty.txt"
   empty.write_text("\n \n\t\n")
   assert "no instance made from 0 document(s)" in _error(corpus, tmp_path, input_file=str(empty))
+
+
+def test_a_file_that_is_not_text_is_refused_and_nothing_is_replaced(corpus, nsp_run, tmp_path):
+  # Seen on main (issue 49): a PNG named .txt and a .gz in the glob were written into records,
+  # exit 0 (48,241 bytes replaced); a UTF-16 file's documents ran together ("\n\0" is no blank
+  # line); Korean in CP949 became U+FFFD. Now one line naming the file, before the output dir
+  # is looked at.
+  out = tmp_path / "kept"
+  shutil.copytree(nsp_run[0], out)
+  before = _bytes(out)
+  for kind, found in [("png", "a PNG image"), ("gzip", "gzip-compressed"),
+                      ("utf16", "UTF-16LE"), ("utf16_no_bom", "a NUL byte at byte 1"),
+                      ("cp949", "characters are invalid UTF-8")]:
+    folder = tmp_path / kind
+    folder.mkdir()
+    bad = not_text.write(folder, kind, "corpus.txt" if kind != "gzip" else "corpus.txt.gz")
+    pattern = f"{corpus['glob']},{folder}/*"
+    for overwrite in (False, True):
+      with pytest.raises(cpd.PretrainingDataError) as e:
+        _run(corpus, out, input_file=pattern, overwrite=overwrite)
+      msg = str(e.value)
+      assert msg.startswith(f"--input_file={pattern}: {bad} is not UTF-8 text: ") and found in msg
+      assert "\n" not in msg
+      assert _bytes(out) == before   # --overwrite too: the old shards are still there
+    assert "is not UTF-8 text" in _error(corpus, tmp_path, input_file=bad)   # and no new dir
 
 
 def test_failure_midway_leaves_no_complete_looking_output(corpus, tmp_path):

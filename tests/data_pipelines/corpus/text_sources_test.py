@@ -2,10 +2,12 @@
 
 import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import os
+import types
 
 import pytest
 
 from data_pipelines.corpus import text_sources
+from tests.testlib import not_text
 
 DATA = os.path.join(tests.DATA)
 
@@ -55,3 +57,47 @@ def test_english_keeps_the_fast_regex_unless_asked():
 def test_unknown_splitter_is_a_user_error():
   with pytest.raises(text_sources.PretrainingDataError, match="--sentence_splitter=icu"):
     text_sources.split_sentences("text", "icu")
+
+
+# ----------------------------------------------------------------------------------------------
+# Files that are not text (issue 49): refused when the sources are resolved, before any output.
+# ----------------------------------------------------------------------------------------------
+def _cfg(input_file, input_format="text"):
+  return types.SimpleNamespace(input_file=input_file, input_format=input_format,
+                               jsonl_text_key="text", sentence_splitter="regex")
+
+
+@pytest.mark.parametrize("kind, found", [
+    ("png", "is not UTF-8 text: it is a PNG image"),
+    ("gzip", "is not UTF-8 text: it is gzip-compressed (it starts with 1f 8b); decompress it"),
+    ("utf16", "is not UTF-8 text: it is UTF-16LE (it starts with that byte-order mark)"),
+    ("utf16_no_bom", "is not UTF-8 text: a NUL byte at byte 1 (line 1)"),
+    # Was read with 71% of its characters replaced by U+FFFD (counted, exit 0).
+    ("cp949", "characters are invalid UTF-8 (the first at byte 0, line 1; more than 10%"),
+])
+def test_a_file_that_is_not_text_is_one_line_naming_it(tmp_path, kind, found):
+  good = tmp_path / "good.txt"
+  good.write_text(not_text.TEXT)
+  bad = not_text.write(tmp_path, kind)
+  for input_format in ("text", "jsonl"):
+    with pytest.raises(text_sources.PretrainingDataError) as e:
+      text_sources.resolve_sources(_cfg(str(tmp_path / "*.txt"), input_format))
+    msg = str(e.value)
+    assert msg.startswith(f"--input_file={tmp_path}/*.txt: {bad} ") and found in msg, msg
+    assert "\n" not in msg
+  assert [s.path for s in text_sources.resolve_sources(_cfg(str(good)))] == [str(good)]
+
+
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
+  stats = types.SimpleNamespace(replaced=0, dropped=0)
+  text = tmp_path / "bom.txt"
+  text.write_bytes(b"\xef\xbb\xbf" + not_text.TEXT.encode())
+  source, = text_sources.resolve_sources(_cfg(str(text)))
+  docs = list(text_sources.read_documents(source, _cfg(str(text)), stats))
+  assert docs[0][0] == "The cat sat on the mat." and len(docs) == 2
+  jsonl = tmp_path / "bom.jsonl"   # json.loads refuses a line that starts with the mark
+  jsonl.write_bytes(b'\xef\xbb\xbf{"text": "One. Two."}\n{"text": "Three."}\n')
+  cfg = _cfg(str(jsonl), "jsonl")
+  source, = text_sources.resolve_sources(cfg)
+  assert list(text_sources.read_documents(source, cfg, stats)) == [["One.", "Two."], ["Three."]]
+  assert stats.replaced == 0

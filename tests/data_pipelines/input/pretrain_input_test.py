@@ -217,6 +217,30 @@ def test_no_files(tmp_path, vocab):
     dataset(str(tmp_path / "nothing-*.tfrecord"), vocab)
 
 
+def test_a_directory_where_record_files_go_is_one_line(data, vocab, tmp_path):
+  # Issue 49: --config.train_input_files=DIR read the directory as a record file: a TensorFlow
+  # ReduceDataset error that advised regenerating the records.
+  folder = data[0]
+  for pattern in (folder, folder + "/", f"{folder}/part-00.tfrecord,{folder}"):
+    with pytest.raises(pi.InputPipelineError) as e:
+      pi.expand_file_pattern(pattern, what="config.train_input_files")
+    directory = pattern.split(",")[-1]
+    assert str(e.value) == (
+        f"config.train_input_files={pattern!r}: {directory} is a directory; pass the record "
+        f"files in it, e.g. config.train_input_files='{folder}/part-*' (create_pretraining_data's"
+        " shards are part-*.tfrecord).")
+  with pytest.raises(pi.InputPipelineError, match=r"file_pattern=.* is a directory"):
+    dataset(folder, vocab)
+  # A glob that matches a directory among the record files (a folder left in the output dir).
+  write_records(tmp_path / "part-00.tfrecord", make_instances(vocab, 2, np.random.default_rng(4)))
+  (tmp_path / "part-old").mkdir()
+  files = pi.expand_file_pattern(str(tmp_path / "part-*"))
+  with pytest.raises(pi.InputPipelineError) as e:
+    pi.drop_empty_files(files, "config.eval_input_files")
+  assert str(e.value).startswith(f"config.eval_input_files: the pattern matches the directory "
+                                 f"{tmp_path}/part-old; pass a glob of the record files only")
+
+
 def test_fewer_files_than_hosts(data, vocab):
   with pytest.raises(pi.InputPipelineError,
                      match=r"num_logical_shards=4 \(config\) is not divisible by the 8 hosts"):
