@@ -100,3 +100,25 @@ def test_a_copied_workdir_describes_itself_from_where_it_is(tmp_path, capsys):
            "--workdir=runs/q-ft --output=hf/q", "python -m bert_jax.report b/q2  # x",
            "b/q2/best_epoch2"]
 
+
+@pytest.mark.slow   # subprocesses
+def test_an_existing_output_is_refused_unless_overwrite_and_the_default_is_redrawn(tmp_path):
+  """Issue 49: a user-named --output that exists is refused in one line before the events are
+  read; --overwrite replaces it. WORKDIR/report.png, the run's own file, is redrawn each time."""
+  workdir = _workdir(tmp_path / "run")
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  out = tmp_path / "curves.png"
+  out.write_bytes(b"old")
+  (tmp_path / "run" / "report.png").write_bytes(b"old")
+  run = lambda *flags: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "bert_jax.report", workdir, *flags], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=300)
+  r = run(f"--output={out}")
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+      f"error: --output={out}: already exists; pass --overwrite to replace it, or choose "
+      "another path."), r.stderr
+  assert out.read_bytes() == b"old"
+  r = run(f"--output={out}", "--overwrite")
+  assert r.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", r.stderr[-2000:]
+  r = run()
+  assert r.returncode == 0 and (tmp_path / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"
