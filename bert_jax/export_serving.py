@@ -73,8 +73,9 @@ class Classifier:
   do_lower_case: bool            # its casing (checked against the vocab by load_for_inference)
 
 
-def check_flags(output, fmt, max_seq_length, batch_size):
-  """The flags that need no checkpoint, before anything is read."""
+def check_flags(output, fmt, max_seq_length, batch_size, overwrite=False):
+  """The flags that need no checkpoint, before anything is read. The model and its record
+  (<output>.json) are new files, or replaced with --overwrite (`overwrite`)."""
   if fmt not in FORMATS:
     raise ExportError(f"--format={fmt}: this program writes {', '.join(FORMATS)} (TFLite "
                       "through jax2tf; docs/serving.md says why not ONNX); pass --format=tflite.")
@@ -86,7 +87,8 @@ def check_flags(output, fmt, max_seq_length, batch_size):
                       "[SEP]); fine-tuning's usual is 128.")
   if batch_size < 1:
     raise ExportError(f"--batch_size={batch_size}: must be at least 1 (on-device serving: 1).")
-  files_lib.check_output_file(output, "--output")
+  files_lib.check_output_file(output, "--output", overwrite=overwrite)
+  files_lib.check_output_file(output + ".json", "--output's record", overwrite=overwrite)
 
 
 def load_classifier(path, max_seq_length, **tokenizer_files) -> Classifier:
@@ -305,6 +307,8 @@ def define_flags():
   flags.DEFINE_string("init_checkpoint", None, "A fine-tuning export (best_epoch{N}/) or "
                       "finished fine-tuning workdir of a classification or regression task.")
   flags.DEFINE_string("output", None, "The .tflite file to write (and <output>.json beside it).")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --output and its <output>.json "
+                    "(without it: refused, before any work).")
   flags.DEFINE_string("format", "tflite", "tflite (docs/serving.md: why not ONNX).")
   flags.DEFINE_integer("max_seq_length", 128, "The fixed sequence length of the inputs.")
   flags.DEFINE_integer("batch_size", 1, "The fixed batch of the inputs (on-device: 1).")
@@ -319,7 +323,8 @@ def main(argv):
     raise ExportError(f"unexpected arguments {argv[1:]}: every option is a --flag (--help).")
   if not FLAGS.init_checkpoint:
     raise ExportError("--init_checkpoint is required: a fine-tuning run's best_epoch{N}/.")
-  check_flags(FLAGS.output, FLAGS.format, FLAGS.max_seq_length, FLAGS.batch_size)
+  check_flags(FLAGS.output, FLAGS.format, FLAGS.max_seq_length, FLAGS.batch_size,
+              FLAGS.overwrite)
   logging.set_verbosity(logging.WARNING)   # Orbax logs every restore at INFO
   export(FLAGS.init_checkpoint, FLAGS.output, max_seq_length=FLAGS.max_seq_length,
          batch_size=FLAGS.batch_size, vocab_file=FLAGS.vocab_file,

@@ -262,6 +262,8 @@ def define_flags():
   """Flags are defined only when run as a program, so modules import side-effect free."""
   flags.DEFINE_string("input_file", None, "Text file: one text, or 'a ||| b', per line.")
   flags.DEFINE_string("output_file", None, "Where to write the .npz.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --output_file (without it: "
+                    "refused, before any work).")
   flags.DEFINE_string("init_checkpoint", None, "Export, pre-training/fine-tuning workdir, step "
                       "directory (local or gs://) or Hugging Face folder.")
   flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (default: the checkpoint's own).")
@@ -284,7 +286,7 @@ def main(argv):
   if not FLAGS.input_file:
     raise ExtractError("--input_file is empty: pass a text file with one text per line.")
   # Before the model runs (it takes minutes on a big input): the one output check.
-  files_lib.check_output_file(FLAGS.output_file, "--output_file")
+  files_lib.check_output_file(FLAGS.output_file, "--output_file", overwrite=FLAGS.overwrite)
   if FLAGS.max_seq_length < MIN_SEQ_LENGTH:
     raise ExtractError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least "
                        f"{MIN_SEQ_LENGTH} ([CLS], one word piece, [SEP]); BERT's usual is 128.")

@@ -44,6 +44,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from bert_jax.layers import attention
+from bert_jax.checkpoint import checkpoint_fit
 from bert_jax.checkpoint import store as ckpt_lib
 from bert_jax.parallel import distributed
 from bert_jax import families
@@ -443,6 +444,7 @@ class Run(NamedTuple):
   is_main: bool
   distill_teacher: dict = None   # DistillTeacher.record, or None
   train_batch: Any = None        # idx -> this host's training batch (None: _host_batch's rows)
+  task_data: dict = None         # checkpoint_fit.task_data: the training rows and seed
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str):
@@ -488,6 +490,13 @@ def _finetune(config, workdir):
       print(hp_line, flush=True)
     if lr_decay_line and train is not None:
       print(lr_decay_line, flush=True)
+  # A preempted run's resume state must fit this one (task, steps, teacher, rows, seed): checked
+  # here, before the model is built.
+  data, resumed = None, None
+  if train is not None:
+    data = checkpoint_fit.task_data(task.name, train_source(task, config), train.features,
+                                    config.seed)
+    resumed = open_resume(workdir, config, task, num_train_steps, teacher, data)
 
   # --- Mesh, model, optimizer, shardings and the compiled steps. ---
   mesh = trainer_lib.create_mesh(config.mesh_shape, config.batch_size, config.eval_batch_size)
@@ -499,7 +508,7 @@ def _finetune(config, workdir):
             ft.input_keys(task) + model_lib.PACKED_ROW_KEYS,
             metrics_writer.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             jax.process_index() == 0, teacher.record if teacher else None,
-            packed_batches(task, train, config, mesh, steps_per_epoch, num_train_steps))
+            packed_batches(task, train, config, mesh, steps_per_epoch, num_train_steps), data)
 
   # --- State: pre-trained `bert` + a fresh head (or the export's head when only evaluating). ---
   with trainer_lib.mesh_rules(mesh):
@@ -512,7 +521,7 @@ def _finetune(config, workdir):
   # --- Train (resuming a preempted run), evaluating at every epoch end; or evaluate only. ---
   step = start_step = 0
   if train is not None:
-    state, step, stopped, start_step = train_loop(run, state, train, steps_per_epoch,
+    state, step, stopped, start_step = train_loop(run, resumed, state, train, steps_per_epoch,
                                                   num_train_steps, history, best)
     if stopped:
       run.writer.close()
@@ -582,9 +591,9 @@ def nothing_to_do(workdir, results):
   return dict(results, nothing_to_do=True)
 
 
-def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, best):
+def train_loop(run, resumed, state, train, steps_per_epoch, num_train_steps, history, best):
   """Optimizer steps from the last saved one to num_train_steps -> (state, step, stopped,
-  the step it started from).
+  the step it started from). resumed: open_resume's (manager, latest step or None).
 
   The position in the data is a function of the global step alone (epoch, i = divmod(step,
   steps_per_epoch), each epoch's order drawn from (seed, epoch)), so a resumed run replays the
@@ -592,8 +601,8 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   SIGTERM; `history` and `best` carry across.
   """
   config = run.config
-  manager = ckpt_lib.create_manager(run.workdir, max_to_keep=1, async_save=False)
-  state, step = resume(run, manager, state, num_train_steps, steps_per_epoch, history, best)
+  manager, latest = resumed
+  state, step = resume(run, manager, latest, state, steps_per_epoch, history, best)
   start_step = step
 
   def save(step):
@@ -601,7 +610,7 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
         task=run.task.name, num_train_steps=num_train_steps, step=step, history=history,
         best_score=float(best["score"]), best_epoch=best["epoch"], best_step=best["step"],
         best_dir=best["dir"], model_config=run.model_config.to_dict(), input_position=step,
-        distill_teacher=run.distill_teacher or ""),
+        distill_teacher=run.distill_teacher or "", task_data=run.task_data),
         force=True)
     manager.wait_until_finished()
 
@@ -650,20 +659,59 @@ def train_loop(run, state, train, steps_per_epoch, num_train_steps, history, bes
   return state, step, False, start_step
 
 
-def resume(run, manager, state, num_train_steps, steps_per_epoch, history, best):
-  """(state, step) from the workdir's resume checkpoint, or (state, 0); fills history/best."""
+def train_source(task, config):
+  """Where the training rows come from, for checkpoint_fit's messages."""
+  if config.data_source == "tfds":
+    return f"tfds {task.name} in {config.data_dir}"
+  return os.path.join(config.data_dir, task.files.get("train") or "")
+
+
+def open_resume(workdir, config, task, num_train_steps, teacher, data):
+  """(manager, latest verified step or None) of the workdir's resume state, its meta checked
+  against this run before the model is built: the task and its step count, the distillation
+  teacher, the training rows and seed (checkpoint_fit.check_task_data; issue 49: a run resumed
+  on the same rows with every label flipped, unsaid). The manager is closed on a refusal."""
+  manager = ckpt_lib.create_manager(workdir, max_to_keep=1, async_save=False)
   latest = ckpt_lib.latest_verified_step(manager)  # SHA-256 manifest; falls back if damaged
+  if latest is None:
+    return manager, None
+  try:
+    meta = ckpt_lib.read_meta(manager, latest)
+    if meta["num_train_steps"] != num_train_steps or meta["task"] != task.name:
+      raise ConfigError(f"--workdir={workdir} holds a {meta['task']} run of "
+                        f"{meta['num_train_steps']} steps, not {task.name} with "
+                        f"{num_train_steps}; use a new workdir.")
+    check_same_distill_teacher(meta.get("distill_teacher"), teacher and teacher.record,
+                               workdir)
+    checkpoint_fit.check_task_data(
+        meta, data, workdir=workdir, step=latest, error=ConfigError,
+        restart=bool(config.get("restart_data_stream", False)))
+  except errors.UserError:
+    manager.close()
+    raise
+  return manager, latest
+
+
+def _here(workdir, path):
+  """The run's best export as its resume state recorded it (WORKDIR/best_epoch{N} of the
+  workdir it was saved in), in this workdir: a preempted workdir copied elsewhere resumes with
+  its own export, not the original's (issue 49: the copy's summary named the original's, and
+  its next best epoch removed the original's export)."""
+  if not path:
+    return path
+  name = os.path.basename(str(path).rstrip("/"))
+  return os.path.join(workdir, name) if name.startswith("best_epoch") else path
+
+
+def resume(run, manager, latest, state, steps_per_epoch, history, best):
+  """(state, step) from the workdir's resume checkpoint `latest` (None: none; checked by
+  open_resume), or (state, 0); fills history/best."""
   if latest is None:
     return state, 0
   state, meta = ckpt_lib.restore(manager, latest, run.steps.abstract_state)
-  if meta["num_train_steps"] != num_train_steps or meta["task"] != run.task.name:
-    raise ConfigError(f"--workdir={run.workdir} holds a {meta['task']} run of "
-                      f"{meta['num_train_steps']} steps, not {run.task.name} with "
-                      f"{num_train_steps}; use a new workdir.")
-  check_same_distill_teacher(meta.get("distill_teacher"), run.distill_teacher, run.workdir)
   history.extend(metrics_writer.eval_tags(h) for h in meta["history"])  # older names too
   best.update(score=meta["best_score"], epoch=meta["best_epoch"], step=meta.get("best_step"),
-              dir=meta["best_dir"])
+              dir=_here(run.workdir, meta["best_dir"]))
   epoch, i = divmod(meta["step"], steps_per_epoch)
   if run.is_main:
     print(f"resuming from step {meta['step']} (epoch {epoch + 1}, batch {i}) in {run.workdir}",
@@ -756,9 +804,10 @@ def _save_best(run, params, epoch, previous, results):
 
 
 def write_results(run, results):
-  """workdir/eval_results.json, written by process 0 only, atomically."""
+  """workdir/eval_results.json, written by process 0 only, atomically; it records the workdir,
+  so a copy of it read elsewhere names its own exports (_finished_summary)."""
   if run.is_main:
-    ft.dump_json(os.path.join(run.workdir, RESULTS), results)
+    ft.dump_json(os.path.join(run.workdir, RESULTS), dict(results, workdir=run.workdir))
 
 
 def write_predictions(run, state, step, best, tests, *, trained):
@@ -790,7 +839,15 @@ def _finished_summary(workdir):
   results = json.loads(path.read_text())
   # Files written before the one naming scheme have history keys "dev/accuracy": renamed on read.
   results["history"] = [metrics_writer.eval_tags(h) for h in results.get("history", [])]
-  return results if results.get("finished") else None
+  if not results.get("finished"):
+    return None
+  # Its paths (the best export) in this workdir, wherever it was written (issue 49); a file
+  # from before it recorded its workdir: summary.json's record of it.
+  recorded = results.get("workdir")
+  if recorded is None and (epath.Path(workdir) / metrics_writer.SUMMARY_NAME).exists():
+    recorded = json.loads((epath.Path(workdir) / metrics_writer.SUMMARY_NAME).read_text()).get(
+        "workdir")
+  return dict(metrics_writer.reroot(results, recorded, workdir), workdir=workdir)
 
 
 def _sweep(config, workdir):

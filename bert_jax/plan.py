@@ -390,6 +390,8 @@ def define_flags():
   flags.DEFINE_float("price_per_chip_hour", None, "USD per chip-hour for the cost line (default: "
                      "the dated on-demand list price in bert_jax/parallel/tpu_specs.py).")
   flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --json file (without it: refused, "
+                    "before any compile).")
   flags.DEFINE_float("hbm_gib", None, "Plan for at most this much HBM per chip (GiB), e.g. to keep "
                      "headroom; default: what the TPU compiler allows a program.")
 
@@ -407,7 +409,7 @@ def main(argv):
   if FLAGS.price_per_chip_hour is not None and FLAGS.price_per_chip_hour < 0:
     raise PlanError(f"--price_per_chip_hour={FLAGS.price_per_chip_hour}: expected >= 0 (USD).")
   if FLAGS.json:   # the one output check (bert_jax_core.files), before any compile
-    files_lib.check_output_file(FLAGS.json, "--json")
+    files_lib.check_output_file(FLAGS.json, "--json", overwrite=FLAGS.overwrite)
   if FLAGS.hbm_gib is not None and FLAGS.hbm_gib <= 0:
     raise PlanError(f"--hbm_gib={FLAGS.hbm_gib}: expected a positive size in GiB.")
   result = plan(FLAGS.config, FLAGS.topology, search_settings=FLAGS.search,

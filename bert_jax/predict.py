@@ -231,13 +231,15 @@ def define_flags():
   flags.DEFINE_integer("max_seq_length", None, "embed: truncation length (default: the "
                        "checkpoint's recorded one, else max_position_embeddings).")
   flags.DEFINE_string("output_file", None, "embed: write the [N, H] float32 vectors (.npy).")
+  flags.DEFINE_bool("overwrite", False, "embed: replace an existing --output_file (without it: "
+                    "refused, before any work).")
 
 
 def main_embed(texts):
   """python -m bert_jax.predict --init_checkpoint=DIR embed TEXT..."""
   from bert_jax_core import files as files_lib  # pylint: disable=g-import-not-at-top
   if FLAGS.output_file:
-    files_lib.check_output_file(FLAGS.output_file, "--output_file")
+    files_lib.check_output_file(FLAGS.output_file, "--output_file", overwrite=FLAGS.overwrite)
   if not texts or any(not t.strip() for t in texts):
     raise PredictError("embed: give one or more non-empty texts, e.g. embed \"a query\" "
                        "\"a document\".")

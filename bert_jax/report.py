@@ -95,6 +95,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   flags.DEFINE_string("output", None, "PNG to write (default: WORKDIR/report.png).")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --output (without it: refused).")
 
 
 def main(argv):
@@ -103,10 +104,10 @@ def main(argv):
   workdir = argv[1]
   output = FLAGS.output or os.path.join(workdir, "report.png")
   if FLAGS.output:   # the one output check, before the event files are read
-    files_lib.check_output_file(output, "--output")
+    files_lib.check_output_file(output, "--output", overwrite=FLAGS.overwrite)
   scalars, summary = load(workdir)
-  if not FLAGS.output:   # (the workdir exists now: load said so)
-    files_lib.check_output_file(output, "--output")
+  if not FLAGS.output:   # (the workdir exists now: load said so) the run's own file, redrawn
+    files_lib.check_output_file(output, "--output", overwrite=True)
   drawn = draw(scalars, output, title=workdir)
   if summary:
     print("\n".join(metrics_writer.summary_lines(summary)))

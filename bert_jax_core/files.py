@@ -8,8 +8,9 @@
   atomic_path(path)            the same as a context manager, for writers that want a file name
                                (a TFRecordWriter, np.savez)
   open_file(path, mode)        a file object; makedirs(path): a directory and its parents
-  check_output_file(path, flag)  the one check every program makes of a file it will write,
-                               before any work: a one-line OutputPathError
+  check_output_file(path, flag, overwrite=False)  the one check every program makes of a file
+                               it will write, before any work: a one-line OutputPathError; an
+                               existing file only with the program's --overwrite
 
 Local paths go through os (no TensorFlow import); a path with a scheme (gs://, ...) goes through
 tf.io.gfile, imported by tf_setup so TF never takes an accelerator.
@@ -129,20 +130,33 @@ class OutputPathError(errors.UserError):
   """A file a program was asked to write cannot be written there."""
 
 
-def check_output_file(path, flag, *, make_parents=False):
-  """The one check of an output file (extract_features --output_file, report --output, plan
-  --json, build_vocab --output), made before any work so a mistake is one line, not a traceback
-  after the compute (issue 32: extract_features' model ran first; report wrote `<dir>.png` for a
-  directory and raised 47 lines for a missing one). Returns path.
+def _is_file(path):
+  if is_remote(path):
+    return _gfile().exists(path) and not _gfile().isdir(path)
+  return os.path.isfile(path)
+
+
+def check_output_file(path, flag, *, overwrite=False, make_parents=False):
+  """The one check of an output file (extract_features --output_file, export_serving --output,
+  predict embed --output_file, report --output, plan --json, build_vocab --output), made before
+  any work so a mistake is one line, not a traceback after the compute (issue 32:
+  extract_features' model ran first; report wrote `<dir>.png` for a directory and raised 47
+  lines for a missing one). Returns path.
 
   Refused: an empty path; an existing directory, or a path ending in '/' (a directory name:
-  the writer needs a file name); a missing parent directory, unless `make_parents` (the writer
-  creates it, as write_atomic does: then its nearest existing ancestor is probed); a parent where
-  no file can be created (unwritable_reason). Remote (gs://) paths are left to the write.
+  the writer needs a file name); an existing file unless `overwrite` (the program's
+  --overwrite: issue 49, extract_features and export_serving replaced one without a word while
+  convert refused its); a missing parent directory, unless `make_parents` (the writer creates
+  it, as write_atomic does: then its nearest existing ancestor is probed); a parent where no file
+  can be created (unwritable_reason). Remote (gs://) paths are checked for an existing file
+  only; the rest is left to the write.
   """
   path = str(path or "")
   if not path:
     raise OutputPathError(f"{flag} is empty: pass the file to write.")
+  if not overwrite and _is_file(path):
+    raise OutputPathError(f"{flag}={path}: already exists; pass --overwrite to replace it, or "
+                          "choose another path.")
   if is_remote(path):
     return path
   if path.endswith(("/", os.sep)) or os.path.isdir(path):

@@ -307,11 +307,14 @@ def train_sentencepiece(lines, vocab_size, lower_case, options=SentencePieceOpti
   return model.getvalue()
 
 
-def check_writable(output):
+def check_writable(output, overwrite=True):
   """Fails before learning anything (minutes on a large corpus) if `output` cannot be written:
   the one output check (bert_jax_core.files.check_output_file); missing parent directories are
-  allowed, write_atomic creates them."""
-  files_lib.check_output_file(output, "--output", make_parents=True)
+  allowed, write_atomic creates them. The program refuses an existing vocabulary or its
+  <output>.meta.json unless --overwrite (main); build() writes where its caller says."""
+  files_lib.check_output_file(output, "--output", make_parents=True, overwrite=overwrite)
+  files_lib.check_output_file(vocab_lib.meta_path(output), "--output's settings",
+                              make_parents=True, overwrite=overwrite)
 
 
 def choose_casing(lower_case, shares):
@@ -643,11 +646,15 @@ def define_flags(flag_values=flags.FLAGS):
                     "byte-level unless Hangul/CJK/kana are half the letters.", **fv)
   flags.DEFINE_enum("pretokenizer", "none", list(vocab_lib.PRETOKENIZERS), "Split text before "
                     "learning (mecab: Korean morphemes); recorded so every tool applies it.", **fv)
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --output and its "
+                    "<output>.meta.json (without it: refused, before any work).", **fv)
 
 
 def main(argv):
   del argv
   start = time.time()
+  if FLAGS.output and not FLAGS.overwrite:   # the program's rule; build() writes where told
+    check_writable(FLAGS.output, overwrite=False)
   try:
     size, num_files, meta = build(
         FLAGS.input_file or "", FLAGS.vocab_size, FLAGS.output or "", FLAGS.lower_case,

@@ -4,6 +4,9 @@
                     vocabulary; train.stream_at: the data stream (record files, seed, layout;
                     --config.restart_data_stream). DistilBERT's teacher: its family's
                     check_teacher (distil.check_teacher: the teacher's identity, not a fit)
+  finetune resume   finetune.open_resume: the task and steps, the distillation teacher;
+                    check_task_data: the training rows (by content) and the seed (the same
+                    --config.restart_data_stream goes on over this run's rows)
   init_checkpoint   train.model_from_init_checkpoint: the vocabulary, sizes, ELECTRA's
                     generator (its sizes, or none to start one from)
   finetune, predict, extract_features (inference.load_for_inference): the vocabulary, its size
@@ -14,13 +17,16 @@
 A vocabulary is identified by content: the sha256 a checkpoint records (`vocab_hash`: a training
 run's file, a conversion's bundled one, a fine-tuning export's), else that of the file bundled
 with it or named by its config. A data stream is identified by its record files (names and byte
-sizes, in order) and the data seed. Every refusal is one line naming both sides and the fix,
+sizes, in order) and the data seed; fine-tuning's by the content of the rows it read (a
+label flipped in place changes it) and the seed. Every refusal is one line naming both sides and the fix,
 before any compute; `error` is the caller's UserError class (ConfigError for the trainers'
 configs, InferenceLoadError for a loaded checkpoint), so their `except` clauses keep working.
 """
 
 import hashlib
 import os
+
+import numpy as np
 
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
@@ -278,3 +284,63 @@ def resume_stream(meta, now, *, workdir, step, position, layout_of, restart,
       "batch 0, a new shuffle of its files); the checkpoint's input position is not used",
       flush=True)
   return dict(now, start_step=int(step), start_position=int(position)), layout_of(None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fine-tuning's training rows (resume).
+# ----------------------------------------------------------------------------------------------
+def rows_sha256(features):
+  """sha256 over a split's features as the run reads them ({name: array [num_rows, ...]}: ids,
+  masks, labels, spans), every array by name, dtype, shape and bytes, in name order. A label
+  flipped in place (the same file size) changes it; the same rows from a moved copy of the data
+  do not. (SQuAD's 88k windows of 384: ~0.4 GB of arrays, about a second.)"""
+  h = hashlib.sha256()
+  for name in sorted(features):
+    a = np.asarray(features[name])
+    h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+    h.update(repr(a.tolist()).encode() if a.dtype.hasobject else
+             memoryview(np.ascontiguousarray(a)).cast("B"))
+  return h.hexdigest()
+
+
+def task_data(task_name, source, features, seed):
+  """This fine-tuning run's training data as its resume checkpoints record it
+  (meta["task_data"]): where the rows come from (for the message), how many, their sha256
+  (rows_sha256: before packing, which the seed decides) and the seed (the order of every
+  epoch's batches)."""
+  n = len(next(iter(features.values()))) if features else 0
+  return dict(task=task_name, source=str(source), rows=int(n),
+              rows_sha256=rows_sha256(features), seed=int(seed))
+
+
+def _describe_rows(d):
+  return (f"{d['rows']} {d['task']} training rows of {d['source']} (sha256 "
+          f"{d['rows_sha256'][:16]}), seed {d['seed']}")
+
+
+def check_task_data(meta, now, *, workdir, step, restart, error=CheckpointFitError):
+  """Resuming a fine-tuning run at checkpoint `step`: the rows it trained on and its seed
+  (meta["task_data"]) must be this run's (`now`: task_data), else one line naming both, unless
+  `restart` (--config.restart_data_stream): then the run goes on from `step` over this run's
+  rows, said in one line. A checkpoint from before the record (issue 49) resumes with a note."""
+  stored = meta.get("task_data")
+  if not stored:
+    print(f"note: --workdir={workdir}: checkpoint {step} was saved before fine-tuning recorded "
+          "its training rows and seed; resuming on this run's data unchecked.", flush=True)
+    return
+  same = (stored["rows_sha256"] == now["rows_sha256"]
+          and int(stored["seed"]) == int(now["seed"]))
+  if same:
+    if restart:
+      print(f"restart_data_stream: the checkpoint's training rows are this run's "
+            f"({_describe_rows(now)}): continuing them at step {step}", flush=True)
+    return
+  if not restart:
+    raise error(f"--workdir={workdir}: checkpoint {step} was trained on {_describe_rows(stored)}, "
+                f"this run reads {_describe_rows(now)}; resuming would go on from step {step} on "
+                "other rows: resume with the checkpoint's data and --config.seed, pass "
+                f"{RESTART_FLAG} to go on from step {step} over this run's rows, or use a new "
+                "--workdir.")
+  print(f"restart_data_stream: the checkpoint's training rows ({_describe_rows(stored)}) are "
+        f"not this run's ({_describe_rows(now)}): step {step} goes on over this run's rows, "
+        "each epoch's order drawn from its seed", flush=True)

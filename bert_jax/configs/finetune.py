@@ -173,7 +173,12 @@ def _optimizer_and_run_fields(c):
   c.do_eval = True              # dev metrics after every epoch; the best epoch is kept
   c.do_predict = True           # test-set submission files from the best epoch
   c.mesh_shape = (-1, 1, 1)     # (data, fsdp, tensor); fine-tuning fits data parallelism
-  c.seed = 0
+  c.seed = 0                    # the head's init, each epoch's batch order, packing
+  # Resuming checks that the training rows (their content, as read: a label flipped in place is
+  # another row) and the seed are the checkpoint's; other ones are refused. True: go on from the
+  # resumed step over this run's rows instead (said in the run's output). The name and meaning
+  # are pre-training's (configs/pretrain.py: restart_data_stream).
+  c.restart_data_stream = False
   c.log_every = 50
   c.max_consecutive_skips = 10  # NaN/Inf steps (skipped, never applied) in a row -> stop; 0 never
 

@@ -14,6 +14,7 @@ writes tensors, which the accumulator lists under "tensors" only.)
 
 import json
 import os
+import re
 import socket
 import time
 
@@ -190,7 +191,36 @@ def write_summary(workdir, summary, *, is_main=True):
 
 
 def read_summary(workdir):
-  """WORKDIR/summary.json as a dict, or None when the run never finished one."""
+  """WORKDIR/summary.json as a dict, or None when the run never finished one. Its paths are
+  this workdir's (reroot: a workdir copied elsewhere describes itself from where it is)."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   path = epath.Path(workdir) / SUMMARY_NAME
-  return json.loads(path.read_text()) if path.exists() else None
+  if not path.exists():
+    return None
+  summary = json.loads(path.read_text())
+  return reroot(summary, summary.get("workdir"), workdir)
+
+
+def reroot(value, recorded, workdir):
+  """`value` (a summary's or a results file's strings, lists and dicts) with every path under
+  the workdir it was written in (`recorded`: the workdir it records) moved under `workdir`,
+  where it is read now: a finished workdir copied elsewhere and run again named the original's
+  model, summary and next commands (issue 49). A path is the recorded workdir as a whole name
+  (then '/' or the end of the name: runs/mrpc/best_epoch2, not runs/mrpc-ft), wherever it stands
+  in a string (--init_checkpoint=runs/mrpc/best_epoch2). A file that records no workdir, or
+  read where it was written, is returned as it is."""
+  old, new = str(recorded or "").rstrip("/"), str(workdir).rstrip("/") or "/"
+  if not old or old == new:
+    return value
+  name = r"\w.~+-"   # the characters of a path's name (a '/' ends one)
+  pattern = re.compile(rf"(?<![{name}/]){re.escape(old)}(?![{name}])")
+
+  def fix(v):
+    if isinstance(v, str):
+      return pattern.sub(lambda _: new, v)
+    if isinstance(v, list):
+      return [fix(x) for x in v]
+    if isinstance(v, dict):
+      return {k: fix(x) for k, x in v.items()}
+    return v
+  return fix(value)

@@ -163,6 +163,36 @@ def test_a_bad_flag_is_one_line_exit_2_before_anything_is_read(tmp_path):
       "docs/serving.md says why not ONNX); pass --format=tflite."]
 
 
+def test_an_existing_output_or_record_is_refused_unless_overwrite(tmp_path):
+  """Issue 49: export_serving replaced an existing --output without a word (convert refused
+  its). The model and its record <output>.json are checked before anything is read."""
+  out = tmp_path / "m.tflite"
+  out.write_bytes(b"an older model")
+  with pytest.raises(files_lib.OutputPathError, match=r"^--output=.*m.tflite: already exists; "
+                     r"pass --overwrite to replace it, or choose another path.$"):
+    export_serving.check_flags(str(out), "tflite", SEQ, 1)
+  out.unlink()
+  (tmp_path / "m.tflite.json").write_text("{}")   # its record, left from an earlier export
+  with pytest.raises(files_lib.OutputPathError, match=r"m.tflite.json: already exists; pass "
+                     "--overwrite"):
+    export_serving.check_flags(str(out), "tflite", SEQ, 1)
+  export_serving.check_flags(str(out), "tflite", SEQ, 1, overwrite=True)
+
+
+@pytest.mark.slow   # a subprocess
+def test_the_program_refuses_an_existing_output_in_one_line(tmp_path):
+  out = tmp_path / "m.tflite"
+  out.write_bytes(b"an older model")
+  r = _run("--init_checkpoint=/nonexistent/best_epoch1", f"--output={out}")
+  assert r.returncode == 2 and r.stdout == "", r
+  assert r.stderr.strip().splitlines() == [
+      f"error: --output={out}: already exists; pass --overwrite to replace it, or choose "
+      "another path."]
+  assert out.read_bytes() == b"an older model"
+  r = _run("--init_checkpoint=/nonexistent/best_epoch1", f"--output={out}", "--overwrite")
+  assert r.returncode == 2 and "--init_checkpoint=/nonexistent/best_epoch1" in r.stderr
+
+
 @pytest.mark.parametrize("which, seq, expected", [
     ("missing", SEQ, "--init_checkpoint=/nonexistent/best_epoch1: no such file or directory"),
     ("body", SEQ, "its parameters are not a bert classification head with 3 outputs (e.g. "

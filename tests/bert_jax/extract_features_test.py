@@ -114,9 +114,20 @@ def test_cli_writes_a_numpy_loadable_file(setup, tmp_path):
   assert f"loaded {export} (params export)" in r.stdout.splitlines()[:2]  # what, from where
   f = np.load(out)  # no pickle needed
   assert f["features"].shape[1] == 4 * 32 and len(f["token_offsets"]) == 3
-  r = subprocess.run([sys.executable, "-m", "bert_jax.extract_features",
-                      f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}",
-                      f"--init_checkpoint={export}", f"--vocab_file={vocab_file}",
-                      "--nodo_lower_case"], cwd=root, capture_output=True, text=True,
-                     timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  # The same --output_file again (issue 49: replaced without a word): refused in one line
+  # before the model is loaded, the file untouched; --overwrite replaces it.
+  before = out.read_bytes()
+  again = [sys.executable, "-m", "bert_jax.extract_features",
+           f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}",
+           f"--init_checkpoint={export}", f"--vocab_file={vocab_file}"]
+  r = subprocess.run(again, cwd=root, capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert r.returncode == 2 and r.stdout == "", r.stdout[-2000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+      f"error: --output_file={out}: already exists; pass --overwrite to replace it, or choose "
+      "another path.")
+  assert out.read_bytes() == before
+  r = subprocess.run(again + ["--overwrite", "--nodo_lower_case"], cwd=root,
+                     capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert r.returncode == 2 and "do_lower_case=True" in r.stderr.strip().splitlines()[-1]

@@ -246,6 +246,20 @@ def test_one_step_classification(tmp_path, pretrained, capsys):
   assert "pass a new --workdir to train again" in printed and "step 1/1" not in printed
   assert sorted(os.listdir(os.path.join(workdir, "tensorboard"))) == events
   assert json.load(open(os.path.join(workdir, "summary.json"))) == run
+  # Copied elsewhere and run again (issue 49): the copy names its own export, summary and next
+  # commands, not the original's (eval_results.json and summary.json record their workdir).
+  import shutil
+  copy = str(tmp_path / "moved" / "run")
+  shutil.copytree(workdir, copy)
+  moved = finetune.finetune(_config("glue_sst2", pretrained, tmp_path, num_train_epochs=1.0,
+                                    do_predict=False, log_every=1), copy)
+  printed = capsys.readouterr().out
+  assert moved["best_checkpoint"] == os.path.join(copy, "best_epoch1")
+  assert f"nothing to do: {copy} holds" in printed and f": {copy}/best_epoch1)" in printed
+  assert f"this summary: {copy}/summary.json" in printed
+  assert f"python -m bert_jax.report {copy}" in printed
+  assert f"--init_checkpoint={copy}/best_epoch1" in printed
+  assert workdir not in printed, printed
 
 
 def test_unset_rate_and_epochs_scale_to_the_model_and_the_last_partial_batch_is_used(
@@ -478,3 +492,115 @@ def test_eval_results_use_the_one_naming_scheme_and_old_files_still_read(tmp_pat
   assert read["history"] == [{"epoch": 1, "step": 3, "eval/dev/accuracy": 0.5,
                               "eval/dev_matched/f1": 0.25}]
   assert read["best_score"] == 0.5
+
+
+def _preempted_at_step_1(tmp_path, pretrained, monkeypatch, data, workdir, at=1, **kw):
+  """A glue_sst2 run of 16 rows (2 steps an epoch, 2 epochs) stopped by SIGTERM in step 1 (at:
+  the host batch it is sent in; 4: step 3, after epoch 1's evaluation and export): its resume
+  state is checkpoint 1 (3)."""
+  import signal
+  calls = {"n": 0}
+  real_batch = finetune._host_batch
+
+  def host_batch(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real_batch(*args, **kwargs)
+
+  monkeypatch.setattr(finetune, "_host_batch", host_batch)
+  try:
+    first = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), workdir)
+  finally:
+    monkeypatch.setattr(finetune, "_host_batch", real_batch)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert first["stopped_early"] and first["steps"] == (1 if at == 1 else at - 1), first
+
+
+def _flip_labels(path):
+  """Every label of a TSV flipped in place: the file keeps its size."""
+  lines = path.read_text().splitlines()
+  flipped = [lines[0]] + [l[:-1] + ("1" if l.endswith("0") else "0") for l in lines[1:]]
+  before = path.stat().st_size
+  _write(path, flipped)
+  assert path.stat().st_size == before
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_rows_or_seed_is_refused_unless_restart_data_stream(
+    tmp_path, pretrained, monkeypatch, capsys):
+  """Issue 49: a run stopped at a step resumed on the same rows with every label flipped
+  ("resuming from step N", no word). The rows (by content) and the seed are checked before the
+  model is built; --config.restart_data_stream=True goes on over the new rows and says so."""
+  data = tmp_path / "SST-2"
+  data.mkdir()
+  _sst2(data, np.random.default_rng(7), 16, 8)
+  kw = dict(num_train_epochs=2.0, do_predict=False, log_every=1)
+  workdir = str(tmp_path / "run")
+  _preempted_at_step_1(tmp_path, pretrained, monkeypatch, data, workdir, **kw)
+  _flip_labels(data / "train.tsv")
+  capsys.readouterr()
+  with pytest.raises(errors.UserError) as e:
+    finetune.finetune(_config("glue_sst2", pretrained, data, **kw), workdir)
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert f"--workdir={workdir}: checkpoint 1 was trained on 16 sst2 training rows of " in msg
+  assert f"{data}/train.tsv (sha256 " in msg and "this run reads 16 sst2 training rows" in msg
+  assert "--config.restart_data_stream=True" in msg
+  assert "step 2/4" not in capsys.readouterr().out      # refused before training
+  _flip_labels(data / "train.tsv")                   # the same rows, another seed
+  with pytest.raises(errors.UserError, match=r"seed 0, this run reads .*, seed 3;"):
+    finetune.finetune(_config("glue_sst2", pretrained, data, seed=3, **kw), workdir)
+  _flip_labels(data / "train.tsv")
+  summary = finetune.finetune(_config("glue_sst2", pretrained, data, restart_data_stream=True,
+                                      **kw), workdir)
+  out = capsys.readouterr().out
+  assert "restart_data_stream: the checkpoint's training rows (16 sst2 training rows" in out
+  assert "step 1 goes on over this run's rows" in out
+  assert "resuming from step 1 (epoch 1, batch 1)" in out
+  assert summary["steps"] == 4 and not summary["stopped_early"]
+
+
+@pytest.mark.slow
+def test_a_resume_state_from_before_the_rows_record_still_resumes_with_a_note(
+    tmp_path, pretrained, monkeypatch, capsys):
+  data = tmp_path / "SST-2"
+  data.mkdir()
+  _sst2(data, np.random.default_rng(8), 16, 8)
+  kw = dict(num_train_epochs=2.0, do_predict=False, log_every=1)
+  workdir = str(tmp_path / "run")
+  from bert_jax.checkpoint import checkpoint_fit
+  monkeypatch.setattr(checkpoint_fit, "task_data", lambda *a: None)   # as before issue 49
+  _preempted_at_step_1(tmp_path, pretrained, monkeypatch, data, workdir, **kw)
+  monkeypatch.undo()
+  capsys.readouterr()
+  summary = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), workdir)
+  out = capsys.readouterr().out
+  assert (f"note: --workdir={workdir}: checkpoint 1 was saved before fine-tuning recorded its "
+          "training rows and seed; resuming on this run's data unchecked.") in out
+  assert "resuming from step 1 (epoch 1, batch 1)" in out and summary["steps"] == 4
+
+
+@pytest.mark.slow
+def test_a_preempted_workdir_copied_elsewhere_resumes_with_its_own_export(
+    tmp_path, pretrained, monkeypatch, capsys):
+  """Issue 49: the resume state recorded the best export's path in the original workdir; a copy
+  resumed elsewhere named the original's export in its summary, and a better epoch removed
+  the original's export. The copy's own best_epoch{N} is taken."""
+  import shutil
+  data = tmp_path / "SST-2"
+  data.mkdir()
+  _sst2(data, np.random.default_rng(9), 16, 8)
+  kw = dict(num_train_epochs=2.0, do_predict=False, log_every=1)
+  original = str(tmp_path / "run")
+  _preempted_at_step_1(tmp_path, pretrained, monkeypatch, data, original, at=4, **kw)
+  assert os.path.isdir(os.path.join(original, "best_epoch1"))
+  copy = str(tmp_path / "moved" / "run")
+  shutil.copytree(original, copy)
+  capsys.readouterr()
+  summary = finetune.finetune(_config("glue_sst2", pretrained, data, **kw), copy)
+  out = capsys.readouterr().out
+  assert "resuming from step 3 (epoch 2, batch 1)" in out and summary["steps"] == 4
+  assert summary["best_checkpoint"].startswith(copy + "/best_epoch"), summary
+  assert os.path.isdir(os.path.join(original, "best_epoch1"))     # the original's, untouched
+  assert original not in out.split("resuming from step 3")[1], out[-3000:]

@@ -61,3 +61,64 @@ def test_cli_writes_the_png_and_a_bad_workdir_is_one_line(tmp_path):
 def test_empty_workdir_is_a_user_error(tmp_path):
   with pytest.raises(report.ReportError, match="no such directory"):
     report.load(str(tmp_path / "missing"))
+
+
+def test_a_copied_workdir_describes_itself_from_where_it_is(tmp_path, capsys):
+  """Issue 49: a finished pre-training workdir copied elsewhere printed the original's model,
+  summary and next commands (report, and the trainer's "nothing to do"). summary.json records
+  its workdir; on read, its paths are re-rooted at the workdir it is read from."""
+  import shutil
+  from bert_jax.configs import pretrain as pretrain_config
+  from bert_jax.evaluation import train_report
+  original = _workdir(tmp_path / "run")
+  config = pretrain_config.get_config("tiny")
+  metrics_writer.write_summary(original, dict(
+      program="train", status="finished", wall_time_sec=12.0, start_step=0, final_step=3,
+      total_steps=3, final_eval={}, model=f"{original} (checkpoint 3)",
+      outputs={"tensorboard": os.path.join(original, "tensorboard")},
+      next=train_report.next_commands(config, original, 3, stopped=False)))
+  copy = str(tmp_path / "elsewhere" / "copy")
+  shutil.copytree(original, copy)
+  capsys.readouterr()
+  _, summary = report.load(copy)
+  lines = "\n".join(metrics_writer.summary_lines(summary))
+  train_report.nothing_to_do(config, copy, 3, is_main=True)
+  printed = capsys.readouterr().out
+  for text in (lines, printed):
+    assert original not in text, text
+    assert f"model: {copy} (checkpoint 3)" in text
+    assert f"this summary: {copy}/summary.json" in text
+    assert f"tensorboard: {copy}/tensorboard" in text
+    assert f"--init_checkpoint={copy} fill-mask" in text and f"--input={copy} " in text
+  # Where it was written, and a summary from before the record: as they are.
+  assert report.load(original)[1]["model"] == f"{original} (checkpoint 3)"
+  assert metrics_writer.reroot({"model": "/a/run"}, None, copy) == {"model": "/a/run"}
+  # A path is the workdir as a whole name: runs/q-ft and hf/q are not under runs/q.
+  assert metrics_writer.reroot(
+      ["--workdir=runs/q-ft --output=hf/q", "python -m bert_jax.report runs/q  # x",
+       "runs/q/best_epoch2"], "runs/q/", "b/q2") == [
+           "--workdir=runs/q-ft --output=hf/q", "python -m bert_jax.report b/q2  # x",
+           "b/q2/best_epoch2"]
+
+
+@pytest.mark.slow   # subprocesses
+def test_an_existing_output_is_refused_unless_overwrite_and_the_default_is_redrawn(tmp_path):
+  """Issue 49: a user-named --output that exists is refused in one line before the events are
+  read; --overwrite replaces it. WORKDIR/report.png, the run's own file, is redrawn each time."""
+  workdir = _workdir(tmp_path / "run")
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  out = tmp_path / "curves.png"
+  out.write_bytes(b"old")
+  (tmp_path / "run" / "report.png").write_bytes(b"old")
+  run = lambda *flags: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "bert_jax.report", workdir, *flags], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=300)
+  r = run(f"--output={out}")
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+      f"error: --output={out}: already exists; pass --overwrite to replace it, or choose "
+      "another path."), r.stderr
+  assert out.read_bytes() == b"old"
+  r = run(f"--output={out}", "--overwrite")
+  assert r.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", r.stderr[-2000:]
+  r = run()
+  assert r.returncode == 0 and (tmp_path / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"

@@ -35,3 +35,19 @@ def test_write_atomic_replaces_whole_files_and_leaves_nothing_on_failure(tmp_pat
       raise ZeroDivisionError  # the writer fails half way
   assert path.read_bytes() == b"second\n"  # the old file is intact
   assert os.listdir(path.parent) == ["summary.json"]  # and no temporary is left
+
+
+def test_an_existing_output_file_is_refused_unless_overwrite(tmp_path):
+  """Issue 49: one rule for every program's output file: an existing one is refused in one
+  line naming the flag and --overwrite, before any work; with overwrite it passes."""
+  existing = tmp_path / "f.npz"
+  existing.write_bytes(b"old")
+  with pytest.raises(files.OutputPathError) as e:
+    files.check_output_file(existing, "--output_file")
+  assert str(e.value) == (f"--output_file={existing}: already exists; pass --overwrite to "
+                          "replace it, or choose another path.")
+  assert files.check_output_file(existing, "--output_file", overwrite=True) == str(existing)
+  assert existing.read_bytes() == b"old"
+  # A directory stays its own refusal, --overwrite or not (a file name is needed).
+  with pytest.raises(files.OutputPathError, match="is a directory"):
+    files.check_output_file(tmp_path, "--output_file", overwrite=True)

@@ -146,6 +146,30 @@ def test_cli_error_is_one_line(corpus, tmp_path, monkeypatch):
   assert result.stderr.strip().splitlines()[-1].startswith("error: --input_file=")
 
 
+def test_an_existing_vocab_or_its_settings_is_refused_unless_overwrite(corpus, tmp_path,
+                                                                     monkeypatch):
+  """Issue 49's rule (docs/faults.md): an existing --output, or its <output>.meta.json, is one
+  line before the corpus is read; --overwrite lets the run go on (here to its input error)."""
+  from bert_jax_core import files as files_lib
+  for existing in ("v.txt", "v.txt.meta.json"):
+    (tmp_path / existing).write_text("old")
+    for overwrite in (False, True):
+      flag_values = flags.FlagValues()
+      build_vocab.define_flags(flag_values)
+      flag_values(["build_vocab", f"--input_file={tmp_path}/none-*.txt", "--vocab_size=100",
+                   f"--output={tmp_path}/v.txt"] + (["--overwrite"] if overwrite else []))
+      monkeypatch.setattr(build_vocab, "FLAGS", flag_values)
+      if overwrite:
+        with pytest.raises(build_vocab.BuildVocabError, match="^--input_file=.*no file matches"):
+          build_vocab.main([])
+        continue
+      with pytest.raises(files_lib.OutputPathError, match=rf"{existing}: already exists; pass "
+                         "--overwrite to replace it"):
+        build_vocab.main([])
+    assert (tmp_path / existing).read_text() == "old"
+    (tmp_path / existing).unlink()
+
+
 def test_cli_writes_vocab(corpus, tmp_path):
   out = str(tmp_path / "vocab.txt")
   result = subprocess.run(

@@ -353,3 +353,42 @@ def test_the_cli_says_each_refusal_in_one_line_with_exit_code_2(tmp_path):
     errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(want), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
+
+
+# ---- Fine-tuning's training rows and seed on resume (issue 49). ----
+def _rows(labels):
+  return dict(input_ids=np.arange(12, dtype=np.int32).reshape(3, 4),
+              label_ids=np.asarray(labels, np.int32))
+
+
+def test_a_fine_tuning_resume_checks_the_rows_by_content_and_the_seed(capsys):
+  from bert_jax.checkpoint import checkpoint_fit
+  rows = lambda labels, seed=0: checkpoint_fit.task_data(  # noqa: E731
+      "sst2", "SST-2/train.tsv", _rows(labels), seed)
+  was = rows([0, 1, 1])
+  # The same rows (a copy of the arrays) and seed: one fingerprint, resumed without a word.
+  assert rows([0, 1, 1]) == was and was["rows"] == 3
+  checkpoint_fit.check_task_data({"task_data": was}, rows([0, 1, 1]), workdir="W", step=110,
+                                 restart=False)
+  assert capsys.readouterr().out == ""
+  # Every label flipped (the same bytes count), or another seed: refused in one line.
+  for now in (rows([1, 0, 0]), rows([0, 1, 1], seed=1)):
+    assert now["rows_sha256"] != was["rows_sha256"] or now["seed"] != was["seed"]
+    with pytest.raises(checkpoint_fit.CheckpointFitError) as e:
+      checkpoint_fit.check_task_data({"task_data": was}, now, workdir="W", step=110,
+                                     restart=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--workdir=W: checkpoint 110 was trained on 3 sst2 "
+                                              f"training rows of SST-2/train.tsv (sha256 "
+                                              f"{was['rows_sha256'][:16]}), seed 0, this run "
+                                              "reads 3 sst2 training rows")
+    assert "pass --config.restart_data_stream=True to go on from step 110" in msg
+  # The escape: goes on over this run's rows, said in one line.
+  checkpoint_fit.check_task_data({"task_data": was}, rows([1, 0, 0]), workdir="W", step=110,
+                                 restart=True)
+  assert "restart_data_stream: the checkpoint's training rows (3 sst2" in capsys.readouterr().out
+  # A checkpoint from before the record: resumed, with a note.
+  for meta in ({}, {"task_data": None}):
+    checkpoint_fit.check_task_data(meta, was, workdir="W", step=110, restart=False)
+    assert ("note: --workdir=W: checkpoint 110 was saved before fine-tuning recorded its "
+            "training rows and seed") in capsys.readouterr().out
