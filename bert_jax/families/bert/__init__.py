@@ -261,15 +261,15 @@ def hf_body(params, config):
 
 def own_hf_converter(module, *, importer="import_with_tokenizer", exporter=None):
   """(import_hf, export_hf) hooks of a family whose transformers converter is its own module,
-  bert_jax.convert.<module> (ELECTRA, DistilBERT, ModernBERT), imported at the first call: the
-  converters import the families, so a top-level import here would be a cycle.
+  bert_jax/families/<module>/convert.py (ELECTRA, DistilBERT, ModernBERT), imported at the first
+  call: the converters import the families, so a top-level import here would be a cycle.
 
   import_hf(path, vocab_file, do_lower_case) calls <module>.<importer> with those as keywords.
   export_hf(m, output) calls <module>.<exporter>(m, output), or by default
   <module>.export_to_hf(params, config, output, vocab_file, do_lower_case, pad_token_id) with
   the InferenceModel's tokenizer."""
   def converter():
-    return importlib.import_module(f"bert_jax.convert.{module}")
+    return importlib.import_module(f"bert_jax.families.{module}.convert")
 
   def import_hf(path, vocab_file=None, do_lower_case=None):
     return getattr(converter(), importer)(path, vocab_file=vocab_file,
