@@ -196,7 +196,7 @@ _FULL_DISK = textwrap.dedent("""
     import resource, signal, sys, time
     import jax.numpy as jnp
     import numpy as np
-    from bert_jax import checkpoint as ckpt_lib
+    from bert_jax.checkpoint import store as ckpt_lib
     from bert_jax_core import errors
     def main(argv):
       m = ckpt_lib.create_manager(argv[1], max_to_keep=5)
@@ -260,7 +260,8 @@ def test_training_resumes_from_the_previous_good_step(tmp_path, capfd, how):
 
 _FULL_DISK_TRAIN = textwrap.dedent("""
     import resource, signal, sys, time
-    from bert_jax import checkpoint as ckpt_lib, train
+    from bert_jax import train
+    from bert_jax.checkpoint import store as ckpt_lib
     from bert_jax.configs import pretrain as pretrain_config
     from bert_jax_core import errors
     real_save = ckpt_lib.save

@@ -204,7 +204,8 @@ def test_the_loop_modules_name_no_family():
 
 def test_a_planted_family_branch_is_found(tmp_path):
   planted = tmp_path / "x.py"
-  planted.write_text('from bert_jax import electra\nif config.family == "distilbert":\n  pass\n')
+  planted.write_text('from bert_jax.families.electra import objective\n'
+                     'if config.family == "distilbert":\n  pass\n')
   assert [w for _, w in family_references(str(planted))] == [
       "imports bert_jax.families.electra.objective", "compares with 'distilbert'"]
 
