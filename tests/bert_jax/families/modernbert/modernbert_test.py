@@ -78,7 +78,8 @@ def test_presets_keep_bert_configs_as_they_were():
     (dict(global_every=0), "global_every=0"),
     (dict(local_window=2048), r"local_window=2048 reaches past any row of "
                               r"max_position_embeddings=1024; set local_window=2046 \(local "
-                              r"layers that see every key, with rope_theta_local\) or 0 \(no window\)"),
+                              r"layers that see every key, with rope_theta_local\) or 0 "
+                              r"\(no window\)"),
     (dict(ffn="dense"), "gated"),
     (dict(objectives="mlm,nsp"), "exactly 'mlm'"),
     (dict(type_vocab_size=2), "type_vocab_size=2"),
