@@ -42,6 +42,9 @@ f["features"][a:b].
 layer pooled over the line's tokens, [CLS] and [SEP] included: their mean, the first, the last;
 L2-normalised), what `predict embed` and a sentence-transformers export give (one text a line):
   embeddings     [lines, H] float32
+A checkpoint that records its pooling (an embedding run's export, a sentence-transformers import:
+bert_config.json's "sentence_embedding") is embedded with it: another --pooling is one line, the
+rule convert --to=sentence_transformers and predict embed follow.
 """
 
 
@@ -55,6 +58,7 @@ from bert_jax import cli
 from bert_jax import families
 from bert_jax_core import errors
 from bert_jax_core import files as files_lib
+from bert_jax.convert import sentence_transformers
 from bert_jax.inference import loading as inference
 from bert_jax.models import model as model_lib
 
@@ -304,6 +308,9 @@ def main(argv):
                                    tokenizer_json=FLAGS.tokenizer_json,
                                    do_lower_case=FLAGS.do_lower_case)
   print(f"loaded {m.description}", flush=True)
+  if sentence:   # an embedding run's export or an import records its pooling: the one rule
+    sentence_transformers.check_flags_against_record(
+        m.path, m.meta.get("sentence_embedding") or {}, pooling=FLAGS.pooling)
   note = families.get(m.config.family).describe(m.config, "features")
   if note:   # which network the features come from (ELECTRA: the discriminator)
     print(note, flush=True)

@@ -139,9 +139,13 @@ def load_embedder(checkpoint, vocab_file=None, do_lower_case=None, spm_model_fil
 
 def embedding_settings(m, pooling=None, prompt_name=None, max_seq_length=None):
   """(pooling, prompt text, max_seq_length): the flags, else the checkpoint's record, else mean,
-  no prompt and the model's max_position_embeddings."""
+  no prompt and the model's max_position_embeddings. A --pooling the record contradicts is one
+  line (sentence_transformers.check_flags_against_record, convert's and extract_features' rule)."""
+  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
   from bert_jax.objectives import contrastive  # pylint: disable=g-import-not-at-top
   recorded = m.meta.get("sentence_embedding") or {}
+  sentence_transformers.check_flags_against_record(m.path, recorded, takes="embed",
+                                                   pooling=pooling or None)
   pooling = pooling or recorded.get("pooling") or "mean"
   if pooling not in contrastive.POOLINGS:
     raise PredictError(f"--pooling={pooling}: use one of {', '.join(contrastive.POOLINGS)}.")

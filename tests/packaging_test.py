@@ -89,7 +89,7 @@ def test_pip_install_then_the_cli_runs_outside_the_repository(tmp_path, editable
   assert re.search(r"summary \(train\): finished: steps 0 -> 2 of 2", r.stdout), r.stdout
   assert (workdir / "summary.json").exists()
   # `python -m` keeps working with the installed package.
-  r = subprocess.run([os.path.join(bindir, "python"), "-m", "bert_jax.checkpoint.store", "verify",
+  r = subprocess.run([os.path.join(bindir, "python"), "-m", "bert_jax.checkpoint", "verify",
                       str(workdir)], cwd=away, env=env, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0 and "step 2: ok" in r.stdout, r.stdout + r.stderr[-3000:]

@@ -638,7 +638,22 @@ def _dirs_to_verify(path):
   return [(f"step {s}", root / str(s), _claims_manifest(root / str(s))) for s in steps]
 
 
+VERIFY_USAGE = """\
+usage: python -m bert_jax.checkpoint verify DIR   (or: bert-jax-verify DIR)
+
+Checks every file of DIR against its manifest.sha256.json (size and SHA-256):
+  DIR  a workdir (every kept step), its checkpoints/, one step directory, or a params export
+
+Prints one line a step (ok, DAMAGED, or no manifest); exit code 2 when one is damaged."""
+
+# What asks for the usage instead of naming a directory (absl's spellings).
+HELP_ARGS = ("-h", "--help", "-help", "--helpfull", "--helpshort")
+
+
 def verify_main(argv):
+  if any(a in HELP_ARGS for a in argv[1:]):
+    print(VERIFY_USAGE, flush=True)
+    return
   if len(argv) != 3 or argv[1] != "verify":
     raise CheckpointError("usage: python -m bert_jax.checkpoint verify DIR (a workdir, its "
                           "checkpoints/, one step directory, or a params export).")

@@ -146,6 +146,25 @@ def describe_record(record):
 # ----------------------------------------------------------------------------------------------
 # Ours -> sentence-transformers.
 # ----------------------------------------------------------------------------------------------
+def check_flags_against_record(path, recorded, *, takes=None, **given):
+  """The one rule of every reader of a "sentence_embedding" record (an embedding run's export, a
+  sentence-transformers import: `recorded`, {} when the checkpoint has none): convert
+  --to=sentence_transformers, predict embed and extract_features --pooling=mean|cls|last. A flag
+  (given: its name -> value, None when not passed) that contradicts the record is one line: the
+  vectors would not be the ones the model was trained to give. takes: what uses the record when
+  the flag is dropped ("the export"); None where dropping it asks for something else
+  (extract_features' default --pooling=concat gives no sentence vector): give the recorded value."""
+  for key, value in given.items():
+    was = recorded.get(key)
+    if value is None or was is None or value == was:
+      continue
+    fix = (f"drop the flag, {takes} takes the checkpoint's" if takes else
+           f"give the checkpoint's --{key}={was}")
+    raise SentenceTransformersError(
+        f"--{key}={value!r}: {path} was trained with {key}={was!r} (its bert_config.json "
+        f"\"sentence_embedding\"); {fix}.")
+
+
 def export_settings(m, *, pooling=None, query_prompt=None, document_prompt=None,
                     max_seq_length=None):
   """The settings an export writes: the checkpoint's record (an embedding run's best export, a
@@ -154,12 +173,7 @@ def export_settings(m, *, pooling=None, query_prompt=None, document_prompt=None,
   line: the vectors would not be the ones the model was trained to give."""
   recorded = dict(m.meta.get("sentence_embedding") or {})
   given = dict(pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt)
-  for key, value in given.items():
-    was = recorded.get(key)
-    if value is not None and was is not None and value != was:
-      raise SentenceTransformersError(
-          f"--{key}={value!r}: {m.path} was trained with {key}={was!r} (its bert_config.json "
-          "\"sentence_embedding\"); drop the flag, the export takes the checkpoint's.")
+  check_flags_against_record(m.path, recorded, takes="the export", **given)
   out = {"pooling": "mean", "query_prompt": "", "document_prompt": ""}
   out.update({k: v for k, v in recorded.items() if k in out and v is not None})
   out.update({k: v for k, v in given.items() if v is not None})

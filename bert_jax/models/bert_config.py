@@ -185,10 +185,15 @@ class BertConfig:
     if self.local_window < 0 or self.local_window % 2:
       raise ValueError(f"BertConfig: local_window={self.local_window}; an even number of tokens "
                        "(each query sees window/2 either side; ModernBERT: 128), 0 for none.")
-    if self.local_window > self.max_position_embeddings:
-      raise ValueError(f"BertConfig: local_window={self.local_window} is larger than "
-                       f"max_position_embeddings={self.max_position_embeddings}; every layer "
-                       "would be global: set local_window=0.")
+    # A window of 2 (P - 1) already sees every key of a row of P positions (|i - j| <= P - 1);
+    # a local layer with it still differs from a global one by its rope_theta_local (a
+    # transformers ModernBERT whose local_attention >= 2 (P - 1) runs so: convert reads it so).
+    reach = 2 * (self.max_position_embeddings - 1)
+    if self.local_window > reach:
+      raise ValueError(f"BertConfig: local_window={self.local_window} reaches past any row of "
+                       f"max_position_embeddings={self.max_position_embeddings}; set "
+                       f"local_window={reach} (local layers that see every key, with "
+                       "rope_theta_local) or 0 (no window).")
     if self.global_every < 1:
       raise ValueError(f"BertConfig: global_every={self.global_every}; >= 1 (1: every layer "
                        "global; ModernBERT: 3).")

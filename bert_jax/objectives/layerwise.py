@@ -269,13 +269,17 @@ def init_from_teacher(state, steps, config, teacher, num_layers):
   """TinyBERT's general distillation starts the student from random weights (its widths differ
   from the teacher's): the state as it is. A progressive transfer (MobileBERT's) copies the
   teacher's embeddings and heads where they fit (progressive.copy_from_teacher)."""
-  staged = progressive.bounds(config, num_layers) is not None
+  bounds = progressive.bounds(config, num_layers)
+  staged = bounds is not None
   who = "the student's layers start from their" if staged else "the student starts from its"
   if jax.process_index() == 0:
     print(f"layer-wise distillation from teacher {teacher.path} "
           f"({teacher.model_config.num_layers} layers, hidden {teacher.model_config.hidden_size}"
           f"); {who} random initialisation", flush=True)
-  return progressive.copy_from_teacher(state, steps, teacher) if staged else state
+  if not staged:
+    return state
+  return progressive.copy_from_teacher(state, steps, teacher, bounds=bounds,
+                                       num_train_steps=int(config.num_train_steps))
 
 
 # ----------------------------------------------------------------------------------------------

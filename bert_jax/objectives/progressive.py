@@ -213,11 +213,14 @@ def stages(config, model_config, teacher_layers):
   return s
 
 
-def copy_from_teacher(state, steps, teacher):
+def copy_from_teacher(state, steps, teacher, bounds=None, num_train_steps=None):
   """state with every parameter outside the layers (embeddings, pooler, heads) set to the
   teacher's of the same name and shape (the paper copies the embeddings and the classifier from
   its IB-BERT teacher); the rest keeps its initialisation. The teacher's body comes from the
-  step's frozen parameters, its heads from its checkpoint."""
+  step's frozen parameters, its heads from its checkpoint. bounds, num_train_steps: the
+  schedule; steps after the stages train what they freeze, and without them a parameter that
+  kept its initialisation (a teacher that is not an IB-BERT: a BERT's embeddings have other
+  names and widths) is never trained, which a note says with the field that gives it steps."""
   params = traverse_util.flatten_dict(state["params"])
   teacher_params = dict(steps.frozen)
   for key in ("mlm_head", "nsp_head"):   # not in the frozen teacher: read when they fit
@@ -244,6 +247,12 @@ def copy_from_teacher(state, steps, teacher):
     print(f"progressive transfer: {len(copied)} embedding and head parameters copied from the "
           f"teacher; {len(kept)} kept their initialisation{f' ({named})' if kept else ''}",
           flush=True)
+    if kept and bounds is not None and bounds[-1] >= num_train_steps:
+      n = len(bounds) - 1
+      print(f"note: those {len(kept)} stay frozen at their initialisation for the whole run: "
+            f"the {n} stages take all {num_train_steps} steps; give --config.steps_per_stage=S "
+            f"with {n} x S < {num_train_steps} for a final phase that trains them (or a teacher "
+            "they fit: an IB-BERT).", flush=True)
   return dict(state, params=traverse_util.unflatten_dict(params))
 
 

@@ -199,8 +199,11 @@ def no_teacher(config, model_config):
 # FLOPs of a step with a teacher.
 # ----------------------------------------------------------------------------------------------
 def flops_per_sequence(model_config, teacher_config, seq_length, num_predictions, flops_fn):
-  """Training FLOPs per sequence: the student's (forward + backward) plus the teacher's forward
-  (a third of its training FLOPs, flops_fn = train.model_flops_per_sequence)."""
+  """Training FLOPs per sequence: the student's (forward + backward, flops_fn: its family's
+  network count) plus the teacher's forward, a third of its training FLOPs as its own family
+  counts them (a BERT teacher of a MobileBERT student has no bottleneck for MobileBERT's count:
+  that was an AttributeError)."""
+  teacher_flops = families.get(teacher_config.family).flops_per_sequence
   return (flops_fn(model_config, seq_length, num_predictions, 0)
-          + flops_fn(teacher_config, seq_length, num_predictions, 0) // 3)
+          + teacher_flops(teacher_config, seq_length, num_predictions, 0) // 3)
 

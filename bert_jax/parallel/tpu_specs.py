@@ -82,13 +82,16 @@ class SliceSpec:
   @property
   def cloud_name(self):
     """The Cloud TPU accelerator type (v5p-128, v5litepod-16, ...)."""
-    g = self.generation
-    prefix = "v5litepod" if g.name == "v5e" else g.name
-    return f"{prefix}-{self.chips * g.cores_per_chip}"
+    return _cloud_name(self.generation, self.chips)
 
   def topology_kwargs(self):
     return dict(topology_name=self.jax_topology, chip_config_name=self.generation.chip_config_name,
                 chips_per_host_bounds=self.chips_per_host, wrap=self.wrap)
+
+
+def _cloud_name(gen, chips):
+  prefix = "v5litepod" if gen.name == "v5e" else gen.name
+  return f"{prefix}-{chips * gen.cores_per_chip}"
 
 
 def _grid(chips, dims):
@@ -121,8 +124,62 @@ def _wrap(shape, dims):
   return tuple(s == 16 for s in shape) + (False,)
 
 
+def _splits_into_hosts(shape, dims):
+  """libtpu's rule: each side a multiple of a host's (v5e:3x3 on 2x2-chip hosts is refused)."""
+  return all(side % b == 0 for side, b in zip(shape, _host_bounds(shape, dims)))
+
+
+def _grid_of(chips, gen):
+  """A chip grid of exactly `chips` that the next run accepts, or None: the catalogue's, else
+  sides made of whole hosts (3-D: 4x4xN as v5p-384's 4x4x12, or 2x2xN; 2-D: the squarest even
+  sides up to a pod row's 16; below one host, one row)."""
+  if not 1 <= chips <= gen.max_chips or chips != int(chips):
+    return None
+  chips = int(chips)
+  shape = _grid(chips, gen.dims)
+  if shape is None and chips < 4:
+    shape = (1,) * (gen.dims - 1) + (chips,)
+  elif shape is None and gen.dims == 3 and chips % 16 == 0:
+    shape = (4, 4, chips // 16)
+  elif shape is None and gen.dims == 3 and chips % 4 == 0:
+    shape = (2, 2, chips // 4)
+  elif shape is None and gen.dims == 2:
+    sides = [(a, chips // a) for a in range(2, 17, 2) if chips % a == 0 and a <= chips // a <= 16
+             and chips // a % 2 == 0]
+    shape = sides[-1] if sides else None
+  return shape if shape is not None and _splits_into_hosts(shape, gen.dims) else None
+
+
+def _nearest_slices(chips, gen):
+  """The catalogue slices just below and just above `chips` (Cloud TPU names), e.g.
+  9 v5e chips -> v5litepod-8 and v5litepod-16."""
+  sizes = [c for c in (2 ** k for k in range(14)) if c <= gen.max_chips and _grid(c, gen.dims)]
+  below = [c for c in sizes if c < chips][-1:]
+  above = [c for c in sizes if c > chips][:1]
+  return " or ".join(_cloud_name(gen, c) for c in below + above)
+
+
+def _jax_form(gen, shape):
+  return f"{gen.jax_name}:{'x'.join(map(str, shape))}"
+
+
+def _advice(chips, gen):
+  """What to run instead of a slice of `chips` chips: this count's grid in JAX's form where
+  one splits into hosts, and the catalogue's neighbours. Every name parse_topology accepts
+  (tpu_specs_test checks each, and libtpu's topology for each)."""
+  grid = _grid_of(chips, gen)
+  nearest = _nearest_slices(chips, gen)
+  if grid is not None and grid == _grid(chips, gen.dims):
+    return f"take the catalogue's {_cloud_name(gen, chips)} ({_jax_form(gen, grid)})"
+  if grid is None:
+    return f"take a catalogue slice: {nearest}"
+  return f"give the chip grid in JAX's form, e.g. {_jax_form(gen, grid)}, or take {nearest}"
+
+
 def parse_topology(name) -> SliceSpec:
-  """"v5p-128" / "v5litepod-16" / "v4-32" / "v6e-64" / "v5e:4x4" / "v4:2x2x1" -> SliceSpec."""
+  """"v5p-128" / "v5litepod-16" / "v4-32" / "v6e-64" / "v5e:4x4" / "v4:2x2x1" -> SliceSpec.
+
+  Every refusal's advice names topologies this function accepts and libtpu lays out."""
   text = (name or "").strip().lower()
   examples = "e.g. v5p-128, v5litepod-16, v4-32, v6e-64 or JAX's form v5e:4x4, v4:2x2x1"
   m = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+)|:(\d+(?:x\d+){1,2}))", text)
@@ -134,19 +191,27 @@ def parse_topology(name) -> SliceSpec:
     count = int(m.group(2))
     if count % gen.cores_per_chip:
       raise TopologyError(f"--topology={name}: {gen.name} names count TensorCores, "
-                          f"{gen.cores_per_chip} per chip, so the number must be even.")
+                          f"{gen.cores_per_chip} per chip, so the number must be even: "
+                          f"{_nearest_slices(count / gen.cores_per_chip, gen)}.")
     chips = count // gen.cores_per_chip
     shape = _grid(chips, gen.dims)
-    if shape is None:
-      raise TopologyError(f"--topology={name}: {chips} chips have no single catalogue shape; give "
-                          f"the chip grid in JAX's form, e.g. {gen.jax_name}:4x4x12.")
+    if shape is None and chips <= gen.max_chips:
+      raise TopologyError(f"--topology={name}: {chips} chips have no single catalogue shape; "
+                          f"{_advice(chips, gen)}.")
   else:
     shape = tuple(int(s) for s in m.group(3).split("x"))
     if len(shape) != gen.dims or min(shape) < 1:
+      chips = math.prod(shape)
+      grid = _grid_of(chips, gen) or _grid(4, gen.dims)
       raise TopologyError(f"--topology={name}: {gen.name} slices are {gen.dims}-D chip grids, "
-                          f"e.g. {gen.jax_name}:{'x'.join(['2'] * gen.dims)}.")
-  if math.prod(shape) > gen.max_chips:
-    raise TopologyError(f"--topology={name}: {math.prod(shape)} chips; the largest {gen.name} "
-                        f"slice has {gen.max_chips}.")
+                          f"e.g. {_jax_form(gen, grid)} ({math.prod(grid)} chips).")
+  chips = math.prod(shape) if shape else chips
+  if chips > gen.max_chips:
+    raise TopologyError(f"--topology={name}: {chips} chips; the largest {gen.name} "
+                        f"slice has {gen.max_chips} ({_nearest_slices(gen.max_chips + 1, gen)}).")
+  if not _splits_into_hosts(shape, gen.dims):
+    bounds = "x".join(map(str, _host_bounds(shape, gen.dims)[:gen.dims]))
+    raise TopologyError(f"--topology={name}: the chip grid does not split into hosts of {bounds} "
+                        f"chips (libtpu refuses it); {_advice(chips, gen)}.")
   return SliceSpec(name=name, generation=gen, shape=shape,
                    chips_per_host=_host_bounds(shape, gen.dims), wrap=_wrap(shape, gen.dims))

@@ -20,6 +20,7 @@ its special ids read from it (data_pipelines/tokenizers/tokenizer_json.py), bund
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 
@@ -74,23 +75,45 @@ def config_from_json(d, path):
       raise ConversionError(f"{path}: layer_types {types} is not 'global every n-th layer' "
                             "(layers 0, n, 2n, ... global), the only pattern bert_jax has.")
   theta_global, theta_local = _thetas(d)
+  positions = d.get("max_position_embeddings", 8192)
   try:
     return model_lib.BertConfig(
         family="modernbert", objectives="mlm", type_vocab_size=0, position_embedding="rope",
         vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=layers,
         num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
-        hidden_act=_ACTIVATIONS[act], max_position_embeddings=d.get("max_position_embeddings",
-                                                                    8192),
+        hidden_act=_ACTIVATIONS[act], max_position_embeddings=positions,
         layer_norm_eps=d.get("norm_eps", 1e-5), initializer_range=d.get("initializer_range", 0.02),
         hidden_dropout_prob=float(d.get("mlp_dropout", 0.0)),
         attention_dropout_prob=float(d.get("attention_dropout", 0.0)),
         rope_theta_global=theta_global, rope_theta_local=theta_local,
-        local_window=d.get("local_attention", 128) if every > 1 else 0, global_every=every,
+        local_window=_local_window(d.get("local_attention", 128), positions) if every > 1
+        else 0, global_every=every,
         ffn="geglu", norm="layer_norm" if d.get("norm_bias", False) else "layer_norm_no_bias",
         prenorm=True, use_bias=biases["attention_bias"])
-  except (KeyError, ValueError) as e:
-    raise ConversionError(f"{path}: {e!r} (a ModernBertConfig needs vocab_size, hidden_size, "
-                          "num_hidden_layers, num_attention_heads, intermediate_size).") from e
+  except KeyError as e:
+    raise ConversionError(f"{path}: no {e}; a ModernBertConfig needs vocab_size, hidden_size, "
+                          "num_hidden_layers, num_attention_heads, intermediate_size.") from e
+  except ValueError as e:   # a value our BertConfig refuses: name the file's key beside ours
+    field = re.match(r"BertConfig: (\w+)=", str(e))
+    key = field and _HF_KEYS.get(field.group(1))
+    raise ConversionError(f"{path}: {e}" + (f" ({field.group(1)} is this file's {key})" if key
+                                            else "")) from e
+
+
+# Our BertConfig fields a ModernBertConfig's key gives (the others have the same name).
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "local_window": "local_attention", "global_every": "global_attn_every_n_layers",
+            "layer_norm_eps": "norm_eps", "rope_theta_global": "rope_parameters.full_attention",
+            "rope_theta_local": "rope_parameters.sliding_attention"}
+
+
+def _local_window(local_attention, positions):
+  """Our local_window of transformers' local_attention, as transformers computes it: a local
+  layer sees |i - j| <= local_attention // 2 (ModernBertConfig.sliding_window), and no row of
+  `positions` tokens has keys farther than positions - 1, so a wider window (local_attention
+  2,048 at max_position_embeddings 1,024, which transformers loads and runs) is the window that
+  sees every key, 2 (positions - 1); its layers keep the local RoPE theta."""
+  return 2 * min(int(local_attention) // 2, positions - 1)
 
 
 def hf_config_json(config, pad_token_id=0, special_ids=None):

@@ -146,6 +146,30 @@ def test_cli_verify_workdir_and_export(tmp_path, capsys):
   assert captured.err.count("\n") == 1 and "1 damaged: step 2" in captured.err
 
 
+@pytest.mark.parametrize("argv", [["verify", "--help"], ["--help"], ["verify", "-h"],
+                                  ["verify", "DIR", "--help"]])
+def test_verify_help_prints_its_usage_not_a_missing_directory(argv, capsys, monkeypatch):
+  """Was: `error: --help: no such directory.` (verify_main took --help for DIR), exit 2."""
+  ckpt_lib.verify_main(["checkpoint", *argv])
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m bert_jax.checkpoint verify DIR"), out
+  assert "a workdir (every kept step)" in out
+  # bert-jax-verify --help: the console script (cli.verify) passes its arguments after "verify".
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, "argv", ["bert-jax-verify", *argv[1:]] if argv[0] == "verify" else
+                      ["bert-jax-verify", *argv])
+  cli.verify()
+  assert capsys.readouterr().out.startswith("usage: python -m bert_jax.checkpoint verify DIR")
+
+
+def test_python_m_bert_jax_checkpoint_verify_help_exits_0_with_its_usage():
+  r = subprocess.run([sys.executable, "-m", "bert_jax.checkpoint", "verify", "--help"], cwd=REPO,
+                     capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0 and not r.stderr.strip(), r.stderr[-2000:]
+  assert r.stdout.startswith("usage: python -m bert_jax.checkpoint verify DIR"), r.stdout
+
+
 def test_export_is_verified_by_load_params(tmp_path):
   cfg = model_lib.get_bert_config("tiny", vocab_size=40)
   params = {"w": np.ones((16, 8), np.float32)}
@@ -172,7 +196,7 @@ _FULL_DISK = textwrap.dedent("""
     import resource, signal, sys, time
     import jax.numpy as jnp
     import numpy as np
-    from bert_jax import checkpoint as ckpt_lib
+    from bert_jax.checkpoint import store as ckpt_lib
     from bert_jax_core import errors
     def main(argv):
       m = ckpt_lib.create_manager(argv[1], max_to_keep=5)
@@ -236,7 +260,8 @@ def test_training_resumes_from_the_previous_good_step(tmp_path, capfd, how):
 
 _FULL_DISK_TRAIN = textwrap.dedent("""
     import resource, signal, sys, time
-    from bert_jax import checkpoint as ckpt_lib, train
+    from bert_jax import train
+    from bert_jax.checkpoint import store as ckpt_lib
     from bert_jax.configs import pretrain as pretrain_config
     from bert_jax_core import errors
     real_save = ckpt_lib.save

@@ -199,7 +199,7 @@ def test_export_refuses_a_contradiction_and_a_body_it_has_not(bert, tmp_path):
   m = inference.load_for_inference(run, python_tokenizer=True)
   with pytest.raises(st.SentenceTransformersError, match=r"--pooling='mean': .*/run was trained "
                      r"with pooling='cls' \(its bert_config.json \"sentence_embedding\"\); "
-                     r"drop the flag"):
+                     r"drop the flag, the export takes the checkpoint's\.$"):
     st.export(m, str(tmp_path / "st"), pooling="mean")
   with pytest.raises(st.SentenceTransformersError, match=r"--max_seq_length=65: give 3 to the "
                      r"model's max_position_embeddings=64\."):
@@ -298,6 +298,31 @@ def test_predict_embed_equals_extract_features(bert, mb_export, pooling):  # noq
                                atol=2e-6)
 
 
+def test_one_rule_for_every_reader_of_a_recorded_pooling():
+  """convert --to=sentence_transformers, predict embed and extract_features --pooling share
+  st.check_flags_against_record (was: extract_features --pooling=cls on a mean-trained export
+  wrote cls vectors silently, and predict embed --pooling=cls alike, while convert refused)."""
+  import types  # pylint: disable=g-import-not-at-top
+  m = types.SimpleNamespace(path="runs/emb/best_epoch3", meta={"sentence_embedding": {
+      "pooling": "mean", "query_prompt": "q: "}},
+                            config=types.SimpleNamespace(max_position_embeddings=64))
+  record = m.meta["sentence_embedding"]
+  with pytest.raises(st.SentenceTransformersError, match=r"^--pooling='cls': runs/emb/best_epoch3 "
+                     r"was trained with pooling='mean' \(its bert_config.json \"sentence_embedding"
+                     r"\"\); give the checkpoint's --pooling=mean\.$"):
+    st.check_flags_against_record(m.path, record, pooling="cls")      # extract_features
+  for reader, takes in ((lambda: st.export_settings(m, pooling="cls"), "the export"),
+                        (lambda: predict.embedding_settings(m, pooling="cls"), "embed")):
+    with pytest.raises(st.SentenceTransformersError, match=rf"pooling='mean'.*; drop the flag, "
+                       rf"{takes} takes the checkpoint's\.$"):
+      reader()
+  # The record's own value, no flag, or a checkpoint that records nothing: no objection.
+  st.check_flags_against_record(m.path, record, pooling="mean", query_prompt=None)
+  st.check_flags_against_record(m.path, {}, pooling="cls")
+  assert predict.embedding_settings(m, pooling="mean")[0] == "mean"
+  assert st.export_settings(m)["pooling"] == "mean"
+
+
 def test_embed_requests_refused_in_one_line(tmp_path):
   with pytest.raises(extract_features.ExtractError, match=r"in.txt:2: a pair \('a \|\|\| b'\); "
                      r"--pooling=mean embeds one text a line\."):
@@ -335,7 +360,18 @@ def test_clis(bert, tmp_path):
   assert "pooling cls, prompt '', max_seq_length 32" in out.stdout
   lines = tmp_path / "texts.txt"
   lines.write_text("\n".join(TEXTS) + "\n")
-  out = _run("bert_jax.extract_features", f"--input_file={lines}", "--pooling=cls",
+  # Another pooling than the run's: one line, nothing written (was: mean vectors, silently);
+  # the line's advice is the run that follows.
+  bad = _run("bert_jax.extract_features", f"--input_file={lines}", "--pooling=mean",
+             f"--output_file={tmp_path / 'f.npz'}", f"--init_checkpoint={run}",
+             "--max_seq_length=32", cache=tmp_path)
+  assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+  assert bad.stderr.startswith(f"error: --pooling='mean': {run} was trained with "
+                               "pooling='cls'"), bad.stderr
+  assert not os.path.exists(tmp_path / "f.npz")
+  advice = bad.stderr.strip().rsplit("give the checkpoint's ", 1)[1].rstrip(".")
+  assert advice == "--pooling=cls"
+  out = _run("bert_jax.extract_features", f"--input_file={lines}", advice,
              f"--output_file={tmp_path / 'f.npz'}", f"--init_checkpoint={run}",
              "--max_seq_length=32", cache=tmp_path)
   assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -211,3 +211,13 @@ def test_a_planted_family_branch_is_found(tmp_path):
                      'if config.family == "distilbert":\n  pass\n')
   assert [w for _, w in family_references(str(planted))] == [
       "imports bert_jax.families.electra.objective", "compares with 'distilbert'"]
+
+
+@pytest.mark.parametrize("name", ["electra", "distilbert", "modernbert"])
+def test_a_family_s_own_transformers_converter_is_found_in_its_folder(name, tmp_path):
+  """bert.own_hf_converter imports bert_jax/families/<name>/convert.py at the first call (was
+  bert_jax.convert.<name>, gone since issue 47: every ELECTRA, DistilBERT and ModernBERT folder
+  failed with ModuleNotFoundError). A missing folder is the converter's own one-line error."""
+  from bert_jax_core import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.UserError, match="missing"):
+    families.get(name).import_hf(str(tmp_path / "missing"))

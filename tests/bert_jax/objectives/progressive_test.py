@@ -258,3 +258,70 @@ def test_a_resume_keeps_its_stages_or_is_one_line_naming_both():
   with pytest.raises(progressive.ConfigError, match="gives no progressive stages"):
     progressive.check_resume(meta, teacher(_config()), "wd")
   assert "progressive_bounds" not in teacher(_config()).record
+
+
+def test_a_teacher_s_flops_are_its_own_family_s_count():
+  """A BERT teacher of a MobileBERT student: the step's FLOPs add the teacher's forward as BERT
+  counts it (was: MobileBERT's count of a BertConfig, an AttributeError on true_hidden_size in
+  train.step_flops, after the first error's advice --config.fit_size was followed)."""
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
+  student, teacher = _tiny("mobilebert-tiny"), _tiny("tiny")
+  mobilebert, bert = families.get("mobilebert"), families.get("bert")
+  got = mobilebert.flops_per_sequence(student, 32, 5, 1, teacher)
+  assert got == (mobilebert.flops_per_sequence(student, 32, 5, 0)
+                 + bert.flops_per_sequence(teacher, 32, 5, 0) // 3)
+  ib = _tiny("ib-bert-tiny")   # an IB-BERT teacher: MobileBERT's own count, as before
+  assert mobilebert.flops_per_sequence(student, 32, 5, 1, ib) == (
+      mobilebert.flops_per_sequence(student, 32, 5, 0)
+      + mobilebert.flops_per_sequence(ib, 32, 5, 0) // 3)
+
+
+@pytest.mark.slow
+def test_a_progressive_run_from_a_plain_bert_teacher_follows_each_error_s_advice_and_trains(
+    tmp_path, capsys):
+  """mobilebert-tiny (64 wide) progressively from a BERT-tiny teacher (128 wide, not an IB-BERT):
+  the first run's one line names --config.fit_size=128; the run with it trains both stages (was:
+  a 44-line AttributeError in mobilebert.network_flops on the teacher's BertConfig)."""
+  import re  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  teacher_cfg = model_lib.get_bert_config("tiny", vocab_size=128)
+  teacher = ckpt_lib.save_params(str(tmp_path / "teacher"), nn.meta.unbox(
+      pretraining_heads.init_params(teacher_cfg, jax.random.PRNGKey(1))), teacher_cfg)
+  c = distil_test._train_config(  # pylint: disable=protected-access
+      "mobilebert-tiny", teacher_checkpoint=teacher, progressive_stages=2, num_train_steps=4)
+  runs = 0
+  while True:   # each error's advice, applied, until the run trains
+    runs += 1
+    assert runs <= 3
+    try:
+      result = train.train_and_evaluate(c, str(tmp_path / f"run{runs}"))
+      break
+    except train.ConfigError as e:
+      assert "\n" not in str(e)
+      fix = re.findall(r"--config\.(\w+)=(\d+)", str(e))
+      assert fix, str(e)
+      for field, value in fix[:1]:
+        setattr(c, field, int(value))
+  assert runs == 2 and c.fit_size == 128
+  history = result["history"]["train"]
+  assert [s for s, _ in history] == [1, 2, 3, 4]
+  assert all(np.isfinite(m["distill_hidden_loss"]) and np.isfinite(m["distill_att_kl_loss"])
+             for _, m in history)
+  # Nothing of a BERT's embeddings or heads fits MobileBERT's: with equal shares (no steps after
+  # the stages) they would never train, and the start-up says so with the field that fixes it.
+  out = capsys.readouterr().out
+  assert "progressive transfer: 0 embedding and head parameters copied from the teacher" in out
+  note = next(l for l in out.splitlines() if l.startswith("note: those "))
+  assert "the 2 stages take all 4 steps; give --config.steps_per_stage=S with 2 x S < 4" in note
+  # ... and with it, the steps after the stages train every parameter: the embeddings move.
+  c.steps_per_stage = 1
+  train.train_and_evaluate(c, str(tmp_path / "run3"))
+  out = capsys.readouterr().out
+  assert "then steps 2-3: every layer, the whole objective" in out and "note: those" not in out
+  first, last = (ckpt_lib.load_params(str(tmp_path / "run3" / "checkpoints" / str(s)))[0]
+                 for s in (2, 4))
+  moved = lambda t: np.abs(np.asarray(last["bert"]["embeddings"][t]["embedding"])  # noqa: E731
+                           - np.asarray(first["bert"]["embeddings"][t]["embedding"])).max()
+  assert moved("word_embeddings") > 0

@@ -76,7 +76,10 @@ def test_presets_keep_bert_configs_as_they_were():
     (dict(local_window=7), "local_window=7"),
     (dict(rope_theta_global=0.0), "rope_theta_global=0.0"),
     (dict(global_every=0), "global_every=0"),
-    (dict(local_window=2048), "larger than max_position_embeddings"),
+    (dict(local_window=2048), r"local_window=2048 reaches past any row of "
+                              r"max_position_embeddings=1024; set local_window=2046 \(local "
+                              r"layers that see every key, with rope_theta_local\) or 0 "
+                              r"\(no window\)"),
     (dict(ffn="dense"), "gated"),
     (dict(objectives="mlm,nsp"), "exactly 'mlm'"),
     (dict(type_vocab_size=2), "type_vocab_size=2"),
@@ -233,6 +236,68 @@ def test_export_gives_a_folder_transformers_loads_with_equal_logits(hf_folder, t
   assert written["layer_types"] == ["full_attention", "sliding_attention",
                                     "sliding_attention", "full_attention"]
   assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+
+
+def _json_config(**kw):
+  base = dict(model_type="modernbert", vocab_size=96, hidden_size=64, num_hidden_layers=4,
+              num_attention_heads=4, intermediate_size=80, max_position_embeddings=1024,
+              local_attention=128, global_attn_every_n_layers=3)
+  return {**base, **kw}
+
+
+def test_a_window_past_the_positions_is_read_as_transformers_computes_it():
+  """local_attention=2048 > max_position_embeddings=1024: transformers loads and runs it (each
+  local layer sees |i - j| <= 1024, every key); we read the window that sees every key, 2046
+  (was: `ValueError('BertConfig: local_window=2048 is larger than ...')` naming our field and
+  the unrelated list of required fields)."""
+  read = convert_modernbert.config_from_json
+  assert read(_json_config(local_attention=2048), "c.json").local_window == 2046
+  assert read(_json_config(local_attention=2046), "c.json").local_window == 2046
+  assert read(_json_config(local_attention=128), "c.json").local_window == 128
+  assert read(_json_config(local_attention=129), "c.json").local_window == 128   # 129 // 2 = 64
+  # A field our config refuses names the file's key; a missing one names itself.
+  with pytest.raises(convert.ConversionError, match=r"^c.json: BertConfig: global_every=0; .* "
+                     r"\(global_every is this file's global_attn_every_n_layers\)$"):
+    read(_json_config(global_attn_every_n_layers=0), "c.json")
+  with pytest.raises(convert.ConversionError, match=r"^c.json: no 'vocab_size'; a "):
+    read({k: v for k, v in _json_config().items() if k != "vocab_size"}, "c.json")
+
+
+@pytest.mark.slow
+def test_a_window_past_the_positions_imports_with_transformers_logits(hf_folder, tmp_path):
+  """A random ModernBertForMaskedLM with local_attention=128 > max_position_embeddings=48 (its
+  local layers see every key, with the local RoPE theta): our import gives its hidden states
+  and logits, and exports back to a folder transformers runs to the same logits."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  folder = str(tmp_path / "wide")
+  torch.manual_seed(1)
+  model = transformers.ModernBertForMaskedLM(_hf_modernbert(
+      vocab_size=320, max_position_embeddings=48, local_attention=128)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name else 0.0))
+  model.save_pretrained(folder)
+  shutil.copy(os.path.join(hf_folder, "tokenizer.json"), folder)
+  params, config, meta = convert.import_checkpoint(folder)
+  assert (config.local_window, config.max_position_embeddings) == (94, 48)
+  assert config.rope_theta_local != config.rope_theta_global   # the local layers are not global
+  ids, mask = _batch(t=48)
+  hidden, logits = _hf_outputs(folder, ids, mask)
+  ours_hidden, ours_logits = _ours(params, config, ids, mask)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(ours_hidden[real], hidden[real], atol=TOL, rtol=TOL)
+  np.testing.assert_allclose(ours_logits[real], logits[real], atol=TOL, rtol=TOL)
+  # Reading the window as "every layer global" (the global RoPE theta) would not be its model.
+  _, all_global = _ours(params, dataclasses.replace(config, local_window=0, global_every=1), ids,
+                        mask)
+  assert np.abs(all_global[real] - logits[real]).max() > 100 * TOL
+  out = convert_modernbert.export_to_hf(params, config, str(tmp_path / "back"),
+                                        tokenizer_file=meta["_vocab_path"],
+                                        special_ids=meta["special_ids"])
+  _, back = _hf_outputs(out, ids, mask)
+  np.testing.assert_allclose(back[real], logits[real], atol=TOL, rtol=TOL)
 
 
 def test_a_folder_without_its_tokenizer_is_one_line(hf_folder, tmp_path):
