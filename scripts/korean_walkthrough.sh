@@ -64,7 +64,7 @@ done
 python - "$OUT" <<'PY'  # [UNK] share of every non-padding id of the records
 import glob, sys
 import tensorflow as tf
-from data_pipelines import vocab
+from data_pipelines.tokenizers import vocab
 out = sys.argv[1]
 unk = vocab.wordpiece_info(f"{out}/vocab.txt").unk_id
 for split in ("train", "eval"):

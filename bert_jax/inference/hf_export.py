@@ -1,12 +1,12 @@
 """Any bert_jax checkpoint (a params export, a workdir, a step directory; local or gs://) -> a
 Hugging Face BertForPreTraining folder.
 
-  from bert_jax.convert import hf_export
+  from bert_jax.inference import hf_export
   hf_export.export_to_hf("runs/base", "hf_export")
 
-It loads through bert_jax.inference.loading (the checkpoint's own vocabulary and casing), which in turn
-converts Hugging Face folders through bert_jax.convert: so this lives beside the package, not in
-its __init__, and the two never import each other (tests/layers_test.py).
+It loads through inference/loading.py (the checkpoint's own vocabulary and casing), which in turn
+converts Hugging Face folders through bert_jax.convert: so it lives here, in the layer above the
+converter, not in convert/ (tests/layers_test.py: imports point down).
 """
 
 from bert_jax import convert

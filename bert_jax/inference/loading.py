@@ -1,6 +1,6 @@
 """Load any checkpoint for inference: params, model config and the tokenizer it was trained with.
 
-  from bert_jax import inference
+  from bert_jax.inference import loading as inference
   m = inference.load_for_inference("gs://bucket/runs/base")   # or an export, a step directory
   m.params, m.config, m.tokenizer, m.do_lower_case
 

@@ -3,6 +3,7 @@
 import tests  # tests.ROOT: the repository, tests.DATA: tests/data
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -41,8 +42,9 @@ def test_train_help_lists_presets_and_every_field_with_its_default_and_comment()
 def test_finetune_help_shows_the_chosen_presets_defaults():
   out = _help("bert_jax.finetune", "--config=bert_jax/configs/finetune.py:squad_v1")
   assert "--config.max_seq_length=384" in out and "--config.paper_learning_rate=3e-05" in out
-  assert ("--config.null_score_diff_threshold=0.0     v2: predict \"\" when null - best span > "
-          "this; tune it with eval_results.json's best_f1_thresh") in out  # continued comment
+  # The comment continued on its next line, after a column as wide as the longest flag.
+  assert re.search(r"--config\.null_score_diff_threshold=0\.0 +v2: predict \"\" when null - best "
+                   r"span > this; tune it with eval_results\.json's best_f1_thresh", out), out
   assert "glue_wnli squad_v1 squad_v2 conll03 swag custom" in out
 
 

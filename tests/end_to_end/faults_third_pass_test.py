@@ -91,7 +91,8 @@ def test_ctrl_c_outside_a_training_loop_is_one_line_and_exit_130(capsys):
 
 _SIGINT_AT_BATCH_4 = """
 import os, signal, sys
-from bert_jax import cli, input_source
+from bert_jax import cli
+from bert_jax.training import input_source
 real = input_source.make_batches
 def ctrl_c_at_batch_4(*args, **kwargs):   # as tests/testlib/sigterm_testlib.py, with SIGINT
   for i, b in enumerate(real(*args, **kwargs)):

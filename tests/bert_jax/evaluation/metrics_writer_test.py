@@ -14,7 +14,7 @@ ROOT = tests.ROOT
 
 WRITE = """
 import sys
-from bert_jax import metrics_writer
+from bert_jax.evaluation import metrics_writer
 w = metrics_writer.MetricsWriter(sys.argv[1])
 w.write_text("config", '{"seq_length": 128}')
 w.write_scalars(1, {"train/loss": 2.5, "train/learning_rate": 1e-4})
