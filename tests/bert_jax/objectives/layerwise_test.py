@@ -55,7 +55,10 @@ def test_encoder_gives_scores_only_when_asked():
   assert set(variables) == {"params"}
   plain = m.apply(variables, ids, mask, ids * 0)
   scored, state = m.apply(variables, ids, mask, ids * 0, mutable=["attention_scores"])
-  np.testing.assert_array_equal(plain["sequence_output"], scored["sequence_output"])
+  # The same math; XLA compiles the two programs (one sows the scores) separately and may fuse
+  # them differently: 4.8e-7 apart on the 2-core CPU box (2026-11-29), bit-equal elsewhere.
+  np.testing.assert_allclose(plain["sequence_output"], scored["sequence_output"], rtol=1e-6,
+                             atol=1e-6)
   layers = state["attention_scores"]["encoder"]
   assert sorted(layers) == [f"layer_{i}" for i in range(c.num_layers)]
   (s0,) = layers["layer_0"]["attention"]["scores"]
