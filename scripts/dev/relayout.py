@@ -38,7 +38,9 @@ B = {
     "finetune_tasks": "training/finetune_tasks",
     # objectives/: what several families or task types share
     "objectives": "objectives/pretraining", "contrastive": "objectives/contrastive",
-    "layerwise": "objectives/layerwise", "distil": "objectives/distil",
+    "layerwise": "objectives/layerwise",
+    # distil.py moved here, then split: objectives/teacher.py + families/distilbert/distil.py
+    "distil": "objectives/distil",
     "progressive": "objectives/progressive",
     # evaluation/: metrics and what a run reports
     "metrics": "evaluation/metrics", "retrieval_metrics": "evaluation/retrieval_metrics",
