@@ -121,8 +121,8 @@ def main(argv):
   workdir = argv[1]
   output = FLAGS.output or os.path.join(workdir, "report.png")
   if FLAGS.output:   # the one output check, before the event files are read
-    check_output_name(output)
     files_lib.check_output_file(output, "--output", overwrite=FLAGS.overwrite)
+    check_output_name(output)   # (after: a directory is named one, not "not a .png")
   scalars, summary = load(workdir)
   if not FLAGS.output:   # (the workdir exists now: load said so) the run's own file, redrawn
     files_lib.check_output_file(output, "--output", overwrite=True)
