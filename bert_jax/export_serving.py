@@ -89,6 +89,11 @@ def check_flags(output, fmt, max_seq_length, batch_size, overwrite=False):
     raise ExportError(f"--batch_size={batch_size}: must be at least 1 (on-device serving: 1).")
   files_lib.check_output_file(output, "--output", overwrite=overwrite)
   files_lib.check_output_file(output + ".json", "--output's record", overwrite=overwrite)
+  if not output.lower().endswith(".tflite"):
+    # TFLite bytes went under any name (model.onnx, a name with no extension; issue 49 item 7).
+    stem = os.path.splitext(output)[0]
+    raise ExportError(f"--output={output}: the export is a TFLite flatbuffer; name a .tflite "
+                      f"file (e.g. --output={stem}.tflite).")
 
 
 def load_classifier(path, max_seq_length, **tokenizer_files) -> Classifier:

@@ -29,6 +29,7 @@ distillation workdir or a DistilBertForMaskedLM folder) and has none either.
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -239,11 +240,21 @@ def define_flags():
                     "refused, before any work).")
 
 
+def check_embed_output(path):
+  """The vectors are written as .npy (np.save's format): another name got .npy bytes silently
+  (vectors.txt, vectors.csv; issue 49 item 7)."""
+  if not path.lower().endswith(".npy"):
+    stem = os.path.splitext(path)[0]
+    raise PredictError(f"--output_file={path}: embed writes a NumPy .npy array ([N, H] "
+                       f"float32); name a .npy file (e.g. --output_file={stem}.npy).")
+
+
 def main_embed(texts):
   """python -m bert_jax.predict --init_checkpoint=DIR embed TEXT..."""
   from bert_jax_core import files as files_lib  # pylint: disable=g-import-not-at-top
   if FLAGS.output_file:
     files_lib.check_output_file(FLAGS.output_file, "--output_file", overwrite=FLAGS.overwrite)
+    check_embed_output(FLAGS.output_file)
   if not texts or any(not t.strip() for t in texts):
     raise PredictError("embed: give one or more non-empty texts, e.g. embed \"a query\" "
                        "\"a document\".")

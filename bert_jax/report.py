@@ -37,9 +37,18 @@ PANELS = (
 def load(workdir):
   """({tag: [(step, value)]}, summary dict or None) of a workdir; a one-line error if empty."""
   logdir = os.path.join(workdir, "tensorboard")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):   # was "no such directory"
+    raise ReportError(f"{workdir}: is a file, not a directory; pass a pre-training or "
+                      "fine-tuning --workdir (the folder that holds tensorboard/).")
   if not os.path.isdir(workdir):
     raise ReportError(f"{workdir}: no such directory; pass a pre-training or fine-tuning "
                       "--workdir.")
+  parent = os.path.dirname(os.path.normpath(workdir))
+  if (not os.path.isdir(logdir) and os.path.basename(os.path.normpath(workdir)) in
+      ("checkpoints", "tensorboard") and os.path.isdir(os.path.join(parent, "tensorboard"))):
+    # A folder inside the workdir (issue 49 item 7): name the workdir itself.
+    raise ReportError(f"{workdir}: is a folder inside the run's workdir; pass the workdir "
+                      f"itself: python -m bert_jax.report {parent}")
   scalars = metrics_writer.read_scalars(logdir) if os.path.isdir(logdir) else {}
   scalars = {k: sorted(v) for k, v in scalars.items()
              if v and all(isinstance(x, (int, float)) for _, x in v)}
@@ -98,6 +107,14 @@ def define_flags():
   flags.DEFINE_bool("overwrite", False, "Replace an existing --output (without it: refused).")
 
 
+def check_output_name(output):
+  """The report is always a PNG: another extension got PNG bytes silently (curves.pdf, .txt)."""
+  if not output.lower().endswith(".png"):
+    stem = os.path.splitext(output)[0]
+    raise ReportError(f"--output={output}: the report is a PNG image; name a .png file (e.g. "
+                      f"--output={stem}.png).")
+
+
 def main(argv):
   if len(argv) != 2:
     raise ReportError("usage: python -m bert_jax.report WORKDIR [--output=curves.png]")
@@ -105,6 +122,7 @@ def main(argv):
   output = FLAGS.output or os.path.join(workdir, "report.png")
   if FLAGS.output:   # the one output check, before the event files are read
     files_lib.check_output_file(output, "--output", overwrite=FLAGS.overwrite)
+    check_output_name(output)   # (after: a directory is named one, not "not a .png")
   scalars, summary = load(workdir)
   if not FLAGS.output:   # (the workdir exists now: load said so) the run's own file, redrawn
     files_lib.check_output_file(output, "--output", overwrite=True)

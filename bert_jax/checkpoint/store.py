@@ -415,6 +415,10 @@ def resolve_checkpoint(path):
   if not p.exists():
     raise CheckpointError(f"init_checkpoint={path}: no such directory; give a params export "
                           "(python -m bert_jax.convert output), a workdir or a step directory.")
+  if not p.is_dir():   # was a NotADirectoryError traceback from listing it (issue 49 item 7)
+    raise CheckpointError(f"init_checkpoint={path}: is a file, not a checkpoint directory; give "
+                          "a params export (python -m bert_jax.convert output), a workdir or a "
+                          "step directory.")
   if (p / CONFIG_NAME).exists():
     if not (p / "params").exists():
       raise CheckpointError(f"{path}: has {CONFIG_NAME} but no params/ (an interrupted export?); "

@@ -87,6 +87,9 @@ def parse_weights(spec, names):
     if w < 0:
       raise MixtureError(f"config.source_weights: {name}={w:g}; a weight is >= 0 (0 leaves the "
                          "source out).")
+    if name in weights:   # the last one won silently (issue 49 item 7)
+      raise MixtureError(f"config.source_weights names {name} twice ({name}={weights[name]:g}, "
+                         f"{name}={w:g}); give each source one weight.")
     weights[name] = w
   missing = [n for n in names if n not in weights]
   if missing:

@@ -103,6 +103,8 @@ def _weights(n, value):
   out = {}
   for item in (x.strip() for x in value.split(";") if x.strip()):
     name, sep, w = item.replace("=", ":").partition(":")
+    if name.strip() in out:   # the last weight won silently (issue 49 item 7)
+      _fail(f"phase {n}: weights= names {name.strip()} twice; give each source one weight.")
     out[name.strip()] = _number(n, f"weights {name.strip()}", w if sep else "")
   return out
 

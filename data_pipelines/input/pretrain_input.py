@@ -70,19 +70,38 @@ def expand_file_pattern(file_pattern, what="file_pattern"):
   """
   patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
   patterns = [p.strip() for pat in patterns for p in pat.split(",") if p.strip()]
-  files = set()
+  files, unmatched = set(), []
   for p in patterns:
     if tf.io.gfile.isdir(p):  # one request a pattern (a glob is no directory)
       raise _directory_error(what, file_pattern, p)
-    files.update(tf.io.gfile.glob(p))
-  # An output dir also holds dataset_info.json; a pattern such as "out/*" must not read it.
-  files = sorted(f for f in files if not f.endswith(".json"))
+    # An output dir also holds dataset_info.json; a pattern such as "out/*" must not read it.
+    matched = [f for f in tf.io.gfile.glob(p) if not f.endswith(".json")]
+    if not matched:
+      unmatched.append(p)
+    files.update(matched)
+  files = sorted(files)
   if not files:
     raise InputPipelineError(
-        f"{what}={file_pattern!r}: no file matches; write the records with "
-        "`python -m data_pipelines.create_pretraining_data` or fix the pattern (a glob such as "
-        "'data/train-*.tfrecord', a comma-separated list, or a list of globs).")
+        f"{what}={file_pattern!r}: no file matches{_pattern_hint(patterns)}; write the records "
+        "with `python -m data_pipelines.create_pretraining_data` or fix the pattern (a glob such "
+        "as 'data/train-*.tfrecord', a comma-separated list, or a list of globs).")
+  if unmatched:
+    # One glob of a list matching nothing was dropped silently (a typo, or 'ko=A,en=B' read as
+    # one source whose second glob is 'en=B': issue 49 item 7): the run trained on less data.
+    raise InputPipelineError(
+        f"{what}={file_pattern!r}: {unmatched[0]!r} matches no file (the other pattern(s) match "
+        f"{len(files)}){_pattern_hint(unmatched)}; fix that glob or drop it.")
   return files
+
+
+def _pattern_hint(patterns):
+  """Why a glob may match nothing, where the pattern shows it (else '')."""
+  if any("=" in p for p in patterns):
+    return (" (a glob holds '=': config.train_sources separates sources with ';' and one "
+            "source's globs with ',', e.g. 'ko=data/ko/*;en=data/en/*')")
+  if any(p.startswith("~") for p in patterns):
+    return " (~ is not expanded here: write the home directory's full path)"
+  return ""
 
 
 def _directory_error(what, file_pattern, directory):

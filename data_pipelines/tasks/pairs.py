@@ -77,6 +77,12 @@ def _columns(path, names):
   numbered = sorted((int(m.group(1)), i) for i, n in enumerate(lower)
                     if (m := re.fullmatch(r"negative_?(\d+)", n)))
   negatives = ([lower.index("negative")] if "negative" in lower else []) + [i for _, i in numbered]
+  unread = [names[i] for i, n in enumerate(lower)
+            if "neg" in n and i not in negatives and i != score]
+  if unread:   # 'negatives' (a list), 'neg', 'hard_negative': dropped silently (issue 49 item 7)
+    raise TaskDataError(f"{path}: column {unread[0]!r} is not read: hard negatives are the "
+                        "columns negative, negative_1, negative_2, ... (one text each); rename "
+                        "it, or split a list of negatives into them.")
   return anchor, positive, negatives
 
 
@@ -108,6 +114,11 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
   for line, row in rows:
     def text(column, side):
       value = common.get_field(path, line, row, column)
+      if isinstance(value, (list, dict)):   # was read as its repr, "['p1', 'p2']" (issue 49)
+        name = column if isinstance(column, str) else names[column]
+        raise TaskDataError(f"{path}:{line}: the {side} ({name!r}) is a JSON "
+                            f"{type(value).__name__}, not a text; give one text per field (hard "
+                            "negatives: fields negative_1, negative_2, ...).")
       value = "" if value is None else str(value)
       if not value.strip():
         name = column if isinstance(column, str) else names[column]

@@ -44,6 +44,10 @@ def _check_file(path, flag):
   if not path:
     raise VocabError(f"{flag} is empty: pass the path of a vocabulary file.")
   exists = _gfile_exists(path, flag)
+  if not exists and "://" not in path and os.path.isdir(path):
+    # Was "no such file" for a folder (a checkpoint's or a tokenizer's directory; issue 49 item 7).
+    raise VocabError(f"{flag}={path}: is a directory, not a vocabulary file; name the file in "
+                     f"it (e.g. {flag}={path.rstrip('/')}/vocab.txt).")
   if not exists:
     raise VocabError(f"{flag}={path}: no such file; build one with "
                      "`python -m data_pipelines.build_vocab` or fix the path.")

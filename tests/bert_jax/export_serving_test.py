@@ -179,6 +179,17 @@ def test_an_existing_output_or_record_is_refused_unless_overwrite(tmp_path):
   export_serving.check_flags(str(out), "tflite", SEQ, 1, overwrite=True)
 
 
+def test_an_output_that_is_not_a_tflite_file_is_refused(tmp_path):
+  """Issue 49 item 7: --output=model.onnx (or a name without an extension) got the TFLite
+  flatbuffer under that name without a word."""
+  for name, stem in (("model.onnx", "model"), ("model", "model"), ("m.tflite.bak", "m.tflite")):
+    with pytest.raises(export_serving.ExportError) as e:
+      export_serving.check_flags(str(tmp_path / name), "tflite", SEQ, 1)
+    assert str(e.value) == (f"--output={tmp_path / name}: the export is a TFLite flatbuffer; "
+                            f"name a .tflite file (e.g. --output={tmp_path / stem}.tflite).")
+  export_serving.check_flags(str(tmp_path / "m.TFLite"), "tflite", SEQ, 1)
+
+
 @pytest.mark.slow   # a subprocess
 def test_the_program_refuses_an_existing_output_in_one_line(tmp_path):
   out = tmp_path / "m.tflite"

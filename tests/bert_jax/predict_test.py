@@ -131,3 +131,15 @@ def test_predict_does_not_import_tensorflow(converted):
                      timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.split() == ["PythonWordPieceTokenizer", "False", "1"]
+
+
+def test_embed_output_must_be_a_npy_file(tmp_path):
+  """Issue 49 item 7: `predict embed --output_file=vectors.txt` wrote .npy bytes under that name
+  without a word."""
+  for name, stem in (("vectors.txt", "vectors"), ("vectors", "vectors"), ("v.csv", "v")):
+    with pytest.raises(predict.PredictError) as e:
+      predict.check_embed_output(str(tmp_path / name))
+    assert str(e.value) == (f"--output_file={tmp_path / name}: embed writes a NumPy .npy array "
+                            f"([N, H] float32); name a .npy file (e.g. --output_file="
+                            f"{tmp_path / stem}.npy).")
+  predict.check_embed_output(str(tmp_path / "v.NPY"))

@@ -122,3 +122,30 @@ def test_an_existing_output_is_refused_unless_overwrite_and_the_default_is_redra
   assert r.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", r.stderr[-2000:]
   r = run()
   assert r.returncode == 0 and (tmp_path / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_file_a_folder_inside_the_workdir_or_a_non_png_output_is_one_line(tmp_path):
+  """Issue 49 item 7: a file given as WORKDIR was "no such directory"; WORKDIR/checkpoints said
+  only "no scalars"; --output=curves.pdf (or .txt) got PNG bytes under that name silently."""
+  workdir = _workdir(tmp_path / "run")
+  (tmp_path / "run" / "checkpoints").mkdir()
+  with pytest.raises(report.ReportError) as e:
+    report.load(os.path.join(workdir, "summary.json"))
+  assert str(e.value) == (f"{workdir}/summary.json: is a file, not a directory; pass a "
+                          "pre-training or fine-tuning --workdir (the folder that holds "
+                          "tensorboard/).")
+  for inside in ("checkpoints", "tensorboard/", "tensorboard"):
+    path = os.path.join(workdir, inside)
+    if inside.startswith("tensorboard"):   # tensorboard/ itself: no tensorboard/ under it
+      assert not os.path.isdir(os.path.join(path, "tensorboard"))
+    with pytest.raises(report.ReportError) as e:
+      report.load(path)
+    assert str(e.value) == (f"{path}: is a folder inside the run's workdir; pass the workdir "
+                            f"itself: python -m bert_jax.report {workdir}")
+  for name in ("curves.pdf", "curves.txt", "curves"):
+    with pytest.raises(report.ReportError) as e:
+      report.check_output_name(str(tmp_path / name))
+    stem = str(tmp_path / name).rsplit(".", 1)[0] if "." in name else str(tmp_path / name)
+    assert str(e.value) == (f"--output={tmp_path / name}: the report is a PNG image; name a "
+                            f".png file (e.g. --output={stem}.png).")
+  report.check_output_name(str(tmp_path / "curves.PNG"))

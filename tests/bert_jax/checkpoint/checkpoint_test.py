@@ -301,3 +301,16 @@ def test_a_failed_asynchronous_save_stops_training_at_the_next_step(tmp_path):
   manager = ckpt_lib.create_manager(wd)
   assert ckpt_lib.latest_verified_step(manager) == 2
   manager.close()
+
+
+def test_a_file_given_as_the_checkpoint_is_one_line(tmp_path):
+  """Issue 49 item 7: --config.teacher_checkpoint (or init_checkpoint) naming a file, e.g. a
+  vocab.txt, was a NotADirectoryError traceback from listing it."""
+  f = tmp_path / "vocab.txt"
+  f.write_text("[PAD]\n")
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt_lib.resolve_checkpoint(str(f))
+  assert str(e.value) == (f"init_checkpoint={f}: is a file, not a checkpoint directory; give a "
+                          "params export (python -m bert_jax.convert output), a workdir or a "
+                          "step directory.")
+  assert isinstance(e.value, errors.UserError)

@@ -39,6 +39,16 @@ def test_columns_by_name_and_by_position(tmp_path):
      r"h.jsonl:2: missing field 'positive'"),
     ("i.txt", "a\tb\n", r"i.txt: cannot tell the format from the extension 'txt'"),
     ("j.tsv", "only\nx\n", r"j.tsv: 1 column\(s\) \['only'\]; a pair needs an anchor"),
+    # Issue 49 item 7: a list of negatives (a 'negatives' field) was dropped silently, and a
+    # list in a text field was read as its repr ("['p1', 'p2']").
+    ("k.jsonl", '{"anchor": "a", "positive": "b", "negatives": ["c", "d"]}\n',
+     r"^[^ ]*k.jsonl: column 'negatives' is not read: hard negatives are the columns negative, "
+     r"negative_1, negative_2, ... \(one text each\); rename it, or split a list of negatives "
+     r"into them.$"),
+    ("l.tsv", "query\tpositive\thard_neg\na\tb\tc\n", r"l.tsv: column 'hard_neg' is not read"),
+    ("m.jsonl", '{"anchor": "a", "positive": ["p1", "p2"]}\n',
+     r"^[^ ]*m.jsonl:1: the positive \('positive'\) is a JSON list, not a text; give one text "
+     r"per field \(hard negatives: fields negative_1, negative_2, ...\).$"),
 ])
 def test_bad_input_is_one_line(tmp_path, name, text, msg):
   (tmp_path / name).write_text(text, encoding="utf-8")

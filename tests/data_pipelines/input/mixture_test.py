@@ -55,6 +55,9 @@ def test_shares_by_weights_and_by_size_to_the_tau():
      "both set the shares"),
     (dict(train_sources="ko=ko;ko=en"), "source 'ko' is named twice"),
     (dict(train_sources="data/ko/*"), "is not NAME=GLOB"),
+    # Issue 49 item 7: a source weighted twice: the last weight won silently.
+    (dict(train_sources="ko=ko;en=en", source_weights="ko=0.7,en=0.3,ko=0.3"),
+     r"names ko twice \(ko=0.7, ko=0.3\); give each source one weight"),
 ])
 def test_bad_mixtures_are_one_line_user_errors(kw, match):
   from bert_jax_core import errors

@@ -58,6 +58,8 @@ def test_plan_steps_shares_and_masks():
     ("steps=5,rate=0.3 | steps=5", "'rate=0.3' is not one of steps="),
     ("steps=5 | | steps=5", "phase 2 is empty"),
     ("sources=a | steps=10", "phase 1 .* has no steps=N"),
+    # Issue 49 item 7: a source weighted twice in a phase: the last weight won silently.
+    ("steps=5,weights=a:1;a:3 | steps=5", "phase 1: weights= names a twice; give each source one"),
 ])
 def test_bad_phases_are_one_line_errors(spec, match):
   with pytest.raises(errors.UserError, match=match) as e:

@@ -299,3 +299,25 @@ def test_bad_arguments(data, vocab):
     dataset(data[0] + "/*", vocab, process_index=2, process_count=2)
   with pytest.raises(pi.InputPipelineError, match="start_batch=-1"):
     dataset(data[0] + "/*", vocab, start_batch=-1)
+
+
+def test_a_glob_of_a_list_that_matches_nothing_is_refused(data, vocab):
+  # Issue 49 item 7: one glob of a comma-separated list that matched no file was dropped
+  # silently (a typo in the second glob trained on the first alone), and so was 'en=B' when
+  # config.train_sources was written 'ko=A,en=B' (one source ko whose second glob is 'en=B').
+  folder = data[0]
+  good = f"{folder}/part-*"
+  for bad, hint in ((f"{folder}/prat-*", ""),
+                    (f"en={folder}/part-*", " (a glob holds '=': config.train_sources separates "
+                     "sources with ';' and one source's globs with ',', e.g. "
+                     "'ko=data/ko/*;en=data/en/*')"),
+                    ("~/records/part-*", " (~ is not expanded here: write the home directory's "
+                     "full path)")):
+    pattern = f"{good},{bad}"
+    with pytest.raises(pi.InputPipelineError) as e:
+      pi.expand_file_pattern(pattern, what="config.train_input_files")
+    n = len(pi.expand_file_pattern(good))
+    assert str(e.value) == (f"config.train_input_files={pattern!r}: {bad!r} matches no file "
+                            f"(the other pattern(s) match {n}){hint}; fix that glob or drop it.")
+  with pytest.raises(pi.InputPipelineError, match=r"no file matches \(~ is not expanded"):
+    pi.expand_file_pattern("~/records/part-*")

@@ -252,6 +252,11 @@ def test_get_tokenizer_errors(vocab_file, tmp_path):
   with pytest.raises(vocab_lib.VocabError, match="no such file") as e:
     tokenization.get_tokenizer(str(tmp_path / "missing.txt"))
   assert "\n" not in str(e.value)
+  # Issue 49 item 7: a folder (a checkpoint's, a tokenizer's) was "no such file".
+  with pytest.raises(vocab_lib.VocabError) as e:
+    vocab_lib.load_wordpiece_vocab(str(tmp_path) + "/", flag="--vocab_file")
+  assert str(e.value) == (f"--vocab_file={tmp_path}/: is a directory, not a vocabulary file; "
+                          f"name the file in it (e.g. --vocab_file={tmp_path}/vocab.txt).")
   tok = tokenization.get_tokenizer(vocab_file, do_lower_case=False)
   assert isinstance(tok, tokenization.WordPieceTokenizer) and not tok.do_lower_case
   assert isinstance(tok, tokenization.Tokenizer)
