@@ -39,8 +39,9 @@ def gcs(tmp_path_factory):
   """Starts the emulator in its own process; yields the environment that points clients at it."""
   d = tmp_path_factory.mktemp("gcs")
   with open(d / "emulator.log", "w") as log:
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "gcs_emulator.py"),
-                             str(d / "certs")], stdout=subprocess.PIPE, stderr=log, text=True)
+    emulator = os.path.join(ROOT, "tests", "testlib", "gcs_emulator.py")
+    proc = subprocess.Popen([sys.executable, emulator, str(d / "certs")],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
   try:
     port = int(proc.stdout.readline())
     env = gcs_emulator.env(port, str(d / "certs"))
