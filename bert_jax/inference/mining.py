@@ -225,21 +225,22 @@ class BlockSearch:
     self.repl = NamedSharding(mesh, P())
     self.params = jax.tree.map(lambda x: _global(x, self.repl), params)
     self._embed = jax.jit(embed_fn, out_shardings=self.rows)
+    # One program a number of batches (the queries', a block's): made once, not a lambda a call
+    # (a new function is a new trace and compile every block).
+    self._concat = jax.jit(_concatenate, out_shardings=self.rows)
     self.positives = positives                                      # [NQpad, P] int32, host
     self.search, self.recall_target = search, recall_target
 
   def encode(self, texts):
     """[len(texts) rounded up to batch_size, H] vectors, rows split over the mesh; the pad rows
     are [CLS] [SEP] (the caller ignores them)."""
-    import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     out = []
     for start in range(0, len(texts), self.batch_size):
       chunk = list(texts[start:start + self.batch_size])
       chunk += [""] * (self.batch_size - len(chunk))
       arrays = [_global(x, self.rows) for x in self.tokenize(chunk)]
       out.append(self._embed(self.params, *arrays))                # [batch, H]
-    return jax.jit(lambda *xs: jnp.concatenate(xs), out_shardings=self.rows)(*out)
+    return self._concat(*out)
 
   def start(self, queries):
     """Encodes the queries; the running state: scores/indices [NQpad, K] (-inf / -1) and the
@@ -290,6 +291,11 @@ class BlockSearch:
     """(scores [NQ, K] float32 descending, indices [NQ, K] int32, positive scores [NQ, P]) on
     every host."""
     return tuple(_to_host(x)[:num_queries] for x in self.state)
+
+
+def _concatenate(*xs):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return jnp.concatenate(xs)
 
 
 def _global(x, sharding):

@@ -25,8 +25,8 @@ def docstring_rows(directory):
   return docstring_retrieval.build(directory, packages=PACKAGES)
 
 
-def st_folder(directory, rows, hidden=32, seed=0):
-  """A tiny random BertModel (2 layers) saved by SentenceTransformer.save with mean pooling and
+def st_folder(directory, rows, hidden=32, seed=0, layers=2):
+  """A tiny random BertModel (2 layers by default) saved by SentenceTransformer.save with mean pooling and
   Normalize, a vocab.txt of the rows' words (+ letters) beside it; its path."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -41,7 +41,7 @@ def st_folder(directory, rows, hidden=32, seed=0):
       r["query"] + " " + r["positive"] for r in rows))
   torch.manual_seed(seed)
   config = transformers.BertConfig(vocab_size=len(open(vocab).read().split()),
-                                   hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                                   hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
                                    intermediate_size=2 * hidden, max_position_embeddings=128)
   hf = os.path.join(str(directory), "hf")
   transformers.BertModel(config).eval().save_pretrained(hf)
