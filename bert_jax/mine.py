@@ -186,6 +186,10 @@ def mine(m, problem, settings, *, pooling, query_prompt, corpus_prompt, max_seq_
   return mined, mining.rows_of(problem, settings, mined)
 
 
+def _size(n):
+  return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def next_command(output_file, init_checkpoint, settings, max_seq_length):
   """The fine-tuning command that trains the embedding task on the mined file."""
   data_dir, name = os.path.split(os.path.abspath(output_file))
@@ -205,7 +209,6 @@ def main(argv):
   for name in ("init_checkpoint", "input_file", "output_file"):
     if not getattr(FLAGS, name):
       raise app.UsageError(f"--{name} is required.")
-  t0 = time.time()
   lead = jax.process_index() == 0
   say = print if lead else (lambda *a, **k: None)
   settings, problem = check_request(FLAGS, jax.device_count())
@@ -230,12 +233,13 @@ def main(argv):
                               max(len(p) for p in problem.positives), FLAGS.block_size, devices)
   say(f"searching: {devices} devices ({jax.process_count()} processes), blocks of "
       f"{FLAGS.block_size} texts, batches of {FLAGS.batch_size}, top {k} a query "
-      f"({settings.search}); {state / 2**20:.1f} MiB of search state a device, whatever the "
-      "corpus size")
+      f"({settings.search}); {_size(state)} of search state a device, whatever the corpus size")
+  t0 = time.time()
   mined, rows = mine(m, problem, settings, pooling=pooling, query_prompt=query_prompt,
                      corpus_prompt=corpus_prompt, max_seq_length=length,
                      batch_size=FLAGS.batch_size, block_size=FLAGS.block_size,
                      progress=FLAGS.progress and lead)
+  seconds = time.time() - t0
   for line in mining.summary(problem, settings, mined, rows):
     say(line)
   if lead:
@@ -243,8 +247,8 @@ def main(argv):
     mining.write_rows(FLAGS.output_file, rows, columns)
     texts = len(problem.queries) + len(problem.corpus)
     say(f"wrote {FLAGS.output_file}: {len(rows):,} rows, columns {', '.join(columns)} "
-        f"({time.time() - t0:.1f} s, {texts / (time.time() - t0):.0f} texts/s encoded and "
-        "searched)")
+        f"(search {seconds:.1f} s: {texts / seconds:.0f} texts/s encoded and searched, compiles "
+        "included)")
     say("next: " + next_command(FLAGS.output_file, FLAGS.init_checkpoint, settings, length))
 
 
