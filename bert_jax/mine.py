@@ -190,13 +190,18 @@ def _size(n):
   return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def next_command(output_file, init_checkpoint, settings, max_seq_length):
-  """The fine-tuning command that trains the embedding task on the mined file."""
+def next_command(output_file, init_checkpoint, settings, max_seq_length, input_file):
+  """The fine-tuning command that trains the embedding task on the mined file: its dev split a
+  dev.jsonl beside the input file where there is one (benchmarks/docstring_retrieval.py writes
+  it), else no evaluation."""
   data_dir, name = os.path.split(os.path.abspath(output_file))
-  length = f" --config.max_seq_length={max_seq_length}"
+  dev = os.path.join(os.path.dirname(os.path.abspath(input_file)), "dev.jsonl")
+  evaluation = (f"--config.custom.dev_file={dev}" if os.path.isfile(dev)
+                else "--config.do_eval=false --config.do_predict=false")
   return ("python -m bert_jax.finetune --config=bert_jax/configs/finetune.py:custom "
           f"--config.custom.type=embedding --config.data_dir={data_dir} "
-          f"--config.custom.train_file={name} --config.init_checkpoint={init_checkpoint}{length} "
+          f"--config.custom.train_file={name} {evaluation} "
+          f"--config.init_checkpoint={init_checkpoint} --config.max_seq_length={max_seq_length} "
           f"--workdir=runs/embed_mined{'_ntuple' if settings.output_format == 'n-tuple' else ''}")
 
 
@@ -249,7 +254,8 @@ def main(argv):
     say(f"wrote {FLAGS.output_file}: {len(rows):,} rows, columns {', '.join(columns)} "
         f"(search {seconds:.1f} s: {texts / seconds:.0f} texts/s encoded and searched, compiles "
         "included)")
-    say("next: " + next_command(FLAGS.output_file, FLAGS.init_checkpoint, settings, length))
+    say("next: " + next_command(FLAGS.output_file, FLAGS.init_checkpoint, settings, length,
+                                  FLAGS.input_file))
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     # 2-process pod 88 s.
     "tests/bert_jax/inference/mining_test.py": 60,
     "tests/end_to_end/mine_test.py": 90,
+    "tests/bert_jax/planning/plan_mine_test.py": 90,   # two TPU compiles: 86 s (loaded box)
     "tests/bert_jax/tasks/embedding_peer_test.py": 80,   # 4 variants, torch + sentence-transformers: 70 s (loaded)
     "tests/bert_jax/tasks/tasks_registry_test.py": 40,
     "tests/bert_jax/objectives/objectives_test.py": 30,

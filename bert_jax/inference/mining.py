@@ -256,29 +256,7 @@ class BlockSearch:
                             jnp.full(self.pos_idx.shape, jnp.nan, jnp.float32)),
                    out_shardings=(self.rows,) * 3)
     self.state = init()
-    self._merge = jax.jit(self._merge_fn, static_argnums=(0,), donate_argnums=(1,),
-                          out_shardings=(self.rows,) * 3)
-
-  def _merge_fn(self, num_corpus, state, q, c, start, pos_idx):
-    """state + one block: c [B, H] vectors of corpus texts start .. start + B - 1."""
-    import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    top_s, top_i, pos_s = state
-    c = jax.lax.with_sharding_constraint(c, self.repl)              # every device: the block
-    s = jnp.einsum("qh,bh->qb", q, c, precision=jax.lax.Precision.HIGHEST)   # [NQ, B]
-    col = start + jnp.arange(c.shape[0], dtype=jnp.int32)           # [B] corpus indices
-    s = jnp.where(col[None] < num_corpus, s, -jnp.inf)              # the last block's padding
-    local = pos_idx - start                                         # [NQ, P]
-    here = (pos_idx >= 0) & (local >= 0) & (local < c.shape[0])
-    got = jnp.take_along_axis(s, jnp.clip(local, 0, c.shape[0] - 1), axis=1)
-    pos_s = jnp.where(here, got, pos_s)
-    cand_s = jnp.concatenate([top_s, s], axis=1)                    # [NQ, K + B]
-    cand_i = jnp.concatenate([top_i, jnp.broadcast_to(col, s.shape)], axis=1)
-    if self.search == "approx":
-      new_s, j = jax.lax.approx_max_k(cand_s, self.k, recall_target=self.recall_target)
-    else:
-      new_s, j = jax.lax.top_k(cand_s, self.k)                     # ties: the lower column first
-    return new_s, jnp.take_along_axis(cand_i, j, axis=1), pos_s
+    self._merge = merge_program(self.mesh, self.k, self.search, self.recall_target)
 
   def add_block(self, start, texts, num_corpus):
     """Scores corpus texts start .. start + len(texts) - 1 and merges them into the top-k."""
@@ -291,6 +269,43 @@ class BlockSearch:
     """(scores [NQ, K] float32 descending, indices [NQ, K] int32, positive scores [NQ, P]) on
     every host."""
     return tuple(_to_host(x)[:num_queries] for x in self.state)
+
+
+def merge_block(num_corpus, state, q, c, start, pos_idx, *, k, search, recall_target,
+                replicated):
+  """The search state + one block: c [B, H] vectors of corpus texts start .. start + B - 1.
+
+  state: (top scores [NQ, K] descending, their corpus indices [NQ, K], positives' scores
+  [NQ, P]); q [NQ, H] the queries' vectors; pos_idx [NQ, P] their positives' indices (-1 pad)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  top_s, top_i, pos_s = state
+  c = jax.lax.with_sharding_constraint(c, replicated)              # every device: the block
+  s = jnp.einsum("qh,bh->qb", q, c, precision=jax.lax.Precision.HIGHEST)   # [NQ, B]
+  col = start + jnp.arange(c.shape[0], dtype=jnp.int32)            # [B] corpus indices
+  s = jnp.where(col[None] < num_corpus, s, -jnp.inf)               # the last block's padding
+  local = pos_idx - start                                          # [NQ, P]
+  here = (pos_idx >= 0) & (local >= 0) & (local < c.shape[0])
+  got = jnp.take_along_axis(s, jnp.clip(local, 0, c.shape[0] - 1), axis=1)
+  pos_s = jnp.where(here, got, pos_s)
+  cand_s = jnp.concatenate([top_s, s], axis=1)                     # [NQ, K + B]
+  cand_i = jnp.concatenate([top_i, jnp.broadcast_to(col, s.shape)], axis=1)
+  if search == "approx":
+    new_s, j = jax.lax.approx_max_k(cand_s, k, recall_target=recall_target)
+  else:
+    new_s, j = jax.lax.top_k(cand_s, k)                           # ties: the lower column first
+  return new_s, jnp.take_along_axis(cand_i, j, axis=1), pos_s
+
+
+def merge_program(mesh, k, search="exact", recall_target=0.95):
+  """merge_block jitted for `mesh`: the state split by rows over every device, donated."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  rows = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+  fn = functools.partial(merge_block, k=k, search=search, recall_target=recall_target,
+                         replicated=NamedSharding(mesh, P()))
+  return jax.jit(fn, static_argnums=(0,), donate_argnums=(1,), out_shardings=(rows,) * 3)
 
 
 def _concatenate(*xs):

@@ -50,7 +50,8 @@ def test_mine_cli_one_process_and_a_pod_write_st_rows(tmp_path):
   assert any(l.startswith("mined ") for l in out) and out[-2].startswith(f"wrote {one}: ")
   assert out[-1].startswith("next: python -m bert_jax.finetune --config=bert_jax/configs/"
                             "finetune.py:custom --config.custom.type=embedding "
-                            f"--config.data_dir={tmp_path} --config.custom.train_file=one.jsonl")
+                            f"--config.data_dir={tmp_path} --config.custom.train_file=one.jsonl "
+                            f"--config.custom.dev_file={tmp_path}/data/dev.jsonl ")
   # The rows are sentence-transformers' (columns and scores), and the embedding task reads them
   with open(one, encoding="utf-8") as f:
     ours = [json.loads(l) for l in f]
