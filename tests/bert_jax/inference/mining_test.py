@@ -147,6 +147,25 @@ def test_select_follows_st_order_of_filters():
   assert rows[1]["scores"][0] == float(np.float32(0.85))
 
 
+def test_random_sampling_is_seeded_and_takes_the_survivors():
+  """--sampling_strategy=random: a sample of the finite candidates after the window (ST's rule),
+  the same for the same seed, re-sorted by score."""
+  problem = mining.build_problem(["q"], ["p"], [f"d{i}" for i in range(8)])
+  s = mining.resolve(mining.Settings(num_negatives=3, range_min=1, range_max=8,
+                                     sampling_strategy="random", seed=7), problem)
+  scores = np.linspace(0.9, 0.1, 9, dtype=np.float32)[None]        # p first, then d0 .. d7
+  indices = np.array([[8, 0, 1, 2, 3, 4, 5, 6, 7]], np.int32)
+  pos = np.array([[0.9]], np.float32)
+  picks = {tuple(mining.select(problem, mining.Settings(**{**s.__dict__, "seed": seed}), scores,
+                               indices, pos).indices[0]) for seed in range(12)}
+  again = mining.select(problem, s, scores, indices, pos)
+  assert tuple(again.indices[0]) == tuple(mining.select(problem, s, scores, indices, pos)
+                                          .indices[0])
+  assert len(picks) > 1                                               # the seed matters
+  for pick in picks:   # d0 skipped (range_min=1); sorted by score = by index here
+    assert 0 not in pick and list(pick) == sorted(pick) and len(set(pick)) == 3
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad requests: one line each, before the model is read.
 # ----------------------------------------------------------------------------------------------
