@@ -31,6 +31,7 @@ PROGRAMS = {
     "bert-jax-export-serving": ("bert_jax.export_serving", False),
     "bert-jax-report": ("bert_jax.report", False),
     "bert-jax-plan": ("bert_jax.plan", False),
+    "bert-jax-mine": ("bert_jax.mine", True),
     "bert-jax-build-vocab": ("data_pipelines.build_vocab", False),
     "bert-jax-create-pretraining-data": ("data_pipelines.create_pretraining_data", False),
     "bert-jax-stdlib-corpus": ("data_pipelines.stdlib_corpus", False),
@@ -98,6 +99,7 @@ convert = _entry("bert-jax-convert")
 export_serving = _entry("bert-jax-export-serving")
 report = _entry("bert-jax-report")
 plan = _entry("bert-jax-plan")
+mine = _entry("bert-jax-mine")
 build_vocab = _entry("bert-jax-build-vocab")
 create_pretraining_data = _entry("bert-jax-create-pretraining-data")
 stdlib_corpus = _entry("bert-jax-stdlib-corpus")

@@ -22,6 +22,9 @@ that declare their training batch: embedding) plans the fine-tuning loop's step 
 with GradCache (config.embedding.grad_cache_chunks = N > 1) the unchunked step beside it:
 memory per chip and compiled FLOPs of both, and which fits (bert_jax/planning/plan_finetune.py).
 
+bert_jax/configs/mine.py plans `bert_jax.mine`'s encoding step and block merge instead: memory
+per chip at a stated block, batch and query count (bert_jax/planning/plan_mine.py).
+
 Exit code: 0 fits, 1 does not fit (the verdict line says why), 2 a usage error, 3 no verdict (the
 TPU compiler itself crashed; libtpu 0.0.42.1 segfaulted on some remat programs here).
 """
@@ -242,6 +245,12 @@ def plan(config, topology, *, search_settings=False, price=None, hbm_gib=None, l
   spec = tpu_specs.parse_topology(topology)     # the cheap checks first
   libtpu = require_libtpu()
   from bert_jax.planning import plan_finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.planning import plan_mine  # pylint: disable=g-import-not-at-top
+  if plan_mine.is_mine(config):   # bert_jax/configs/mine.py's: bert_jax.mine's two programs
+    if search_settings or price is not None:
+      raise PlanError("--search and --price_per_chip_hour are pre-training's; a mining plan "
+                      "prints memory per chip: drop them.")
+    return plan_mine.plan(config, spec, libtpu, hbm_gib, log=log, isolate=isolate)
   if plan_finetune.is_finetune(config):   # bert_jax/configs/finetune.py's: the loop's step
     if search_settings:
       raise PlanError("--search looks for pre-training settings (mesh, remat, accumulation); "
@@ -419,7 +428,8 @@ def main(argv):
     files_lib.write_atomic(FLAGS.json, json.dumps(result, indent=2, default=str))
     print(f"wrote {FLAGS.json}", flush=True)
   if result["fits"]:
-    program = "bert_jax.finetune" if result.get("kind") == "finetune" else "launch/run.sh"
+    program = {"finetune": "bert_jax.finetune", "mine": "bert_jax.mine (its flags of the same "
+               "names)"}.get(result.get("kind"), "launch/run.sh")
     print(f"next: create the slice (launch/create.sh with ACCELERATOR_TYPE={result['topology']}), "
           f"then {program} with the same --config flags; docs/planning.md", flush=True)
   return {True: 0, False: 1, None: 3}[result["fits"]]

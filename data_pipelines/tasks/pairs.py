@@ -93,6 +93,20 @@ def is_scored(path, file_format=None):
   return _score_column(names) is not None
 
 
+def text_column_names(path, file_format=None):
+  """(anchor name, positive name) of a pairs file's columns as read_pairs finds them (by name,
+  else by position): what a program that writes rows back (bert_jax.mine) calls them. One
+  TaskDataError line for a file without an anchor and a positive."""
+  file_format = _format(path, file_format)
+  header, rows = common.read_rows(path, file_format)
+  if file_format == "jsonl":
+    if not rows:
+      raise TaskDataError(f"{path}: the file is empty.")
+    header = list(rows[0][1])
+  a, p, _ = _columns(path, header)
+  return str(header[a]), str(header[p])
+
+
 def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
   """[Pair] of a JSONL/CSV/TSV file; one TaskDataError line for a missing column, an empty text,
   a score that is not a number or a row whose number of negatives differs from the first row's."""
