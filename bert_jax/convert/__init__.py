@@ -207,6 +207,12 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
   """google TF / HF checkpoint (any family's; an ELECTRA pair also as "DISC,GEN") -> Orbax params
   export + its vocab. Returns meta."""
   check_new_output(output)  # before the (slow) read
+  # A CrossEncoder folder (a *ForSequenceClassification with one label): the body and its
+  # classifier, recorded as a reranker (cross_encoder.py).
+  from bert_jax.convert import cross_encoder  # pylint: disable=g-import-not-at-top
+  if source in ("auto", "hf") and cross_encoder.is_cross_encoder_folder(path):
+    return cross_encoder.convert_folder(path, output, **{k: v for k, v in kwargs.items()
+                                                         if k in ("vocab_file", "do_lower_case")})
   # A sentence-transformers folder: its pooling, prompts and length, read (and a pooling we do
   # not compute refused) before the weights; recorded as bert_config.json's "sentence_embedding".
   from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top

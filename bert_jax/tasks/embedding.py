@@ -75,6 +75,7 @@ class EmbeddingTask:
 def custom_task(config, labels):
   """config.custom's files and config.embedding's settings -> an EmbeddingTask."""
   del labels
+  common.check_init_checkpoint(config.get("init_checkpoint"), "embedding")
   c, e = config.custom, with_recorded_settings(config)
   dims = tuple(int(d) for d in e.matryoshka_dims)
   wrong = contrastive.problem(e.pooling, e.scale, dims, e.get("margin_strategy", "absolute"))
