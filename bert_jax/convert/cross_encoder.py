@@ -120,11 +120,40 @@ def import_folder(path, **kwargs):
           meta)
 
 
-def convert_folder(path, output, **kwargs):
-  """import_folder, written as an Orbax export at `output`. Returns meta."""
+def wordpiece_vocab(path, directory):
+  """A folder without vocab.txt whose tokenizer.json is a WordPiece (what transformers 5 and
+  sentence-transformers 6 save for a BERT tokenizer): its vocab written as vocab.txt (ids in
+  order) under `directory`, and its lowercasing -> (vocab path, do_lower_case); else (None, None)."""
+  tokenizer = os.path.join(path, "tokenizer.json")
+  if os.path.isfile(os.path.join(path, writing.VOCAB_NAME)) or not os.path.isfile(tokenizer):
+    return None, None
+  t = _json(tokenizer)
+  model = t.get("model") or {}
+  if model.get("type") != "WordPiece":
+    return None, None
+  vocab = model["vocab"]
+  tokens = sorted(vocab, key=vocab.get)
+  if [vocab[k] for k in tokens] != list(range(len(tokens))):
+    raise CrossEncoderError(f"{tokenizer}: WordPiece ids are not 0..{len(tokens) - 1}; pass "
+                            "the checkpoint's vocab.txt with --vocab_file.")
+  out = os.path.join(directory, writing.VOCAB_NAME)
+  with open(out, "w", encoding="utf-8") as f:
+    f.write("\n".join(tokens) + "\n")
+  return out, bool((t.get("normalizer") or {}).get("lowercase", False))
+
+
+def convert_folder(path, output, *, vocab_file=None, do_lower_case=None):
+  """import_folder, written as an Orbax export at `output` (the tokenizer.json's WordPiece vocab
+  as its vocab.txt when the folder has none). Returns meta."""
+  import tempfile  # pylint: disable=g-import-not-at-top
   writing.check_new_output(output)
-  params, config, meta = import_folder(path, **kwargs)
-  return writing.write_export(output, params, config, meta)
+  with tempfile.TemporaryDirectory() as tmp:
+    if vocab_file is None:
+      vocab_file, lower = wordpiece_vocab(path, tmp)
+      do_lower_case = lower if do_lower_case is None else do_lower_case
+    params, config, meta = import_folder(path, vocab_file=vocab_file,
+                                         do_lower_case=do_lower_case)
+    return writing.write_export(output, params, config, meta)
 
 
 # ----------------------------------------------------------------------------------------------
