@@ -228,17 +228,13 @@ def load_reranker(checkpoint, vocab_file=None, do_lower_case=None, spm_model_fil
   """An InferenceModel of a reranker: a custom.type=reranker run's export, a converted
   CrossEncoder, or a CrossEncoder folder (converted once into the cache). Another task's export,
   or one without the one-output classifier, is one line before any compute."""
-  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
   m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
                                    spm_model_file=spm_model_file, tokenizer_json=tokenizer_json,
                                    do_lower_case=do_lower_case, python_tokenizer=True)
-  kind = tasks.recorded_type(m.meta)
-  head = m.params.get("classifier", {}).get("kernel")
-  if kind != "reranker" or head is None or np.shape(head)[-1] != 1:
-    raise PredictError(f"--init_checkpoint={checkpoint}: task_type {kind!r} with parameters "
-                       f"{sorted(m.params)}; rerank needs a reranker (a custom.type=reranker "
-                       "run's best_epoch{N}, or a sentence-transformers CrossEncoder folder)"
-                       + ("; for a bi-encoder use `embed`" if kind == "embedding" else "") + ".")
+  problem = reranker.not_a_reranker(m.meta, m.params)
+  if problem:
+    raise PredictError(f"--init_checkpoint={checkpoint}: {problem}")
   m.params = jax.tree.map(jnp.asarray, m.params)
   return m
 
@@ -257,7 +253,7 @@ def rerank_scores(m, query, documents, *, max_seq_length=None):
   from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
   if not query.strip() or not documents or any(not d.strip() for d in documents):
     raise PredictError("rerank: give a non-empty query and one or more non-empty documents.")
-  length = int(max_seq_length or (m.meta.get("reranker") or {}).get("max_seq_length")
+  length = int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
                or m.config.max_position_embeddings)
   features, _ = reranker.encode_lists([(query, list(documents), [0.0] * len(documents))],
                                       m.tokenizer, length)
@@ -269,7 +265,7 @@ def rerank_scores(m, query, documents, *, max_seq_length=None):
 def format_ranking(m, documents, scores):
   """Documents best first, with the score CrossEncoder.predict gives (its activation: sigmoid by
   default) and the raw logit."""
-  activation = (m.meta.get("reranker") or {}).get("activation_fn") or "sigmoid"
+  activation = (m.meta.get("cross_encoder") or {}).get("activation_fn") or "sigmoid"
   shown = 1 / (1 + np.exp(-scores)) if activation == "sigmoid" else scores
   lines = [f"{len(documents)} documents ranked (score: {activation} of the logit)"]
   for rank, i in enumerate(np.argsort(-scores, kind="stable"), start=1):

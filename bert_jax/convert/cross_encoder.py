@@ -52,7 +52,8 @@ def _json(path):
 def is_cross_encoder_folder(path):
   """A local folder sentence-transformers loads as a CrossEncoder: its own save (modules.json +
   config_sentence_transformers.json model_type CrossEncoder), or a plain transformers
-  *ForSequenceClassification with one label (CrossEncoder(path) loads those too)."""
+  *ForSequenceClassification with one label (CrossEncoder(path) loads those too) of a family
+  with BERT's head on [CLS] (the others' folders stay their own converters')."""
   path = str(path)
   if "://" in path or not os.path.isdir(path):
     return False
@@ -63,13 +64,23 @@ def is_cross_encoder_folder(path):
   if not os.path.isfile(config):
     return False
   c = _json(config)
-  return (any(a.endswith("ForSequenceClassification") for a in c.get("architectures") or ())
-          and len(c.get("id2label") or {"0": 0}) == 1)
+  if not (any(a.endswith("ForSequenceClassification") for a in c.get("architectures") or ())
+          and len(c.get("id2label") or {"0": 0}) == 1):
+    return False
+  try:   # a family with its own converter (DistilBERT's classifiers) keeps it
+    family = families.for_hf_folder(path)
+  except ValueError:
+    return False
+  return _has_bert_head(family)
+
+
+def _has_bert_head(family):
+  return family.cls_logits is families.get("bert").cls_logits and family.hf_body is not None
 
 
 def _bert_head(family, where):
   """One line unless the family's head on [CLS] is BERT's (pooled output -> dense)."""
-  if family.cls_logits is not families.get("bert").cls_logits or family.hf_body is None:
+  if not _has_bert_head(family):
     raise CrossEncoderError(f"{where}: a {family.display} model; the CrossEncoder conversion "
                             "covers families with BERT's head on [CLS] (pooler -> classifier): "
                             "bert, tinybert, spanbert.")
@@ -91,7 +102,7 @@ def read_settings(path):
 
 def import_folder(path, **kwargs):
   """A CrossEncoder folder -> (params {"bert", "classifier"}, BertConfig, meta with task_type
-  "reranker" and its "reranker" record). Writes nothing; one line for another architecture."""
+  "reranker" and its "cross_encoder" record). Writes nothing; one line for another architecture."""
   from bert_jax import convert  # pylint: disable=g-import-not-at-top  (the package imports this)
   config_json = _json(os.path.join(path, "config.json"))
   arch = (config_json.get("architectures") or ["?"])[0]
@@ -114,7 +125,7 @@ def import_folder(path, **kwargs):
   meta["initialized_randomly"] = [p for p in meta["initialized_randomly"]
                                   if p.startswith("bert/")]
   meta.update(task_type="reranker", task="cross_encoder",
-              reranker={"loss": "", "activation_fn": settings["activation_fn"],
+              cross_encoder={"loss": "", "activation_fn": settings["activation_fn"],
                         "max_seq_length": settings["max_seq_length"]})
   return ({"bert": params["bert"], "classifier": {"kernel": weight.T, "bias": bias}}, config,
           meta)
@@ -184,7 +195,7 @@ def export(m, output):
   hf_config = family.hf_config_json(m.config, vocab.pad_id)
   cls = base_class[:-len("Model")] + "ForSequenceClassification"
   hf_config.update(architectures=[cls], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
-  record = m.meta.get("reranker") or {}
+  record = m.meta.get("cross_encoder") or {}
   length = record.get("max_seq_length") or m.config.max_position_embeddings
   activation = {v: k for k, v in ACTIVATIONS.items()}[record.get("activation_fn") or "sigmoid"]
 

@@ -95,8 +95,8 @@ def check_init_checkpoint(path, run_type):
   found = checkpoint_product(path)
   if found is None or found == run_type or found not in RETRIEVAL_PRODUCTS:
     return
-  fix = ("a pre-trained encoder (a pre-training export, a transformers folder) or a "
-         f"{run_type} run's export")
+  fix = ("a pre-trained encoder (a pre-training export, a transformers folder) or the export "
+         f"of a custom.type={run_type} run")
   raise TaskDataError(f"config.init_checkpoint={path} is {RETRIEVAL_PRODUCTS[found]} (task_type "
                       f"{found!r}), but this run trains {RETRIEVAL_PRODUCTS[run_type]} "
                       f"(custom.type={run_type}); start from {fix}, or set "

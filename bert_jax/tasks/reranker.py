@@ -24,8 +24,9 @@
             negatives, or its scored documents) reranked: nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10 (bert_jax/evaluation/retrieval_metrics.py)
   files     test split: <name>_<split>_scores.npy, [Q, S] float32 (padding slots NaN)
-  export    best_epoch{N} records task_type "reranker" and config.reranker's settings; the
-            CrossEncoder folder both ways is bert_jax/convert/cross_encoder.py
+  export    best_epoch{N} records task_type "reranker" and a "cross_encoder" record (the loss,
+            max_seq_length, the score's activation); the CrossEncoder folder both ways is
+            bert_jax/convert/cross_encoder.py
 
 Packed rows (config.pack) are refused: a pair is one short sequence the loss reads by row and
 candidate; packing several into a row would need the embedding type's per-batch packing for a
@@ -336,11 +337,23 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
   return [path]
 
 
+def not_a_reranker(meta, params):
+  """Why an export's meta and parameter tree are no reranker (predict rerank reads one), or
+  None: its recorded task type and a one-output classifier on [CLS]."""
+  kind = registry.recorded_type(meta)
+  head = (params.get("classifier") or {}).get("kernel")
+  if kind == TYPE.name and head is not None and np.shape(head)[-1] == 1:
+    return None
+  return (f"task_type {kind!r} with parameters {sorted(params)}; rerank needs a reranker (a "
+          "custom.type=reranker run's best_epoch{N}, or a sentence-transformers CrossEncoder "
+          "folder)" + ("; for a bi-encoder use `embed`" if kind == "embedding" else "") + ".")
+
+
 def export_record(task, config):
-  """best_epoch{N}'s "reranker": what the CrossEncoder export and predict rerank read back
-  (sentence-transformers' CrossEncoder applies a sigmoid to its one output by default)."""
-  return {"reranker": {"loss": task.loss, "max_seq_length": int(config.max_seq_length),
-                       "activation_fn": "sigmoid"}}
+  """best_epoch{N}'s "cross_encoder" record: what the CrossEncoder export and predict rerank read
+  back (sentence-transformers' CrossEncoder applies a sigmoid to its one output by default)."""
+  return {"cross_encoder": {"loss": task.loss, "max_seq_length": int(config.max_seq_length),
+                            "activation_fn": "sigmoid"}}
 
 
 def next_commands(best_dir):

@@ -178,9 +178,12 @@ def test_a_checkpoint_of_the_other_retrieval_type_is_one_line(tmp_path, run_type
 
 
 def test_a_cross_encoder_folder_to_an_embedding_run_is_one_line(tmp_path):
+  """What CrossEncoder.save writes beside the weights names it (config_sentence_transformers.json
+  model_type CrossEncoder; tests/bert_jax/convert/cross_encoder_test.py reads a real one)."""
   (tmp_path / "ce").mkdir()
-  (tmp_path / "ce" / "config.json").write_text(json.dumps(
-      {"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}}))
+  (tmp_path / "ce" / "modules.json").write_text("[]")
+  (tmp_path / "ce" / "config_sentence_transformers.json").write_text(json.dumps(
+      {"model_type": "CrossEncoder"}))
   c = _config(tmp_path)
   c.custom.type, c.init_checkpoint = "embedding", str(tmp_path / "ce")
   with pytest.raises(TaskDataError, match=r"is a cross-encoder \(reranker\)"):
@@ -199,3 +202,18 @@ def test_packed_rows_are_refused_in_one_line(tmp_path, tokenizer):
   with pytest.raises(finetune.ConfigError, match=r"config.pack=True: .*task custom is reranker"):
     finetune.pack_train(train, task, c)
   assert os.path.isfile(tmp_path / "train.jsonl")
+
+
+def test_help_lists_the_reranker_fields_with_their_comments():
+  """`python -m bert_jax.finetune --help` is generated from configs/finetune.py's comments
+  (cli.config_help): the reranker block's fields carry theirs."""
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+  text = cli.config_help(finetune_config.__file__, "custom")
+  lines = {l.split()[0]: l for l in text.splitlines() if l.strip().startswith("--config.reranker.")}
+  assert set(lines) == {"--config.reranker.loss='bce'", "--config.reranker.scale=10.0",
+                        "--config.reranker.in_batch_negatives=4",
+                        "--config.reranker.hard_negatives=-1"}
+  assert "bce: BinaryCrossEntropyLoss" in lines["--config.reranker.loss='bce'"]
+  assert "theirs: num_negatives=4" in lines["--config.reranker.in_batch_negatives=4"]
+  assert "reranker (a cross-encoder" in next(l for l in text.splitlines()
+                                             if "--config.custom.type=" in l)
