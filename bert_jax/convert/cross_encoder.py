@@ -100,19 +100,22 @@ def read_settings(path):
   return {"activation_fn": ACTIVATIONS[fn], "max_seq_length": length}
 
 
-def import_folder(path, **kwargs):
-  """A CrossEncoder folder -> (params {"bert", "classifier"}, BertConfig, meta with task_type
-  "reranker" and its "cross_encoder" record). Writes nothing; one line for another architecture."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top  (the package imports this)
+def check_folder(path):
+  """The folder's settings (read_settings), after one line for anything but a
+  *ForSequenceClassification with one label. Reads no array."""
   config_json = _json(os.path.join(path, "config.json"))
   arch = (config_json.get("architectures") or ["?"])[0]
   labels = len(config_json.get("id2label") or {"0": 0})
   if not arch.endswith("ForSequenceClassification") or labels != 1:
     raise CrossEncoderError(f"{path}/config.json: {arch} with {labels} labels; a reranker is a "
                             "*ForSequenceClassification with one label (num_labels=1).")
-  settings = read_settings(path)
-  params, config, meta = convert.import_checkpoint(path, "hf", ignore=r"^classifier\.",
-                                                   **kwargs)
+  return read_settings(path)
+
+
+def with_classifier(path, params, config, meta, settings):
+  """convert.import_checkpoint's tree and meta of the folder's body (its classifier.* skipped)
+  -> (ours {"bert", "classifier"}, meta with task_type "reranker" and its "cross_encoder"
+  record). The classifier is transformers' Linear(H, 1): kernel = weight.T."""
   _bert_head(families.get(config.family), path)
   _, source, _, _ = formats.read_hf(path)
   weight, bias = (np.asarray(source.get(f"classifier.{n}"), np.float32)
@@ -126,9 +129,8 @@ def import_folder(path, **kwargs):
                                   if p.startswith("bert/")]
   meta.update(task_type="reranker", task="cross_encoder",
               cross_encoder={"loss": "", "activation_fn": settings["activation_fn"],
-                        "max_seq_length": settings["max_seq_length"]})
-  return ({"bert": params["bert"], "classifier": {"kernel": weight.T, "bias": bias}}, config,
-          meta)
+                             "max_seq_length": settings["max_seq_length"]})
+  return {"bert": params["bert"], "classifier": {"kernel": weight.T, "bias": bias}}, meta
 
 
 def wordpiece_vocab(path, directory):
@@ -151,20 +153,6 @@ def wordpiece_vocab(path, directory):
   with open(out, "w", encoding="utf-8") as f:
     f.write("\n".join(tokens) + "\n")
   return out, bool((t.get("normalizer") or {}).get("lowercase", False))
-
-
-def convert_folder(path, output, *, vocab_file=None, do_lower_case=None):
-  """import_folder, written as an Orbax export at `output` (the tokenizer.json's WordPiece vocab
-  as its vocab.txt when the folder has none). Returns meta."""
-  import tempfile  # pylint: disable=g-import-not-at-top
-  writing.check_new_output(output)
-  with tempfile.TemporaryDirectory() as tmp:
-    if vocab_file is None:
-      vocab_file, lower = wordpiece_vocab(path, tmp)
-      do_lower_case = lower if do_lower_case is None else do_lower_case
-    params, config, meta = import_folder(path, vocab_file=vocab_file,
-                                         do_lower_case=do_lower_case)
-    return writing.write_export(output, params, config, meta)
 
 
 # ----------------------------------------------------------------------------------------------

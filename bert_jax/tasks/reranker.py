@@ -79,13 +79,62 @@ def custom_task(config, labels):
   if int(r.in_batch_negatives) < 0 or float(r.scale) <= 0:
     raise TaskDataError(f"config.reranker.in_batch_negatives={r.in_batch_negatives}, scale="
                         f"{r.scale}: need in_batch_negatives >= 0 and scale > 0 (theirs: 4, 10).")
-  common.check_init_checkpoint(config.get("init_checkpoint"), "reranker")
+  check_init_checkpoint(config.get("init_checkpoint"), "reranker")
   files = {"train": c.train_file, "dev": c.dev_file}
   if c.test_file:
     files["test"] = c.test_file
   tsv_default = c.format == "tsv" and not c.train_file.endswith(".tsv")
   return RerankerTask("custom", files, "" if tsv_default else c.format, r.loss, float(r.scale),
                       int(r.in_batch_negatives), int(r.hard_negatives), int(config.seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# A reranker's checkpoint is not an embedder's (embedding.py calls this too).
+# ----------------------------------------------------------------------------------------------
+
+def checkpoint_product(path):
+  """What retrieval product a checkpoint is, from its metadata alone (no array is read):
+  "reranker" (a sentence-transformers CrossEncoder folder; our export of task_type reranker),
+  "embedding" (a SentenceTransformer folder; our export of task_type embedding or with a
+  "sentence_embedding" record, e.g. a converted SentenceTransformer), else its recorded task
+  type, or None (a pre-training export, a plain transformers folder, no path)."""
+  # pylint: disable=g-import-not-at-top  (the converters and the store: only when asked)
+  from bert_jax.checkpoint import store as ckpt_lib
+  from bert_jax.convert import cross_encoder
+  from bert_jax.convert import sentence_transformers
+  if not path:
+    return None
+  if cross_encoder.is_cross_encoder_folder(path):
+    return "reranker"
+  if sentence_transformers.is_st_folder(path):
+    return "embedding"
+  if families.is_hf_folder(path):
+    return None
+  meta = ckpt_lib.describe(path, verify=False).meta
+  return registry.recorded_type(meta) or ("embedding" if meta.get("sentence_embedding")
+                                          else None)
+
+
+# A reranker's checkpoint and an embedder's are both an encoder plus (or minus) a head: a run of
+# one type from the other's export would train on the wrong product without a word.
+RETRIEVAL_PRODUCTS = {"embedding": "a bi-encoder (sentence embeddings)",
+                      "reranker": "a cross-encoder (reranker)"}
+
+
+def check_init_checkpoint(path, run_type):
+  """One line when `path` is the other retrieval product than a `run_type` run trains: a
+  reranker (our export's task_type, a CrossEncoder folder) for an embedding run, an embedder (our
+  export's task_type or "sentence_embedding" record, a SentenceTransformer folder) for a reranker
+  run. Reads the checkpoint's metadata only."""
+  found = checkpoint_product(path)
+  if found is None or found == run_type or found not in RETRIEVAL_PRODUCTS:
+    return
+  fix = ("a pre-trained encoder (a pre-training export, a transformers folder) or the export "
+         f"of a custom.type={run_type} run")
+  raise TaskDataError(f"config.init_checkpoint={path} is {RETRIEVAL_PRODUCTS[found]} (task_type "
+                      f"{found!r}), but this run trains {RETRIEVAL_PRODUCTS[run_type]} "
+                      f"(custom.type={run_type}); start from {fix}, or set "
+                      f"--config.custom.type={found}.")
 
 
 # ----------------------------------------------------------------------------------------------

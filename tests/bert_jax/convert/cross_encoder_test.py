@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from bert_jax import convert
 from bert_jax import predict
 from bert_jax.convert import cross_encoder
 from tests.testlib import reranker_testlib
@@ -24,7 +25,7 @@ def folders(tmp_path_factory):
   rows, vocab = reranker_testlib.docstring_rows(d, packages=("json", "statistics", "textwrap"))
   theirs = reranker_testlib.write_cross_encoder(d, vocab, max_length=128)
   ours = os.path.join(d, "ours")
-  cross_encoder.convert_folder(theirs, ours)
+  convert.convert_to_orbax(theirs, ours)   # what `python -m bert_jax.convert` runs
   return rows, theirs, ours, d
 
 
