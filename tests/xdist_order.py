@@ -181,6 +181,7 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     # 2026-11-29)
     "tests/bert_jax/tasks/reranker_end_to_end_test.py": 145,
     "tests/bert_jax/planning/plan_reranker_test.py": 190,
+    "tests/bert_jax/convert/cross_encoder_test.py": 55,   # convert both ways + predict rerank
 }
 
 

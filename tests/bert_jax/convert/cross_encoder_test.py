@@ -100,3 +100,37 @@ def test_predict_rerank_refuses_an_embedding_export(folders, tmp_path):
   writing.write_export(str(tmp_path / "emb"), {"bert": params["bert"]}, found.config, meta)
   with pytest.raises(predict.PredictError, match="rerank needs a reranker.*use `embed`"):
     predict.load_reranker(str(tmp_path / "emb"))
+
+
+@pytest.mark.slow   # three programs in subprocesses
+def test_the_programs_convert_both_ways_and_rerank(folders, tmp_path):
+  """`python -m bert_jax.convert` (a CrossEncoder folder -> ours, ours --to=cross_encoder) and
+  `python -m bert_jax.predict rerank`: the documents best first with CrossEncoder's scores."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from tests import ROOT  # pylint: disable=g-import-not-at-top
+  rows, theirs, _, _ = folders
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+
+  def run(*args):
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    return p.stdout
+
+  ours = str(tmp_path / "ours")
+  run("bert_jax.convert", f"--input={theirs}", f"--output={ours}")
+  query, positive, negatives = rows["dev"][0]
+  docs = [positive] + negatives
+  out = run("bert_jax.predict", f"--init_checkpoint={ours}", "rerank", query, *docs)
+  ranked = [l for l in out.splitlines() if l.startswith("    ")]   # "    1. 0.5613 (logit ...)"
+  want = st.CrossEncoder(theirs).predict([(query, d) for d in docs])   # sigmoid, theirs
+  assert len(ranked) == len(docs)
+  for rank, i in enumerate(np.argsort(-want, kind="stable"), start=1):
+    assert ranked[rank - 1].split()[:2] == [f"{rank}.", f"{want[i]:.4f}"], (out, want)
+    assert f"[{i}]" in ranked[rank - 1]
+  back = str(tmp_path / "back")
+  assert "wrote a sentence-transformers CrossEncoder folder" in run(
+      "bert_jax.convert", f"--input={ours}", f"--output={back}", "--to=cross_encoder")
+  np.testing.assert_allclose(st.CrossEncoder(back).predict([(query, d) for d in docs]), want,
+                             atol=1e-4)
