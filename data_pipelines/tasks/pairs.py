@@ -75,7 +75,9 @@ def _columns(path, names):
     return texts[0], texts[1], texts[2:]
   if anchor is None or positive is None:
     missing = "anchor (or query)" if anchor is None else "positive"
-    raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}.")
+    raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}: name the "
+                        "columns anchor (or query), positive (or document), negative_1, ... "
+                        "(or give them in that order with none of these names).")
   numbered = sorted((int(m.group(1)), i) for i, n in enumerate(lower)
                     if (m := re.fullmatch(r"negative_?(\d+)", n)))
   negatives = ([lower.index("negative")] if "negative" in lower else []) + [i for _, i in numbered]

@@ -109,7 +109,8 @@ def test_evaluation_is_the_retrieval_metrics_of_each_query_s_list(tmp_path, toke
 
 
 @pytest.mark.parametrize("rows,fields,split,match", [
-    ([{"query": "q", "label": 1}] * 3, {}, "train", r"train.jsonl: no column 'positive'"),
+    ([{"query": "q", "label": 1}] * 3, {}, "train", r"train.jsonl: no column 'positive'; found \['query', 'label'\]: name the columns anchor "
+     r"\(or query\), positive \(or document\), negative_1"),
     ([{"query": "q", "document": "d"}] * 3, {}, "train",
      r"train.jsonl: \(query, document\) pairs without a label column: every label would be 1"),
     ([dict(r, label=l) for r, l in zip(SCORED, (2, 0, 3))], {}, "train",
