@@ -91,7 +91,6 @@ def custom_task(config, labels):
 # ----------------------------------------------------------------------------------------------
 # A reranker's checkpoint is not an embedder's (embedding.py calls this too).
 # ----------------------------------------------------------------------------------------------
-
 def checkpoint_product(path):
   """What retrieval product a checkpoint is, from its metadata alone (no array is read):
   "reranker" (a sentence-transformers CrossEncoder folder; our export of task_type reranker),
