@@ -54,4 +54,3 @@ def one_value(values):
   """The one value every element of `values` holds, or None when they differ (or are none)."""
   values = values.reshape(-1)
   return values[0] if len(values) and (values == values[0]).all() else None
-
