@@ -6,6 +6,12 @@ r"""Quick sanity check of a checkpoint: fill-mask and next-sentence probability;
       "The man went to the [MASK] ." --text_b="He bought a gallon of milk ." --top_k=3
   python -m bert_jax.predict --init_checkpoint=runs/embed embed "a query" "a document" \
       [--prompt_name=query] [--pooling=mean] [--output_file=vectors.npy]
+  python -m bert_jax.predict --init_checkpoint=runs/rerank/best_epoch2 rerank "a query" \
+      "a document" "another document"
+
+rerank: a reranker's (a custom.type=reranker run's export, or a sentence-transformers CrossEncoder
+folder) documents, best first, with the score CrossEncoder.predict gives (sigmoid of the logit)
+and the logit, each pair tokenized as the reranker task does (tasks/reranker.py).
 
 embed: each text's sentence vector, as the embedding task computes it (tasks/embedding.py's
 EmbeddingModel: the body, pooled over the real tokens, L2-normalised), with the checkpoint's
@@ -214,6 +220,74 @@ def format_prediction(result):
   return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------
+# rerank: a cross-encoder's scores of (query, document) pairs.
+# ----------------------------------------------------------------------------------------------
+def load_reranker(checkpoint, vocab_file=None, do_lower_case=None, spm_model_file=None,
+                  tokenizer_json=None):
+  """An InferenceModel of a reranker: a custom.type=reranker run's export, a converted
+  CrossEncoder, or a CrossEncoder folder (converted once into the cache). Another task's export,
+  or one without the one-output classifier, is one line before any compute."""
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  m = inference.load_for_inference(checkpoint, vocab_file=vocab_file,
+                                   spm_model_file=spm_model_file, tokenizer_json=tokenizer_json,
+                                   do_lower_case=do_lower_case, python_tokenizer=True)
+  problem = reranker.not_a_reranker(m.meta, m.params)
+  if problem:
+    raise PredictError(f"--init_checkpoint={checkpoint}: {problem}")
+  m.params = jax.tree.map(jnp.asarray, m.params)
+  return m
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _score_batch(params, config, ids, mask, segments):
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  return reranker.RerankerModel(config).apply({"params": params}, ids, mask, segments)  # [1, N]
+
+
+def rerank_scores(m, query, documents, *, max_seq_length=None):
+  """[N] float32 raw scores (logits) of (query, document) for each document, tokenized as the
+  reranker's training and evaluation do (tasks/reranker.py encode_lists: "[CLS] q [SEP] d
+  [SEP]", the longer side cut first to max_seq_length: the run's recorded one, else the model's
+  max_position_embeddings)."""
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  if not query.strip() or not documents or any(not d.strip() for d in documents):
+    raise PredictError("rerank: give a non-empty query and one or more non-empty documents.")
+  length = int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
+               or m.config.max_position_embeddings)
+  features, _ = reranker.encode_lists([(query, list(documents), [0.0] * len(documents))],
+                                      m.tokenizer, length)
+  ids, mask, segments = (jnp.asarray(features[k]) for k in ("input_ids", "input_mask",
+                                                           "segment_ids"))
+  return np.asarray(_score_batch(m.params, m.config, ids, mask, segments))[0].astype(np.float32)
+
+
+def format_ranking(m, documents, scores):
+  """Documents best first, with the score CrossEncoder.predict gives (its activation: sigmoid by
+  default) and the raw logit."""
+  activation = (m.meta.get("cross_encoder") or {}).get("activation_fn") or "sigmoid"
+  shown = 1 / (1 + np.exp(-scores)) if activation == "sigmoid" else scores
+  lines = [f"{len(documents)} documents ranked (score: {activation} of the logit)"]
+  for rank, i in enumerate(np.argsort(-scores, kind="stable"), start=1):
+    lines.append(f"  {rank:>3}. {shown[i]:.4f} (logit {scores[i]:+.4f})  [{i}] "
+                 f"{documents[i][:70]!r}")
+  return "\n".join(lines)
+
+
+def main_rerank(args):
+  """python -m bert_jax.predict --init_checkpoint=DIR rerank QUERY DOC [DOC...]"""
+  if len(args) < 2:
+    raise PredictError("rerank: give a query and one or more documents, e.g. rerank \"a query\" "
+                       "\"a document\" \"another document\".")
+  logging.set_verbosity(logging.WARNING)
+  inference.enable_compilation_cache()
+  m = load_reranker(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case,
+                    FLAGS.spm_model_file, FLAGS.tokenizer_json)
+  print(f"loaded {m.description}")
+  scores = rerank_scores(m, args[0], args[1:], max_seq_length=FLAGS.max_seq_length)
+  print(format_ranking(m, args[1:], scores))
+
+
 FLAGS = flags.FLAGS
 
 
@@ -233,7 +307,7 @@ def define_flags():
                     "the checkpoint's recorded one, else mean).")
   flags.DEFINE_enum("prompt_name", "none", ["none", "query", "document"], "embed: prepend the "
                     "checkpoint's recorded query or document prompt.")
-  flags.DEFINE_integer("max_seq_length", None, "embed: truncation length (default: the "
+  flags.DEFINE_integer("max_seq_length", None, "embed, rerank: truncation length (default: the "
                        "checkpoint's recorded one, else max_position_embeddings).")
   flags.DEFINE_string("output_file", None, "embed: write the [N, H] float32 vectors (.npy).")
   flags.DEFINE_bool("overwrite", False, "embed: replace an existing --output_file (without it: "
@@ -275,14 +349,15 @@ def main_embed(texts):
 
 
 def main(argv):
-  if len(argv) >= 2 and argv[1] == "embed":
+  if len(argv) >= 2 and argv[1] in ("embed", "rerank"):
     if not FLAGS.init_checkpoint:
       raise app.UsageError("--init_checkpoint is required.")
-    return main_embed(argv[2:])
+    return (main_embed if argv[1] == "embed" else main_rerank)(argv[2:])
   if len(argv) != 3 or argv[1] != "fill-mask":
     raise app.UsageError("usage: python -m bert_jax.predict --init_checkpoint=DIR fill-mask "
                          "\"The man went to the [MASK] .\" [--text_b=...] [--top_k=5], or "
-                         "embed TEXT... [--prompt_name=query] [--output_file=vectors.npy]")
+                         "embed TEXT... [--prompt_name=query] [--output_file=vectors.npy], or "
+                         "rerank QUERY DOC [DOC...]")
   if not FLAGS.init_checkpoint:
     raise app.UsageError("--init_checkpoint is required.")
   if FLAGS.top_k < 1:

@@ -49,6 +49,9 @@ FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
     "tests/bert_jax/training/trainer_lib_test.py": 39,
     "tests/bert_jax/families/distilbert/distil_test.py": 39,
     "tests/bert_jax/planning/plan_finetune_test.py": 20,   # an estimate: 18 s on the loaded box, 2026-11-27
+    "tests/bert_jax/tasks/tasks_reranker_test.py": 37,   # 2026-11-29, loaded box
+    "tests/bert_jax/convert/cross_encoder_test.py": 32,   # torch + two CrossEncoder folders
+    "tests/bert_jax/tasks/reranker_losses_test.py": 20,   # torch + sentence-transformers
     "tests/bert_jax/families/electra/electra_finetune_test.py": 37,
     "tests/bert_jax_core/tf_setup_test.py": 36,
     "tests/end_to_end/faults_second_pass_test.py": 35,
@@ -179,6 +182,12 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     # The masks' GradCache step on 8 devices == the plain step (3 steps compiled): 160 s; a
     # guide run's vectors training a masked run, 3 fine-tunes: 160 s (loaded box, 2026-11-29)
     "tests/bert_jax/tasks/embedding_false_negatives_test.py": 320,
+    # A reranker fine-tuned on docstrings (an untrained run + 12 epochs) and exported to a
+    # CrossEncoder: 141 s; its step planned for v5e:1x1 (one libtpu compile): 190 s (loaded box,
+    # 2026-11-29)
+    "tests/bert_jax/tasks/reranker_end_to_end_test.py": 145,
+    "tests/bert_jax/planning/plan_reranker_test.py": 190,
+    "tests/bert_jax/convert/cross_encoder_test.py": 55,   # convert both ways + predict rerank
 }
 
 

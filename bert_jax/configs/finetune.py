@@ -52,7 +52,8 @@ def get_config(arg="glue_mrpc"):
   # Your own classification/regression (TSV/CSV/JSONL) or tagging (CoNLL) data: task=custom.
   c.custom = ml_collections.ConfigDict(dict(
       type="classification",    # the task type: classification | regression | tagging |
-                                #   embedding (pairs/triplets; config.embedding below)
+                                #   embedding (pairs/triplets; config.embedding below) |
+                                #   reranker (a cross-encoder; config.reranker below)
       format="tsv",             # tsv | csv | jsonl (classification/regression/embedding)
       text_a="sentence",        # column (header name or JSON key) of the first text
       text_b="",                # second text for pairs; empty for single sentences
@@ -92,6 +93,7 @@ def get_config(arg="glue_mrpc"):
       margin=0.0,
       contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
       contrast_positives=True))  # ... and other positives, of each anchor's positive
+  _reranker_fields(c)
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
@@ -136,6 +138,21 @@ def get_config(arg="glue_mrpc"):
   _optimizer_and_run_fields(c)
   _apply_task_and_variants(c, name, variants)
   return c
+
+
+def _reranker_fields(c):
+  # Rerankers (custom.type=reranker; bert_jax/tasks/reranker.py, docs/retrieval.md): a
+  # cross-encoder scores each "[CLS] query [SEP] document [SEP]"; sentence-transformers'
+  # CrossEncoder losses, its data columns.
+  c.reranker = ml_collections.ConfigDict(dict(
+      # bce: BinaryCrossEntropyLoss on (query, document, label) pairs, label in [0, 1], or rows
+      # (query, positive, negative...) | mnrl: MultipleNegativesRankingLoss on such rows |
+      # listnet: ListNetLoss on each query's list (rows, or scored pairs grouped by query)
+      loss="bce",
+      scale=10.0,               # mnrl: logits = scale x sigmoid(score) (theirs: 10)
+      # mnrl: documents of other rows added to each row as negatives (theirs: num_negatives=4)
+      in_batch_negatives=4,
+      hard_negatives=-1))       # >= 0: every training row must hold exactly this many negatives
 
 
 def _optimizer_and_run_fields(c):

@@ -207,6 +207,12 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
   """google TF / HF checkpoint (any family's; an ELECTRA pair also as "DISC,GEN") -> Orbax params
   export + its vocab. Returns meta."""
   check_new_output(output)  # before the (slow) read
+  # A CrossEncoder folder (a *ForSequenceClassification with one label): the body and its
+  # classifier, recorded as a reranker (cross_encoder.py).
+  from bert_jax.convert import cross_encoder  # pylint: disable=g-import-not-at-top
+  if source in ("auto", "hf") and cross_encoder.is_cross_encoder_folder(path):
+    return convert_cross_encoder(path, output, vocab_file=kwargs.get("vocab_file"),
+                                 do_lower_case=kwargs.get("do_lower_case"))
   # A sentence-transformers folder: its pooling, prompts and length, read (and a pooling we do
   # not compute refused) before the weights; recorded as bert_config.json's "sentence_embedding".
   from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
@@ -216,6 +222,26 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
   if embedding:
     meta["sentence_embedding"] = embedding
   return write_export(output, params, config, meta)
+
+
+def convert_cross_encoder(path, output, *, vocab_file=None, do_lower_case=None):
+  """A sentence-transformers CrossEncoder folder (or a transformers *ForSequenceClassification
+  with one label) -> an Orbax export of task_type "reranker": the body as any transformers
+  folder, its classifier beside it (cross_encoder.py); a tokenizer.json WordPiece without
+  vocab.txt becomes the export's vocab.txt. Returns meta."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import cross_encoder  # pylint: disable=g-import-not-at-top
+  check_new_output(output)
+  settings = cross_encoder.check_folder(path)
+  with tempfile.TemporaryDirectory() as tmp:
+    if vocab_file is None:
+      vocab_file, lower = cross_encoder.wordpiece_vocab(path, tmp)
+      do_lower_case = lower if do_lower_case is None else do_lower_case
+    params, config, meta = import_checkpoint(path, "hf", vocab_file=vocab_file,
+                                             do_lower_case=do_lower_case,
+                                             ignore=r"^classifier\.")
+    params, meta = cross_encoder.with_classifier(path, params, config, meta, settings)
+    return write_export(output, params, config, meta)
 
 
 def summary(meta, config=None):

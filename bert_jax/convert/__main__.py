@@ -54,9 +54,11 @@ flags.DEFINE_enum("gelu", "auto", ["auto", "gelu", "gelu_tanh"],
 flags.DEFINE_string("ignore", None, "Regex of extra source variables to skip (reported), e.g. "
                     "'^classifier\\.' for a fine-tuned HF model.")
 flags.DEFINE_integer("seed", 0, "Init seed for parameters the source lacks (pooler/heads).")
-flags.DEFINE_enum("to", "auto", ["auto", "sentence_transformers"],
-                  "auto: Orbax -> transformers, anything else -> Orbax; sentence_transformers: "
-                  "any checkpoint -> a folder SentenceTransformer(folder) loads.")
+flags.DEFINE_enum("to", "auto", ["auto", "sentence_transformers", "cross_encoder"],
+                  "auto: Orbax -> transformers, anything else -> Orbax (a CrossEncoder folder: "
+                  "a reranker export); sentence_transformers: any checkpoint -> a folder "
+                  "SentenceTransformer(folder) loads; cross_encoder: a reranker export -> a "
+                  "folder CrossEncoder(folder) loads.")
 flags.DEFINE_enum("pooling", None, ["mean", "cls", "last"], "--to=sentence_transformers: the "
                   "pooling (default: the checkpoint's recorded one, else mean).")
 flags.DEFINE_string("query_prompt", None, "--to=sentence_transformers: the \"query\" prompt "
@@ -77,6 +79,9 @@ def main(argv):
                                            "max_seq_length") if FLAGS[k].present}
   if FLAGS.to == "sentence_transformers":
     export_sentence_transformers(st_flags)
+    return
+  if FLAGS.to == "cross_encoder" and not st_flags:
+    export_cross_encoder()
     return
   if st_flags:
     raise app.UsageError(f"--{next(iter(st_flags))} is an option of --to=sentence_transformers.")
@@ -100,6 +105,20 @@ def main(argv):
       bert_config_file=FLAGS.bert_config_file, do_lower_case=FLAGS.do_lower_case,
       gelu=FLAGS.gelu, ignore=FLAGS.ignore, seed=FLAGS.seed)
   print(f"wrote Orbax params to {FLAGS.output} (from {source})\n{convert.summary(meta)}")
+
+
+def export_cross_encoder():
+  """A reranker export (custom.type=reranker's best_epoch{N}) -> CrossEncoder folder."""
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import cross_encoder  # pylint: disable=g-import-not-at-top
+  convert.check_new_output(FLAGS.output)
+  m = inference.load_for_inference(FLAGS.input, vocab_file=FLAGS.vocab_file,
+                                   spm_model_file=FLAGS.spm_model_file,
+                                   do_lower_case=FLAGS.do_lower_case)
+  print(f"loaded {m.description}", flush=True)
+  out = cross_encoder.export(m, FLAGS.output)
+  print(f"wrote a sentence-transformers CrossEncoder folder to {out}\n"
+        f"  next: CrossEncoder({out!r}).rank(\"a query\", [\"a document\", ...])")
 
 
 def export_sentence_transformers(st_flags):

@@ -42,6 +42,7 @@ from bert_jax.evaluation import retrieval_metrics
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import registry
+from bert_jax.tasks import reranker   # a reranker's checkpoint is refused (its other product)
 from bert_jax_core import files
 from data_pipelines.tasks import pairs
 from data_pipelines.tasks.common import TaskDataError, pack
@@ -75,6 +76,7 @@ class EmbeddingTask:
 def custom_task(config, labels):
   """config.custom's files and config.embedding's settings -> an EmbeddingTask."""
   del labels
+  reranker.check_init_checkpoint(config.get("init_checkpoint"), "embedding")
   c, e = config.custom, with_recorded_settings(config)
   dims = tuple(int(d) for d in e.matryoshka_dims)
   wrong = contrastive.problem(e.pooling, e.scale, dims, e.get("margin_strategy", "absolute"))

@@ -8,7 +8,9 @@ a dataset (first column the anchor, second the positive, every further one a har
 Any number of hard negatives, the same in every row. Optional prompts ("search_query: ",
 "search_document: ") are prepended to the anchor and to the documents. A column named `score` or
 `label` (sentence-transformers' label columns) is a pair's gold similarity, not a text: scored
-pairs (STS: sentence1, sentence2, score) are an evaluation set (Spearman of the cosine).
+pairs (STS: sentence1, sentence2, score) are an evaluation set (Spearman of the cosine); for a
+reranker (bert_jax/tasks/reranker.py) they are sentence-transformers' CrossEncoder form (query,
+document, label), and `candidate_lists` groups any rows by query into reranking lists.
 
 In-batch negatives make a text that appears twice in one batch a false negative, so
 `no_duplicate_batches` orders the rows as sentence-transformers' NoDuplicatesBatchSampler does:
@@ -26,7 +28,7 @@ from data_pipelines.tasks import common
 from data_pipelines.tasks.common import TaskDataError
 
 ANCHOR_NAMES = ("anchor", "query")
-POSITIVE_NAMES = ("positive",)
+POSITIVE_NAMES = ("positive", "document")   # document: a reranker's (query, document, label)
 SCORE_NAMES = ("score", "label")
 
 
@@ -73,7 +75,9 @@ def _columns(path, names):
     return texts[0], texts[1], texts[2:]
   if anchor is None or positive is None:
     missing = "anchor (or query)" if anchor is None else "positive"
-    raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}.")
+    raise TaskDataError(f"{path}: no column {missing!r}; found {list(names)}: name the "
+                        "columns anchor (or query), positive (or document), negative_1, ... "
+                        "(or give them in that order with none of these names).")
   numbered = sorted((int(m.group(1)), i) for i, n in enumerate(lower)
                     if (m := re.fullmatch(r"negative_?(\d+)", n)))
   negatives = ([lower.index("negative")] if "negative" in lower else []) + [i for _, i in numbered]
@@ -155,6 +159,22 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
   if not out:
     raise TaskDataError(f"{path}: no rows after the header.")
   return out
+
+
+def candidate_lists(pairs):
+  """[(query, [documents], [labels])]: the rows of each query merged, in first-seen order (a
+  reranker's evaluation lists). A scored pair adds its document with its score; a row (query,
+  positive, negative...) its positive with label 1 and its negatives with 0. A document listed
+  twice for one query keeps its highest label (a positive that is also another row's negative
+  stays relevant)."""
+  lists = {}
+  for p in pairs:
+    docs = lists.setdefault(p.anchor, {})
+    given = ([(p.positive, p.score)] if p.score is not None else
+             [(p.positive, 1.0)] + [(n, 0.0) for n in p.negatives])
+    for text, label in given:
+      docs[text] = max(docs.get(text, label), label)
+  return [(q, list(d), list(d.values())) for q, d in lists.items()]
 
 
 def no_duplicate_batches(pairs, batch_size, rng=None):
