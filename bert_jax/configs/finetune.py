@@ -92,6 +92,7 @@ def get_config(arg="glue_mrpc"):
       margin=0.0,
       contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
       contrast_positives=True))  # ... and other positives, of each anchor's positive
+  _embedding_distillation_fields(c)
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
@@ -136,6 +137,29 @@ def get_config(arg="glue_mrpc"):
   _optimizer_and_run_fields(c)
   _apply_task_and_variants(c, name, variants)
   return c
+
+
+def _embedding_distillation_fields(c):
+  """config.embedding's distillation into the bi-encoder (docs/retrieval.md, "Distillation into a
+  bi-encoder"): loss = info_nce_weight x InfoNCE + margin_mse_weight x MarginMSE +
+  embed_distill_weight x the distance to a teacher's vectors."""
+  c.embedding.info_nce_weight = 1.0       # 0 with a distillation weight: the teacher's signal alone
+  # > 0: MarginMSE (sentence-transformers' MarginMSELoss) on the teacher's margins s(q, p) -
+  # s(q, n_i): the train file's 'scores' column (1 + k numbers: mine --output_scores) or 'label'
+  # (k margins), else the cosines of teacher_checkpoint's vectors in the step
+  c.embedding.margin_mse_weight = 0.0
+  c.embedding.margin_mse_similarity = "dot"   # the student's: dot (MarginMSELoss's default) | cos
+  # > 0: the student's vectors through a learned projection (trained, not exported) against the
+  # teacher's (EmbedDistillLoss; its MSELoss is distance mse): teacher_embeddings' or
+  # teacher_checkpoint's
+  c.embedding.embed_distill_weight = 0.0
+  c.embedding.embed_distill_distance = "cosine"   # mse | l2 | cosine
+  c.embedding.embed_distill_projection = True     # false: no projection (the widths must be equal)
+  # a .npy [N, S, G] of the teacher's vectors of the train file's texts (under data_dir)
+  c.embedding.teacher_embeddings = ""
+  # a bi-encoder teacher frozen in every step: an embedding export or a sentence-transformers
+  # folder of the student's vocabulary (gives the scores and the vectors above)
+  c.embedding.teacher_checkpoint = ""
 
 
 def _optimizer_and_run_fields(c):
@@ -241,7 +265,6 @@ def _modernbert_embed(c, stage):
   embeddings, attention and MLP), and contrastors trains it so."""
   c.custom.type, c.custom.format = "embedding", "jsonl"
   c.custom.train_file, c.custom.dev_file = "train.jsonl", "dev.jsonl"
-  e = c.embedding
   e.pooling, e.scale, e.symmetric = "mean", 50.0, False
   e.query_prompt, e.document_prompt = "search_query: ", "search_document: "
   c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0

@@ -32,15 +32,18 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax.objectives import contrastive
+from bert_jax.objectives import embedding_distill
 from bert_jax import families
 from bert_jax.evaluation import retrieval_metrics
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
+from bert_jax.tasks import embedding_teacher
 from bert_jax.tasks import registry
 from bert_jax_core import files
 from data_pipelines.tasks import pairs
@@ -69,6 +72,17 @@ class EmbeddingTask:
   margin: float = 0.0
   contrast_anchors: bool = True
   contrast_positives: bool = True
+  # Distillation into this bi-encoder (embedding_distill; docs/retrieval.md): the loss is
+  # info_nce_weight x InfoNCE + margin_mse_weight x MarginMSE + embed_distill_weight x distance.
+  info_nce_weight: float = 1.0
+  margin_mse_weight: float = 0.0      # the teacher's margins: the file's scores, or the teacher's
+  margin_mse_similarity: str = "dot"  # the student's similarity (ST MarginMSELoss: dot)
+  embed_distill_weight: float = 0.0   # the student's vectors (projected) against the teacher's
+  embed_distill_distance: str = "cosine"   # mse | l2 | cosine (ST EmbedDistillLoss)
+  embed_distill_projection: bool = True    # a learned H -> G map, trained and not exported
+  teacher_embeddings: str = ""        # a .npy [N, S, G]: the teacher's vectors of the train file
+  teacher_checkpoint: str = ""        # a bi-encoder teacher run frozen in every step
+  teacher_dim: int = 0                # G: the teacher's width (its .npy or its config)
   type: str = "embedding"        # the task type (this module)
 
 
@@ -93,7 +107,50 @@ def custom_task(config, labels):
                                    float(e.scale), bool(e.symmetric), dims, e.query_prompt,
                                    e.document_prompt, grad_cache_chunks=chunks,
                                    num_negatives=int(e.get("num_negatives", -1)),
-                                   **false_negative_settings(e)), config)
+                                   **false_negative_settings(e),
+                                   **distillation_settings(e, config)), config)
+
+
+def distillation_settings(e, config):
+  """config.embedding's distillation fields -> EmbeddingTask's, checked before any compute (one
+  line naming the field and the fix); teacher_dim read from the teacher's .npy header or its
+  checkpoint's config (no array read)."""
+  d = EmbeddingTask("", {})
+  out = dict(info_nce_weight=float(e.get("info_nce_weight", d.info_nce_weight)),
+             margin_mse_weight=float(e.get("margin_mse_weight", 0.0)),
+             margin_mse_similarity=str(e.get("margin_mse_similarity", d.margin_mse_similarity)),
+             embed_distill_weight=float(e.get("embed_distill_weight", 0.0)),
+             embed_distill_distance=str(e.get("embed_distill_distance",
+                                              d.embed_distill_distance)),
+             embed_distill_projection=bool(e.get("embed_distill_projection", True)),
+             teacher_embeddings=str(e.get("teacher_embeddings", "") or ""),
+             teacher_checkpoint=str(e.get("teacher_checkpoint", "") or ""))
+  weights = {k: out[k] for k in ("info_nce_weight", "margin_mse_weight", "embed_distill_weight")}
+  wrong = (
+      next((f"{k}={v}: a loss weight must be >= 0." for k, v in weights.items() if v < 0), None)
+      or (None if any(weights.values()) else
+          "info_nce_weight, margin_mse_weight and embed_distill_weight are all 0: no loss to "
+          "train; set one above 0 (info_nce_weight=1 is plain contrastive training).")
+      or (None if out["margin_mse_similarity"] in embedding_distill.SIMILARITIES else
+          f"margin_mse_similarity={out['margin_mse_similarity']!r}; use one of "
+          f"{', '.join(embedding_distill.SIMILARITIES)} (sentence-transformers' MarginMSELoss: "
+          "dot).")
+      or (None if out["embed_distill_distance"] in embedding_distill.DISTANCES else
+          f"embed_distill_distance={out['embed_distill_distance']!r}; use one of "
+          f"{', '.join(embedding_distill.DISTANCES)} (sentence-transformers' EmbedDistillLoss).")
+      or ("embed_distill_weight > 0 needs the teacher's vectors: set "
+          "--config.embedding.teacher_embeddings=FILE.npy (precomputed, [rows, texts a row, G]) "
+          "or --config.embedding.teacher_checkpoint=DIR (run frozen in the step)."
+          if out["embed_distill_weight"] and not (out["teacher_embeddings"]
+                                                  or out["teacher_checkpoint"]) else None))
+  if wrong:
+    raise TaskDataError(f"config.embedding.{wrong}")
+  if out["embed_distill_weight"] and out["teacher_embeddings"]:
+    out["teacher_dim"] = int(text_vectors("teacher_embeddings", out["teacher_embeddings"],
+                                          config, config.custom.train_file).shape[-1])
+  elif out["teacher_checkpoint"]:
+    out["teacher_dim"] = embedding_teacher.width(out["teacher_checkpoint"])
+  return out
 
 
 def false_negative_settings(e):
@@ -145,6 +202,8 @@ def load_split(task, split, tokenizer, config, is_training):
   if is_training and task.guide_embeddings:
     features["guide_embeddings"] = guide_vectors(task, config, path, len(every), width)[
         :len(rows)]
+  if is_training:
+    features.update(teacher_features(task, config, path, every, rows, width))
   return common.Split(split, rows, features, notes=common.note(cut, "texts truncated"))
 
 
@@ -158,28 +217,73 @@ def text_numbers(input_ids):
 
 
 def guide_vectors(task, config, train_path, num_rows=None, width=None):
-  """config.embedding.guide_embeddings (under data_dir unless absolute): a guide model's vectors
-  of the train file's texts, [N, S, G] in its rows' order, any G (the guide's width). Local,
-  memory-mapped when float32 (each batch reads its rows). Checked against the train file
-  (num_rows, width) before any compute."""
-  path = os.path.join(config.data_dir, task.guide_embeddings)
+  """config.embedding.guide_embeddings: the guide's vectors (text_vectors)."""
+  return text_vectors("guide_embeddings", task.guide_embeddings, config, train_path, num_rows,
+                      width)
+
+
+def text_vectors(field, value, config, train_path, num_rows=None, width=None):
+  """config.embedding.<field> (guide_embeddings, teacher_embeddings; under data_dir unless
+  absolute): a model's vectors of the train file's texts, [N, S, G] in its rows' order, any G
+  (the model's width). Local, memory-mapped when float32 (each batch reads its rows). Checked
+  against the train file (num_rows, width) before any compute."""
+  who = "guide" if field.startswith("guide") else "teacher"
+  path = os.path.join(config.data_dir, value)
   if files.is_remote(path) or not os.path.isfile(path):
-    raise TaskDataError(f"config.embedding.guide_embeddings={task.guide_embeddings!r}: no local "
-                        f"file {path}; write the guide's vectors of {train_path}'s texts there "
-                        "([rows, texts a row, G] float32 .npy) or set it to '' (no guide).")
+    raise TaskDataError(f"config.embedding.{field}={value!r}: no local file {path}; write the "
+                        f"{who}'s vectors of {train_path}'s texts there ([rows, texts a row, G] "
+                        f"float32 .npy) or set it to ''.")
   vectors = np.load(path, mmap_mode="r")
   if vectors.ndim != 3 or (num_rows is not None and vectors.shape[:2] != (num_rows, width)):
-    raise TaskDataError(f"{path}: guide embeddings of shape {vectors.shape}, but {train_path} "
-                        f"has {num_rows} rows of {width} texts; expected [{num_rows}, {width}, G]"
-                        f" (one vector per text, in the file's row and column order).")
+    has = (f"{train_path} has {num_rows} rows of {width} texts; expected [{num_rows}, {width}, "
+           "G]" if num_rows is not None else "expected [rows of the train file, texts a row, G]")
+    raise TaskDataError(f"{path}: {who} embeddings of shape {vectors.shape}, but {has} (one "
+                        "vector per text, in the file's row and column order).")
   return vectors if vectors.dtype == np.float32 else vectors.astype(np.float32)
+
+
+def teacher_features(task, config, path, every, rows, width):
+  """The training split's distillation arrays: teacher_margins [N, k] (the file's scores, for
+  MarginMSE) and teacher_embeddings [N, S, G] (the .npy, for embedding distillation); {} when
+  distillation is off. One line before compute when MarginMSE has nothing to learn from."""
+  out = {}
+  if task.margin_mse_weight:
+    if width < 3:
+      raise TaskDataError(f"{path}: rows with no hard negatives, but config.embedding."
+                          f"margin_mse_weight={task.margin_mse_weight:g}: MarginMSE learns the "
+                          "margin between the positive and each hard negative; add negatives "
+                          "(python -m bert_jax.mine --output_scores) or set the weight to 0.")
+    if rows[0].teacher_margins is not None:
+      out["teacher_margins"] = np.array([r.teacher_margins for r in rows], np.float32)  # [N, k]
+    elif not task.teacher_checkpoint:
+      raise TaskDataError(f"{path}: no teacher scores (a 'scores' column of 1 + k numbers, or a "
+                          f"'label' of k margins) and no config.embedding.teacher_checkpoint, but"
+                          f" config.embedding.margin_mse_weight={task.margin_mse_weight:g}; mine "
+                          "the file with python -m bert_jax.mine --output_scores, or set "
+                          "--config.embedding.teacher_checkpoint=DIR (scores in the step).")
+  if task.embed_distill_weight and task.teacher_embeddings:
+    out["teacher_embeddings"] = text_vectors("teacher_embeddings", task.teacher_embeddings,
+                                             config, path, len(every), width)[:len(rows)]
+  return out
 
 
 class EmbeddingModel(nn.Module):
   """[B, S, T] sequences -> [B, S, H] pooled float32 vectors (not normalised: the loss and the
-  evaluation normalise, as sentence-transformers' cosine does)."""
+  evaluation normalise, as sentence-transformers' cosine does).
+
+  projection_dim G > 0 (embedding distillation through a learned projection): a Dense H -> G,
+  "distill_projection", whose output training steps (deterministic=False) get after the pooled
+  vectors, [B, S, H + G]; evaluation and prediction get [B, S, H] alone. The projection is
+  trained with the student and is no part of the embedding (export_record)."""
   config: object
   pooling: str = "mean"
+  projection_dim: int = 0
+
+  def _with_projection(self, pooled, deterministic):
+    if not self.projection_dim:
+      return pooled
+    projected = nn.Dense(self.projection_dim, name="distill_projection")(pooled)   # [.., G]
+    return pooled if deterministic else jnp.concatenate([pooled, projected], axis=-1)
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
@@ -190,15 +294,16 @@ class EmbeddingModel(nn.Module):
       out = families.get(self.config.family).encode(
           self.config, input_ids, input_mask, segment_ids, instance_ids=instance_ids,
           position_ids=position_ids, cls_positions=cls_positions, deterministic=deterministic)
-      return contrastive.pool_packed(out["sequence_output"], instance_ids,
-                                     cls_positions.shape[1], self.pooling)      # [R, K, H]
+      return self._with_projection(contrastive.pool_packed(
+          out["sequence_output"], instance_ids, cls_positions.shape[1], self.pooling),
+                                   deterministic)                       # [R, K, H (+ G)]
     b, s, t = input_ids.shape
     flat = lambda x: x.reshape(b * s, t)  # noqa: E731 - [B, S, T] -> [B*S, T]
     out = families.get(self.config.family).encode(self.config, flat(input_ids),
                                                   flat(input_mask), flat(segment_ids),
                                                   deterministic=deterministic)
     pooled = contrastive.pool(out["sequence_output"], flat(input_mask), self.pooling)
-    return pooled.reshape(b, s, -1)                                     # [B, S, H]
+    return self._with_projection(pooled.reshape(b, s, -1), deterministic)   # [B, S, H (+ G)]
 
 
 def _bind(task):
@@ -208,25 +313,83 @@ def _bind(task):
     wrong = contrastive.check_width(task.matryoshka_dims, model_config.hidden_size)
     if wrong:
       raise TaskDataError(f"config.embedding.{wrong}")
-    return EmbeddingModel(model_config, task.pooling)
+    return EmbeddingModel(model_config, task.pooling,
+                          projection_dim(task, model_config.hidden_size))
 
   def loss(outputs, batch):
     if "text_slots" in batch:   # packed rows' [R, K, H] -> the rows' texts [B, S, H]
       outputs = contrastive.texts_of_rows(outputs, batch["text_slots"])
-    value = contrastive.matryoshka_info_nce(
-        outputs[:, 0], outputs[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
-        batch["example_weights"], **false_negatives_of(task, batch))
-    return value, {"loss": value}
+      if "teacher_vectors" in batch:   # a teacher in the step embeds the same packed rows
+        batch = dict(batch, teacher_vectors=contrastive.texts_of_rows(
+            batch["teacher_vectors"], batch["text_slots"]))
+    return distillation_loss(task, outputs, batch)
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
-                             label_keys=false_negative_keys(task),
+                             label_keys=false_negative_keys(task) + distill_keys(task),
                              train_grads=functools.partial(grad_cache_step, task),
                              pack_batches=functools.partial(pack_batches, task))
+
+
+def projection_dim(task, hidden_size):
+  """G of the learned projection (embedding distillation with embed_distill_projection), else 0;
+  without a projection the teacher's width must be the student's (one line, before compute)."""
+  if not task.embed_distill_weight:
+    return 0
+  if task.embed_distill_projection:
+    return task.teacher_dim
+  if task.teacher_dim != hidden_size:
+    teacher = task.teacher_embeddings or task.teacher_checkpoint
+    raise TaskDataError(f"config.embedding.embed_distill_projection=False, but the teacher's "
+                        f"vectors ({teacher}) are {task.teacher_dim} wide and the student's "
+                        f"{hidden_size}: set embed_distill_projection=True (a learned "
+                        f"{hidden_size} -> {task.teacher_dim} map) or use a teacher of width "
+                        f"{hidden_size}.")
+  return 0
+
+
+def distillation_loss(task, outputs, batch):
+  """(loss, metrics) of a training batch's [B, S, H (+ G)] outputs: info_nce_weight x InfoNCE
+  (+ margin_mse_weight x MarginMSE) (+ embed_distill_weight x the distance to the teacher's
+  vectors), each term also a metric when distillation is on. The teacher's margins are the
+  file's (teacher_margins [B, k]) or those of a teacher in the step (teacher_vectors [B, S, G]:
+  cosines, as its sentence-transformers model.similarity scores); its vectors the .npy's
+  (teacher_embeddings) or the step's."""
+  w = batch["example_weights"]
+  g = task.teacher_dim if task.embed_distill_weight and task.embed_distill_projection else 0
+  student, projected = (outputs[..., :-g], outputs[..., -g:]) if g else (outputs, outputs)
+  terms = {}
+  if task.info_nce_weight:
+    terms["info_nce"] = contrastive.matryoshka_info_nce(
+        student[:, 0], student[:, 1:], task.matryoshka_dims, task.scale, task.symmetric, w,
+        **false_negatives_of(task, batch))
+  if task.margin_mse_weight:
+    margins = batch.get("teacher_margins")
+    if margins is None:
+      margins = embedding_distill.margins_of_scores(
+          embedding_distill.teacher_scores(batch["teacher_vectors"]))
+    terms["margin_mse"] = embedding_distill.margin_mse(
+        student[:, 0], student[:, 1:], margins, task.margin_mse_similarity, w)
+  if task.embed_distill_weight:
+    target = batch.get("teacher_embeddings")
+    target = batch["teacher_vectors"] if target is None else target
+    terms["embed_distill"] = embedding_distill.embed_distill(
+        projected, target, task.embed_distill_distance, w)
+  weights = dict(info_nce=task.info_nce_weight, margin_mse=task.margin_mse_weight,
+                 embed_distill=task.embed_distill_weight)
+  value = sum(weights[k] * v for k, v in terms.items())
+  return value, ({"loss": value, **terms} if set(terms) != {"info_nce"} else {"loss": value})
+
+
+def distill_keys(task):
+  """The distillation arrays this task's training batches carry (teacher_features)."""
+  return (("teacher_margins",) if task.margin_mse_weight else ()) + (
+      ("teacher_embeddings",) if task.embed_distill_weight and task.teacher_embeddings else ())
 
 
 # The training batch's arrays the false-negative masks read ([B, S] text numbers, [B, S, G] guide
 # vectors; load_split adds them to the training split when asked for).
 FALSE_NEGATIVE_KEYS = ("text_ids", "guide_embeddings")
+DISTILL_KEYS = ("teacher_margins", "teacher_embeddings")   # [B, k], [B, S, G] (distillation)
 
 
 def false_negative_keys(task):
@@ -396,7 +559,7 @@ def pack_batches(task, train, config, batches, mesh):
         h * b // hosts, (h + 1) * b // hosts)
     out = {key: v[row_part] for key, v in p.items()}                    # [R / hosts, ...]
     out.update(text_slots=slots[example_part], example_weights=weights[example_part])
-    for key in FALSE_NEGATIVE_KEYS:   # per example [b, S, ...], as text_slots
+    for key in FALSE_NEGATIVE_KEYS + DISTILL_KEYS:   # per example [b, S, ...], as text_slots
       if key in f:
         v = np.zeros((b,) + f[key].shape[1:], f[key].dtype)
         v[:len(idx)] = f[key][idx]
@@ -466,6 +629,10 @@ def train_batch(task, config):
   if task.guide_embeddings:   # the guide's width G from the file's header (not its data)
     g = guide_vectors(task, config, task.files["train"], None, None)
     out["guide_embeddings"] = (shape[:2] + g.shape[2:], "float32")
+  if "teacher_margins" in distill_keys(task):
+    out["teacher_margins"] = ((b, shape[1] - 2), "float32")
+  if "teacher_embeddings" in distill_keys(task):
+    out["teacher_embeddings"] = (shape[:2] + (task.teacher_dim,), "float32")
   return out
 
 
@@ -553,19 +720,15 @@ def next_commands(best_dir):
           "--to=sentence_transformers     # SentenceTransformer(ST_DIR)"]
 
 
-def checkpoint_record(path):
-  """The "sentence_embedding" record of an init checkpoint: a sentence-transformers folder's
-  settings (read from its files), an export's bert_config.json "sentence_embedding" (an embedding
-  run's best export, a converted sentence-transformers folder), else {}."""
-  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
-  if not path:
-    return {}
-  if sentence_transformers.is_st_folder(path):
-    return sentence_transformers.read_folder(path)
-  if families.is_hf_folder(path):   # a plain transformers folder records nothing
-    return {}
-  return ckpt_lib.describe(path, verify=False).meta.get("sentence_embedding") or {}
+# The "sentence_embedding" record of an init checkpoint (a sentence-transformers folder's
+# settings, an embedding export's record, else {}).
+checkpoint_record = embedding_teacher.checkpoint_record
+
+
+def load_teacher(task, config, tokenizer):
+  """TaskType.load_teacher: the bi-encoder teacher run frozen in the step
+  (config.embedding.teacher_checkpoint; embedding_teacher.load), or None."""
+  return embedding_teacher.load(task, config, tokenizer, EmbeddingModel)
 
 
 def with_recorded_settings(config):
@@ -600,4 +763,4 @@ TYPE = registry.register(registry.TaskType(
     cannot_learn=cannot_learn, packable=True,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
                                                                           batch_size, rng),
-    export_record=export_record, next_commands=next_commands))
+    export_record=export_record, next_commands=next_commands, load_teacher=load_teacher))
