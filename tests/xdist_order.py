@@ -158,6 +158,8 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/bert_jax/tasks/tasks_registry_test.py": 40,
     "tests/bert_jax/objectives/objectives_test.py": 30,
     "tests/bert_jax/objectives/layerwise_test.py": 30,
+    "tests/bert_jax/objectives/embedding_distill_test.py": 18,   # torch + ST's losses (2026-11-29)
+    "tests/bert_jax/tasks/embedding_distill_test.py": 15,   # the packed loss 9 s (loaded box)
     "tests/bert_jax/export_serving_test.py": 70,   # its smoke: 42 s, + mobilebert-tiny 23 s (loaded box)
     # MobileBERT's progressive transfer: the resumed run 48 s, a stage's freeze 25 s (loaded)
     "tests/bert_jax/objectives/progressive_test.py": 90,
@@ -173,6 +175,10 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     # The masks' GradCache step on 8 devices == the plain step (3 steps compiled): 160 s; a
     # guide run's vectors training a masked run, 3 fine-tunes: 160 s (loaded box, 2026-11-29)
     "tests/bert_jax/tasks/embedding_false_negatives_test.py": 320,
+    # Distillation (2026-11-29, loaded box): a teacher in the step == its precomputed vectors
+    # (2 steps compiled) 27 s; a MarginMSE student trained, exported, loaded in
+    # sentence-transformers 38 s
+    "tests/bert_jax/tasks/embedding_distill_test.py": 65,
 }
 
 

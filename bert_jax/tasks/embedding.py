@@ -138,6 +138,11 @@ def distillation_settings(e, config):
       or (None if out["embed_distill_distance"] in embedding_distill.DISTANCES else
           f"embed_distill_distance={out['embed_distill_distance']!r}; use one of "
           f"{', '.join(embedding_distill.DISTANCES)} (sentence-transformers' EmbedDistillLoss).")
+      or (f"{'teacher_checkpoint' if out['teacher_checkpoint'] else 'teacher_embeddings'} "
+          "is given but margin_mse_weight and embed_distill_weight are 0: the teacher would "
+          "teach nothing; set a distillation weight above 0, or drop the teacher."
+          if (out["teacher_checkpoint"] or out["teacher_embeddings"]) and not (
+              out["margin_mse_weight"] or out["embed_distill_weight"]) else None)
       or ("embed_distill_weight > 0 needs the teacher's vectors: set "
           "--config.embedding.teacher_embeddings=FILE.npy (precomputed, [rows, texts a row, G]) "
           "or --config.embedding.teacher_checkpoint=DIR (run frozen in the step)."
@@ -706,10 +711,23 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
 def export_record(task, config):
   """best_epoch{N}'s "sentence_embedding": what predict embed, extract_features and the
   sentence-transformers export (bert_jax/convert/sentence_transformers.py) read back."""
-  return {"sentence_embedding": {
+  record = {"sentence_embedding": {
       "pooling": task.pooling, "normalize": True, "query_prompt": task.query_prompt,
       "document_prompt": task.document_prompt, "max_seq_length": int(config.max_seq_length),
       "matryoshka_dims": [int(d) for d in task.matryoshka_dims], "scale": float(task.scale)}}
+  if task.margin_mse_weight or task.embed_distill_weight:
+    g = task.teacher_dim if task.embed_distill_weight and task.embed_distill_projection else 0
+    record["distillation"] = {
+        "info_nce_weight": task.info_nce_weight, "margin_mse_weight": task.margin_mse_weight,
+        "margin_mse_similarity": task.margin_mse_similarity,
+        "embed_distill_weight": task.embed_distill_weight,
+        "embed_distill_distance": task.embed_distill_distance,
+        "teacher": task.teacher_checkpoint or task.teacher_embeddings or "the train file's scores",
+        "distill_projection": (f"a {g}-wide Dense kept beside 'bert' for a resume and this "
+                               "run's predictions; no part of the embedding: predict embed, "
+                               "extract_features and the sentence-transformers export read "
+                               "'bert' alone" if g else None)}
+  return record
 
 
 def next_commands(best_dir):

@@ -134,7 +134,8 @@ def load(task, config, tokenizer, make_model):
                                       _where(path))
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", c)
   pooling = checkpoint_record(path).get("pooling") or "mean"
-  uses = " and ".join(u for u, on in (("MarginMSE's scores (its cosines)",
+  uses = " and ".join(u for u, on in (("MarginMSE's scores (its cosines; a train file's own "
+                                       "scores column comes first)",
                                        task.margin_mse_weight), ("the vectors embedding "
                                        "distillation targets", task.embed_distill_weight and
                                        not task.teacher_embeddings)) if on)

@@ -160,6 +160,9 @@ def test_config_to_task_and_the_training_split_s_teacher_arrays(tmp_path):
      r"embed_distill_distance='kl'; use one of mse, l2, cosine"),
     (dict(embed_distill_weight=1.0), r"embed_distill_weight > 0 needs the teacher's vectors: "
                                      r"set --config.embedding.teacher_embeddings"),
+    (dict(teacher_embeddings="t.npy"), r"teacher_embeddings is given but margin_mse_weight and "
+                                       r"embed_distill_weight are 0: the teacher would teach "
+                                       r"nothing"),
 ])
 def test_bad_settings_are_one_line(tmp_path, fields, match):
   _data(tmp_path)
@@ -320,6 +323,7 @@ def _step(task, model_config, batch, teacher=None):
     return jax.device_get(metrics), jax.device_get(state["params"])
 
 
+@pytest.mark.slow
 def test_a_teacher_in_the_step_equals_its_precomputed_scores_and_vectors(tmp_path):
   """MarginMSE and embedding distillation from a teacher export frozen in the step: the same
   step (loss, each term, updated parameters within 1e-5) as the teacher's vectors precomputed
@@ -386,3 +390,64 @@ def test_what_is_no_bi_encoder_teacher_is_one_line(tmp_path):
   with pytest.raises(TaskDataError, match=r"a BertForSequenceClassification folder is a "
                                           r"cross-encoder .*Precompute a cross-encoder's scores"):
     embedding_teacher.width(str(cross))
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end on real text: stdlib docstrings (benchmarks/docstring_retrieval.py).
+# ----------------------------------------------------------------------------------------------
+def _docstring_data(d):
+  """train.jsonl: (query, positive, negative) rows of json's and statistics' docstrings, the
+  negative the next row's positive; dev.jsonl: 8 dev and test pairs; the words' vocab.txt."""
+  from benchmarks import docstring_retrieval as dr  # pylint: disable=g-import-not-at-top
+  rows = dr.build(str(d / "pairs"), packages=("json", "statistics"))
+  train = rows["train"][:24]
+  _jsonl(d / "train.jsonl", [dict(query=r["query"], positive=r["positive"],
+                                  negative=train[(i + 1) % len(train)]["positive"])
+                             for i, r in enumerate(train)])
+  _jsonl(d / "dev.jsonl", (rows["dev"] + rows["test"])[:8])
+  texts = [t for r in rows["train"] + rows["dev"] for t in (r["query"], r["positive"])]
+  return tasks_testlib.write_vocab(str(d), " ".join(texts)), texts
+
+
+@pytest.mark.slow
+def test_a_student_distilled_by_margin_mse_trains_exports_and_loads_in_sentence_transformers(
+    tmp_path):
+  """A 2-layer H 32 student learns from a 2-layer H 48 teacher (an embedding export of the same
+  vocab, frozen in the step) by MarginMSE and embedding distillation through the projection,
+  with InfoNCE; the best export records the distillation, keeps the projection beside the body,
+  and its sentence-transformers folder (the existing export) gives predict embed's vectors."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  from bert_jax.inference import loading as inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import pretraining_heads  # pylint: disable=g-import-not-at-top
+  vocab_file, texts = _docstring_data(tmp_path)
+  teacher, _, _ = _teacher_export(tmp_path, vocab_file)
+  size = tasks_testlib.ReferenceTokenizer(vocab_file).vocab.size
+  cfg = model_lib.get_bert_config("tiny", vocab_size=size, hidden_size=32, num_heads=2,
+                                  intermediate_size=64, max_position_embeddings=32)
+  student = ckpt_lib.save_params(str(tmp_path / "student"), nn.unbox(
+      pretraining_heads.init_params(cfg, jax.random.PRNGKey(1))), cfg,
+                                 meta={"do_lower_case": True})
+  c = _config(tmp_path, margin_mse_weight=1.0, embed_distill_weight=0.5,
+              teacher_checkpoint=teacher)
+  c.init_checkpoint, c.vocab_file, c.max_seq_length = student, vocab_file, 32
+  c.batch_size = c.eval_batch_size = 8
+  c.learning_rate, c.num_train_epochs, c.log_every, c.do_predict = 1e-3, 2.0, 3, False
+  summary = finetune.finetune(c, str(tmp_path / "run"))
+  assert summary["steps"] == 6 and summary["best_metric"] == "ndcg@10"
+  best = summary["best_checkpoint"]
+  with open(os.path.join(best, "bert_config.json"), encoding="utf-8") as f:
+    record = json.load(f)["distillation"]
+  assert (record["teacher"], record["margin_mse_weight"]) == (teacher, 1.0)
+  assert record["distill_projection"].startswith("a 48-wide Dense")
+  assert set(ckpt_lib.load_params(best)[0]) == {"bert", "distill_projection"}
+  m = inference.load_for_inference(best, python_tokenizer=True)
+  out, _ = st.export(m, str(tmp_path / "st"))
+  theirs = SentenceTransformer(out, device="cpu").encode(texts[:6], prompt="")
+  ours = predict.embed(predict.load_embedder(best), texts[:6], pooling="mean",
+                       max_seq_length=32)
+  assert theirs.shape == ours.shape == (6, 32)   # the body's width: the projection is not in it
+  cosine = np.sum(theirs * ours, -1) / np.linalg.norm(theirs, axis=-1) / np.linalg.norm(
+      ours, axis=-1)
+  assert cosine.min() >= 0.99999, cosine
