@@ -327,7 +327,8 @@ def _step(task, model_config, batch, teacher=None):
 def test_a_teacher_in_the_step_equals_its_precomputed_scores_and_vectors(tmp_path):
   """MarginMSE and embedding distillation from a teacher export frozen in the step: the same
   step (loss, each term, updated parameters within 1e-5) as the teacher's vectors precomputed
-  into teacher_embeddings and its cosines into the file's margins."""
+  into teacher_embeddings and its cosines into the file's margins, and as that step under
+  GradCache."""
   tokenizer = _data(tmp_path)
   path, teacher_model, teacher_params = _teacher_export(tmp_path, str(tmp_path / "vocab.txt"))
   c = _config(tmp_path, margin_mse_weight=1.0, embed_distill_weight=0.5,
@@ -350,10 +351,16 @@ def test_a_teacher_in_the_step_equals_its_precomputed_scores_and_vectors(tmp_pat
   precomputed = _step(_replace(task, teacher_checkpoint="",
                                                teacher_embeddings="t.npy"), student,
                       {k: pre[k] for k in KEYS + ("example_weights",)})
-  for k in ("loss", "info_nce", "margin_mse", "embed_distill"):
-    assert float(in_step[0][k]) == pytest.approx(float(precomputed[0][k]), rel=1e-5, abs=1e-6)
-  for a, b in zip(jax.tree.leaves(in_step[1]), jax.tree.leaves(precomputed[1])):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  # GradCache (2 chunks): the teacher's arrays are chunked with their rows, the projection's
+  # gradient comes through each chunk's vjp.
+  chunked = _step(_replace(task, teacher_checkpoint="", teacher_embeddings="t.npy",
+                           grad_cache_chunks=2), student,
+                  {k: pre[k] for k in KEYS + ("example_weights",)})
+  for other in (precomputed, chunked):
+    for k in ("loss", "info_nce", "margin_mse", "embed_distill"):
+      assert float(in_step[0][k]) == pytest.approx(float(other[0][k]), rel=1e-5, abs=1e-6)
+    for a, b in zip(jax.tree.leaves(in_step[1]), jax.tree.leaves(other[1])):
+      np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_a_teacher_of_another_vocabulary_is_one_line(tmp_path):
@@ -442,6 +449,9 @@ def test_a_student_distilled_by_margin_mse_trains_exports_and_loads_in_sentence_
   assert (record["teacher"], record["margin_mse_weight"]) == (teacher, 1.0)
   assert record["distill_projection"].startswith("a 48-wide Dense")
   assert set(ckpt_lib.load_params(best)[0]) == {"bert", "distill_projection"}
+  from bert_jax import report  # pylint: disable=g-import-not-at-top
+  scalars, _ = report.load(str(tmp_path / "run"))
+  assert {"train/info_nce", "train/margin_mse", "train/embed_distill"} <= set(scalars)
   m = inference.load_for_inference(best, python_tokenizer=True)
   out, _ = st.export(m, str(tmp_path / "st"))
   theirs = SentenceTransformer(out, device="cpu").encode(texts[:6], prompt="")
@@ -451,3 +461,14 @@ def test_a_student_distilled_by_margin_mse_trains_exports_and_loads_in_sentence_
   cosine = np.sum(theirs * ours, -1) / np.linalg.norm(theirs, axis=-1) / np.linalg.norm(
       ours, axis=-1)
   assert cosine.min() >= 0.99999, cosine
+
+
+def test_a_guide_file_of_the_wrong_rank_names_what_it_expects(tmp_path):
+  """bert_jax.plan reads the guide's width from its header alone (embedding.train_batch): a 2-d
+  .npy was 'train.jsonl has None rows of None texts; expected [None, None, G]' (fixed)."""
+  _data(tmp_path)
+  np.save(tmp_path / "guide.npy", np.zeros((4, G), np.float32))
+  c = _config(tmp_path, guide_embeddings="guide.npy")
+  with pytest.raises(TaskDataError, match=r"guide.npy: guide embeddings of shape \(4, 24\), but "
+                                          r"expected \[rows of the train file, texts a row, G\]"):
+    embedding.train_batch(ft.build_task(c), c)
