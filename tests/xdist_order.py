@@ -75,6 +75,8 @@ FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
     # GISTEmbedLoss and the loops, 8-device mesh 50 s; the task's loss packed == unpacked 26 s.
     "tests/bert_jax/objectives/contrastive_false_negatives_test.py": 50,
     "tests/bert_jax/tasks/embedding_false_negatives_test.py": 26,
+    "tests/bert_jax/objectives/embedding_distill_test.py": 18,   # torch + ST's losses (2026-11-29)
+    "tests/bert_jax/tasks/embedding_distill_test.py": 15,   # the packed loss 9 s (loaded box)
 }
 
 SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of its slow tests
@@ -158,8 +160,6 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/bert_jax/tasks/tasks_registry_test.py": 40,
     "tests/bert_jax/objectives/objectives_test.py": 30,
     "tests/bert_jax/objectives/layerwise_test.py": 30,
-    "tests/bert_jax/objectives/embedding_distill_test.py": 18,   # torch + ST's losses (2026-11-29)
-    "tests/bert_jax/tasks/embedding_distill_test.py": 15,   # the packed loss 9 s (loaded box)
     "tests/bert_jax/export_serving_test.py": 70,   # its smoke: 42 s, + mobilebert-tiny 23 s (loaded box)
     # MobileBERT's progressive transfer: the resumed run 48 s, a stage's freeze 25 s (loaded)
     "tests/bert_jax/objectives/progressive_test.py": 90,
