@@ -265,6 +265,7 @@ def _modernbert_embed(c, stage):
   embeddings, attention and MLP), and contrastors trains it so."""
   c.custom.type, c.custom.format = "embedding", "jsonl"
   c.custom.train_file, c.custom.dev_file = "train.jsonl", "dev.jsonl"
+  e = c.embedding
   e.pooling, e.scale, e.symmetric = "mean", 50.0, False
   e.query_prompt, e.document_prompt = "search_query: ", "search_document: "
   c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
