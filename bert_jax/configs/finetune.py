@@ -160,6 +160,9 @@ def _embedding_distillation_fields(c):
   # a bi-encoder teacher frozen in every step: an embedding export or a sentence-transformers
   # folder of the student's vocabulary (gives the scores and the vectors above)
   c.embedding.teacher_checkpoint = ""
+  # true: GISTEmbed's guide (as guide_embeddings, its margin and contrast fields) is
+  # teacher_checkpoint's vectors of each batch, computed in the step instead of a .npy
+  c.embedding.guide_from_teacher = False
 
 
 def _optimizer_and_run_fields(c):

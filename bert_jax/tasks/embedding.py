@@ -9,7 +9,11 @@ triplets, task=custom with --config.custom.type=embedding.
   loss      InfoNCE over the global batch (contrastive.matryoshka_info_nce: sentence-transformers'
             MultipleNegativesRankingLoss, Matryoshka sums), padding rows out; opt-in false
             negatives out: mask_duplicates (text_ids: text_numbers), guide_embeddings (GISTEmbed:
-            guide_vectors), both carried by the training batches (false_negatives_of)
+            guide_vectors), both carried by the training batches (false_negatives_of);
+            distillation (distillation_loss; docs/retrieval.md): + MarginMSE on a teacher's
+            margins (the file's scores: teacher_features) and the distance to its vectors
+            through the head's learned distill_projection; the teacher's scores, vectors and
+            GIST guide also from a bi-encoder frozen in the step (embedding_teacher)
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
@@ -83,6 +87,7 @@ class EmbeddingTask:
   teacher_embeddings: str = ""        # a .npy [N, S, G]: the teacher's vectors of the train file
   teacher_checkpoint: str = ""        # a bi-encoder teacher run frozen in every step
   teacher_dim: int = 0                # G: the teacher's width (its .npy or its config)
+  guide_from_teacher: bool = False    # GISTEmbed's guide: teacher_checkpoint's, in the step
   type: str = "embedding"        # the task type (this module)
 
 
@@ -124,7 +129,8 @@ def distillation_settings(e, config):
                                               d.embed_distill_distance)),
              embed_distill_projection=bool(e.get("embed_distill_projection", True)),
              teacher_embeddings=str(e.get("teacher_embeddings", "") or ""),
-             teacher_checkpoint=str(e.get("teacher_checkpoint", "") or ""))
+             teacher_checkpoint=str(e.get("teacher_checkpoint", "") or ""),
+             guide_from_teacher=bool(e.get("guide_from_teacher", False)))
   weights = {k: out[k] for k in ("info_nce_weight", "margin_mse_weight", "embed_distill_weight")}
   wrong = (
       next((f"{k}={v}: a loss weight must be >= 0." for k, v in weights.items() if v < 0), None)
@@ -138,11 +144,17 @@ def distillation_settings(e, config):
       or (None if out["embed_distill_distance"] in embedding_distill.DISTANCES else
           f"embed_distill_distance={out['embed_distill_distance']!r}; use one of "
           f"{', '.join(embedding_distill.DISTANCES)} (sentence-transformers' EmbedDistillLoss).")
+      or ("guide_from_teacher=True needs --config.embedding.teacher_checkpoint=DIR (the "
+          "frozen model whose vectors guide), and no guide_embeddings file beside it."
+          if out["guide_from_teacher"] and (not out["teacher_checkpoint"]
+                                            or e.get("guide_embeddings")) else None)
       or (f"{'teacher_checkpoint' if out['teacher_checkpoint'] else 'teacher_embeddings'} "
-          "is given but margin_mse_weight and embed_distill_weight are 0: the teacher would "
-          "teach nothing; set a distillation weight above 0, or drop the teacher."
+          "is given but margin_mse_weight and embed_distill_weight are 0 (and no "
+          "guide_from_teacher): the teacher would teach nothing; set a distillation weight "
+          "above 0, or drop the teacher."
           if (out["teacher_checkpoint"] or out["teacher_embeddings"]) and not (
-              out["margin_mse_weight"] or out["embed_distill_weight"]) else None)
+              out["margin_mse_weight"] or out["embed_distill_weight"]
+              or (out["guide_from_teacher"] and out["teacher_checkpoint"])) else None)
       or ("embed_distill_weight > 0 needs the teacher's vectors: set "
           "--config.embedding.teacher_embeddings=FILE.npy (precomputed, [rows, texts a row, G]) "
           "or --config.embedding.teacher_checkpoint=DIR (run frozen in the step)."
@@ -408,8 +420,10 @@ def false_negatives_of(task, batch):
   kw = {}
   if task.mask_duplicates and "text_ids" in batch:
     kw["text_ids"] = batch["text_ids"]
-  if task.guide_embeddings and "guide_embeddings" in batch:
-    g = batch["guide_embeddings"]
+  guide_key = ("teacher_vectors" if task.guide_from_teacher else
+               "guide_embeddings" if task.guide_embeddings else None)
+  if guide_key and guide_key in batch:   # [B, S, G]: a .npy's rows or the teacher's in the step
+    g = batch[guide_key]
     kw.update(guide=(g[:, 0], g[:, 1:]), margin=task.margin, margin_strategy=task.margin_strategy,
               contrast_anchors=task.contrast_anchors, contrast_positives=task.contrast_positives)
   return kw

@@ -126,7 +126,8 @@ def load(task, config, tokenizer, make_model):
   parameters' metadata only (load_frozen reads the arrays into their shardings).
   make_model(model_config, pooling): the embedding task's model (embedding.EmbeddingModel)."""
   path = task.teacher_checkpoint
-  if not path or not (task.margin_mse_weight or task.embed_distill_weight):
+  if not path or not (task.margin_mse_weight or task.embed_distill_weight
+                      or task.guide_from_teacher):
     return None
   teacher = found(path)
   check_same_tokenizer(path, teacher, tokenizer)
@@ -134,11 +135,12 @@ def load(task, config, tokenizer, make_model):
                                       _where(path))
   trainer_lib.check_max_length(config.max_seq_length, "max_seq_length", c)
   pooling = checkpoint_record(path).get("pooling") or "mean"
-  uses = " and ".join(u for u, on in (("MarginMSE's scores (its cosines; a train file's own "
-                                       "scores column comes first)",
-                                       task.margin_mse_weight), ("the vectors embedding "
-                                       "distillation targets", task.embed_distill_weight and
-                                       not task.teacher_embeddings)) if on)
+  uses = " and ".join(use for use, on in (
+      ("MarginMSE's scores (its cosines; a train file's own scores column comes first)",
+       task.margin_mse_weight),
+      ("the vectors embedding distillation targets",
+       task.embed_distill_weight and not task.teacher_embeddings),
+      ("the GIST guide's vectors", task.guide_from_teacher)) if on)
   line = (f"teacher_checkpoint: {teacher.description} ({c.family}, {c.num_layers} layers of "
           f"width {c.hidden_size}, {pooling} pooling), frozen in every step: {uses}")
   return StepTeacher(make_model(c, pooling),

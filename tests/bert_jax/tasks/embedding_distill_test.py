@@ -161,8 +161,10 @@ def test_config_to_task_and_the_training_split_s_teacher_arrays(tmp_path):
     (dict(embed_distill_weight=1.0), r"embed_distill_weight > 0 needs the teacher's vectors: "
                                      r"set --config.embedding.teacher_embeddings"),
     (dict(teacher_embeddings="t.npy"), r"teacher_embeddings is given but margin_mse_weight and "
-                                       r"embed_distill_weight are 0: the teacher would teach "
-                                       r"nothing"),
+                                       r"embed_distill_weight are 0 \(and no guide_from_teacher"
+                                       r"\): the teacher would teach nothing"),
+    (dict(guide_from_teacher=True), r"guide_from_teacher=True needs --config.embedding."
+                                    r"teacher_checkpoint=DIR"),
 ])
 def test_bad_settings_are_one_line(tmp_path, fields, match):
   _data(tmp_path)
@@ -325,16 +327,16 @@ def _step(task, model_config, batch, teacher=None):
 
 @pytest.mark.slow
 def test_a_teacher_in_the_step_equals_its_precomputed_scores_and_vectors(tmp_path):
-  """MarginMSE and embedding distillation from a teacher export frozen in the step: the same
-  step (loss, each term, updated parameters within 1e-5) as the teacher's vectors precomputed
-  into teacher_embeddings and its cosines into the file's margins, and as that step under
-  GradCache."""
+  """MarginMSE, embedding distillation and GIST's guide (guide_from_teacher) from a teacher
+  export frozen in the step: the same step (loss, each term, updated parameters within 1e-5) as
+  the teacher's vectors precomputed into teacher_embeddings and guide_embeddings and its cosines
+  into the file's margins, and as that step under GradCache."""
   tokenizer = _data(tmp_path)
   path, teacher_model, teacher_params = _teacher_export(tmp_path, str(tmp_path / "vocab.txt"))
   c = _config(tmp_path, margin_mse_weight=1.0, embed_distill_weight=0.5,
-              teacher_checkpoint=path)
+              teacher_checkpoint=path, guide_from_teacher=True, margin=0.1)
   task = ft.build_task(c)
-  assert task.teacher_dim == 48
+  assert (task.teacher_dim, task.guide_from_teacher) == (48, True)
   teacher = finetune.load_distill_teacher(c, task, tokenizer)
   assert teacher.output_key == "teacher_vectors" and "frozen in every step" in teacher.line
   train = ft.load_split(task, "train", tokenizer, c, True)
@@ -346,16 +348,17 @@ def test_a_teacher_in_the_step_equals_its_precomputed_scores_and_vectors(tmp_pat
   student = _model_config(tokenizer.vocab.size)
   in_step = _step(_replace(task, teacher_checkpoint=path), student,
                   {k: batch[k] for k in keys + ("example_weights",)}, teacher)
-  pre = dict(batch, teacher_embeddings=vectors,
+  # Precomputed: the same vectors as teacher_embeddings and as guide_embeddings (GIST's guide).
+  pre = dict(batch, teacher_embeddings=vectors, guide_embeddings=vectors,
              teacher_margins=np.asarray(ed.margins_of_scores(ed.teacher_scores(vectors))))
-  precomputed = _step(_replace(task, teacher_checkpoint="",
-                                               teacher_embeddings="t.npy"), student,
-                      {k: pre[k] for k in KEYS + ("example_weights",)})
+  keys = KEYS + ("guide_embeddings", "example_weights")
+  from_files = dict(teacher_checkpoint="", teacher_embeddings="t.npy", guide_from_teacher=False,
+                    guide_embeddings="g.npy")
+  precomputed = _step(_replace(task, **from_files), student, {k: pre[k] for k in keys})
   # GradCache (2 chunks): the teacher's arrays are chunked with their rows, the projection's
   # gradient comes through each chunk's vjp.
-  chunked = _step(_replace(task, teacher_checkpoint="", teacher_embeddings="t.npy",
-                           grad_cache_chunks=2), student,
-                  {k: pre[k] for k in KEYS + ("example_weights",)})
+  chunked = _step(_replace(task, grad_cache_chunks=2, **from_files), student,
+                  {k: pre[k] for k in keys})
   for other in (precomputed, chunked):
     for k in ("loss", "info_nce", "margin_mse", "embed_distill"):
       assert float(in_step[0][k]) == pytest.approx(float(other[0][k]), rel=1e-5, abs=1e-6)
@@ -472,3 +475,22 @@ def test_a_guide_file_of_the_wrong_rank_names_what_it_expects(tmp_path):
   with pytest.raises(TaskDataError, match=r"guide.npy: guide embeddings of shape \(4, 24\), but "
                                           r"expected \[rows of the train file, texts a row, G\]"):
     embedding.train_batch(ft.build_task(c), c)
+
+
+def test_the_guide_from_the_teacher_in_the_step_is_the_guide_file_s_mask():
+  """guide_from_teacher: the GIST mask reads the teacher's vectors of the batch (teacher_vectors,
+  as the frozen teacher gives them) exactly as guide_embeddings' rows; and it masks something."""
+  rng = np.random.default_rng(4)
+  out = rng.normal(size=(B, S, 32)).astype(np.float32)
+  vectors = (out[..., :G] + 0.3 * rng.normal(size=(B, S, G))).astype(np.float32)
+  w = np.ones((B,), np.float32)
+  in_step = embedding.EmbeddingTask("t", {}, teacher_checkpoint="T", guide_from_teacher=True,
+                                    margin=0.05)
+  from_file = embedding.EmbeddingTask("t", {}, guide_embeddings="g.npy", margin=0.05)
+  a = embedding.distillation_loss(in_step, out, dict(example_weights=w, teacher_vectors=vectors))
+  b = embedding.distillation_loss(from_file, out, dict(example_weights=w,
+                                                       guide_embeddings=vectors))
+  plain = embedding.distillation_loss(embedding.EmbeddingTask("t", {}), out,
+                                      dict(example_weights=w))
+  assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-6)
+  assert abs(float(a[0]) - float(plain[0])) > 1e-3
