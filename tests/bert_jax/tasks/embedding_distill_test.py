@@ -464,6 +464,12 @@ def test_a_student_distilled_by_margin_mse_trains_exports_and_loads_in_sentence_
   cosine = np.sum(theirs * ours, -1) / np.linalg.norm(theirs, axis=-1) / np.linalg.norm(
       ours, axis=-1)
   assert cosine.min() >= 0.99999, cosine
+  # That sentence-transformers folder teaches in the step in turn (a bi-encoder of this vocab).
+  c.embedding.teacher_checkpoint = out
+  task = ft.build_task(c)
+  assert task.teacher_dim == 32
+  tokenizer = tasks_testlib.ReferenceTokenizer(vocab_file)
+  assert "mean pooling" in finetune.load_distill_teacher(c, task, tokenizer).line
 
 
 def test_a_guide_file_of_the_wrong_rank_names_what_it_expects(tmp_path):
