@@ -13,7 +13,7 @@ triplets, task=custom with --config.custom.type=embedding.
             distillation (distillation_loss; docs/retrieval.md): + MarginMSE on a teacher's
             margins (the file's scores: teacher_features) and the distance to its vectors
             through the head's learned distill_projection; the teacher's scores, vectors and
-            GIST guide also from a bi-encoder frozen in the step (embedding_teacher)
+            GIST guide also from a bi-encoder frozen in the step (embedding_distillation)
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
@@ -42,14 +42,12 @@ from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax.objectives import contrastive
-from bert_jax.objectives import embedding_distill
 from bert_jax import families
 from bert_jax.evaluation import retrieval_metrics
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
-from bert_jax.tasks import embedding_teacher
+from bert_jax.tasks import embedding_distillation as distillation
 from bert_jax.tasks import registry
-from bert_jax_core import files
 from data_pipelines.tasks import pairs
 from data_pipelines.tasks.common import TaskDataError, pack
 
@@ -76,7 +74,7 @@ class EmbeddingTask:
   margin: float = 0.0
   contrast_anchors: bool = True
   contrast_positives: bool = True
-  # Distillation into this bi-encoder (embedding_distill; docs/retrieval.md): the loss is
+  # Distillation into this bi-encoder (embedding_distillation; docs/retrieval.md): the loss is
   # info_nce_weight x InfoNCE + margin_mse_weight x MarginMSE + embed_distill_weight x distance.
   info_nce_weight: float = 1.0
   margin_mse_weight: float = 0.0      # the teacher's margins: the file's scores, or the teacher's
@@ -113,61 +111,7 @@ def custom_task(config, labels):
                                    e.document_prompt, grad_cache_chunks=chunks,
                                    num_negatives=int(e.get("num_negatives", -1)),
                                    **false_negative_settings(e),
-                                   **distillation_settings(e, config)), config)
-
-
-def distillation_settings(e, config):
-  """config.embedding's distillation fields -> EmbeddingTask's, checked before any compute (one
-  line naming the field and the fix); teacher_dim read from the teacher's .npy header or its
-  checkpoint's config (no array read)."""
-  d = EmbeddingTask("", {})
-  out = dict(info_nce_weight=float(e.get("info_nce_weight", d.info_nce_weight)),
-             margin_mse_weight=float(e.get("margin_mse_weight", 0.0)),
-             margin_mse_similarity=str(e.get("margin_mse_similarity", d.margin_mse_similarity)),
-             embed_distill_weight=float(e.get("embed_distill_weight", 0.0)),
-             embed_distill_distance=str(e.get("embed_distill_distance",
-                                              d.embed_distill_distance)),
-             embed_distill_projection=bool(e.get("embed_distill_projection", True)),
-             teacher_embeddings=str(e.get("teacher_embeddings", "") or ""),
-             teacher_checkpoint=str(e.get("teacher_checkpoint", "") or ""),
-             guide_from_teacher=bool(e.get("guide_from_teacher", False)))
-  weights = {k: out[k] for k in ("info_nce_weight", "margin_mse_weight", "embed_distill_weight")}
-  wrong = (
-      next((f"{k}={v}: a loss weight must be >= 0." for k, v in weights.items() if v < 0), None)
-      or (None if any(weights.values()) else
-          "info_nce_weight, margin_mse_weight and embed_distill_weight are all 0: no loss to "
-          "train; set one above 0 (info_nce_weight=1 is plain contrastive training).")
-      or (None if out["margin_mse_similarity"] in embedding_distill.SIMILARITIES else
-          f"margin_mse_similarity={out['margin_mse_similarity']!r}; use one of "
-          f"{', '.join(embedding_distill.SIMILARITIES)} (sentence-transformers' MarginMSELoss: "
-          "dot).")
-      or (None if out["embed_distill_distance"] in embedding_distill.DISTANCES else
-          f"embed_distill_distance={out['embed_distill_distance']!r}; use one of "
-          f"{', '.join(embedding_distill.DISTANCES)} (sentence-transformers' EmbedDistillLoss).")
-      or ("guide_from_teacher=True needs --config.embedding.teacher_checkpoint=DIR (the "
-          "frozen model whose vectors guide), and no guide_embeddings file beside it."
-          if out["guide_from_teacher"] and (not out["teacher_checkpoint"]
-                                            or e.get("guide_embeddings")) else None)
-      or (f"{'teacher_checkpoint' if out['teacher_checkpoint'] else 'teacher_embeddings'} "
-          "is given but margin_mse_weight and embed_distill_weight are 0 (and no "
-          "guide_from_teacher): the teacher would teach nothing; set a distillation weight "
-          "above 0, or drop the teacher."
-          if (out["teacher_checkpoint"] or out["teacher_embeddings"]) and not (
-              out["margin_mse_weight"] or out["embed_distill_weight"]
-              or (out["guide_from_teacher"] and out["teacher_checkpoint"])) else None)
-      or ("embed_distill_weight > 0 needs the teacher's vectors: set "
-          "--config.embedding.teacher_embeddings=FILE.npy (precomputed, [rows, texts a row, G]) "
-          "or --config.embedding.teacher_checkpoint=DIR (run frozen in the step)."
-          if out["embed_distill_weight"] and not (out["teacher_embeddings"]
-                                                  or out["teacher_checkpoint"]) else None))
-  if wrong:
-    raise TaskDataError(f"config.embedding.{wrong}")
-  if out["embed_distill_weight"] and out["teacher_embeddings"]:
-    out["teacher_dim"] = int(text_vectors("teacher_embeddings", out["teacher_embeddings"],
-                                          config, config.custom.train_file).shape[-1])
-  elif out["teacher_checkpoint"]:
-    out["teacher_dim"] = embedding_teacher.width(out["teacher_checkpoint"])
-  return out
+                                   **distillation.distillation_settings(e, config)), config)
 
 
 def false_negative_settings(e):
@@ -220,7 +164,7 @@ def load_split(task, split, tokenizer, config, is_training):
     features["guide_embeddings"] = guide_vectors(task, config, path, len(every), width)[
         :len(rows)]
   if is_training:
-    features.update(teacher_features(task, config, path, every, rows, width))
+    features.update(distillation.teacher_features(task, config, path, every, rows, width))
   return common.Split(split, rows, features, notes=common.note(cut, "texts truncated"))
 
 
@@ -235,53 +179,8 @@ def text_numbers(input_ids):
 
 def guide_vectors(task, config, train_path, num_rows=None, width=None):
   """config.embedding.guide_embeddings: the guide's vectors (text_vectors)."""
-  return text_vectors("guide_embeddings", task.guide_embeddings, config, train_path, num_rows,
-                      width)
-
-
-def text_vectors(field, value, config, train_path, num_rows=None, width=None):
-  """config.embedding.<field> (guide_embeddings, teacher_embeddings; under data_dir unless
-  absolute): a model's vectors of the train file's texts, [N, S, G] in its rows' order, any G
-  (the model's width). Local, memory-mapped when float32 (each batch reads its rows). Checked
-  against the train file (num_rows, width) before any compute."""
-  who = "guide" if field.startswith("guide") else "teacher"
-  path = os.path.join(config.data_dir, value)
-  if files.is_remote(path) or not os.path.isfile(path):
-    raise TaskDataError(f"config.embedding.{field}={value!r}: no local file {path}; write the "
-                        f"{who}'s vectors of {train_path}'s texts there ([rows, texts a row, G] "
-                        f"float32 .npy) or set it to ''.")
-  vectors = np.load(path, mmap_mode="r")
-  if vectors.ndim != 3 or (num_rows is not None and vectors.shape[:2] != (num_rows, width)):
-    has = (f"{train_path} has {num_rows} rows of {width} texts; expected [{num_rows}, {width}, "
-           "G]" if num_rows is not None else "expected [rows of the train file, texts a row, G]")
-    raise TaskDataError(f"{path}: {who} embeddings of shape {vectors.shape}, but {has} (one "
-                        "vector per text, in the file's row and column order).")
-  return vectors if vectors.dtype == np.float32 else vectors.astype(np.float32)
-
-
-def teacher_features(task, config, path, every, rows, width):
-  """The training split's distillation arrays: teacher_margins [N, k] (the file's scores, for
-  MarginMSE) and teacher_embeddings [N, S, G] (the .npy, for embedding distillation); {} when
-  distillation is off. One line before compute when MarginMSE has nothing to learn from."""
-  out = {}
-  if task.margin_mse_weight:
-    if width < 3:
-      raise TaskDataError(f"{path}: rows with no hard negatives, but config.embedding."
-                          f"margin_mse_weight={task.margin_mse_weight:g}: MarginMSE learns the "
-                          "margin between the positive and each hard negative; add negatives "
-                          "(python -m bert_jax.mine --output_scores) or set the weight to 0.")
-    if rows[0].teacher_margins is not None:
-      out["teacher_margins"] = np.array([r.teacher_margins for r in rows], np.float32)  # [N, k]
-    elif not task.teacher_checkpoint:
-      raise TaskDataError(f"{path}: no teacher scores (a 'scores' column of 1 + k numbers, or a "
-                          f"'label' of k margins) and no config.embedding.teacher_checkpoint, but"
-                          f" config.embedding.margin_mse_weight={task.margin_mse_weight:g}; mine "
-                          "the file with python -m bert_jax.mine --output_scores, or set "
-                          "--config.embedding.teacher_checkpoint=DIR (scores in the step).")
-  if task.embed_distill_weight and task.teacher_embeddings:
-    out["teacher_embeddings"] = text_vectors("teacher_embeddings", task.teacher_embeddings,
-                                             config, path, len(every), width)[:len(rows)]
-  return out
+  return distillation.text_vectors("guide_embeddings", task.guide_embeddings, config,
+                                   train_path, num_rows, width)
 
 
 class EmbeddingModel(nn.Module):
@@ -331,7 +230,7 @@ def _bind(task):
     if wrong:
       raise TaskDataError(f"config.embedding.{wrong}")
     return EmbeddingModel(model_config, task.pooling,
-                          projection_dim(task, model_config.hidden_size))
+                          distillation.projection_dim(task, model_config.hidden_size))
 
   def loss(outputs, batch):
     if "text_slots" in batch:   # packed rows' [R, K, H] -> the rows' texts [B, S, H]
@@ -342,71 +241,32 @@ def _bind(task):
     return distillation_loss(task, outputs, batch)
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
-                             label_keys=false_negative_keys(task) + distill_keys(task),
+                             label_keys=false_negative_keys(task) + distillation.distill_keys(task),
                              train_grads=functools.partial(grad_cache_step, task),
                              pack_batches=functools.partial(pack_batches, task))
-
-
-def projection_dim(task, hidden_size):
-  """G of the learned projection (embedding distillation with embed_distill_projection), else 0;
-  without a projection the teacher's width must be the student's (one line, before compute)."""
-  if not task.embed_distill_weight:
-    return 0
-  if task.embed_distill_projection:
-    return task.teacher_dim
-  if task.teacher_dim != hidden_size:
-    teacher = task.teacher_embeddings or task.teacher_checkpoint
-    raise TaskDataError(f"config.embedding.embed_distill_projection=False, but the teacher's "
-                        f"vectors ({teacher}) are {task.teacher_dim} wide and the student's "
-                        f"{hidden_size}: set embed_distill_projection=True (a learned "
-                        f"{hidden_size} -> {task.teacher_dim} map) or use a teacher of width "
-                        f"{hidden_size}.")
-  return 0
 
 
 def distillation_loss(task, outputs, batch):
   """(loss, metrics) of a training batch's [B, S, H (+ G)] outputs: info_nce_weight x InfoNCE
   (+ margin_mse_weight x MarginMSE) (+ embed_distill_weight x the distance to the teacher's
-  vectors), each term also a metric when distillation is on. The teacher's margins are the
-  file's (teacher_margins [B, k]) or those of a teacher in the step (teacher_vectors [B, S, G]:
-  cosines, as its sentence-transformers model.similarity scores); its vectors the .npy's
-  (teacher_embeddings) or the step's."""
-  w = batch["example_weights"]
-  g = task.teacher_dim if task.embed_distill_weight and task.embed_distill_projection else 0
-  student, projected = (outputs[..., :-g], outputs[..., -g:]) if g else (outputs, outputs)
+  vectors: embedding_distillation.distill_terms), each term also a metric when distillation
+  is on."""
+  student, projected = distillation.split_outputs(task, outputs)
   terms = {}
   if task.info_nce_weight:
     terms["info_nce"] = contrastive.matryoshka_info_nce(
-        student[:, 0], student[:, 1:], task.matryoshka_dims, task.scale, task.symmetric, w,
-        **false_negatives_of(task, batch))
-  if task.margin_mse_weight:
-    margins = batch.get("teacher_margins")
-    if margins is None:
-      margins = embedding_distill.margins_of_scores(
-          embedding_distill.teacher_scores(batch["teacher_vectors"]))
-    terms["margin_mse"] = embedding_distill.margin_mse(
-        student[:, 0], student[:, 1:], margins, task.margin_mse_similarity, w)
-  if task.embed_distill_weight:
-    target = batch.get("teacher_embeddings")
-    target = batch["teacher_vectors"] if target is None else target
-    terms["embed_distill"] = embedding_distill.embed_distill(
-        projected, target, task.embed_distill_distance, w)
+        student[:, 0], student[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
+        batch["example_weights"], **false_negatives_of(task, batch))
+  terms.update(distillation.distill_terms(task, student, projected, batch))
   weights = dict(info_nce=task.info_nce_weight, margin_mse=task.margin_mse_weight,
                  embed_distill=task.embed_distill_weight)
   value = sum(weights[k] * v for k, v in terms.items())
   return value, ({"loss": value, **terms} if set(terms) != {"info_nce"} else {"loss": value})
 
 
-def distill_keys(task):
-  """The distillation arrays this task's training batches carry (teacher_features)."""
-  return (("teacher_margins",) if task.margin_mse_weight else ()) + (
-      ("teacher_embeddings",) if task.embed_distill_weight and task.teacher_embeddings else ())
-
-
 # The training batch's arrays the false-negative masks read ([B, S] text numbers, [B, S, G] guide
 # vectors; load_split adds them to the training split when asked for).
 FALSE_NEGATIVE_KEYS = ("text_ids", "guide_embeddings")
-DISTILL_KEYS = ("teacher_margins", "teacher_embeddings")   # [B, k], [B, S, G] (distillation)
 
 
 def false_negative_keys(task):
@@ -578,7 +438,7 @@ def pack_batches(task, train, config, batches, mesh):
         h * b // hosts, (h + 1) * b // hosts)
     out = {key: v[row_part] for key, v in p.items()}                    # [R / hosts, ...]
     out.update(text_slots=slots[example_part], example_weights=weights[example_part])
-    for key in FALSE_NEGATIVE_KEYS + DISTILL_KEYS:   # per example [b, S, ...], as text_slots
+    for key in FALSE_NEGATIVE_KEYS + distillation.DISTILL_KEYS:   # per example [b, S, ...]
       if key in f:
         v = np.zeros((b,) + f[key].shape[1:], f[key].dtype)
         v[:len(idx)] = f[key][idx]
@@ -648,9 +508,9 @@ def train_batch(task, config):
   if task.guide_embeddings:   # the guide's width G from the file's header (not its data)
     g = guide_vectors(task, config, task.files["train"], None, None)
     out["guide_embeddings"] = (shape[:2] + g.shape[2:], "float32")
-  if "teacher_margins" in distill_keys(task):
+  if "teacher_margins" in distillation.distill_keys(task):
     out["teacher_margins"] = ((b, shape[1] - 2), "float32")
-  if "teacher_embeddings" in distill_keys(task):
+  if "teacher_embeddings" in distillation.distill_keys(task):
     out["teacher_embeddings"] = (shape[:2] + (task.teacher_dim,), "float32")
   return out
 
@@ -729,18 +589,7 @@ def export_record(task, config):
       "pooling": task.pooling, "normalize": True, "query_prompt": task.query_prompt,
       "document_prompt": task.document_prompt, "max_seq_length": int(config.max_seq_length),
       "matryoshka_dims": [int(d) for d in task.matryoshka_dims], "scale": float(task.scale)}}
-  if task.margin_mse_weight or task.embed_distill_weight:
-    g = task.teacher_dim if task.embed_distill_weight and task.embed_distill_projection else 0
-    record["distillation"] = {
-        "info_nce_weight": task.info_nce_weight, "margin_mse_weight": task.margin_mse_weight,
-        "margin_mse_similarity": task.margin_mse_similarity,
-        "embed_distill_weight": task.embed_distill_weight,
-        "embed_distill_distance": task.embed_distill_distance,
-        "teacher": task.teacher_checkpoint or task.teacher_embeddings or "the train file's scores",
-        "distill_projection": (f"a {g}-wide Dense kept beside 'bert' for a resume and this "
-                               "run's predictions; no part of the embedding: predict embed, "
-                               "extract_features and the sentence-transformers export read "
-                               "'bert' alone" if g else None)}
+  record.update(distillation.export_record(task))
   return record
 
 
@@ -754,13 +603,13 @@ def next_commands(best_dir):
 
 # The "sentence_embedding" record of an init checkpoint (a sentence-transformers folder's
 # settings, an embedding export's record, else {}).
-checkpoint_record = embedding_teacher.checkpoint_record
+checkpoint_record = distillation.checkpoint_record
 
 
 def load_teacher(task, config, tokenizer):
   """TaskType.load_teacher: the bi-encoder teacher run frozen in the step
-  (config.embedding.teacher_checkpoint; embedding_teacher.load), or None."""
-  return embedding_teacher.load(task, config, tokenizer, EmbeddingModel)
+  (config.embedding.teacher_checkpoint; embedding_distillation.load), or None."""
+  return distillation.load(task, config, tokenizer, EmbeddingModel)
 
 
 def with_recorded_settings(config):

@@ -1,5 +1,5 @@
 """Distillation into a bi-encoder in the embedding task (issue 48 item 4; bert_jax/tasks/
-embedding.py, embedding_teacher.py, data_pipelines/tasks/pairs.py):
+embedding.py, embedding_distillation.py, data_pipelines/tasks/pairs.py):
   * the teacher's scores read in sentence-transformers' two forms (mine's `scores`: 1 + k
     numbers; MarginMSELoss's `label`: k margins) and the bad ones refused in one line;
   * config -> task, bad settings, missing scores, teacher vectors of the wrong shape: one line
@@ -34,7 +34,7 @@ from bert_jax.objectives import embedding_distill as ed
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
 from bert_jax.tasks import embedding
-from bert_jax.tasks import embedding_teacher
+from bert_jax.tasks import embedding_distillation
 from bert_jax.training import finetune_tasks as ft
 from bert_jax.training import trainer_lib
 from data_pipelines.tasks import pairs
@@ -399,7 +399,7 @@ def test_what_is_no_bi_encoder_teacher_is_one_line(tmp_path):
       architectures=["BertForSequenceClassification"], model_type="bert")), encoding="utf-8")
   with pytest.raises(TaskDataError, match=r"a BertForSequenceClassification folder is a "
                                           r"cross-encoder .*Precompute a cross-encoder's scores"):
-    embedding_teacher.width(str(cross))
+    embedding_distillation.teacher_width(str(cross))
 
 
 # ----------------------------------------------------------------------------------------------
