@@ -312,7 +312,10 @@ def cannot_learn(task, train, tokenizer, config):
                     model does (scale = 1 / temperature; 0.05 means 20).
   Warnings (a user may mean it): a scale below 5; an epoch's last batch of one row (that step's
   loss is 0); fewer distinct positives than a batch's rows (a false negative in every batch);
-  rows whose negative repeats their positive."""
+  rows whose negative repeats their positive. With info_nce_weight=0 (a teacher's terms alone)
+  none of this is the loss: nothing to say."""
+  if not task.info_nce_weight:
+    return []
   ids = train.features["input_ids"]                                     # [N, S, T]
   n, s, _ = ids.shape
   k, b = s - 2, min(n, int(config.batch_size))   # hard negatives a row, rows a batch

@@ -500,3 +500,22 @@ def test_the_guide_from_the_teacher_in_the_step_is_the_guide_file_s_mask():
                                       dict(example_weights=w))
   assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-6)
   assert abs(float(a[0]) - float(plain[0])) > 1e-3
+
+
+def test_infonce_s_cannot_learn_checks_are_off_when_it_is_off(tmp_path):
+  """config.batch_size=1 on rows with no hard negative is InfoNCE's constant loss (refused);
+  with info_nce_weight=0 and embedding distillation alone the teacher's vectors still teach."""
+  tokenizer = _data(tmp_path)
+  _jsonl(tmp_path / "pairs.jsonl", [dict(anchor=r[0], positive=r[1]) for r in ROWS])
+  np.save(tmp_path / "t.npy", np.ones((4, 2, G), np.float32))
+  c = _config(tmp_path, embed_distill_weight=1.0, teacher_embeddings="t.npy")
+  c.custom.train_file, c.batch_size = "pairs.jsonl", 1
+  task = ft.build_task(c)
+  train = ft.load_split(task, "train", tokenizer, c, True)
+  with pytest.raises(TaskDataError, match=r"config.batch_size=1 on .*pairs.jsonl's rows with no "
+                                          r"hard negatives"):
+    ft.check_can_learn(task, train, tokenizer, c)
+  c.embedding.info_nce_weight = 0.0
+  task = ft.build_task(c)
+  assert ft.check_can_learn(task, ft.load_split(task, "train", tokenizer, c, True), tokenizer,
+                            c) == []
