@@ -117,8 +117,9 @@ def build_training(task_type, model_config, config, mesh, *, num_train_steps, wa
   dummy = dict(input_ids=ids, input_mask=mask, segment_ids=segments)
   loss_fn, frozen = functools.partial(ft.loss_fn, task_type), None
   if teacher is not None:
-    loss_fn = functools.partial(ft.distill_loss_fn, task_type, float(config.distill_alpha),
-                                float(config.distill_temperature))
+    if teacher.output_key == "teacher_logits":   # soft labels; a task type's own teacher's
+      loss_fn = functools.partial(ft.distill_loss_fn, task_type,   # outputs its loss reads
+                                  float(config.distill_alpha), float(config.distill_temperature))
     frozen = teacher_frozen(teacher, dummy, mesh, rules)
   # The task type's own way to take the gradient (embedding: GradCache), checked here, before
   # compute; None: jax.value_and_grad of the loss.
@@ -138,6 +139,8 @@ class DistillTeacher(NamedTuple):
   pretrained: trainer_lib.Pretrained
   line: str                      # what was loaded, for the start-up print
   record: dict = None            # {path, directory, sha256}: the teacher by content (resume)
+  output_key: str = "teacher_logits"   # the batch key of its outputs (a task type's teacher:
+                                       #   TaskType.load_teacher, e.g. embedding's vectors)
 
 
 def distill_teacher_record(path, directory):
@@ -176,6 +179,9 @@ def load_distill_teacher(config, task, tokenizer):
   trained on the student's vocab (sha256) and casing; any of its families (BERT, ALBERT,
   ELECTRA, DistilBERT), any size."""
   path = config.get("distill_teacher", "")
+  own = task_types.of(task).load_teacher   # the task type's own (embedding: teacher_checkpoint)
+  if own is not None and not path:
+    return own(task, config, tokenizer) if config.do_train else None
   if not path:
     return None
   where = f"config.distill_teacher={path}"
@@ -225,12 +231,13 @@ def load_distill_teacher(config, task, tokenizer):
 def teacher_frozen(teacher, dummy, mesh, rules):
   """The teacher as trainer_lib's frozen network: every parameter it has (body and head) read
   once into the shardings its logical axes give; its logits [B, (K,) L] float32 join the batch
-  as "teacher_logits", deterministic and under stop_gradient."""
+  as "teacher_logits" (a task type's teacher: its output_key, e.g. embedding's
+  "teacher_vectors" [B, S, G]), deterministic and under stop_gradient."""
   model = teacher.model
 
   def apply(params, batch):
     logits = model.apply({"params": params}, batch, True, method=forward)
-    return {"teacher_logits": jax.lax.stop_gradient(logits.astype(jnp.float32))}
+    return {teacher.output_key: jax.lax.stop_gradient(logits.astype(jnp.float32))}
 
   abstract = jax.eval_shape(
       lambda r: model.init(r, dummy["input_ids"], dummy["input_mask"], dummy["segment_ids"]),

@@ -78,6 +78,8 @@ FAST = {   # -m "not slow": whole files (the rest count DEFAULT_SECONDS)
     # GISTEmbedLoss and the loops, 8-device mesh 50 s; the task's loss packed == unpacked 26 s.
     "tests/bert_jax/objectives/contrastive_false_negatives_test.py": 50,
     "tests/bert_jax/tasks/embedding_false_negatives_test.py": 26,
+    "tests/bert_jax/objectives/embedding_distill_test.py": 18,   # torch + ST's losses (2026-11-29)
+    "tests/bert_jax/tasks/embedding_distill_test.py": 15,   # the packed loss 9 s (loaded box)
 }
 
 SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of its slow tests
@@ -188,6 +190,10 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/bert_jax/tasks/reranker_end_to_end_test.py": 145,
     "tests/bert_jax/planning/plan_reranker_test.py": 190,
     "tests/bert_jax/convert/cross_encoder_test.py": 55,   # convert both ways + predict rerank
+    # Distillation (2026-11-29, loaded box): a teacher in the step == its precomputed vectors ==
+    # GradCache (3 steps compiled) 54 s; a MarginMSE student trained, exported, loaded in
+    # sentence-transformers 57 s
+    "tests/bert_jax/tasks/embedding_distill_test.py": 110,
 }
 
 

@@ -94,6 +94,7 @@ def get_config(arg="glue_mrpc"):
       contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
       contrast_positives=True))  # ... and other positives, of each anchor's positive
   _reranker_fields(c)
+  _embedding_distillation_fields(c)
 
   # Data and vocabulary.
   c.data_dir = ""               # the task's folder (e.g. glue_data/MRPC), or a TFDS data_dir
@@ -153,6 +154,30 @@ def _reranker_fields(c):
       # mnrl: documents of other rows added to each row as negatives (theirs: num_negatives=4)
       in_batch_negatives=4,
       hard_negatives=-1))       # >= 0: every training row must hold exactly this many negatives
+def _embedding_distillation_fields(c):
+  """config.embedding's distillation into the bi-encoder (docs/retrieval.md, "Distillation into a
+  bi-encoder"): loss = info_nce_weight x InfoNCE + margin_mse_weight x MarginMSE +
+  embed_distill_weight x the distance to a teacher's vectors."""
+  c.embedding.info_nce_weight = 1.0       # 0 with a distillation weight: the teacher's signal alone
+  # > 0: MarginMSE (sentence-transformers' MarginMSELoss) on the teacher's margins s(q, p) -
+  # s(q, n_i): the train file's 'scores' column (1 + k numbers: mine --output_scores) or 'label'
+  # (k margins), else the cosines of teacher_checkpoint's vectors in the step
+  c.embedding.margin_mse_weight = 0.0
+  c.embedding.margin_mse_similarity = "dot"   # the student's: dot (MarginMSELoss's default) | cos
+  # > 0: the student's vectors through a learned projection (trained, not exported) against the
+  # teacher's (EmbedDistillLoss; its MSELoss is distance mse): teacher_embeddings' or
+  # teacher_checkpoint's
+  c.embedding.embed_distill_weight = 0.0
+  c.embedding.embed_distill_distance = "cosine"   # mse | l2 | cosine
+  c.embedding.embed_distill_projection = True     # false: no projection (the widths must be equal)
+  # a .npy [N, S, G] of the teacher's vectors of the train file's texts (under data_dir)
+  c.embedding.teacher_embeddings = ""
+  # a bi-encoder teacher frozen in every step: an embedding export or a sentence-transformers
+  # folder of the student's vocabulary (gives the scores and the vectors above)
+  c.embedding.teacher_checkpoint = ""
+  # true: GISTEmbed's guide (as guide_embeddings, its margin and contrast fields) is
+  # teacher_checkpoint's vectors of each batch, computed in the step instead of a .npy
+  c.embedding.guide_from_teacher = False
 
 
 def _optimizer_and_run_fields(c):

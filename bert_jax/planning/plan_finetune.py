@@ -70,6 +70,11 @@ def check(config, devices):
   from bert_jax.parallel import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
   from bert_jax.training import trainer_lib  # pylint: disable=g-import-not-at-top
+  teacher = (config.get("embedding") or {}).get("teacher_checkpoint")
+  if teacher:   # before the task is built: building it reads the teacher's config
+    raise PlanError(f"config.embedding.teacher_checkpoint={teacher}: bert_jax.plan does not "
+                    "compile a step with a teacher inside it; drop the flag to plan the "
+                    "student's step (precomputed scores and teacher_embeddings are planned).")
   task = ft.build_task(config)
   task_type = tasks.of(task)
   if task_type.train_batch is None:

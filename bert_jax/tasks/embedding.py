@@ -9,7 +9,11 @@ triplets, task=custom with --config.custom.type=embedding.
   loss      InfoNCE over the global batch (contrastive.matryoshka_info_nce: sentence-transformers'
             MultipleNegativesRankingLoss, Matryoshka sums), padding rows out; opt-in false
             negatives out: mask_duplicates (text_ids: text_numbers), guide_embeddings (GISTEmbed:
-            guide_vectors), both carried by the training batches (false_negatives_of)
+            guide_vectors), both carried by the training batches (false_negatives_of);
+            distillation (distillation_loss; docs/retrieval.md): + MarginMSE on a teacher's
+            margins (the file's scores: teacher_features) and the distance to its vectors
+            through the head's learned distill_projection; the teacher's scores, vectors and
+            GIST guide also from a bi-encoder frozen in the step (embedding_distillation)
   eval      retrieval on the dev rows: each distinct anchor against every distinct positive and
             negative text of the split (its positives relevant): nDCG@10 (picks the best epoch),
             MRR@10, Recall@1, Recall@10, trec_eval's (bert_jax/evaluation/retrieval_metrics.py); or, for a
@@ -32,6 +36,7 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -41,9 +46,9 @@ from bert_jax import families
 from bert_jax.evaluation import retrieval_metrics
 from bert_jax.parallel import sharding as sharding_lib
 from bert_jax.tasks import common
+from bert_jax.tasks import embedding_distillation as distillation
 from bert_jax.tasks import registry
 from bert_jax.tasks import reranker   # a reranker's checkpoint is refused (its other product)
-from bert_jax_core import files
 from data_pipelines.tasks import pairs
 from data_pipelines.tasks.common import TaskDataError, pack
 
@@ -70,6 +75,18 @@ class EmbeddingTask:
   margin: float = 0.0
   contrast_anchors: bool = True
   contrast_positives: bool = True
+  # Distillation into this bi-encoder (embedding_distillation; docs/retrieval.md): the loss is
+  # info_nce_weight x InfoNCE + margin_mse_weight x MarginMSE + embed_distill_weight x distance.
+  info_nce_weight: float = 1.0
+  margin_mse_weight: float = 0.0      # the teacher's margins: the file's scores, or the teacher's
+  margin_mse_similarity: str = "dot"  # the student's similarity (ST MarginMSELoss: dot)
+  embed_distill_weight: float = 0.0   # the student's vectors (projected) against the teacher's
+  embed_distill_distance: str = "cosine"   # mse | l2 | cosine (ST EmbedDistillLoss)
+  embed_distill_projection: bool = True    # a learned H -> G map, trained and not exported
+  teacher_embeddings: str = ""        # a .npy [N, S, G]: the teacher's vectors of the train file
+  teacher_checkpoint: str = ""        # a bi-encoder teacher run frozen in every step
+  teacher_dim: int = 0                # G: the teacher's width (its .npy or its config)
+  guide_from_teacher: bool = False    # GISTEmbed's guide: teacher_checkpoint's, in the step
   type: str = "embedding"        # the task type (this module)
 
 
@@ -95,7 +112,8 @@ def custom_task(config, labels):
                                    float(e.scale), bool(e.symmetric), dims, e.query_prompt,
                                    e.document_prompt, grad_cache_chunks=chunks,
                                    num_negatives=int(e.get("num_negatives", -1)),
-                                   **false_negative_settings(e)), config)
+                                   **false_negative_settings(e),
+                                   **distillation.distillation_settings(e, config)), config)
 
 
 def false_negative_settings(e):
@@ -147,6 +165,8 @@ def load_split(task, split, tokenizer, config, is_training):
   if is_training and task.guide_embeddings:
     features["guide_embeddings"] = guide_vectors(task, config, path, len(every), width)[
         :len(rows)]
+  if is_training:
+    features.update(distillation.teacher_features(task, config, path, every, rows, width))
   return common.Split(split, rows, features, notes=common.note(cut, "texts truncated"))
 
 
@@ -160,28 +180,28 @@ def text_numbers(input_ids):
 
 
 def guide_vectors(task, config, train_path, num_rows=None, width=None):
-  """config.embedding.guide_embeddings (under data_dir unless absolute): a guide model's vectors
-  of the train file's texts, [N, S, G] in its rows' order, any G (the guide's width). Local,
-  memory-mapped when float32 (each batch reads its rows). Checked against the train file
-  (num_rows, width) before any compute."""
-  path = os.path.join(config.data_dir, task.guide_embeddings)
-  if files.is_remote(path) or not os.path.isfile(path):
-    raise TaskDataError(f"config.embedding.guide_embeddings={task.guide_embeddings!r}: no local "
-                        f"file {path}; write the guide's vectors of {train_path}'s texts there "
-                        "([rows, texts a row, G] float32 .npy) or set it to '' (no guide).")
-  vectors = np.load(path, mmap_mode="r")
-  if vectors.ndim != 3 or (num_rows is not None and vectors.shape[:2] != (num_rows, width)):
-    raise TaskDataError(f"{path}: guide embeddings of shape {vectors.shape}, but {train_path} "
-                        f"has {num_rows} rows of {width} texts; expected [{num_rows}, {width}, G]"
-                        f" (one vector per text, in the file's row and column order).")
-  return vectors if vectors.dtype == np.float32 else vectors.astype(np.float32)
+  """config.embedding.guide_embeddings: the guide's vectors (text_vectors)."""
+  return distillation.text_vectors("guide_embeddings", task.guide_embeddings, config,
+                                   train_path, num_rows, width)
 
 
 class EmbeddingModel(nn.Module):
   """[B, S, T] sequences -> [B, S, H] pooled float32 vectors (not normalised: the loss and the
-  evaluation normalise, as sentence-transformers' cosine does)."""
+  evaluation normalise, as sentence-transformers' cosine does).
+
+  projection_dim G > 0 (embedding distillation through a learned projection): a Dense H -> G,
+  "distill_projection", whose output training steps (deterministic=False) get after the pooled
+  vectors, [B, S, H + G]; evaluation and prediction get [B, S, H] alone. The projection is
+  trained with the student and is no part of the embedding (export_record)."""
   config: object
   pooling: str = "mean"
+  projection_dim: int = 0
+
+  def _with_projection(self, pooled, deterministic):
+    if not self.projection_dim:
+      return pooled
+    projected = nn.Dense(self.projection_dim, name="distill_projection")(pooled)   # [.., G]
+    return pooled if deterministic else jnp.concatenate([pooled, projected], axis=-1)
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, instance_ids=None,
@@ -192,15 +212,16 @@ class EmbeddingModel(nn.Module):
       out = families.get(self.config.family).encode(
           self.config, input_ids, input_mask, segment_ids, instance_ids=instance_ids,
           position_ids=position_ids, cls_positions=cls_positions, deterministic=deterministic)
-      return contrastive.pool_packed(out["sequence_output"], instance_ids,
-                                     cls_positions.shape[1], self.pooling)      # [R, K, H]
+      return self._with_projection(contrastive.pool_packed(
+          out["sequence_output"], instance_ids, cls_positions.shape[1], self.pooling),
+                                   deterministic)                       # [R, K, H (+ G)]
     b, s, t = input_ids.shape
     flat = lambda x: x.reshape(b * s, t)  # noqa: E731 - [B, S, T] -> [B*S, T]
     out = families.get(self.config.family).encode(self.config, flat(input_ids),
                                                   flat(input_mask), flat(segment_ids),
                                                   deterministic=deterministic)
     pooled = contrastive.pool(out["sequence_output"], flat(input_mask), self.pooling)
-    return pooled.reshape(b, s, -1)                                     # [B, S, H]
+    return self._with_projection(pooled.reshape(b, s, -1), deterministic)   # [B, S, H (+ G)]
 
 
 def _bind(task):
@@ -210,20 +231,39 @@ def _bind(task):
     wrong = contrastive.check_width(task.matryoshka_dims, model_config.hidden_size)
     if wrong:
       raise TaskDataError(f"config.embedding.{wrong}")
-    return EmbeddingModel(model_config, task.pooling)
+    return EmbeddingModel(model_config, task.pooling,
+                          distillation.projection_dim(task, model_config.hidden_size))
 
   def loss(outputs, batch):
     if "text_slots" in batch:   # packed rows' [R, K, H] -> the rows' texts [B, S, H]
       outputs = contrastive.texts_of_rows(outputs, batch["text_slots"])
-    value = contrastive.matryoshka_info_nce(
-        outputs[:, 0], outputs[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
-        batch["example_weights"], **false_negatives_of(task, batch))
-    return value, {"loss": value}
+      if "teacher_vectors" in batch:   # a teacher in the step embeds the same packed rows
+        batch = dict(batch, teacher_vectors=contrastive.texts_of_rows(
+            batch["teacher_vectors"], batch["text_slots"]))
+    return distillation_loss(task, outputs, batch)
 
   return dataclasses.replace(TYPE, create_head=create_head, loss=loss, bind=None,
-                             label_keys=false_negative_keys(task),
+                             label_keys=false_negative_keys(task) + distillation.distill_keys(task),
                              train_grads=functools.partial(grad_cache_step, task),
                              pack_batches=functools.partial(pack_batches, task))
+
+
+def distillation_loss(task, outputs, batch):
+  """(loss, metrics) of a training batch's [B, S, H (+ G)] outputs: info_nce_weight x InfoNCE
+  (+ margin_mse_weight x MarginMSE) (+ embed_distill_weight x the distance to the teacher's
+  vectors: embedding_distillation.distill_terms), each term also a metric when distillation
+  is on."""
+  student, projected = distillation.split_outputs(task, outputs)
+  terms = {}
+  if task.info_nce_weight:
+    terms["info_nce"] = contrastive.matryoshka_info_nce(
+        student[:, 0], student[:, 1:], task.matryoshka_dims, task.scale, task.symmetric,
+        batch["example_weights"], **false_negatives_of(task, batch))
+  terms.update(distillation.distill_terms(task, student, projected, batch))
+  weights = dict(info_nce=task.info_nce_weight, margin_mse=task.margin_mse_weight,
+                 embed_distill=task.embed_distill_weight)
+  value = sum(weights[k] * v for k, v in terms.items())
+  return value, ({"loss": value, **terms} if set(terms) != {"info_nce"} else {"loss": value})
 
 
 # The training batch's arrays the false-negative masks read ([B, S] text numbers, [B, S, G] guide
@@ -242,8 +282,10 @@ def false_negatives_of(task, batch):
   kw = {}
   if task.mask_duplicates and "text_ids" in batch:
     kw["text_ids"] = batch["text_ids"]
-  if task.guide_embeddings and "guide_embeddings" in batch:
-    g = batch["guide_embeddings"]
+  guide_key = ("teacher_vectors" if task.guide_from_teacher else
+               "guide_embeddings" if task.guide_embeddings else None)
+  if guide_key and guide_key in batch:   # [B, S, G]: a .npy's rows or the teacher's in the step
+    g = batch[guide_key]
     kw.update(guide=(g[:, 0], g[:, 1:]), margin=task.margin, margin_strategy=task.margin_strategy,
               contrast_anchors=task.contrast_anchors, contrast_positives=task.contrast_positives)
   return kw
@@ -272,7 +314,10 @@ def cannot_learn(task, train, tokenizer, config):
                     model does (scale = 1 / temperature; 0.05 means 20).
   Warnings (a user may mean it): a scale below 5; an epoch's last batch of one row (that step's
   loss is 0); fewer distinct positives than a batch's rows (a false negative in every batch);
-  rows whose negative repeats their positive."""
+  rows whose negative repeats their positive. With info_nce_weight=0 (a teacher's terms alone)
+  none of this is the loss: nothing to say."""
+  if not task.info_nce_weight:
+    return []
   ids = train.features["input_ids"]                                     # [N, S, T]
   n, s, _ = ids.shape
   k, b = s - 2, min(n, int(config.batch_size))   # hard negatives a row, rows a batch
@@ -398,7 +443,7 @@ def pack_batches(task, train, config, batches, mesh):
         h * b // hosts, (h + 1) * b // hosts)
     out = {key: v[row_part] for key, v in p.items()}                    # [R / hosts, ...]
     out.update(text_slots=slots[example_part], example_weights=weights[example_part])
-    for key in FALSE_NEGATIVE_KEYS:   # per example [b, S, ...], as text_slots
+    for key in FALSE_NEGATIVE_KEYS + distillation.DISTILL_KEYS:   # per example [b, S, ...]
       if key in f:
         v = np.zeros((b,) + f[key].shape[1:], f[key].dtype)
         v[:len(idx)] = f[key][idx]
@@ -468,6 +513,10 @@ def train_batch(task, config):
   if task.guide_embeddings:   # the guide's width G from the file's header (not its data)
     g = guide_vectors(task, config, task.files["train"], None, None)
     out["guide_embeddings"] = (shape[:2] + g.shape[2:], "float32")
+  if "teacher_margins" in distillation.distill_keys(task):
+    out["teacher_margins"] = ((b, shape[1] - 2), "float32")
+  if "teacher_embeddings" in distillation.distill_keys(task):
+    out["teacher_embeddings"] = (shape[:2] + (task.teacher_dim,), "float32")
   return out
 
 
@@ -541,10 +590,12 @@ def write_test(task, split, outputs, tokenizer, config, output_dir):
 def export_record(task, config):
   """best_epoch{N}'s "sentence_embedding": what predict embed, extract_features and the
   sentence-transformers export (bert_jax/convert/sentence_transformers.py) read back."""
-  return {"sentence_embedding": {
+  record = {"sentence_embedding": {
       "pooling": task.pooling, "normalize": True, "query_prompt": task.query_prompt,
       "document_prompt": task.document_prompt, "max_seq_length": int(config.max_seq_length),
       "matryoshka_dims": [int(d) for d in task.matryoshka_dims], "scale": float(task.scale)}}
+  record.update(distillation.export_record(task))
+  return record
 
 
 def next_commands(best_dir):
@@ -555,19 +606,15 @@ def next_commands(best_dir):
           "--to=sentence_transformers     # SentenceTransformer(ST_DIR)"]
 
 
-def checkpoint_record(path):
-  """The "sentence_embedding" record of an init checkpoint: a sentence-transformers folder's
-  settings (read from its files), an export's bert_config.json "sentence_embedding" (an embedding
-  run's best export, a converted sentence-transformers folder), else {}."""
-  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import sentence_transformers  # pylint: disable=g-import-not-at-top
-  if not path:
-    return {}
-  if sentence_transformers.is_st_folder(path):
-    return sentence_transformers.read_folder(path)
-  if families.is_hf_folder(path):   # a plain transformers folder records nothing
-    return {}
-  return ckpt_lib.describe(path, verify=False).meta.get("sentence_embedding") or {}
+# The "sentence_embedding" record of an init checkpoint (a sentence-transformers folder's
+# settings, an embedding export's record, else {}).
+checkpoint_record = distillation.checkpoint_record
+
+
+def load_teacher(task, config, tokenizer):
+  """TaskType.load_teacher: the bi-encoder teacher run frozen in the step
+  (config.embedding.teacher_checkpoint; embedding_distillation.load), or None."""
+  return distillation.load(task, config, tokenizer, EmbeddingModel)
 
 
 def with_recorded_settings(config):
@@ -602,4 +649,4 @@ TYPE = registry.register(registry.TaskType(
     cannot_learn=cannot_learn, packable=True,
     epoch_order=lambda split, batch_size, rng: pairs.no_duplicate_order(split.examples,
                                                                           batch_size, rng),
-    export_record=export_record, next_commands=next_commands))
+    export_record=export_record, next_commands=next_commands, load_teacher=load_teacher))

@@ -83,6 +83,10 @@ class TaskType:
   epoch_order: Optional[Callable] = None   # (train Split, batch_size, rng) -> a permutation
                                            #   of its rows; None: rng.permutation
   soft_labels: bool = False       # config.distill_teacher: a teacher's soft labels per class
+  load_teacher: Optional[Callable] = None  # (task, run config, tokenizer) -> a teacher run
+                                           #   frozen in the step (finetune.DistillTeacher's
+                                           #   fields; output_key: the batch key of its
+                                           #   outputs) or None (embedding: teacher_checkpoint)
 
   # --- Export (the family's converter builds e.g. "ModernBertFor" + hf_head).
   hf_head: str = ""               # transformers' head class suffix ("SequenceClassification")

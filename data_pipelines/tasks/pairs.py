@@ -12,6 +12,13 @@ pairs (STS: sentence1, sentence2, score) are an evaluation set (Spearman of the 
 reranker (bert_jax/tasks/reranker.py) they are sentence-transformers' CrossEncoder form (query,
 document, label), and `candidate_lists` groups any rows by query into reranking lists.
 
+A teacher's scores for distillation (MarginMSE, issue 48 item 4) are read in the two forms
+sentence-transformers writes them, into each row's `teacher_margins` (k numbers, s_p - s_n_i):
+a `scores` column of 1 + k numbers (the positive's, then each hard negative's: `python -m
+bert_jax.mine --output_scores`, ST's mine_hard_negatives(output_scores=True) for the triplet and
+n-tuple formats), or, in a row with hard negatives, a `label`/`score` column of k margins (one
+number for a triplet: ST's MarginMSELoss label). A list in a CSV/TSV cell is written as JSON.
+
 In-batch negatives make a text that appears twice in one batch a false negative, so
 `no_duplicate_batches` orders the rows as sentence-transformers' NoDuplicatesBatchSampler does:
 a row joins the current batch only if none of its texts is already there, else it waits for a
@@ -19,6 +26,7 @@ later batch.
 """
 
 import dataclasses
+import json
 import os
 import re
 
@@ -30,6 +38,7 @@ from data_pipelines.tasks.common import TaskDataError
 ANCHOR_NAMES = ("anchor", "query")
 POSITIVE_NAMES = ("positive", "document")   # document: a reranker's (query, document, label)
 SCORE_NAMES = ("score", "label")
+TEACHER_SCORES = "scores"   # mine_hard_negatives(output_scores=True)'s column: 1 + k numbers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +47,7 @@ class Pair:
   positive: str
   negatives: tuple = ()
   score: float = None   # gold similarity of a scored pair (STS); None for a training pair
+  teacher_margins: tuple = None   # k teacher margins s(a, p) - s(a, n_i) (MarginMSE), or None
 
   @property
   def texts(self):
@@ -60,15 +70,22 @@ def _score_column(names):
   return next((lower.index(n) for n in SCORE_NAMES if n in lower), None)
 
 
+def _teacher_column(names):
+  """The index of the teacher's `scores` column among names, or None."""
+  lower = [str(n).strip().lower() for n in names]
+  return lower.index(TEACHER_SCORES) if TEACHER_SCORES in lower else None
+
+
 def _columns(path, names):
   """(anchor, positive, [negatives]) columns of a header (names): by name, else by position;
-  the score column (_score_column) is never a text."""
+  the score column (_score_column) and the teacher's scores are never a text."""
   score = _score_column(names)
+  teacher = _teacher_column(names)
   lower = [str(n).strip().lower() for n in names]
   anchor = next((lower.index(n) for n in ANCHOR_NAMES if n in lower), None)
   positive = next((lower.index(n) for n in POSITIVE_NAMES if n in lower), None)
   if anchor is None and positive is None:   # sentence-transformers' order: a, p, n1, n2, ...
-    texts = [i for i in range(len(names)) if i != score]
+    texts = [i for i in range(len(names)) if i not in (score, teacher)]
     if len(texts) < 2:
       raise TaskDataError(f"{path}: {len(names)} column(s) {list(names)}; a pair needs an anchor "
                           "and a positive (columns anchor/query, positive, negative...).")
@@ -91,10 +108,52 @@ def _columns(path, names):
 
 
 def is_scored(path, file_format=None):
-  """Whether the file's rows are scored pairs (a score column in its header or first JSON row)."""
+  """Whether the file's rows are scored pairs (a score column in its header or first JSON row,
+  and no hard negatives: in a row with negatives the label is a teacher's margins)."""
   header, rows = common.read_rows(path, _format(path, file_format))
   names = list(rows[0][1]) if header is None and rows else header or []
-  return _score_column(names) is not None
+  return _score_column(names) is not None and not _columns(path, names)[2]
+
+
+def _numbers(path, line, value, name):
+  """A cell of teacher scores -> a tuple of floats: a JSON list (a string of one in CSV/TSV) or
+  one number; one line naming the row otherwise."""
+  if isinstance(value, str) and value.strip().startswith("["):
+    try:
+      value = json.loads(value)
+    except json.JSONDecodeError:
+      pass
+  values = value if isinstance(value, (list, tuple)) else [value]
+  try:
+    return tuple(float(v) for v in values)
+  except (TypeError, ValueError):
+    raise TaskDataError(f"{path}:{line}: the teacher's {name!r} is {value!r}, not numbers; give "
+                        "a list of numbers (a JSON list in a CSV/TSV cell).") from None
+
+
+def _teacher_margins(path, line, scores, label, k):
+  """The row's k teacher margins from `scores` (1 + k scores) or `label` (k margins), or None;
+  one line when the count does not fit the row's k hard negatives."""
+  if scores is None and label is None:
+    return None
+  name, values = ("scores", scores) if scores is not None else ("label", label)
+  if not k:
+    raise TaskDataError(f"{path}:{line}: a teacher's {name!r} ({len(values)} numbers) but no "
+                        "hard-negative column: MarginMSE learns the margin between the positive "
+                        "and each hard negative; add the negatives (python -m bert_jax.mine "
+                        "--output_scores writes both) or drop the column.")
+  want = 1 + k if name == "scores" else k
+  if len(values) != want:
+    what = ("the positive's score, then each negative's: mine --output_scores, sentence-"
+            "transformers' mine_hard_negatives(output_scores=True)" if name == "scores" else
+            "one margin s(anchor, positive) - s(anchor, negative_i) per negative: "
+            "sentence-transformers' MarginMSELoss label")
+    raise TaskDataError(f"{path}:{line}: {name!r} holds {len(values)} numbers but the row has "
+                        f"{k} hard negative(s); expected {want} ({what}); fix the row or the "
+                        "negative columns.")
+  if name == "scores":
+    return tuple(values[0] - v for v in values[1:])
+  return tuple(values)
 
 
 def text_column_names(path, file_format=None):
@@ -122,11 +181,12 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
     keys = list(rows[0][1])
     a, p, negs = _columns(path, keys)
     a, p, negs = keys[a], keys[p], [keys[i] for i in negs]
-    score = _score_column(keys)
+    score, teacher = _score_column(keys), _teacher_column(keys)
     score = None if score is None else keys[score]
+    teacher = None if teacher is None else keys[teacher]
   else:
     a, p, negs = _columns(path, header)
-    score = _score_column(header)
+    score, teacher = _score_column(header), _teacher_column(header)
     names = header
   out = []
   for line, row in rows:
@@ -145,8 +205,15 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
       return value
     if not isinstance(row, dict) and len(row) != len(header):
       raise TaskDataError(f"{path}:{line}: {len(row)} columns, the header has {len(header)}.")
-    gold = None
-    if score is not None:
+    gold, margins = None, None
+    if teacher is not None or (score is not None and negs):   # a teacher's, for MarginMSE
+      margins = _teacher_margins(
+          path, line,
+          None if teacher is None else _numbers(path, line, common.get_field(
+              path, line, row, teacher), "scores"),
+          None if teacher is not None or score is None else _numbers(
+              path, line, common.get_field(path, line, row, score), "label"), len(negs))
+    elif score is not None:
       value = common.get_field(path, line, row, score)
       try:
         gold = float(value)
@@ -155,7 +222,7 @@ def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
         raise TaskDataError(f"{path}:{line}: the score ({name!r}) is {value!r}, not a number; a "
                             "scored pair's gold similarity is a number.") from None
     out.append(Pair(query_prompt + text(a, "anchor"), document_prompt + text(p, "positive"),
-                    tuple(document_prompt + text(n, "negative") for n in negs), gold))
+                    tuple(document_prompt + text(n, "negative") for n in negs), gold, margins))
   if not out:
     raise TaskDataError(f"{path}: no rows after the header.")
   return out

@@ -115,8 +115,12 @@ def _finetune_config(preset="modernbert_embed_stage1,runlocal", **fields):
      r"matryoshka_dims"),
     ("modernbert_embed_stage1,runlocal", dict(pack=True),
      r"config.pack=true: a packed fine-tuning batch's row count comes from its data"),
+    ("modernbert_embed_stage1,runlocal", {"embedding.teacher_checkpoint": "runs/teacher",
+                                          "embedding.margin_mse_weight": 1.0},
+     r"config.embedding.teacher_checkpoint=runs/teacher: bert_jax.plan does not compile a "
+     r"step with a teacher inside it"),
 ], ids=["classification_task", "no_model", "batch_30_on_4_chips", "matryoshka_above_hidden",
-        "packed"])
+        "packed", "teacher_in_the_step"])
 def test_the_plan_refuses_what_it_cannot_build_before_compiling(monkeypatch, preset, fields,
                                                                 match):
   from bert_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
