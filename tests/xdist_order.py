@@ -139,7 +139,6 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     "tests/data_pipelines/tokenizers/tokenization_test.py": 17,
     "tests/benchmarks/profile_table_test.py": 17,
     "tests/data_pipelines/tokenizers/cjk_test.py": 7,
-    "tests/bert_jax/tasks/embedding_packed_test.py": 15,   # rows, bad input, BERT mean packed == unpacked: 14 s
     # Slow units added 2026-11-27 (issues 38-42), not yet measured in a whole run: the helpers'
     # single runs on the shared box (upper bounds), so that they start before the short units.
     "tests/bert_jax/checkpoint/checkpoint_fit_test.py": 200,
