@@ -78,10 +78,10 @@ def check(config, devices):
   task = ft.build_task(config)
   task_type = tasks.of(task)
   if task_type.train_batch is None:
-    able = [t for t in tasks.names() if tasks.get(t).train_batch is not None]
+    able = sorted(t for t in tasks.names() if tasks.get(t).train_batch is not None)
     raise PlanError(f"config.task={config.task}: bert_jax.plan builds the fine-tuning step of "
                     f"task types that declare their training batch ({', '.join(able)}: "
-                    f"--config.task=custom --config.custom.type={able[0]}); this task is "
+                    f"--config.task=custom --config.custom.type=<one of them>); this task is "
                     f"{task.type}, whose bert_jax/tasks/{task.type}.py declares no "
                     "`train_batch` yet.")
   if config.get("pack"):   # packed rows: how many a batch needs is the data's (pack_batches)

@@ -105,7 +105,7 @@ def _finetune_config(preset="modernbert_embed_stage1,runlocal", **fields):
 
 @pytest.mark.parametrize("preset,fields,match", [
     ("glue_mrpc", {}, r"config.task=mrpc: bert_jax.plan builds the fine-tuning step of task "
-                      r"types that declare their training batch \(embedding: .*this task is "
+                      r"types that declare their training batch \(embedding, reranker: .*this task is "
                       r"classification"),
     ("modernbert_embed_stage1,runlocal", dict(model_name=""),
      r"a fine-tuning plan needs the model: --config.model_name=PRESET"),
