@@ -25,8 +25,8 @@ The rows (ROWS, in order; --rows picks them, default every built one):
 A row not built yet is a function raising NotBuilt (one line naming the branch it needs) when
 --rows selects it: fill it in after merging that branch.
 
-Everything goes under --out_dir; a run whose summary.json says finished is reused, so an
-interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
+Everything goes under --out_dir; a run whose summary.json says finished is reused (its time as
+first measured), so an interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
 commands, and a `RESULT {json}` line.
 """
 
@@ -152,7 +152,20 @@ def run(ladder, argv, log_name):
   if done.returncode != 0:
     raise RuntimeError(f"{shown(argv)} exited {done.returncode}; its output: "
                        f"{ladder.path('logs', log_name)}")
-  return time.time() - start
+  seconds = time.time() - start
+  with open(ladder.path("logs", log_name + ".seconds"), "w", encoding="utf-8") as f:
+    f.write(f"{seconds:.1f}\n")
+  return seconds
+
+
+def reused_seconds(ladder, workdir):
+  """A finished run's wall time when the ladder reuses it: the command's as the ladder measured
+  it, else (a run it did not time) the program's own wall_time_sec (start-up not included)."""
+  path = ladder.path("logs", os.path.basename(workdir) + ".log.seconds")
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      return float(f.read())
+  return float(finished(workdir).get("wall_time_sec", 0.0))
 
 
 def finished(workdir):
@@ -203,6 +216,8 @@ def evaluate_on_test(ladder, checkpoint, workdir):
   if not ladder.dry_run and finished(workdir) is None:
     shutil.rmtree(workdir, ignore_errors=True)
     seconds = run(ladder, argv, os.path.basename(workdir) + ".log")
+  elif not ladder.dry_run:
+    seconds = reused_seconds(ladder, workdir)
   metrics = None if ladder.dry_run else test_metrics(finished(workdir))
   return argv, metrics, seconds
 
@@ -219,6 +234,8 @@ def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed):
   if not ladder.dry_run and finished(workdir) is None:
     shutil.rmtree(workdir, ignore_errors=True)
     seconds = run(ladder, argv, os.path.basename(workdir) + ".log")
+  elif not ladder.dry_run:
+    seconds = reused_seconds(ladder, workdir)
   best = (os.path.join(workdir, "best_epoch{N}") if ladder.dry_run
           else finished(workdir)["best_checkpoint"])
   return argv, best, seconds

@@ -111,3 +111,21 @@ def test_first_layers_keeps_the_embeddings_and_the_first_layers(tmp_path):
   assert os.path.isfile(os.path.join(out, "modules.json"))
   with pytest.raises(rl.LadderError, match="--student_layers=5: .* num_hidden_layers=4; choose 1..4"):
     rl.first_layers(str(src), str(tmp_path / "cut5"), 5)
+
+
+def test_a_finished_run_is_reused_with_its_figures_and_time(tmp_path):
+  ladder = rl.Ladder(out_dir=str(tmp_path))
+  workdir = tmp_path / "minilm_zero_shot_test"
+  workdir.mkdir()
+  final = {f"eval/dev/{m}": v for m, v in zip(rl.METRICS, (0.7, 0.6, 0.5, 0.9))}
+  (workdir / "summary.json").write_text(json.dumps(
+      {"status": "finished", "final_eval": final, "wall_time_sec": 50.0}))
+  # no .seconds file: the program's own wall time; with one, the ladder's measure
+  _, metrics, seconds = rl.evaluate_on_test(ladder, "ckpt", str(workdir))
+  assert metrics == dict(zip(rl.METRICS, (0.7, 0.6, 0.5, 0.9))) and seconds == 50.0
+  (tmp_path / "logs").mkdir()
+  (tmp_path / "logs" / "minilm_zero_shot_test.log.seconds").write_text("61.5\n")
+  assert rl.evaluate_on_test(ladder, "ckpt", str(workdir))[2] == 61.5
+  # an unfinished run is not reused (it would be run again)
+  (workdir / "summary.json").write_text(json.dumps({"status": "running"}))
+  assert rl.finished(str(workdir)) is None
