@@ -157,6 +157,9 @@ SLOW = {   # -m slow: a name with "::" is a unit of its own, a file the rest of 
     # sentence-transformers both ways: 88 s with torch's first import (37 s), 3 CLIs apart
     "tests/bert_jax/convert/st_interop_test.py": 95,
     "tests/bert_jax/convert/st_interop_test.py::test_clis": 60,   # 3 CLIs: 55 s (2026-11-27, load 14)
+    # all-MiniLM-L6-v2 (PyPI) converted and against SentenceTransformer.encode, both ways: 45 s
+    # (2026-11-29, load ~1; the converting subprocess and torch's first import included)
+    "tests/bert_jax/convert/minilm_real_test.py": 60,
     "tests/bert_jax/objectives/contrastive_pod_test.py": 25,   # a 2-process pod: 14-16 s on the loaded box
     # Mining hard negatives (issue 48 item 1), 2026-11-29 on the loaded box: parity with ST's
     # mine_hard_negatives x3, blocks, approx 59 s with the fixture; the CLI, its ST rows and a

