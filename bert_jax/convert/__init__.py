@@ -227,21 +227,16 @@ def convert_to_orbax(path, output, source="auto", **kwargs):
 def convert_cross_encoder(path, output, *, vocab_file=None, do_lower_case=None):
   """A sentence-transformers CrossEncoder folder (or a transformers *ForSequenceClassification
   with one label) -> an Orbax export of task_type "reranker": the body as any transformers
-  folder, its classifier beside it (cross_encoder.py); a tokenizer.json WordPiece without
-  vocab.txt becomes the export's vocab.txt. Returns meta."""
-  import tempfile  # pylint: disable=g-import-not-at-top
+  folder (a tokenizer.json WordPiece without vocab.txt is read as the vocab there, as for
+  all-MiniLM-L6-v2), its classifier beside it (cross_encoder.py). Returns meta."""
   from bert_jax.convert import cross_encoder  # pylint: disable=g-import-not-at-top
   check_new_output(output)
   settings = cross_encoder.check_folder(path)
-  with tempfile.TemporaryDirectory() as tmp:
-    if vocab_file is None:
-      vocab_file, lower = cross_encoder.wordpiece_vocab(path, tmp)
-      do_lower_case = lower if do_lower_case is None else do_lower_case
-    params, config, meta = import_checkpoint(path, "hf", vocab_file=vocab_file,
-                                             do_lower_case=do_lower_case,
-                                             ignore=r"^classifier\.")
-    params, meta = cross_encoder.with_classifier(path, params, config, meta, settings)
-    return write_export(output, params, config, meta)
+  params, config, meta = import_checkpoint(path, "hf", vocab_file=vocab_file,
+                                           do_lower_case=do_lower_case,
+                                           ignore=r"^classifier\.")
+  params, meta = cross_encoder.with_classifier(path, params, config, meta, settings)
+  return write_export(output, params, config, meta)
 
 
 def summary(meta, config=None):

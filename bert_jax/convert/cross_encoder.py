@@ -133,28 +133,6 @@ def with_classifier(path, params, config, meta, settings):
   return {"bert": params["bert"], "classifier": {"kernel": weight.T, "bias": bias}}, meta
 
 
-def wordpiece_vocab(path, directory):
-  """A folder without vocab.txt whose tokenizer.json is a WordPiece (what transformers 5 and
-  sentence-transformers 6 save for a BERT tokenizer): its vocab written as vocab.txt (ids in
-  order) under `directory`, and its lowercasing -> (vocab path, do_lower_case); else (None, None)."""
-  tokenizer = os.path.join(path, "tokenizer.json")
-  if os.path.isfile(os.path.join(path, writing.VOCAB_NAME)) or not os.path.isfile(tokenizer):
-    return None, None
-  t = _json(tokenizer)
-  model = t.get("model") or {}
-  if model.get("type") != "WordPiece":
-    return None, None
-  vocab = model["vocab"]
-  tokens = sorted(vocab, key=vocab.get)
-  if [vocab[k] for k in tokens] != list(range(len(tokens))):
-    raise CrossEncoderError(f"{tokenizer}: WordPiece ids are not 0..{len(tokens) - 1}; pass "
-                            "the checkpoint's vocab.txt with --vocab_file.")
-  out = os.path.join(directory, writing.VOCAB_NAME)
-  with open(out, "w", encoding="utf-8") as f:
-    f.write("\n".join(tokens) + "\n")
-  return out, bool((t.get("normalizer") or {}).get("lowercase", False))
-
-
 # ----------------------------------------------------------------------------------------------
 # Ours -> CrossEncoder.
 # ----------------------------------------------------------------------------------------------
