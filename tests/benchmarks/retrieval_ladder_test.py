@@ -38,7 +38,8 @@ def test_table_has_one_line_per_row_with_each_metric():
 
 def test_row_selection():
   assert rl.select_rows("built") == list(rl.DEFAULT_ROWS) == rl.select_rows("")
-  assert "minilm_mined" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert "reranker_top100" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert "minilm_mined" in rl.DEFAULT_ROWS and "minilm_mined_margin" in rl.DEFAULT_ROWS
   assert rl.select_rows("all") == list(rl.ROWS)
   # the ladder's order, whatever the order given
   assert rl.select_rows("student_inbatch, bm25") == ["bm25", "student_inbatch"]
@@ -49,9 +50,7 @@ def test_row_selection():
   assert rl.parse_seeds("0, 1,2") == (0, 1, 2)
 
 
-@pytest.mark.parametrize("name, branch", [("minilm_mined", "r48-mine"),
-                                          ("minilm_mined_margin", "r48-mine"),
-                                          ("reranker_top100", "r48-reranker"),
+@pytest.mark.parametrize("name, branch", [("reranker_top100", "r48-reranker"),
                                           ("student_distilled", "r48-distill")])
 def test_a_row_not_built_is_one_line_before_any_row_runs(tmp_path, capsys, name, branch):
   assert set(rl.NOT_BUILT) <= set(rl.ROWS)
@@ -129,3 +128,46 @@ def test_a_finished_run_is_reused_with_its_figures_and_time(tmp_path):
   # an unfinished run is not reused (it would be run again)
   (workdir / "summary.json").write_text(json.dumps({"status": "running"}))
   assert rl.finished(str(workdir)) is None
+
+
+def test_mined_rows_mine_once_then_fine_tune_on_the_mined_file(tmp_path, capsys):
+  """minilm_mined(_margin): `bert_jax.mine` with MiniLM on train.jsonl (exact, n-tuple, the rank
+  window skipping the top; the margin row adds --relative_margin), then each seed's fine-tune
+  reads the mined file (relative to the data directory, so dev.jsonl is still the dev split) and
+  is read once on test."""
+  assert rl.main(["--dry_run", "--rows=minilm_mined,minilm_mined_margin", "--seeds=5",
+                  "--num_negatives=2", "--range_min=1", "--range_max=20",
+                  f"--out_dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  mines = [l for l in out if l.startswith("python -m bert_jax.mine ")]
+  assert mines == [
+      f"python -m bert_jax.mine --init_checkpoint={tmp_path}/minilm --input_file={tmp_path}/data/"
+      f"train.jsonl --output_file={tmp_path}/{name}/train.jsonl --num_negatives=2 --range_min=1 "
+      "--range_max=20 --output_format=n-tuple --output_scores --max_seq_length=128 "
+      "--progress=false" + extra
+      for name, extra in (("minilm_mined", ""), ("minilm_mined_margin", " --relative_margin=0.05"))]
+  tunes = [l for l in out if "--config.do_train=false" not in l and "bert_jax.finetune" in l]
+  assert len(tunes) == 2
+  for name, line in zip(("minilm_mined", "minilm_mined_margin"), tunes):
+    assert f"--config.data_dir={tmp_path}/data " in line
+    assert f"--config.custom.train_file=../{name}/train.jsonl " in line
+    assert "--config.custom.dev_file=dev.jsonl" in line and "--config.seed=5" in line
+    assert f"--config.init_checkpoint={tmp_path}/minilm " in line
+    assert f"--workdir={tmp_path}/{name}_seed5" in line
+  tests = [l for l in out if "--config.do_train=false" in l]
+  assert [f"{tmp_path}/{n}_seed5/best_epoch" in l for n, l in
+          zip(("minilm_mined", "minilm_mined_margin"), tests)] == [True, True]
+  assert all("--config.custom.train_file=train.jsonl" in l and
+             "--config.custom.dev_file=test.jsonl" in l for l in tests)
+  assert not os.listdir(tmp_path)
+
+
+def test_a_mined_file_is_reused_with_its_measured_time(tmp_path):
+  ladder = rl.Ladder(out_dir=str(tmp_path))
+  (tmp_path / "minilm_mined").mkdir()
+  (tmp_path / "minilm_mined" / "train.jsonl").write_text("{}\n")
+  (tmp_path / "logs").mkdir()
+  (tmp_path / "logs" / "mine_minilm_mined.log.seconds").write_text("42.5\n")
+  argv, train_file, seconds = rl.mined(ladder, "minilm_mined")(ladder, "ckpt")
+  assert train_file == os.path.join("..", "minilm_mined", "train.jsonl") and seconds == 42.5
+  assert "--init_checkpoint=ckpt" in argv[0] and "--relative_margin" not in " ".join(argv[0])
