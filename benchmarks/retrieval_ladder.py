@@ -18,13 +18,13 @@ The rows (ROWS, in order; --rows picks them, default every built one):
   student_zero_shot    the student: MiniLM's embeddings and first --student_layers layers
                        (L3-H384: half MiniLM's layers), no training
   student_inbatch      the student fine-tuned with in-batch negatives only
-  minilm_mined         + hard negatives mined by bert_jax.mine with MiniLM (--num_negatives a
+  minilm_mined         + hard negatives mined by bert_jax.mine with MiniLM (--num_negatives, 1, a
                        query, ranks --range_min..--range_max - 1, n-tuple rows)
   minilm_mined_margin  + the margin filter on the mined negatives (--relative_margin 0.05)
   reranker_top100      a reranker over the bi-encoder's top-100         (not built yet)
   student_distilled    the student distilled from the reranker (MarginMSE) (not built yet)
-A row not built yet is a function raising NotBuilt (one line naming the branch it needs) when
---rows selects it: fill it in after merging that branch.
+A row not built yet is a function raising NotBuilt (one line naming what it needs) when
+--rows selects it.
 
 Everything goes under --out_dir; a run whose summary.json says finished is reused (its time as
 first measured), so an interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
@@ -124,7 +124,8 @@ class Ladder:
   student_layers: int = 3
   student_lr: float = 1e-4
   student_epochs: int = 2
-  num_negatives: int = 3     # mined hard negatives a query (minilm_mined*)
+  num_negatives: int = 1     # mined hard negatives a query (minilm_mined*): 1 keeps a step at 3
+                             # texts a row (3 doubled the fine-tune on the 2-core box)
   range_min: int = 2         # the mined rank window [range_min, range_max)
   range_max: int = 30
   relative_margin: float = 0.05   # minilm_mined_margin: NV-Retriever's 95% rule
@@ -439,15 +440,19 @@ def row_minilm_mined_margin(ladder):
 
 
 def row_reranker_top100(ladder):
-  """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100."""
-  raise NotBuilt("row reranker_top100: not built yet: needs branches r48-reranker "
-                 "(--config.custom.type=reranker) and r48-mine (the top-100 candidates)")
+  """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100 (not run yet:
+  docs/retrieval.md "Evidence on real text", "The mined rows", says what it needs)."""
+  raise NotBuilt("row reranker_top100: not built yet: needs the reranker's init from MiniLM's "
+                 "body (a transformers folder: the converted ST export is refused as an "
+                 "embedder) and an honest top-100 test list (queries whose positive the "
+                 "bi-encoder missed counted as misses); see docs/retrieval.md")
 
 
 def row_student_distilled(ladder):
   """The student distilled from the reranker's scores (MarginMSE), against student_inbatch."""
-  raise NotBuilt("row student_distilled: not built yet: needs branches r48-distill (MarginMSE) "
-                 "and r48-reranker (the teacher)")
+  raise NotBuilt("row student_distilled: not built yet: needs row reranker_top100 (the teacher) "
+                 "and bert_jax.mine rescoring the mined rows with a cross-encoder (ST's "
+                 "cross_encoder=); see docs/retrieval.md")
 
 
 ROWS = {

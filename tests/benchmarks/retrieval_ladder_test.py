@@ -50,11 +50,11 @@ def test_row_selection():
   assert rl.parse_seeds("0, 1,2") == (0, 1, 2)
 
 
-@pytest.mark.parametrize("name, branch", [("reranker_top100", "r48-reranker"),
-                                          ("student_distilled", "r48-distill")])
+@pytest.mark.parametrize("name, branch", [("reranker_top100", "honest top-100"),
+                                          ("student_distilled", "rescoring the mined rows")])
 def test_a_row_not_built_is_one_line_before_any_row_runs(tmp_path, capsys, name, branch):
   assert set(rl.NOT_BUILT) <= set(rl.ROWS)
-  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs branch.*{branch}"):
+  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs .*{branch}"):
     rl.ROWS[name](rl.Ladder(out_dir=str(tmp_path)))
   # the CLI: exit 2, one line, and bm25 (first in the ladder) not run: nothing written
   assert rl.main([f"--rows=bm25,{name}", f"--out_dir={tmp_path / 'out'}"]) == 2
