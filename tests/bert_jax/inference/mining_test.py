@@ -117,14 +117,14 @@ def test_cross_encoder_rescoring_equals_sentence_transformers(data, st_model, cr
   from sentence_transformers import CrossEncoder  # pylint: disable=g-import-not-at-top
   folder, m = st_model
   ce_folder, ce = cross_encoder
-  rows = data["splits"]["train"]
+  rows = data["splits"]["train"][:30]   # each query's candidates are 10 pairs for both rerankers
   settings = dict(num_negatives=2, range_min=1, range_max=10, relative_margin=0.05,
                   output_format="n-tuple", output_scores=True)
   theirs = mining_testlib.st_mine(rows, folder, cross_encoder=CrossEncoder(ce_folder,
                                                                            device="cpu"),
                                   **settings)
   mined, ours = _ours(m, rows, cross_encoder=ce_folder, reranker=ce, **settings)
-  assert len(ours) >= 9, len(ours)
+  assert len(ours) >= 6, len(ours)
   assert mined.skipped.get("relative_margin", 0) > 10, mined.skipped
   # the scores are the cross-encoder's sigmoids, not the embedder's cosines (0.85-0.97 here)
   embedder_only, _ = _ours(m, rows, **settings)
