@@ -439,6 +439,51 @@ def row_minilm_mined_margin(ladder):
                   mined(ladder, "minilm_mined_margin", ladder.relative_margin))
 
 
+def first_stage_lists(rows, k):
+  """A bi-encoder's top-k per query, honestly, from `bert_jax.mine`'s n-tuple rows with scores
+  mined with --num_negatives=k --range_max=k on the evaluation split (each row: query, positive,
+  negative_1..negative_k, scores [positive, negative_1..k]; one row per positive of a query).
+
+  A query's top-k is its positives and its k best other documents merged by the bi-encoder's
+  score, cut to k. Returns (lists, misses): lists [(query, [(document, label)])] of the queries
+  with a positive in their top-k (label 1 for a positive, 0 otherwise, in the bi-encoder's
+  order), misses [query] of those without (the reranker cannot find what the first stage
+  missed: they count 0 at every cutoff; the positive is never inserted). A positive tied with
+  the k-th document counts as outside (a miss)."""
+  queries = {}
+  for r in rows:
+    names = list(r)
+    query, positive = r[names[0]], r[names[1]]
+    negatives = [r[f"negative_{i + 1}"] for i in range(k)]
+    scores = [float(x) for x in r["scores"]]
+    if len(scores) != k + 1:
+      raise LadderError(f"a mined row has {len(scores)} scores, expected {k + 1} (--num_negatives"
+                        f"={k} --output_format=n-tuple --output_scores).")
+    entry = queries.setdefault(query, {"positives": {}, "negatives": list(zip(negatives,
+                                                                              scores[1:]))})
+    entry["positives"][positive] = scores[0]
+  lists, misses = [], []
+  for query, entry in queries.items():
+    candidates = ([(d, s, 1, 1) for d, s in entry["positives"].items()]
+                  + [(d, s, 0, 0) for d, s in entry["negatives"]])
+    # best first; at equal scores the negative first (a tie at the cut is a miss)
+    top = sorted(candidates, key=lambda c: (-c[1], c[3]))[:k]
+    if any(label for _, _, label, _ in top):
+      lists.append((query, [(d, label) for d, _, label, _ in top]))
+    else:
+      misses.append(query)
+  return lists, misses
+
+
+def with_misses(metrics, hits, queries):
+  """{metric: value} over every query: the hit queries' mean (what the reranker's evaluation
+  of their lists reports) times hits / queries, each miss counting 0 (nDCG@10, MRR@10,
+  Recall@1, Recall@10 are all 0 for a query whose relevant document is not in its list)."""
+  if not 0 <= hits <= queries or queries < 1:
+    raise ValueError(f"hits {hits} of {queries} queries")
+  return {m: v * hits / queries for m, v in metrics.items()}
+
+
 def row_reranker_top100(ladder):
   """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100 (not run yet:
   docs/retrieval.md "Evidence on real text", "The mined rows", says what it needs)."""

@@ -171,3 +171,25 @@ def test_a_mined_file_is_reused_with_its_measured_time(tmp_path):
   argv, train_file, seconds = rl.mined(ladder, "minilm_mined")(ladder, "ckpt")
   assert train_file == os.path.join("..", "minilm_mined", "train.jsonl") and seconds == 42.5
   assert "--init_checkpoint=ckpt" in argv[0] and "--relative_margin" not in " ".join(argv[0])
+
+
+def test_first_stage_lists_keep_the_bi_encoders_top_k_and_count_misses():
+  """The reranker's candidates are exactly the first stage's top-k: a positive outside it is a
+  miss (never inserted), a tie at the cut too; a query with two positives merges its rows."""
+  def row(q, p, negs, scores):
+    return {"query": q, "positive": p, **{f"negative_{i + 1}": n for i, n in enumerate(negs)},
+            "scores": scores}
+  rows = [row("q1", "p1", ["a", "b", "c"], [0.8, 0.9, 0.7, 0.1]),   # p1 2nd: in the top 3
+          row("q2", "p2", ["a", "b", "c"], [0.2, 0.9, 0.7, 0.3]),   # p2 4th: a miss
+          row("q3", "p3", ["a", "b", "c"], [0.3, 0.9, 0.7, 0.3]),   # tied with the 3rd: a miss
+          row("q4", "p4", ["a", "b", "c"], [0.1, 0.9, 0.7, 0.3]),   # q4's two positives:
+          row("q4", "p5", ["a", "b", "c"], [0.8, 0.9, 0.7, 0.3])]   # p5 2nd, p4 out
+  lists, misses = rl.first_stage_lists(rows, 3)
+  assert lists == [("q1", [("a", 0), ("p1", 1), ("b", 0)]),
+                   ("q4", [("a", 0), ("p5", 1), ("b", 0)])]
+  assert misses == ["q2", "q3"]
+  # the whole split's figure: the hits' mean x hits / queries (a miss is 0 at every cutoff)
+  assert rl.with_misses({"ndcg@10": 0.8, "recall@10": 1.0}, 2, 4) == {"ndcg@10": 0.4,
+                                                                      "recall@10": 0.5}
+  with pytest.raises(rl.LadderError, match="expected 4 scores|has 3 scores, expected 4"):
+    rl.first_stage_lists([row("q", "p", ["a", "b", "c"], [0.1, 0.2, 0.3])], 3)
