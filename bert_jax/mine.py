@@ -109,7 +109,27 @@ def check_request(args, devices):
                              f"{args.batch_size} (e.g. "
                              f"{args.batch_size * max(1, args.block_size // args.batch_size)}).")
   check_embedder(args.init_checkpoint)
+  check_cross_encoder(getattr(args, "cross_encoder", None))
   return settings, problem
+
+
+def check_cross_encoder(path):
+  """One line, from the checkpoint's metadata alone, for a --cross_encoder that is not a
+  reranker (an embedder, a pre-training export, a plain transformers encoder)."""
+  if not path:
+    return
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  try:
+    found = reranker.checkpoint_product(path)
+  except ckpt_lib.CheckpointError as e:
+    raise mining.MiningError(f"--cross_encoder={path}: {e}") from None
+  if found != "reranker":
+    what = reranker.RETRIEVAL_PRODUCTS.get(found) or (
+        f"a {found} model" if found else "an encoder without a reranker's head")
+    raise mining.MiningError(f"--cross_encoder={path}: is {what}, not a cross-encoder; give a "
+                             "custom.type=reranker run's best_epoch{N} or a sentence-transformers "
+                             "CrossEncoder folder.")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -166,6 +166,25 @@ def test_cross_encoder_without_a_filter_is_refused_as_st_ignores_it():
   assert not mining.rescores(mining.Settings(relative_margin=0.05))
 
 
+def test_a_cross_encoder_that_is_not_a_reranker_is_one_line_before_the_model(tmp_path):
+  """--cross_encoder= an encoder without a reranker's head (a plain transformers BertModel
+  folder) or no checkpoint at all: one line naming --cross_encoder, before any model is read."""
+  _pairs(tmp_path, ROWS)
+  plain = tmp_path / "bert"
+  plain.mkdir()
+  (plain / "config.json").write_text(json.dumps({"architectures": ["BertModel"],
+                                                 "model_type": "bert"}))
+  (plain / "model.safetensors").write_text("")
+  with pytest.raises(mining.MiningError) as e:
+    mine.check_request(_args(tmp_path, cross_encoder=str(plain), min_score=0.0), 1)
+  _one_line(e, f"--cross_encoder={plain}: is an encoder without a reranker's head, not a "
+            "cross-encoder", "CrossEncoder folder")
+  with pytest.raises(mining.MiningError) as e:
+    mine.check_request(_args(tmp_path, cross_encoder=str(tmp_path / "nothing"), min_score=0.0), 1)
+  _one_line(e, f"--cross_encoder={tmp_path / 'nothing'}")
+  assert not (tmp_path / "out.jsonl").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # Bounded memory: blocks are an implementation detail.
 # ----------------------------------------------------------------------------------------------
