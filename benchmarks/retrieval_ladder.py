@@ -18,12 +18,13 @@ The rows (ROWS, in order; --rows picks them, default every built one):
   student_zero_shot    the student: MiniLM's embeddings and first --student_layers layers
                        (L3-H384: half MiniLM's layers), no training
   student_inbatch      the student fine-tuned with in-batch negatives only
-  minilm_mined         + hard negatives mined by bert_jax.mine          (not built yet)
-  minilm_mined_margin  + the margin filter on the mined negatives       (not built yet)
+  minilm_mined         + hard negatives mined by bert_jax.mine with MiniLM (--num_negatives, 1, a
+                       query, ranks --range_min..--range_max - 1, n-tuple rows)
+  minilm_mined_margin  + the margin filter on the mined negatives (--relative_margin 0.05)
   reranker_top100      a reranker over the bi-encoder's top-100         (not built yet)
   student_distilled    the student distilled from the reranker (MarginMSE) (not built yet)
-A row not built yet is a function raising NotBuilt (one line naming the branch it needs) when
---rows selects it: fill it in after merging that branch.
+A row not built yet is a function raising NotBuilt (one line naming what it needs) when
+--rows selects it.
 
 Everything goes under --out_dir; a run whose summary.json says finished is reused (its time as
 first measured), so an interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
@@ -123,6 +124,11 @@ class Ladder:
   student_layers: int = 3
   student_lr: float = 1e-4
   student_epochs: int = 2
+  num_negatives: int = 1     # mined hard negatives a query (minilm_mined*): 1 keeps a step at 3
+                             # texts a row (3 doubled the fine-tune on the 2-core box)
+  range_min: int = 2         # the mined rank window [range_min, range_max)
+  range_max: int = 30
+  relative_margin: float = 0.05   # minilm_mined_margin: NV-Retriever's 95% rule
   dry_run: bool = False   # print the commands, run nothing (tests)
 
   def path(self, *parts):
@@ -222,10 +228,14 @@ def evaluate_on_test(ladder, checkpoint, workdir):
   return argv, metrics, seconds
 
 
-def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed):
-  """In-batch negatives only (the embedding task's InfoNCE); dev picks the best epoch.
+def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed, train_file="train.jsonl"):
+  """The embedding task's InfoNCE over in-batch negatives (and a mined file's hard negatives:
+  train_file, relative to the data directory); dev picks the best epoch.
   (argv, best export, seconds)."""
-  argv = [sys.executable, "-m", "bert_jax.finetune", *embedding_flags(ladder),
+  flags = embedding_flags(ladder)
+  flags[flags.index("--config.custom.train_file=train.jsonl")] = (
+      f"--config.custom.train_file={train_file}")
+  argv = [sys.executable, "-m", "bert_jax.finetune", *flags,
           f"--config.init_checkpoint={checkpoint}", "--config.custom.dev_file=dev.jsonl",
           f"--config.batch_size={ladder.batch_size}", f"--config.learning_rate={lr}",
           f"--config.num_train_epochs={epochs}", "--config.do_predict=false",
@@ -321,14 +331,21 @@ def _zero_shot(ladder, name, what, ensure):
              [metrics or dict.fromkeys(METRICS, 0.0)], seconds)
 
 
-def _trained(ladder, name, what, ensure, lr, epochs):
+def _trained(ladder, name, what, ensure, lr, epochs, prepare=None):
+  """One fine-tune per seed from ensure's checkpoint, each read once on test. prepare(ladder,
+  checkpoint) -> ([argv], train_file, seconds): a step before the fine-tunes (mining), run once,
+  its train_file (relative to the data directory) trained on."""
   ensure_data(ladder)
   made, checkpoint = ensure(ladder)
   made = made if isinstance(made[0], list) else [made]
   commands, runs, seconds = [shown(a) for a in made], [], 0.0
+  train_file = "train.jsonl"
+  if prepare is not None:
+    steps, train_file, seconds = prepare(ladder, checkpoint)
+    commands += [shown(a) for a in steps]
   for seed in ladder.seeds:
     argv, best, s1 = fine_tune(ladder, checkpoint, ladder.path(f"{name}_seed{seed}"), lr, epochs,
-                               seed)
+                               seed, train_file)
     test_argv, metrics, s2 = evaluate_on_test(ladder, best, ladder.path(f"{name}_seed{seed}_test"))
     if seed == ladder.seeds[0]:
       commands += [shown(argv) + "   # each seed", shown(test_argv)]
@@ -361,28 +378,126 @@ def row_student_inbatch(ladder):
                   ladder.student_lr, ladder.student_epochs)
 
 
+def mine_command(ladder, checkpoint, output_file, relative_margin=None):
+  """python -m bert_jax.mine on train.jsonl: exact search, --num_negatives a query in the rank
+  window [--range_min, --range_max) (the very top skipped: the likeliest false negatives), one
+  n-tuple row a query with the embedder's scores (MarginMSE's input; unread without it)."""
+  argv = [sys.executable, "-m", "bert_jax.mine", f"--init_checkpoint={checkpoint}",
+          f"--input_file={os.path.join(ladder.data_dir, 'train.jsonl')}",
+          f"--output_file={output_file}", f"--num_negatives={ladder.num_negatives}",
+          f"--range_min={ladder.range_min}", f"--range_max={ladder.range_max}",
+          "--output_format=n-tuple", "--output_scores",
+          f"--max_seq_length={ladder.max_seq_length}", "--progress=false"]
+  if relative_margin is not None:
+    argv.append(f"--relative_margin={relative_margin:g}")
+  return argv
+
+
+def mined(ladder, name, relative_margin=None):
+  """prepare for _trained: mines train.jsonl into out_dir/name/train.jsonl once (a finished
+  file is reused, with its measured time); ([argv], train_file, seconds)."""
+  def prepare(_, checkpoint):
+    output = ladder.path(name, "train.jsonl")
+    argv = mine_command(ladder, checkpoint, output, relative_margin)
+    seconds = 0.0
+    if not ladder.dry_run and os.path.isfile(output):
+      seconds = _logged_seconds(ladder, f"mine_{name}.log")
+    elif not ladder.dry_run:
+      os.makedirs(ladder.path(name), exist_ok=True)
+      seconds = run(ladder, argv, f"mine_{name}.log")
+    return [argv], os.path.join("..", name, "train.jsonl"), seconds
+  return prepare
+
+
+def _logged_seconds(ladder, log_name):
+  path = ladder.path("logs", log_name + ".seconds")
+  if not os.path.isfile(path):
+    return 0.0
+  with open(path, encoding="utf-8") as f:
+    return float(f.read())
+
+
 def row_minilm_mined(ladder):
-  """MiniLM fine-tuned on train.jsonl + hard negatives mined by `python -m bert_jax.mine`."""
-  raise NotBuilt("row minilm_mined: not built yet: needs branch r48-mine (python -m bert_jax.mine)")
+  """MiniLM fine-tuned on train.jsonl + hard negatives mined by `python -m bert_jax.mine` with
+  MiniLM itself (the minilm_inbatch settings; the mined n-tuple rows instead of the pairs)."""
+  return _trained(ladder, "minilm_mined",
+                  f"all-MiniLM-L6-v2 + {ladder.num_negatives} mined hard negatives (ranks "
+                  f"{ladder.range_min}..{ladder.range_max - 1}; {ladder.minilm_epochs} epoch(s) "
+                  f"at {ladder.minilm_lr:g})", ensure_minilm, ladder.minilm_lr,
+                  ladder.minilm_epochs, mined(ladder, "minilm_mined"))
 
 
 def row_minilm_mined_margin(ladder):
   """As minilm_mined with mine's margin filter (NV-Retriever: negatives above 95% of the
   positive's score dropped)."""
-  raise NotBuilt("row minilm_mined_margin: not built yet: needs branch r48-mine (the margin "
-                 "filter of python -m bert_jax.mine)")
+  return _trained(ladder, "minilm_mined_margin",
+                  f"all-MiniLM-L6-v2 + {ladder.num_negatives} mined hard negatives, relative "
+                  f"margin {ladder.relative_margin:g} (ranks {ladder.range_min}.."
+                  f"{ladder.range_max - 1}; {ladder.minilm_epochs} epoch(s) at "
+                  f"{ladder.minilm_lr:g})", ensure_minilm, ladder.minilm_lr,
+                  ladder.minilm_epochs,
+                  mined(ladder, "minilm_mined_margin", ladder.relative_margin))
+
+
+def first_stage_lists(rows, k):
+  """A bi-encoder's top-k per query, honestly, from `bert_jax.mine`'s n-tuple rows with scores
+  mined with --num_negatives=k --range_max=k on the evaluation split (each row: query, positive,
+  negative_1..negative_k, scores [positive, negative_1..k]; one row per positive of a query).
+
+  A query's top-k is its positives and its k best other documents merged by the bi-encoder's
+  score, cut to k. Returns (lists, misses): lists [(query, [(document, label)])] of the queries
+  with a positive in their top-k (label 1 for a positive, 0 otherwise, in the bi-encoder's
+  order), misses [query] of those without (the reranker cannot find what the first stage
+  missed: they count 0 at every cutoff; the positive is never inserted). A positive tied with
+  the k-th document counts as outside (a miss)."""
+  queries = {}
+  for r in rows:
+    names = list(r)
+    query, positive = r[names[0]], r[names[1]]
+    negatives = [r[f"negative_{i + 1}"] for i in range(k)]
+    scores = [float(x) for x in r["scores"]]
+    if len(scores) != k + 1:
+      raise LadderError(f"a mined row has {len(scores)} scores, expected {k + 1} (--num_negatives"
+                        f"={k} --output_format=n-tuple --output_scores).")
+    entry = queries.setdefault(query, {"positives": {}, "negatives": list(zip(negatives,
+                                                                              scores[1:]))})
+    entry["positives"][positive] = scores[0]
+  lists, misses = [], []
+  for query, entry in queries.items():
+    candidates = ([(d, s, 1, 1) for d, s in entry["positives"].items()]
+                  + [(d, s, 0, 0) for d, s in entry["negatives"]])
+    # best first; at equal scores the negative first (a tie at the cut is a miss)
+    top = sorted(candidates, key=lambda c: (-c[1], c[3]))[:k]
+    if any(label for _, _, label, _ in top):
+      lists.append((query, [(d, label) for d, _, label, _ in top]))
+    else:
+      misses.append(query)
+  return lists, misses
+
+
+def with_misses(metrics, hits, queries):
+  """{metric: value} over every query: the hit queries' mean (what the reranker's evaluation
+  of their lists reports) times hits / queries, each miss counting 0 (nDCG@10, MRR@10,
+  Recall@1, Recall@10 are all 0 for a query whose relevant document is not in its list)."""
+  if not 0 <= hits <= queries or queries < 1:
+    raise ValueError(f"hits {hits} of {queries} queries")
+  return {m: v * hits / queries for m, v in metrics.items()}
 
 
 def row_reranker_top100(ladder):
-  """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100."""
-  raise NotBuilt("row reranker_top100: not built yet: needs branches r48-reranker "
-                 "(--config.custom.type=reranker) and r48-mine (the top-100 candidates)")
+  """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100 (not run yet:
+  docs/retrieval.md "Evidence on real text", "The mined rows", says what it needs)."""
+  raise NotBuilt("row reranker_top100: not built yet: needs the reranker's init from MiniLM's "
+                 "body (a transformers folder: the converted ST export is refused as an "
+                 "embedder) and an honest top-100 test list (queries whose positive the "
+                 "bi-encoder missed counted as misses); see docs/retrieval.md")
 
 
 def row_student_distilled(ladder):
   """The student distilled from the reranker's scores (MarginMSE), against student_inbatch."""
-  raise NotBuilt("row student_distilled: not built yet: needs branches r48-distill (MarginMSE) "
-                 "and r48-reranker (the teacher)")
+  raise NotBuilt("row student_distilled: not built yet: needs row reranker_top100 (the teacher) "
+                 "and bert_jax.mine rescoring the mined rows with a cross-encoder (ST's "
+                 "cross_encoder=); see docs/retrieval.md")
 
 
 ROWS = {
@@ -396,7 +511,7 @@ ROWS = {
     "reranker_top100": row_reranker_top100,
     "student_distilled": row_student_distilled,
 }
-NOT_BUILT = ("minilm_mined", "minilm_mined_margin", "reranker_top100", "student_distilled")
+NOT_BUILT = ("reranker_top100", "student_distilled")
 DEFAULT_ROWS = tuple(r for r in ROWS if r not in NOT_BUILT)
 
 
@@ -452,6 +567,10 @@ def main(argv=None):
   p.add_argument("--student_layers", type=int, default=Ladder.student_layers)
   p.add_argument("--student_lr", type=float, default=Ladder.student_lr)
   p.add_argument("--student_epochs", type=int, default=Ladder.student_epochs)
+  p.add_argument("--num_negatives", type=int, default=Ladder.num_negatives)
+  p.add_argument("--range_min", type=int, default=Ladder.range_min)
+  p.add_argument("--range_max", type=int, default=Ladder.range_max)
+  p.add_argument("--relative_margin", type=float, default=Ladder.relative_margin)
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   # The student's first step on its own: MiniLM's folder cut to its first layers.
   p.add_argument("--first_layers_of", default="")
@@ -465,6 +584,8 @@ def main(argv=None):
                     max_seq_length=args.max_seq_length, minilm_lr=args.minilm_lr,
                     minilm_epochs=args.minilm_epochs, student_layers=args.student_layers,
                     student_lr=args.student_lr, student_epochs=args.student_epochs,
+                    num_negatives=args.num_negatives, range_min=args.range_min,
+                    range_max=args.range_max, relative_margin=args.relative_margin,
                     dry_run=args.dry_run)
     rows = run_ladder(ladder, select_rows(args.rows))
   except LadderError as e:

@@ -77,6 +77,10 @@ def define_flags():
   flags.DEFINE_string("corpus_prompt", None, "Default: the checkpoint's document prompt.")
   flags.DEFINE_string("vocab_file", None, "Default: the checkpoint's own.")
   flags.DEFINE_bool("progress", True, "A progress bar on stderr.")
+  flags.DEFINE_string("cross_encoder", None, "A reranker (our reranker export, a CrossEncoder "
+                      "folder) that rescores every candidate and positive before the filters, as "
+                      "ST's cross_encoder=: only with a filter set (ST's rule); the scores (and "
+                      "--output_scores) are then its sigmoids.")
 
 
 def settings_of(args):
@@ -105,7 +109,27 @@ def check_request(args, devices):
                              f"{args.batch_size} (e.g. "
                              f"{args.batch_size * max(1, args.block_size // args.batch_size)}).")
   check_embedder(args.init_checkpoint)
+  check_cross_encoder(getattr(args, "cross_encoder", None))
   return settings, problem
+
+
+def check_cross_encoder(path):
+  """One line, from the checkpoint's metadata alone, for a --cross_encoder that is not a
+  reranker (an embedder, a pre-training export, a plain transformers encoder)."""
+  if not path:
+    return
+  from bert_jax.checkpoint import store as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  try:
+    found = reranker.checkpoint_product(path)
+  except ckpt_lib.CheckpointError as e:
+    raise mining.MiningError(f"--cross_encoder={path}: {e}") from None
+  if found != "reranker":
+    what = reranker.RETRIEVAL_PRODUCTS.get(found) or (
+        f"a {found} model" if found else "an encoder without a reranker's head")
+    raise mining.MiningError(f"--cross_encoder={path}: is {what}, not a cross-encoder; give a "
+                             "custom.type=reranker run's best_epoch{N} or a sentence-transformers "
+                             "CrossEncoder folder.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,9 +194,10 @@ def tokenizer_fn(m, max_seq_length):
 
 
 def mine(m, problem, settings, *, pooling, query_prompt, corpus_prompt, max_seq_length,
-         batch_size, block_size, mesh=None, progress=False):
+         batch_size, block_size, mesh=None, progress=False, reranker=None):
   """(mining.Mined, rows) of `problem` with the embedder `m` (predict.load_embedder), searched
-  over `mesh` (default: every device, one data axis)."""
+  over `mesh` (default: every device, one data axis); where mining.rescores(settings), the
+  candidates rescored by `reranker` (predict.load_reranker; on the host, a query at a time)."""
   from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   mesh = mesh or sharding.create_mesh((-1, 1, 1))
   search = mining.BlockSearch(
@@ -182,6 +207,11 @@ def mine(m, problem, settings, *, pooling, query_prompt, corpus_prompt, max_seq_
       recall_target=settings.recall_target)
   scores, indices, pos_scores = mining.search(problem, search, query_prompt=query_prompt,
                                               corpus_prompt=corpus_prompt, progress=progress)
+  if mining.rescores(settings):
+    from bert_jax import predict  # pylint: disable=g-import-not-at-top
+    scores, pos_scores = mining.rescore(
+        problem, indices, pos_scores,
+        lambda query, docs: predict.rerank_predict(reranker, query, docs))
   mined = mining.select(problem, settings, scores, indices, pos_scores)
   return mined, mining.rows_of(problem, settings, mined)
 
@@ -228,6 +258,12 @@ def main(argv):
   corpus_prompt = corpus_prompt if FLAGS.corpus_prompt is None else FLAGS.corpus_prompt
   say(f"loaded {m.description}; pooling {pooling}, query prompt {query_prompt!r}, corpus prompt "
       f"{corpus_prompt!r}, max_seq_length {length}")
+  reranker = None
+  if settings.cross_encoder:
+    reranker = predict.load_reranker(settings.cross_encoder)
+    say(f"loaded the cross-encoder {reranker.description}; it rescores each query's "
+        f"{mining.candidates_k(settings, problem)} candidates and its positives before the "
+        f"filters (scores: its {predict.rerank_activation(reranker)})")
   say(f"read {FLAGS.input_file}: {problem.num_rows:,} rows, {len(problem.queries):,} distinct "
       f"queries; corpus {len(problem.corpus):,} distinct texts ("
       + (f"{problem.corpus_given:,} from {FLAGS.corpus_file} + the positives"
@@ -243,7 +279,7 @@ def main(argv):
   mined, rows = mine(m, problem, settings, pooling=pooling, query_prompt=query_prompt,
                      corpus_prompt=corpus_prompt, max_seq_length=length,
                      batch_size=FLAGS.batch_size, block_size=FLAGS.block_size,
-                     progress=FLAGS.progress and lead)
+                     progress=FLAGS.progress and lead, reranker=reranker)
   seconds = time.time() - t0
   for line in mining.summary(problem, settings, mined, rows):
     say(line)

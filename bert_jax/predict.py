@@ -262,10 +262,24 @@ def rerank_scores(m, query, documents, *, max_seq_length=None):
   return np.asarray(_score_batch(m.params, m.config, ids, mask, segments))[0].astype(np.float32)
 
 
+def rerank_activation(m):
+  """The activation CrossEncoder.predict applies to m's logits: its recorded one, else sigmoid
+  (ST's default for one label)."""
+  return (m.meta.get("cross_encoder") or {}).get("activation_fn") or "sigmoid"
+
+
+def rerank_predict(m, query, documents, *, max_seq_length=None):
+  """[N] float32: CrossEncoder.predict's scores (rerank_scores with rerank_activation)."""
+  scores = rerank_scores(m, query, documents, max_seq_length=max_seq_length)
+  if rerank_activation(m) == "sigmoid":
+    return (1 / (1 + np.exp(-scores.astype(np.float64)))).astype(np.float32)
+  return scores
+
+
 def format_ranking(m, documents, scores):
   """Documents best first, with the score CrossEncoder.predict gives (its activation: sigmoid by
   default) and the raw logit."""
-  activation = (m.meta.get("cross_encoder") or {}).get("activation_fn") or "sigmoid"
+  activation = rerank_activation(m)
   shown = 1 / (1 + np.exp(-scores)) if activation == "sigmoid" else scores
   lines = [f"{len(documents)} documents ranked (score: {activation} of the logit)"]
   for rank, i in enumerate(np.argsort(-scores, kind="stable"), start=1):

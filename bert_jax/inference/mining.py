@@ -14,7 +14,10 @@ mining_test.py checks it on stdlib docstring rows):
     margin > the query's lowest positive score), relative_margin (candidate > lowest positive -
     |lowest positive| * margin: NV-Retriever's TopK-PercPos), max_score, min_score; the best
     range_max survivors, the first range_min of them skipped, then num_negatives: the top ones,
-    or a seeded random sample of the survivors re-sorted by score;
+    or a seeded random sample of the survivors re-sorted by score; with a cross-encoder
+    (ST's cross_encoder=) and any filter set, every candidate and positive is first rescored by
+    it (its sigmoid, CrossEncoder.predict's), and the filters, ranks and scores are its (without
+    a filter ST ignores the cross-encoder; resolve refuses that in one line);
   - rows: triplet (anchor, positive, negative: one row per found negative, for every positive
     of the query) or n-tuple (anchor, positive, negative_1..negative_n: only rows with all n
     found); with output_scores a `scores` list, [positive score, negative score(s)], as ST writes.
@@ -70,6 +73,7 @@ class Settings:
   seed: int = 0
   search: str = "exact"
   recall_target: float = 0.95
+  cross_encoder: str | None = None   # ST's cross_encoder=: a reranker that rescores (rescores())
 
 
 @dataclasses.dataclass
@@ -173,8 +177,15 @@ def resolve(settings, problem):
                       f"distinct texts, so a query has at most {room} candidates besides its "
                       f"positive; lower --num_negatives to {max(room, 1)} or less, or pass a "
                       "larger --corpus_file.")
+  if s.cross_encoder and not rescores(s):
+    raise MiningError(f"--cross_encoder={s.cross_encoder}: sentence-transformers rescores the "
+                      "candidates with a cross-encoder only when a filter is set, and ignores it "
+                      "otherwise; add --absolute_margin, --relative_margin, --max_score or "
+                      "--min_score (--min_score=0 drops nothing: the scores are sigmoids), or "
+                      "drop --cross_encoder.")
   range_max = s.range_max
   filtered = any(x is not None for x in (s.absolute_margin, s.relative_margin, s.max_score))
+  filtered |= bool(s.cross_encoder) and s.min_score is not None   # ST's condition, as written
   if range_max is None:   # ST: room for the positives, and 10x the negatives when filters drop some
     range_max = s.range_min + s.num_negatives * (10 if filtered else 1) + problem.max_positives
   if s.range_min >= range_max:
@@ -347,6 +358,32 @@ def search(problem, block_search, *, corpus_prompt="", query_prompt="", progress
 # ----------------------------------------------------------------------------------------------
 # ST's selection, on the host.
 # ----------------------------------------------------------------------------------------------
+def rescores(settings):
+  """ST's rule (hard_negatives.py, "Rescore with cross_encoder"): the cross-encoder replaces the
+  embedder's scores only when a filter is set (absolute/relative margin, max/min score)."""
+  s = settings
+  return bool(s.cross_encoder) and any(
+      x is not None for x in (s.absolute_margin, s.relative_margin, s.max_score, s.min_score))
+
+
+def rescore(problem, indices, positive_scores, score_pairs):
+  """The search's candidates and each query's positives scored by a cross-encoder, as ST does
+  before its filters: every candidate of a query (indices [NQ, K], -1: none, left -inf for
+  select) and its positives, by score_pairs(query, [documents]) -> [n] float32 (the
+  cross-encoder's activation applied: CrossEncoder.predict's). Returns (scores [NQ, K],
+  positive_scores [NQ, P]) in the search's layout."""
+  indices = np.asarray(indices, np.int64)
+  scores = np.full(indices.shape, -np.inf, np.float32)
+  positives = np.array(positive_scores, np.float32, copy=True)
+  for q, query in enumerate(problem.queries):
+    real = indices[q] >= 0
+    if real.any():
+      scores[q, real] = score_pairs(query, [problem.corpus[i] for i in indices[q][real]])
+    own = problem.positives[q]
+    positives[q, :len(own)] = score_pairs(query, [problem.corpus[i] for i in own])
+  return scores, positives
+
+
 @dataclasses.dataclass
 class Mined:
   indices: np.ndarray        # [NQ, num_negatives] corpus indices (-1: none)

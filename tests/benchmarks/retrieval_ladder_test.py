@@ -38,7 +38,8 @@ def test_table_has_one_line_per_row_with_each_metric():
 
 def test_row_selection():
   assert rl.select_rows("built") == list(rl.DEFAULT_ROWS) == rl.select_rows("")
-  assert "minilm_mined" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert "reranker_top100" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert "minilm_mined" in rl.DEFAULT_ROWS and "minilm_mined_margin" in rl.DEFAULT_ROWS
   assert rl.select_rows("all") == list(rl.ROWS)
   # the ladder's order, whatever the order given
   assert rl.select_rows("student_inbatch, bm25") == ["bm25", "student_inbatch"]
@@ -49,13 +50,11 @@ def test_row_selection():
   assert rl.parse_seeds("0, 1,2") == (0, 1, 2)
 
 
-@pytest.mark.parametrize("name, branch", [("minilm_mined", "r48-mine"),
-                                          ("minilm_mined_margin", "r48-mine"),
-                                          ("reranker_top100", "r48-reranker"),
-                                          ("student_distilled", "r48-distill")])
+@pytest.mark.parametrize("name, branch", [("reranker_top100", "honest top-100"),
+                                          ("student_distilled", "rescoring the mined rows")])
 def test_a_row_not_built_is_one_line_before_any_row_runs(tmp_path, capsys, name, branch):
   assert set(rl.NOT_BUILT) <= set(rl.ROWS)
-  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs branch.*{branch}"):
+  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs .*{branch}"):
     rl.ROWS[name](rl.Ladder(out_dir=str(tmp_path)))
   # the CLI: exit 2, one line, and bm25 (first in the ladder) not run: nothing written
   assert rl.main([f"--rows=bm25,{name}", f"--out_dir={tmp_path / 'out'}"]) == 2
@@ -129,3 +128,68 @@ def test_a_finished_run_is_reused_with_its_figures_and_time(tmp_path):
   # an unfinished run is not reused (it would be run again)
   (workdir / "summary.json").write_text(json.dumps({"status": "running"}))
   assert rl.finished(str(workdir)) is None
+
+
+def test_mined_rows_mine_once_then_fine_tune_on_the_mined_file(tmp_path, capsys):
+  """minilm_mined(_margin): `bert_jax.mine` with MiniLM on train.jsonl (exact, n-tuple, the rank
+  window skipping the top; the margin row adds --relative_margin), then each seed's fine-tune
+  reads the mined file (relative to the data directory, so dev.jsonl is still the dev split) and
+  is read once on test."""
+  assert rl.main(["--dry_run", "--rows=minilm_mined,minilm_mined_margin", "--seeds=5",
+                  "--num_negatives=2", "--range_min=1", "--range_max=20",
+                  f"--out_dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  mines = [l for l in out if l.startswith("python -m bert_jax.mine ")]
+  assert mines == [
+      f"python -m bert_jax.mine --init_checkpoint={tmp_path}/minilm --input_file={tmp_path}/data/"
+      f"train.jsonl --output_file={tmp_path}/{name}/train.jsonl --num_negatives=2 --range_min=1 "
+      "--range_max=20 --output_format=n-tuple --output_scores --max_seq_length=128 "
+      "--progress=false" + extra
+      for name, extra in (("minilm_mined", ""), ("minilm_mined_margin", " --relative_margin=0.05"))]
+  tunes = [l for l in out if "--config.do_train=false" not in l and "bert_jax.finetune" in l]
+  assert len(tunes) == 2
+  for name, line in zip(("minilm_mined", "minilm_mined_margin"), tunes):
+    assert f"--config.data_dir={tmp_path}/data " in line
+    assert f"--config.custom.train_file=../{name}/train.jsonl " in line
+    assert "--config.custom.dev_file=dev.jsonl" in line and "--config.seed=5" in line
+    assert f"--config.init_checkpoint={tmp_path}/minilm " in line
+    assert f"--workdir={tmp_path}/{name}_seed5" in line
+  tests = [l for l in out if "--config.do_train=false" in l]
+  assert [f"{tmp_path}/{n}_seed5/best_epoch" in l for n, l in
+          zip(("minilm_mined", "minilm_mined_margin"), tests)] == [True, True]
+  assert all("--config.custom.train_file=train.jsonl" in l and
+             "--config.custom.dev_file=test.jsonl" in l for l in tests)
+  assert not os.listdir(tmp_path)
+
+
+def test_a_mined_file_is_reused_with_its_measured_time(tmp_path):
+  ladder = rl.Ladder(out_dir=str(tmp_path))
+  (tmp_path / "minilm_mined").mkdir()
+  (tmp_path / "minilm_mined" / "train.jsonl").write_text("{}\n")
+  (tmp_path / "logs").mkdir()
+  (tmp_path / "logs" / "mine_minilm_mined.log.seconds").write_text("42.5\n")
+  argv, train_file, seconds = rl.mined(ladder, "minilm_mined")(ladder, "ckpt")
+  assert train_file == os.path.join("..", "minilm_mined", "train.jsonl") and seconds == 42.5
+  assert "--init_checkpoint=ckpt" in argv[0] and "--relative_margin" not in " ".join(argv[0])
+
+
+def test_first_stage_lists_keep_the_bi_encoders_top_k_and_count_misses():
+  """The reranker's candidates are exactly the first stage's top-k: a positive outside it is a
+  miss (never inserted), a tie at the cut too; a query with two positives merges its rows."""
+  def row(q, p, negs, scores):
+    return {"query": q, "positive": p, **{f"negative_{i + 1}": n for i, n in enumerate(negs)},
+            "scores": scores}
+  rows = [row("q1", "p1", ["a", "b", "c"], [0.8, 0.9, 0.7, 0.1]),   # p1 2nd: in the top 3
+          row("q2", "p2", ["a", "b", "c"], [0.2, 0.9, 0.7, 0.3]),   # p2 4th: a miss
+          row("q3", "p3", ["a", "b", "c"], [0.3, 0.9, 0.7, 0.3]),   # tied with the 3rd: a miss
+          row("q4", "p4", ["a", "b", "c"], [0.1, 0.9, 0.7, 0.3]),   # q4's two positives:
+          row("q4", "p5", ["a", "b", "c"], [0.8, 0.9, 0.7, 0.3])]   # p5 2nd, p4 out
+  lists, misses = rl.first_stage_lists(rows, 3)
+  assert lists == [("q1", [("a", 0), ("p1", 1), ("b", 0)]),
+                   ("q4", [("a", 0), ("p5", 1), ("b", 0)])]
+  assert misses == ["q2", "q3"]
+  # the whole split's figure: the hits' mean x hits / queries (a miss is 0 at every cutoff)
+  assert rl.with_misses({"ndcg@10": 0.8, "recall@10": 1.0}, 2, 4) == {"ndcg@10": 0.4,
+                                                                      "recall@10": 0.5}
+  with pytest.raises(rl.LadderError, match="expected 4 scores|has 3 scores, expected 4"):
+    rl.first_stage_lists([row("q", "p", ["a", "b", "c"], [0.1, 0.2, 0.3])], 3)

@@ -47,14 +47,15 @@ def st_model(data):
   return folder, m
 
 
-def _ours(m, rows, corpus=(), *, batch_size=8, block_size=16, **kw):
+def _ours(m, rows, corpus=(), *, batch_size=8, block_size=16, reranker=None, **kw):
   problem = mining.build_problem([r["query"] for r in rows], [r["positive"] for r in rows],
                                  corpus, "query", "positive")
   settings = mining.resolve(mining.Settings(**kw), problem)
   pooling, prompt, length = predict.embedding_settings(m, None, "query")
   assert (pooling, prompt, length) == ("mean", "", 64)   # the folder's record
   return mine.mine(m, problem, settings, pooling=pooling, query_prompt="", corpus_prompt="",
-                   max_seq_length=length, batch_size=batch_size, block_size=block_size)
+                   max_seq_length=length, batch_size=batch_size, block_size=block_size,
+                   reranker=reranker)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,6 +87,102 @@ def test_mined_rows_equal_sentence_transformers(data, st_model, case):
   assert mined.skipped.get("relative_margin", 0) + mined.skipped.get("absolute_margin", 0) > 100
   ties = mining_testlib.same_rows(theirs, ours)
   assert ties <= 1, ties
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(data, st_model):
+  """(CrossEncoder folder, our reranker of it): a tiny random BertForSequenceClassification
+  saved by CrossEncoder.save with the ST folder's vocab, converted once into the test's cache."""
+  from tests.testlib import reranker_testlib  # pylint: disable=g-import-not-at-top
+  folder = reranker_testlib.write_cross_encoder(
+      str(data["dir"] / "ce"), os.path.join(st_model[0], "vocab.txt"), hidden=32, layers=2)
+  saved = os.environ.get("BERT_JAX_CACHE")
+  os.environ["BERT_JAX_CACHE"] = str(data["dir"] / "cache")
+  try:
+    m = predict.load_reranker(folder)
+  finally:
+    if saved is None:
+      os.environ.pop("BERT_JAX_CACHE")
+    else:
+      os.environ["BERT_JAX_CACHE"] = saved
+  return folder, m
+
+
+@pytest.mark.slow
+def test_cross_encoder_rescoring_equals_sentence_transformers(data, st_model, cross_encoder):
+  """mine_hard_negatives(cross_encoder=...) with a relative margin: the embedder's top-k, every
+  candidate and positive rescored by the CrossEncoder (its sigmoid), then the filters and the
+  window on those scores; our rows and scores equal theirs (scores within 1e-4, the reranker's
+  conversion tolerance)."""
+  from sentence_transformers import CrossEncoder  # pylint: disable=g-import-not-at-top
+  folder, m = st_model
+  ce_folder, ce = cross_encoder
+  rows = data["splits"]["train"][:30]   # each query's candidates are 10 pairs for both rerankers
+  settings = dict(num_negatives=2, range_min=1, range_max=10, relative_margin=0.05,
+                  output_format="n-tuple", output_scores=True)
+  theirs = mining_testlib.st_mine(rows, folder, cross_encoder=CrossEncoder(ce_folder,
+                                                                           device="cpu"),
+                                  **settings)
+  mined, ours = _ours(m, rows, cross_encoder=ce_folder, reranker=ce, **settings)
+  assert len(ours) >= 6, len(ours)
+  assert mined.skipped.get("relative_margin", 0) > 10, mined.skipped
+  # the scores are the cross-encoder's sigmoids, not the embedder's cosines (0.85-0.97 here)
+  embedder_only, _ = _ours(m, rows, **settings)
+  ce_pos, cos_pos = (np.concatenate(x.positive_scores) for x in (mined, embedder_only))
+  assert np.abs(ce_pos - cos_pos).max() > 0.05, (ce_pos[:5], cos_pos[:5])
+  assert mining_testlib.same_rows(theirs, ours, tie=1e-4) <= 1
+
+
+def test_rescore_replaces_every_candidate_and_positive_score():
+  """mining.rescore: each query's real candidates (index >= 0) and its positives get the
+  cross-encoder's scores, in the search's layout; a missing candidate stays -inf."""
+  problem = mining.build_problem(["q0", "q1"], ["p0", "p1"], ["d0"])   # corpus d0 p0 p1
+  indices = np.array([[1, 0, -1], [2, 1, 0]])
+  pos = np.array([[0.9], [0.8]], np.float32)
+  calls = []
+
+  def score_pairs(query, docs):
+    calls.append((query, tuple(docs)))
+    return np.array([len(query) + 10 * int(d[1]) + (0.5 if d[0] == "p" else 0) for d in docs],
+                    np.float32)
+  scores, positives = mining.rescore(problem, indices, pos, score_pairs)
+  assert calls == [("q0", ("p0", "d0")), ("q0", ("p0",)), ("q1", ("p1", "p0", "d0")),
+                   ("q1", ("p1",))]
+  assert scores.tolist() == [[2.5, 2.0, -np.inf], [12.5, 2.5, 2.0]]
+  assert positives.tolist() == [[2.5], [12.5]] and pos.tolist()[0][0] == pytest.approx(0.9)
+
+
+def test_cross_encoder_without_a_filter_is_refused_as_st_ignores_it():
+  """ST rescores only with a margin/max/min score set; --cross_encoder alone would be silently
+  unused, so it is one line; with --min_score ST's range_max default takes 10x the negatives."""
+  problem = mining.build_problem([f"q{i}" for i in range(40)], [f"p{i}" for i in range(40)])
+  with pytest.raises(mining.MiningError) as e:
+    mining.resolve(mining.Settings(num_negatives=2, cross_encoder="ce"), problem)
+  _one_line(e, "--cross_encoder=ce", "only when a filter is set", "--min_score=0")
+  s = mining.resolve(mining.Settings(num_negatives=2, cross_encoder="ce", min_score=0.0),
+                     problem)
+  assert s.range_max == 0 + 2 * 10 + 1 and mining.rescores(s)
+  assert mining.resolve(mining.Settings(num_negatives=2, min_score=0.0), problem).range_max == 3
+  assert not mining.rescores(mining.Settings(relative_margin=0.05))
+
+
+def test_a_cross_encoder_that_is_not_a_reranker_is_one_line_before_the_model(tmp_path):
+  """--cross_encoder= an encoder without a reranker's head (a plain transformers BertModel
+  folder) or no checkpoint at all: one line naming --cross_encoder, before any model is read."""
+  _pairs(tmp_path, ROWS)
+  plain = tmp_path / "bert"
+  plain.mkdir()
+  (plain / "config.json").write_text(json.dumps({"architectures": ["BertModel"],
+                                                 "model_type": "bert"}))
+  (plain / "model.safetensors").write_text("")
+  with pytest.raises(mining.MiningError) as e:
+    mine.check_request(_args(tmp_path, cross_encoder=str(plain), min_score=0.0), 1)
+  _one_line(e, f"--cross_encoder={plain}: is an encoder without a reranker's head, not a "
+            "cross-encoder", "CrossEncoder folder")
+  with pytest.raises(mining.MiningError) as e:
+    mine.check_request(_args(tmp_path, cross_encoder=str(tmp_path / "nothing"), min_score=0.0), 1)
+  _one_line(e, f"--cross_encoder={tmp_path / 'nothing'}")
+  assert not (tmp_path / "out.jsonl").exists()
 
 
 # ----------------------------------------------------------------------------------------------
