@@ -213,17 +213,23 @@ def embedding_flags(ladder):
           f"--config.max_seq_length={ladder.max_seq_length}", "--config.eval_batch_size=64"]
 
 
+def run_or_reuse(ladder, argv, workdir):
+  """Runs a finetune argv into workdir unless a finished run is there (then its recorded time);
+  the seconds it took. A dry run runs nothing: 0.0."""
+  if ladder.dry_run:
+    return 0.0
+  if finished(workdir) is None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return run(ladder, argv, os.path.basename(workdir) + ".log")
+  return reused_seconds(ladder, workdir)
+
+
 def evaluate_on_test(ladder, checkpoint, workdir):
   """The test split's metrics of checkpoint (finetune with do_train false); (argv, metrics, s)."""
   argv = [sys.executable, "-m", "bert_jax.finetune", *embedding_flags(ladder),
           f"--config.init_checkpoint={checkpoint}", "--config.custom.dev_file=test.jsonl",
           "--config.do_train=false", "--config.do_predict=false", f"--workdir={workdir}"]
-  seconds = 0.0
-  if not ladder.dry_run and finished(workdir) is None:
-    shutil.rmtree(workdir, ignore_errors=True)
-    seconds = run(ladder, argv, os.path.basename(workdir) + ".log")
-  elif not ladder.dry_run:
-    seconds = reused_seconds(ladder, workdir)
+  seconds = run_or_reuse(ladder, argv, workdir)
   metrics = None if ladder.dry_run else test_metrics(finished(workdir))
   return argv, metrics, seconds
 
@@ -240,12 +246,7 @@ def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed, train_file="train.j
           f"--config.batch_size={ladder.batch_size}", f"--config.learning_rate={lr}",
           f"--config.num_train_epochs={epochs}", "--config.do_predict=false",
           f"--config.seed={seed}", f"--workdir={workdir}"]
-  seconds = 0.0
-  if not ladder.dry_run and finished(workdir) is None:
-    shutil.rmtree(workdir, ignore_errors=True)
-    seconds = run(ladder, argv, os.path.basename(workdir) + ".log")
-  elif not ladder.dry_run:
-    seconds = reused_seconds(ladder, workdir)
+  seconds = run_or_reuse(ladder, argv, workdir)
   best = (os.path.join(workdir, "best_epoch{N}") if ladder.dry_run
           else finished(workdir)["best_checkpoint"])
   return argv, best, seconds

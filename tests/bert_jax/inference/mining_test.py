@@ -8,6 +8,7 @@ result is the same whatever the block size (7 blocks or one). approx_max_k again
 requests: one line each, before the model is read.
 """
 
+import contextlib
 import json
 import os
 import types
@@ -31,19 +32,26 @@ def data(tmp_path_factory):
   return {"dir": d, "splits": splits, "train": str(d / "data" / "train.jsonl")}
 
 
-@pytest.fixture(scope="module")
-def st_model(data):
-  """(folder, our embedder of it): the folder converted once into a cache of the test's own."""
-  folder = mining_testlib.st_folder(data["dir"] / "model", data["splits"]["train"])
+@contextlib.contextmanager
+def _cache(path):
+  """BERT_JAX_CACHE set to path inside the block (a module fixture has no monkeypatch)."""
   saved = os.environ.get("BERT_JAX_CACHE")
-  os.environ["BERT_JAX_CACHE"] = str(data["dir"] / "cache")
+  os.environ["BERT_JAX_CACHE"] = str(path)
   try:
-    m = predict.load_embedder(folder)
+    yield
   finally:
     if saved is None:
       os.environ.pop("BERT_JAX_CACHE")
     else:
       os.environ["BERT_JAX_CACHE"] = saved
+
+
+@pytest.fixture(scope="module")
+def st_model(data):
+  """(folder, our embedder of it): the folder converted once into a cache of the test's own."""
+  folder = mining_testlib.st_folder(data["dir"] / "model", data["splits"]["train"])
+  with _cache(data["dir"] / "cache"):
+    m = predict.load_embedder(folder)
   return folder, m
 
 
@@ -96,15 +104,8 @@ def cross_encoder(data, st_model):
   from tests.testlib import reranker_testlib  # pylint: disable=g-import-not-at-top
   folder = reranker_testlib.write_cross_encoder(
       str(data["dir"] / "ce"), os.path.join(st_model[0], "vocab.txt"), hidden=32, layers=2)
-  saved = os.environ.get("BERT_JAX_CACHE")
-  os.environ["BERT_JAX_CACHE"] = str(data["dir"] / "cache")
-  try:
+  with _cache(data["dir"] / "cache"):
     m = predict.load_reranker(folder)
-  finally:
-    if saved is None:
-      os.environ.pop("BERT_JAX_CACHE")
-    else:
-      os.environ["BERT_JAX_CACHE"] = saved
   return folder, m
 
 
