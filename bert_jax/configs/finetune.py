@@ -61,38 +61,7 @@ def get_config(arg="glue_mrpc"):
       labels=(),                # class names as written in the files; () for regression
       index="",                 # id column written into test predictions (row number if empty)
       train_file="train.tsv", dev_file="dev.tsv", test_file=""))
-  # Sentence embeddings (custom.type=embedding; bert_jax/tasks/embedding.py): rows (anchor,
-  # positive, negatives...) in sentence-transformers' columns, InfoNCE over the global batch.
-  c.embedding = ml_collections.ConfigDict(dict(
-      # mean | cls | last (over each sequence's real tokens); "" = the init checkpoint's
-      # recorded one (an embedding run, a sentence-transformers import), else mean
-      pooling="",
-      scale=20.0,               # logits = scale x cosine; sentence-transformers' default 20
-      symmetric=False,          # also each positive's cross-entropy over the anchors
-      matryoshka_dims=(),       # e.g. (768, 256): the loss summed over these leading widths
-      # prepended to every anchor, e.g. "search_query: "; None = the init checkpoint's, else ""
-      query_prompt=config_dict.placeholder(str),
-      document_prompt=config_dict.placeholder(str),   # to positives and negatives; as above
-      # GradCache (Gao et al. 2021): > 1 embeds each device's rows in this many chunks without
-      # gradients, takes the loss's gradient w.r.t. all embeddings, then each chunk's backward
-      # (same dropout): activations of B/(devices x N) rows at a time, ~4/3 the FLOPs. 0/1: off.
-      grad_cache_chunks=0,
-      num_negatives=-1,         # >= 0: every row must hold exactly this many hard negatives
-      # False negatives out of the loss (docs/finetuning.md, "False negatives"):
-      # true: a candidate (another row's positive or negative, anywhere in the global batch, or
-      # a hard negative) with the same input ids as the anchor's positive is no negative of it.
-      # Off by default, as sentence-transformers 6.2 (no such option in MultipleNegatives-
-      # RankingLoss: its answer is the no-duplicates sampler, which our epoch order already is).
-      mask_duplicates=False,
-      # GISTEmbed (sentence-transformers' GISTEmbedLoss): a .npy [N, S, G] of a guide model's
-      # vectors of the train file's texts (under data_dir); candidates the guide scores above the
-      # anchor's pair less the margin are no negatives. "" = no guide. GISTEmbedLoss's default
-      # temperature 0.01 is scale=100.
-      guide_embeddings="",
-      margin_strategy="absolute",   # absolute: g - margin; relative: g - |g| x margin
-      margin=0.0,
-      contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
-      contrast_positives=True))  # ... and other positives, of each anchor's positive
+  _embedding_fields(c)
   _reranker_fields(c)
   _embedding_distillation_fields(c)
 
@@ -139,6 +108,41 @@ def get_config(arg="glue_mrpc"):
   _optimizer_and_run_fields(c)
   _apply_task_and_variants(c, name, variants)
   return c
+
+
+def _embedding_fields(c):
+  # Sentence embeddings (custom.type=embedding; bert_jax/tasks/embedding.py): rows (anchor,
+  # positive, negatives...) in sentence-transformers' columns, InfoNCE over the global batch.
+  c.embedding = ml_collections.ConfigDict(dict(
+      # mean | cls | last (over each sequence's real tokens); "" = the init checkpoint's
+      # recorded one (an embedding run, a sentence-transformers import), else mean
+      pooling="",
+      scale=20.0,               # logits = scale x cosine; sentence-transformers' default 20
+      symmetric=False,          # also each positive's cross-entropy over the anchors
+      matryoshka_dims=(),       # e.g. (768, 256): the loss summed over these leading widths
+      # prepended to every anchor, e.g. "search_query: "; None = the init checkpoint's, else ""
+      query_prompt=config_dict.placeholder(str),
+      document_prompt=config_dict.placeholder(str),   # to positives and negatives; as above
+      # GradCache (Gao et al. 2021): > 1 embeds each device's rows in this many chunks without
+      # gradients, takes the loss's gradient w.r.t. all embeddings, then each chunk's backward
+      # (same dropout): activations of B/(devices x N) rows at a time, ~4/3 the FLOPs. 0/1: off.
+      grad_cache_chunks=0,
+      num_negatives=-1,         # >= 0: every row must hold exactly this many hard negatives
+      # False negatives out of the loss (docs/finetuning.md, "False negatives"):
+      # true: a candidate (another row's positive or negative, anywhere in the global batch, or
+      # a hard negative) with the same input ids as the anchor's positive is no negative of it.
+      # Off by default, as sentence-transformers 6.2 (no such option in MultipleNegatives-
+      # RankingLoss: its answer is the no-duplicates sampler, which our epoch order already is).
+      mask_duplicates=False,
+      # GISTEmbed (sentence-transformers' GISTEmbedLoss): a .npy [N, S, G] of a guide model's
+      # vectors of the train file's texts (under data_dir); candidates the guide scores above the
+      # anchor's pair less the margin are no negatives. "" = no guide. GISTEmbedLoss's default
+      # temperature 0.01 is scale=100.
+      guide_embeddings="",
+      margin_strategy="absolute",   # absolute: g - margin; relative: g - |g| x margin
+      margin=0.0,
+      contrast_anchors=True,    # with a guide: other anchors are candidates too (GIST's default)
+      contrast_positives=True))  # ... and other positives, of each anchor's positive
 
 
 def _reranker_fields(c):
