@@ -21,10 +21,13 @@ The rows (ROWS, in order; --rows picks them, default every built one):
   minilm_mined         + hard negatives mined by bert_jax.mine with MiniLM (--num_negatives, 1, a
                        query, ranks --range_min..--range_max - 1, n-tuple rows)
   minilm_mined_margin  + the margin filter on the mined negatives (--relative_margin 0.05)
-  reranker_top100      a reranker over the bi-encoder's top-100         (not built yet)
-  student_distilled    the student distilled from the reranker (MarginMSE) (not built yet)
-A row not built yet is a function raising NotBuilt (one line naming what it needs) when
---rows selects it.
+  reranker_top100      a reranker (MiniLM's encoder + a 1-output head, --config.custom.type=
+                       reranker, trained on minilm_mined's rows) reordering the first stage's
+                       (--first_stage: minilm_mined's first seed) top --rerank_k of each test
+                       query; a query whose positive the first stage missed counts 0
+  student_mined        the student on train.jsonl mined by MiniLM with the reranker rescoring
+                       (bert_jax.mine --cross_encoder): in-batch + the mined negative, no teacher
+  student_distilled    the same + MarginMSE on the reranker's score margins (the file's scores)
 
 Everything goes under --out_dir; a run whose summary.json says finished is reused (its time as
 first measured), so an interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
@@ -54,9 +57,6 @@ HEADERS = ("nDCG@10", "MRR@10", "Recall@1", "Recall@10")
 class LadderError(Exception):
   """A one-line problem with the ladder's flags."""
 
-
-class NotBuilt(LadderError):
-  """A row whose pieces are on another branch."""
 
 
 @dataclasses.dataclass
@@ -129,6 +129,15 @@ class Ladder:
   range_min: int = 2         # the mined rank window [range_min, range_max)
   range_max: int = 30
   relative_margin: float = 0.05   # minilm_mined_margin: NV-Retriever's 95% rule
+  first_stage: str = "minilm_mined"   # FIRST_STAGES: the bi-encoder the reranker reorders
+  rerank_k: int = 100        # reranker_top100: each test query's first-stage top-k reranked
+  reranker_dev_k: int = 10   # the dev lists that pick the reranker's epoch (dev is read often)
+  reranker_loss: str = "bce"
+  reranker_lr: float = 3e-5
+  reranker_epochs: int = 1
+  reranker_eval_batch: int = 4   # lists a batch: 4 x 100 pairs x 128 pieces
+  teacher_range_max: int = 10   # student rows: the reranker rescores ranks < this (x 1,251 queries)
+  margin_mse_weight: float = 1.0
   dry_run: bool = False   # print the commands, run nothing (tests)
 
   def path(self, *parts):
@@ -234,7 +243,7 @@ def evaluate_on_test(ladder, checkpoint, workdir):
   return argv, metrics, seconds
 
 
-def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed, train_file="train.jsonl"):
+def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed, train_file="train.jsonl", extra=()):
   """The embedding task's InfoNCE over in-batch negatives (and a mined file's hard negatives:
   train_file, relative to the data directory); dev picks the best epoch.
   (argv, best export, seconds)."""
@@ -245,7 +254,7 @@ def fine_tune(ladder, checkpoint, workdir, lr, epochs, seed, train_file="train.j
           f"--config.init_checkpoint={checkpoint}", "--config.custom.dev_file=dev.jsonl",
           f"--config.batch_size={ladder.batch_size}", f"--config.learning_rate={lr}",
           f"--config.num_train_epochs={epochs}", "--config.do_predict=false",
-          f"--config.seed={seed}", f"--workdir={workdir}"]
+          f"--config.seed={seed}", *extra, f"--workdir={workdir}"]
   seconds = run_or_reuse(ladder, argv, workdir)
   best = (os.path.join(workdir, "best_epoch{N}") if ladder.dry_run
           else finished(workdir)["best_checkpoint"])
@@ -332,7 +341,7 @@ def _zero_shot(ladder, name, what, ensure):
              [metrics or dict.fromkeys(METRICS, 0.0)], seconds)
 
 
-def _trained(ladder, name, what, ensure, lr, epochs, prepare=None):
+def _trained(ladder, name, what, ensure, lr, epochs, prepare=None, extra=()):
   """One fine-tune per seed from ensure's checkpoint, each read once on test. prepare(ladder,
   checkpoint) -> ([argv], train_file, seconds): a step before the fine-tunes (mining), run once,
   its train_file (relative to the data directory) trained on."""
@@ -346,7 +355,7 @@ def _trained(ladder, name, what, ensure, lr, epochs, prepare=None):
     commands += [shown(a) for a in steps]
   for seed in ladder.seeds:
     argv, best, s1 = fine_tune(ladder, checkpoint, ladder.path(f"{name}_seed{seed}"), lr, epochs,
-                               seed, train_file)
+                               seed, train_file, extra)
     test_argv, metrics, s2 = evaluate_on_test(ladder, best, ladder.path(f"{name}_seed{seed}_test"))
     if seed == ladder.seeds[0]:
       commands += [shown(argv) + "   # each seed", shown(test_argv)]
@@ -485,20 +494,226 @@ def with_misses(metrics, hits, queries):
   return {m: v * hits / queries for m, v in metrics.items()}
 
 
+# ----------------------------------------------------------------------------------------------
+# The reranker over the bi-encoder's top-k, and the student distilled from it.
+# ----------------------------------------------------------------------------------------------
+# The files of an ST folder that make it a SentenceTransformer and not a plain transformers model
+# (its modules list, pooling and normalize modules): a reranker starts from the encoder alone.
+ST_ONLY = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+           "README.md")
+ST_MODULE_DIR = re.compile(r"^\d+_")   # 1_Pooling, 2_Normalize
+
+
+def body_folder(folder, out):
+  """A copy of a sentence-transformers folder without its sentence-transformers files: the
+  transformers model it wraps (config.json, the weights, the tokenizer), what
+  CrossEncoder(name, num_labels=1) starts a reranker from. (Our converted ST export is refused as
+  a reranker's init: it is an embedder, bert_jax/tasks/reranker.py check_init_checkpoint.)"""
+  if not os.path.isfile(os.path.join(folder, "modules.json")):
+    raise LadderError(f"--body_of={folder}: no modules.json; give a sentence-transformers folder.")
+  tmp = out + ".partial"
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(folder, tmp, ignore=lambda _, names: [
+      n for n in names if n in ST_ONLY or ST_MODULE_DIR.match(n)])
+  os.rename(tmp, out)
+  return out
+
+
+def ensure_minilm_body(ladder):
+  """MiniLM's encoder as a plain transformers folder, converted once: ([argv], export)."""
+  from tests.testlib import minilm  # pylint: disable=g-import-not-at-top
+  folder = "ST_FOLDER" if ladder.dry_run else minilm.folder()
+  body, out = ladder.path("minilm_body_hf"), ladder.path("minilm_body")
+  body_argv = [sys.executable, "-m", "benchmarks.retrieval_ladder", f"--body_of={folder}",
+               f"--body_out={body}"]
+  argv = [sys.executable, "-m", "bert_jax.convert", f"--input={body}", f"--output={out}"]
+  if not ladder.dry_run and not os.path.isfile(os.path.join(out, "bert_config.json")):
+    if not os.path.isfile(os.path.join(body, "config.json")):
+      body_folder(folder, body)
+    run(ladder, argv, "convert_minilm_body.log")
+  return [body_argv, argv], out
+
+
+FIRST_STAGES = ("minilm_zero_shot", "minilm_mined")
+
+
+def first_stage(ladder):
+  """The bi-encoder whose top-k the reranker reorders (--first_stage): MiniLM zero-shot, or the
+  minilm_mined row's first seed (its best epoch; run here unless finished).
+  ([argv], checkpoint, seconds)."""
+  made, minilm = ensure_minilm(ladder)
+  if ladder.first_stage == "minilm_zero_shot":
+    return [made], minilm, 0.0
+  steps, train_file, s0 = mined(ladder, "minilm_mined")(ladder, minilm)
+  seed = ladder.seeds[0]
+  argv, best, s1 = fine_tune(ladder, minilm, ladder.path(f"minilm_mined_seed{seed}"),
+                             ladder.minilm_lr, ladder.minilm_epochs, seed, train_file)
+  return [made, *steps, argv], best, s0 + s1
+
+
+def candidate_lists_file(ladder, checkpoint, split, k):
+  """The first stage's top-k of each query of split.jsonl, honestly: `bert_jax.mine` (exact,
+  --num_negatives=k --range_max=k, scores) with the first stage, merged by first_stage_lists into
+  (query, document, label) rows of the queries with a positive in their top-k (the reranker's
+  evaluation lists, in the bi-encoder's order). Written once under out_dir/reranker_lists.
+  (argv, the lists file relative to the data directory, hits, queries, seconds)."""
+  mined_path = ladder.path("reranker_lists", f"{split}_top{k}_mined.jsonl")
+  lists_path = ladder.path("reranker_lists", f"{split}_top{k}.jsonl")
+  argv = [sys.executable, "-m", "bert_jax.mine", f"--init_checkpoint={checkpoint}",
+          f"--input_file={os.path.join(ladder.data_dir, split + '.jsonl')}",
+          f"--output_file={mined_path}", f"--num_negatives={k}", "--range_min=0",
+          f"--range_max={k}", "--output_format=n-tuple", "--output_scores",
+          f"--max_seq_length={ladder.max_seq_length}", "--progress=false"]
+  relative = os.path.join("..", "reranker_lists", os.path.basename(lists_path))
+  if ladder.dry_run:
+    return argv, relative, 0, 0, 0.0
+  log = f"mine_{split}_top{k}.log"
+  if os.path.isfile(mined_path):
+    seconds = _logged_seconds(ladder, log)
+  else:
+    os.makedirs(ladder.path("reranker_lists"), exist_ok=True)
+    seconds = run(ladder, argv, log)
+  rows = read_jsonl(mined_path)
+  queries = len({r["query"] for r in read_jsonl(os.path.join(ladder.data_dir, split + ".jsonl"))})
+  lists, misses = first_stage_lists(rows, k)
+  if len(lists) + len(misses) != queries:
+    raise RuntimeError(f"{mined_path}: {len(lists) + len(misses)} queries mined, {split}.jsonl "
+                       f"has {queries}")
+  with open(lists_path, "w", encoding="utf-8") as f:
+    for query, docs in lists:
+      for doc, label in docs:
+        f.write(json.dumps({"query": query, "document": doc, "label": label}) + "\n")
+  return argv, relative, len(lists), queries, seconds
+
+
+def read_jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def reranker_flags(ladder):
+  return ["--config=bert_jax/configs/finetune.py:custom", "--config.custom.type=reranker",
+          f"--config.data_dir={ladder.data_dir}",
+          f"--config.max_seq_length={ladder.max_seq_length}",
+          f"--config.reranker.loss={ladder.reranker_loss}"]
+
+
+def reranker_inputs(ladder):
+  """What every reranker seed shares, made once: MiniLM's encoder (the init), minilm_mined's
+  training rows, the first stage and its dev top-k lists (--reranker_dev_k).
+  (commands, {init, train_file, dev_file, stage}, seconds)."""
+  made, body = ensure_minilm_body(ladder)
+  _, minilm = ensure_minilm(ladder)
+  steps, train_file, s0 = mined(ladder, "minilm_mined")(ladder, minilm)
+  stage_argv, stage, s1 = first_stage(ladder)
+  dev_argv, dev_file, _, _, s2 = candidate_lists_file(ladder, stage, "dev",
+                                                      ladder.reranker_dev_k)
+  commands = [*made, *steps, *[a for a in stage_argv if a not in steps], dev_argv]
+  return commands, dict(init=body, train_file=train_file, dev_file=dev_file, stage=stage), (
+      s0 + s1 + s2)
+
+
+def train_reranker(ladder, inputs, seed):
+  """One seed's reranker: MiniLM's encoder + a 1-output head on minilm_mined's rows (query,
+  positive, its mined hard negative: ST's CrossEncoder columns; config.reranker.loss), the dev
+  lists picking the epoch. (argv, best export, seconds)."""
+  workdir = ladder.path(f"reranker_seed{seed}")
+  argv = [sys.executable, "-m", "bert_jax.finetune", *reranker_flags(ladder),
+          f"--config.init_checkpoint={inputs['init']}",
+          f"--config.custom.train_file={inputs['train_file']}",
+          f"--config.custom.dev_file={inputs['dev_file']}",
+          f"--config.batch_size={ladder.batch_size}",
+          f"--config.eval_batch_size={ladder.reranker_eval_batch}",
+          f"--config.learning_rate={ladder.reranker_lr}",
+          f"--config.num_train_epochs={ladder.reranker_epochs}", "--config.do_predict=false",
+          f"--config.seed={seed}", f"--workdir={workdir}"]
+  seconds = run_or_reuse(ladder, argv, workdir)
+  best = (os.path.join(workdir, "best_epoch{N}") if ladder.dry_run
+          else finished(workdir)["best_checkpoint"])
+  return argv, best, seconds
+
+
 def row_reranker_top100(ladder):
-  """A reranker (--config.custom.type=reranker) over the best bi-encoder's top-100 (not run yet:
-  docs/retrieval.md "Evidence on real text", "The mined rows", says what it needs)."""
-  raise NotBuilt("row reranker_top100: not built yet: needs the reranker's init from MiniLM's "
-                 "body (a transformers folder: the converted ST export is refused as an "
-                 "embedder) and an honest top-100 test list (queries whose positive the "
-                 "bi-encoder missed counted as misses); see docs/retrieval.md")
+  """A reranker over the first stage's top-k (--rerank_k, 100) of each test query: the test
+  lists reranked by each seed's reranker. A query whose positive the first stage left out of its
+  top-k is a miss (0 at every cutoff: with_misses); the positive is never inserted."""
+  ensure_data(ladder)
+  shared, inputs, seconds = reranker_inputs(ladder)
+  test_argv, test_file, hits, queries, s1 = candidate_lists_file(ladder, inputs["stage"], "test",
+                                                                 ladder.rerank_k)
+  commands, runs = [shown(a) for a in shared + [test_argv]], []
+  seconds += s1
+  for seed in ladder.seeds:
+    argv, best, s2 = train_reranker(ladder, inputs, seed)
+    workdir = ladder.path(f"reranker_seed{seed}_test")
+    test = [sys.executable, "-m", "bert_jax.finetune", *reranker_flags(ladder),
+            f"--config.init_checkpoint={best}", f"--config.custom.train_file={inputs['train_file']}",
+            f"--config.custom.dev_file={test_file}",
+            f"--config.eval_batch_size={ladder.reranker_eval_batch}", "--config.do_train=false",
+            "--config.do_predict=false", f"--workdir={workdir}"]
+    s3 = run_or_reuse(ladder, test, workdir)
+    if seed == ladder.seeds[0]:
+      commands += [shown(argv) + "   # each seed", shown(test)]
+    runs.append(dict.fromkeys(METRICS, 0.0) if ladder.dry_run
+                else with_misses(test_metrics(finished(workdir)), hits, queries))
+    seconds += s2 + s3
+  stage = ("MiniLM zero-shot" if ladder.first_stage == "minilm_zero_shot"
+           else f"minilm_mined seed {ladder.seeds[0]}")
+  return Row("reranker_top100",
+             f"reranker (MiniLM's encoder, {ladder.reranker_loss}, {ladder.reranker_epochs} "
+             f"epoch(s) at {ladder.reranker_lr:g}) over {stage}'s top {ladder.rerank_k}",
+             commands, runs, seconds, tuple(ladder.seeds))
+
+
+def teacher_mined(ladder):
+  """prepare for _trained: train.jsonl mined by MiniLM (zero-shot, as minilm_mined) with the
+  reranker (reranker_top100's first seed) rescoring each query's candidates and its positive:
+  `bert_jax.mine --cross_encoder` (ST's cross_encoder=, which rescores only when a filter is set:
+  --min_score=0 drops nothing, the scores being sigmoid probabilities). The negative is the
+  reranker's hardest in ranks --range_min..--teacher_range_max - 1, and the row's `scores` are the
+  reranker's (MarginMSE's margins). Mined once; ([argv], train_file, seconds)."""
+  def prepare(*_):   # the student's checkpoint unused: MiniLM finds the candidates
+    made, minilm = ensure_minilm(ladder)
+    shared, inputs, s0 = reranker_inputs(ladder)
+    argv_r, reranker, s1 = train_reranker(ladder, inputs, ladder.seeds[0])
+    output = ladder.path("teacher_mined", "train.jsonl")
+    argv = [sys.executable, "-m", "bert_jax.mine", f"--init_checkpoint={minilm}",
+            f"--input_file={os.path.join(ladder.data_dir, 'train.jsonl')}",
+            f"--output_file={output}", f"--cross_encoder={reranker}", "--min_score=0",
+            "--num_negatives=1", f"--range_min={ladder.range_min}",
+            f"--range_max={ladder.teacher_range_max}", "--output_format=n-tuple",
+            "--output_scores", f"--max_seq_length={ladder.max_seq_length}", "--progress=false"]
+    seconds = s0 + s1
+    if not ladder.dry_run and os.path.isfile(output):
+      seconds += _logged_seconds(ladder, "mine_teacher_mined.log")
+    elif not ladder.dry_run:
+      os.makedirs(ladder.path("teacher_mined"), exist_ok=True)
+      seconds += run(ladder, argv, "mine_teacher_mined.log")
+    steps = [a for a in shared if a != made] if made in shared else shared
+    return [made, *steps, argv_r, argv], os.path.join("..", "teacher_mined", "train.jsonl"), (
+        seconds)
+  return prepare
+
+
+def row_student_mined(ladder):
+  """The student on the reranker-mined rows with in-batch negatives and the mined negative, no
+  teacher signal: student_distilled's control (what the hard negative alone gives)."""
+  return _trained(ladder, "student_mined",
+                  f"student + the reranker-mined hard negative, no MarginMSE "
+                  f"({ladder.student_epochs} epoch(s) at {ladder.student_lr:g})", ensure_student,
+                  ladder.student_lr, ladder.student_epochs, teacher_mined(ladder))
 
 
 def row_student_distilled(ladder):
-  """The student distilled from the reranker's scores (MarginMSE), against student_inbatch."""
-  raise NotBuilt("row student_distilled: not built yet: needs row reranker_top100 (the teacher) "
-                 "and bert_jax.mine rescoring the mined rows with a cross-encoder (ST's "
-                 "cross_encoder=); see docs/retrieval.md")
+  """The student distilled from the reranker: student_mined's InfoNCE plus MarginMSE on the
+  reranker's margins s(q, p) - s(q, n) (the file's scores column; the student's cosine)."""
+  return _trained(ladder, "student_distilled",
+                  f"student + the same + MarginMSE from the reranker (weight "
+                  f"{ladder.margin_mse_weight:g}, cosine; {ladder.student_epochs} epoch(s) at "
+                  f"{ladder.student_lr:g})", ensure_student, ladder.student_lr,
+                  ladder.student_epochs, teacher_mined(ladder),
+                  extra=(f"--config.embedding.margin_mse_weight={ladder.margin_mse_weight:g}",
+                         "--config.embedding.margin_mse_similarity=cos"))
 
 
 ROWS = {
@@ -510,10 +725,10 @@ ROWS = {
     "minilm_mined": row_minilm_mined,
     "minilm_mined_margin": row_minilm_mined_margin,
     "reranker_top100": row_reranker_top100,
+    "student_mined": row_student_mined,
     "student_distilled": row_student_distilled,
 }
-NOT_BUILT = ("reranker_top100", "student_distilled")
-DEFAULT_ROWS = tuple(r for r in ROWS if r not in NOT_BUILT)
+DEFAULT_ROWS = tuple(ROWS)
 
 
 def select_rows(spec):
@@ -542,10 +757,7 @@ def parse_seeds(spec):
 
 
 def run_ladder(ladder, names):
-  """Runs the rows in order; a row not built stops the ladder before any row runs."""
-  for name in names:   # refused before compute: every selected row must be built
-    if name in NOT_BUILT:
-      ROWS[name](ladder)
+  """Runs the rows in order."""
   rows = []
   for name in names:
     row = ROWS[name](ladder)
@@ -562,32 +774,30 @@ def main(argv=None):
   p.add_argument("--rows", default="built", help=f"comma list of {', '.join(ROWS)}; built; all")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--out_dir", default="runs/retrieval_ladder")
-  p.add_argument("--max_seq_length", type=int, default=Ladder.max_seq_length)
-  p.add_argument("--minilm_lr", type=float, default=Ladder.minilm_lr)
-  p.add_argument("--minilm_epochs", type=int, default=Ladder.minilm_epochs)
-  p.add_argument("--student_layers", type=int, default=Ladder.student_layers)
-  p.add_argument("--student_lr", type=float, default=Ladder.student_lr)
-  p.add_argument("--student_epochs", type=int, default=Ladder.student_epochs)
-  p.add_argument("--num_negatives", type=int, default=Ladder.num_negatives)
-  p.add_argument("--range_min", type=int, default=Ladder.range_min)
-  p.add_argument("--range_max", type=int, default=Ladder.range_max)
-  p.add_argument("--relative_margin", type=float, default=Ladder.relative_margin)
+  # Every other field of Ladder is a flag of its name, with its default.
+  skip = {"out_dir", "seeds", "dry_run"}
+  for f in dataclasses.fields(Ladder):
+    if f.name not in skip:
+      p.add_argument(f"--{f.name}", type=f.type if isinstance(f.type, type) else type(f.default),
+                     default=f.default,
+                     choices=FIRST_STAGES if f.name == "first_stage" else None)
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  # The student's first step on its own: MiniLM's folder cut to its first layers.
+  # Single steps on their own: MiniLM's folder cut to its first layers; its encoder alone.
   p.add_argument("--first_layers_of", default="")
   p.add_argument("--first_layers_out", default="")
+  p.add_argument("--body_of", default="")
+  p.add_argument("--body_out", default="")
   args = p.parse_args(argv)
   try:
     if args.first_layers_of:
       print(first_layers(args.first_layers_of, args.first_layers_out, args.student_layers))
       return 0
-    ladder = Ladder(out_dir=args.out_dir, seeds=parse_seeds(args.seeds),
-                    max_seq_length=args.max_seq_length, minilm_lr=args.minilm_lr,
-                    minilm_epochs=args.minilm_epochs, student_layers=args.student_layers,
-                    student_lr=args.student_lr, student_epochs=args.student_epochs,
-                    num_negatives=args.num_negatives, range_min=args.range_min,
-                    range_max=args.range_max, relative_margin=args.relative_margin,
-                    dry_run=args.dry_run)
+    if args.body_of:
+      print(body_folder(args.body_of, args.body_out))
+      return 0
+    ladder = Ladder(out_dir=args.out_dir, seeds=parse_seeds(args.seeds), dry_run=args.dry_run,
+                    **{f.name: getattr(args, f.name) for f in dataclasses.fields(Ladder)
+                       if f.name not in skip})
     rows = run_ladder(ladder, select_rows(args.rows))
   except LadderError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """benchmarks/retrieval_ladder.py's own logic, without running a model: mean ± sd, the table,
---rows, the rows not built yet (one line naming their branch, before any row runs), the BM25
-line it parses, the commands a dry run lists, and the student's first-layers cut."""
+--rows, the BM25 line it parses, the commands a dry run lists (the reranker's and the distilled
+student's chains), the student's first-layers cut, MiniLM's encoder without its
+sentence-transformers files, and the first stage's honest top-k lists."""
 
 import json
 import os
@@ -38,7 +39,7 @@ def test_table_has_one_line_per_row_with_each_metric():
 
 def test_row_selection():
   assert rl.select_rows("built") == list(rl.DEFAULT_ROWS) == rl.select_rows("")
-  assert "reranker_top100" not in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
+  assert "reranker_top100" in rl.DEFAULT_ROWS and "bm25" in rl.DEFAULT_ROWS
   assert "minilm_mined" in rl.DEFAULT_ROWS and "minilm_mined_margin" in rl.DEFAULT_ROWS
   assert rl.select_rows("all") == list(rl.ROWS)
   # the ladder's order, whatever the order given
@@ -48,19 +49,6 @@ def test_row_selection():
   with pytest.raises(rl.LadderError, match="seeds"):
     rl.parse_seeds("0,0")
   assert rl.parse_seeds("0, 1,2") == (0, 1, 2)
-
-
-@pytest.mark.parametrize("name, branch", [("reranker_top100", "honest top-100"),
-                                          ("student_distilled", "rescoring the mined rows")])
-def test_a_row_not_built_is_one_line_before_any_row_runs(tmp_path, capsys, name, branch):
-  assert set(rl.NOT_BUILT) <= set(rl.ROWS)
-  with pytest.raises(rl.NotBuilt, match=f"row {name}: not built yet: needs .*{branch}"):
-    rl.ROWS[name](rl.Ladder(out_dir=str(tmp_path)))
-  # the CLI: exit 2, one line, and bm25 (first in the ladder) not run: nothing written
-  assert rl.main([f"--rows=bm25,{name}", f"--out_dir={tmp_path / 'out'}"]) == 2
-  err = capsys.readouterr().err
-  assert err.count("\n") == 1 and "not built yet" in err
-  assert not (tmp_path / "out").exists()
 
 
 def test_bm25_line_is_parsed():
@@ -193,3 +181,87 @@ def test_first_stage_lists_keep_the_bi_encoders_top_k_and_count_misses():
                                                                       "recall@10": 0.5}
   with pytest.raises(rl.LadderError, match="expected 4 scores|has 3 scores, expected 4"):
     rl.first_stage_lists([row("q", "p", ["a", "b", "c"], [0.1, 0.2, 0.3])], 3)
+
+
+def test_body_folder_drops_the_sentence_transformers_files(tmp_path):
+  """The reranker's init: the transformers model an ST folder wraps (no modules.json, pooling or
+  normalize module), which bert_jax.convert reads as a plain encoder, not an embedder."""
+  src = tmp_path / "st"
+  (src / "1_Pooling").mkdir(parents=True)
+  (src / "2_Normalize").mkdir()
+  for name in ("config.json", "model.safetensors", "tokenizer.json", "modules.json",
+               "sentence_bert_config.json", "config_sentence_transformers.json",
+               "1_Pooling/config.json"):
+    (src / name).write_text("{}")
+  out = rl.body_folder(str(src), str(tmp_path / "body"))
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json"]
+  with pytest.raises(rl.LadderError, match="--body_of=.*: no modules.json; give a sentence-"):
+    rl.body_folder(out, str(tmp_path / "body2"))
+
+
+def test_reranker_and_student_rows_chain_their_commands(tmp_path, capsys):
+  """reranker_top100: MiniLM's encoder converted, trained on minilm_mined's rows, dev lists from
+  the first stage's dev top-10, each seed read on the first stage's test top-100 lists;
+  student_distilled: train.jsonl mined by MiniLM with the reranker rescoring (--cross_encoder
+  and a filter, ST's rule), the student trained with MarginMSE; student_mined the same without."""
+  assert rl.main(["--dry_run", "--rows=reranker_top100,student_mined,student_distilled",
+                  "--seeds=7", f"--out_dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  rows = ("\n" + out).split("\n# ")[1:]
+  assert [r.split(":")[0] for r in rows] == ["reranker_top100", "student_mined",
+                                             "student_distilled"]
+  reranker, mined_student, distilled = rows
+  assert f"--body_of=ST_FOLDER --body_out={tmp_path}/minilm_body_hf" in reranker
+  first = f"--init_checkpoint={tmp_path}/minilm_mined_seed7/best_epoch{{N}}"
+  for split, k in (("dev", 10), ("test", 100)):
+    assert (f"{first}' --input_file={tmp_path}/data/{split}.jsonl --output_file={tmp_path}/"
+            f"reranker_lists/{split}_top{k}_mined.jsonl --num_negatives={k} --range_min=0 "
+            f"--range_max={k} ") in reranker
+  train = [l for l in reranker.splitlines() if "--workdir=" + str(tmp_path) + "/reranker_seed7 "
+           in l + " "]
+  assert len(train) == 1 and "--config.custom.type=reranker" in train[0]
+  assert f"--config.init_checkpoint={tmp_path}/minilm_body " in train[0]
+  assert "--config.custom.train_file=../minilm_mined/train.jsonl" in train[0]
+  assert "--config.custom.dev_file=../reranker_lists/dev_top10.jsonl" in train[0]
+  assert ("--config.custom.dev_file=../reranker_lists/test_top100.jsonl --config.eval_batch_size=4"
+          " --config.do_train=false") in reranker
+  mine = (f"python -m bert_jax.mine --init_checkpoint={tmp_path}/minilm --input_file={tmp_path}/"
+          f"data/train.jsonl --output_file={tmp_path}/teacher_mined/train.jsonl '--cross_encoder="
+          f"{tmp_path}/reranker_seed7/best_epoch{{N}}' --min_score=0 --num_negatives=1 "
+          "--range_min=2 --range_max=10 ")
+  assert mine in mined_student and mine in distilled
+  assert "--config.custom.train_file=../teacher_mined/train.jsonl" in distilled
+  assert "--config.embedding.margin_mse_weight=1 --config.embedding.margin_mse_similarity=cos" in (
+      distilled)
+  assert "margin_mse_weight" not in mined_student
+  assert f"--config.init_checkpoint={tmp_path}/student_l3 " in mined_student
+  assert not os.listdir(tmp_path)
+
+
+def test_candidate_lists_file_writes_the_hits_and_counts_every_query(tmp_path):
+  ladder = rl.Ladder(out_dir=str(tmp_path))
+  os.makedirs(ladder.data_dir)
+  os.makedirs(ladder.path("reranker_lists"))
+  with open(os.path.join(ladder.data_dir, "test.jsonl"), "w") as f:
+    for q in ("q1", "q2", "q3"):
+      f.write(json.dumps({"query": q, "positive": "p" + q[1]}) + "\n")
+  mined = [{"query": "q1", "positive": "p1", "negative_1": "a", "negative_2": "b",
+            "scores": [0.9, 0.5, 0.4]},
+           {"query": "q2", "positive": "p2", "negative_1": "a", "negative_2": "b",
+            "scores": [0.1, 0.5, 0.4]},
+           {"query": "q3", "positive": "p3", "negative_1": "a", "negative_2": "b",
+            "scores": [0.45, 0.5, 0.4]}]
+  with open(ladder.path("reranker_lists", "test_top2_mined.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in mined)
+  _, relative, hits, queries, _ = rl.candidate_lists_file(ladder, "ckpt", "test", 2)
+  assert (relative, hits, queries) == (os.path.join("..", "reranker_lists", "test_top2.jsonl"), 2, 3)
+  written = rl.read_jsonl(ladder.path("reranker_lists", "test_top2.jsonl"))
+  assert written == [{"query": "q1", "document": "p1", "label": 1},
+                     {"query": "q1", "document": "a", "label": 0},
+                     {"query": "q3", "document": "a", "label": 0},
+                     {"query": "q3", "document": "p3", "label": 1}]
+  # a mined file that lost a query is not silently scored over fewer queries
+  with open(ladder.path("reranker_lists", "test_top2_mined.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in mined[:2])
+  with pytest.raises(RuntimeError, match="2 queries mined, test.jsonl has 3"):
+    rl.candidate_lists_file(ladder, "ckpt", "test", 2)
