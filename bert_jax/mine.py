@@ -197,7 +197,8 @@ def mine(m, problem, settings, *, pooling, query_prompt, corpus_prompt, max_seq_
          batch_size, block_size, mesh=None, progress=False, reranker=None):
   """(mining.Mined, rows) of `problem` with the embedder `m` (predict.load_embedder), searched
   over `mesh` (default: every device, one data axis); where mining.rescores(settings), the
-  candidates rescored by `reranker` (predict.load_reranker; on the host, a query at a time)."""
+  candidates rescored by `reranker` (predict.load_reranker; every pair in batches of
+  batch_size, replicated on each process)."""
   from bert_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   mesh = mesh or sharding.create_mesh((-1, 1, 1))
   search = mining.BlockSearch(
@@ -211,7 +212,8 @@ def mine(m, problem, settings, *, pooling, query_prompt, corpus_prompt, max_seq_
     from bert_jax import predict  # pylint: disable=g-import-not-at-top
     scores, pos_scores = mining.rescore(
         problem, indices, pos_scores,
-        lambda query, docs: predict.rerank_predict(reranker, query, docs))
+        lambda pairs: predict.apply_rerank_activation(
+            reranker, predict.rerank_pair_scores(reranker, pairs, batch_size=batch_size)))
   mined = mining.select(problem, settings, scores, indices, pos_scores)
   return mined, mining.rows_of(problem, settings, mined)
 

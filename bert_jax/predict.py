@@ -262,6 +262,36 @@ def rerank_scores(m, query, documents, *, max_seq_length=None):
   return np.asarray(_score_batch(m.params, m.config, ids, mask, segments))[0].astype(np.float32)
 
 
+def rerank_pair_scores(m, pairs, *, batch_size=64, max_seq_length=None):
+  """[len(pairs)] float32 raw scores of many (query, document) pairs, each as rerank_scores
+  tokenizes it, in batches of batch_size pairs (the last one padded with copies of the first
+  pair: one compiled shape [batch_size, 1, T] however many queries and candidates). The batched
+  form of rerank_scores for mining's rescoring: a query at a time compiled one program per list
+  length and fed the cores lists of ~10 pairs."""
+  from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
+  length = int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
+               or m.config.max_position_embeddings)
+  out = np.zeros((len(pairs),), np.float32)
+  for start in range(0, len(pairs), batch_size):
+    chunk = list(pairs[start:start + batch_size])
+    real = len(chunk)
+    chunk += chunk[:1] * (batch_size - real)
+    features, _ = reranker.encode_lists([(q, [d], [0.0]) for q, d in chunk], m.tokenizer, length)
+    ids, mask, segments = (jnp.asarray(features[k]) for k in ("input_ids", "input_mask",
+                                                             "segment_ids"))
+    scores = np.asarray(_score_batch(m.params, m.config, ids, mask, segments))   # [B, 1]
+    out[start:start + real] = scores[:real, 0]
+  return out
+
+
+def apply_rerank_activation(m, scores):
+  """CrossEncoder.predict's activation (rerank_activation) on raw scores."""
+  scores = np.asarray(scores, np.float32)
+  if rerank_activation(m) == "sigmoid":
+    return (1 / (1 + np.exp(-scores.astype(np.float64)))).astype(np.float32)
+  return scores
+
+
 def rerank_activation(m):
   """The activation CrossEncoder.predict applies to m's logits: its recorded one, else sigmoid
   (ST's default for one label)."""
@@ -270,10 +300,8 @@ def rerank_activation(m):
 
 def rerank_predict(m, query, documents, *, max_seq_length=None):
   """[N] float32: CrossEncoder.predict's scores (rerank_scores with rerank_activation)."""
-  scores = rerank_scores(m, query, documents, max_seq_length=max_seq_length)
-  if rerank_activation(m) == "sigmoid":
-    return (1 / (1 + np.exp(-scores.astype(np.float64)))).astype(np.float32)
-  return scores
+  return apply_rerank_activation(m, rerank_scores(m, query, documents,
+                                                  max_seq_length=max_seq_length))
 
 
 def format_ranking(m, documents, scores):

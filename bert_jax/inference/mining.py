@@ -369,18 +369,25 @@ def rescores(settings):
 def rescore(problem, indices, positive_scores, score_pairs):
   """The search's candidates and each query's positives scored by a cross-encoder, as ST does
   before its filters: every candidate of a query (indices [NQ, K], -1: none, left -inf for
-  select) and its positives, by score_pairs(query, [documents]) -> [n] float32 (the
-  cross-encoder's activation applied: CrossEncoder.predict's). Returns (scores [NQ, K],
-  positive_scores [NQ, P]) in the search's layout."""
+  select) and its positives, by score_pairs([(query, document)]) -> [n] float32 (the
+  cross-encoder's activation applied: CrossEncoder.predict's), called once with every pair (it
+  batches them: predict.rerank_pair_scores). Returns (scores [NQ, K], positive_scores [NQ, P])
+  in the search's layout."""
   indices = np.asarray(indices, np.int64)
   scores = np.full(indices.shape, -np.inf, np.float32)
   positives = np.array(positive_scores, np.float32, copy=True)
+  pairs, where = [], []   # where: (array, query, column) of each pair's score
   for q, query in enumerate(problem.queries):
-    real = indices[q] >= 0
-    if real.any():
-      scores[q, real] = score_pairs(query, [problem.corpus[i] for i in indices[q][real]])
-    own = problem.positives[q]
-    positives[q, :len(own)] = score_pairs(query, [problem.corpus[i] for i in own])
+    for j in np.flatnonzero(indices[q] >= 0):
+      pairs.append((query, problem.corpus[indices[q, j]]))
+      where.append((scores, q, j))
+    for j, i in enumerate(problem.positives[q]):
+      pairs.append((query, problem.corpus[i]))
+      where.append((positives, q, j))
+  if pairs:
+    got = np.asarray(score_pairs(pairs), np.float32)
+    for (array, q, j), value in zip(where, got):
+      array[q, j] = value
   return scores, positives
 
 

@@ -56,6 +56,13 @@ def test_their_folder_imported_scores_as_their_cross_encoder(folders):
   for query, docs in pairs[:10]:
     want = model.predict([(query, d) for d in docs], activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(predict.rerank_scores(m, query, docs), want, atol=1e-4)
+  # the batched form mining rescores with: every pair of the 10 queries in batches of 7 (the
+  # last one padded), in order, the same scores as each query's own call
+  flat = [(q, d) for q, docs in pairs[:10] for d in docs]
+  want = np.concatenate([predict.rerank_scores(m, q, docs) for q, docs in pairs[:10]])
+  np.testing.assert_allclose(predict.rerank_pair_scores(m, flat, batch_size=7), want, atol=1e-5)
+  np.testing.assert_allclose(predict.apply_rerank_activation(m, want[:3]),
+                             predict.rerank_predict(m, pairs[0][0], pairs[0][1])[:3], atol=1e-6)
 
 
 def test_ours_exported_loads_in_cross_encoder_with_the_same_scores(folders):

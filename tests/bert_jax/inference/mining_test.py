@@ -142,13 +142,14 @@ def test_rescore_replaces_every_candidate_and_positive_score():
   pos = np.array([[0.9], [0.8]], np.float32)
   calls = []
 
-  def score_pairs(query, docs):
-    calls.append((query, tuple(docs)))
-    return np.array([len(query) + 10 * int(d[1]) + (0.5 if d[0] == "p" else 0) for d in docs],
+  def score_pairs(pairs):
+    calls.append(tuple(pairs))
+    return np.array([len(q) + 10 * int(d[1]) + (0.5 if d[0] == "p" else 0) for q, d in pairs],
                     np.float32)
   scores, positives = mining.rescore(problem, indices, pos, score_pairs)
-  assert calls == [("q0", ("p0", "d0")), ("q0", ("p0",)), ("q1", ("p1", "p0", "d0")),
-                   ("q1", ("p1",))]
+  # one call with every pair: each query's real candidates, then its positives
+  assert calls == [(("q0", "p0"), ("q0", "d0"), ("q0", "p0"), ("q1", "p1"), ("q1", "p0"),
+                    ("q1", "d0"), ("q1", "p1"))]
   assert scores.tolist() == [[2.5, 2.0, -np.inf], [12.5, 2.5, 2.0]]
   assert positives.tolist() == [[2.5], [12.5]] and pos.tolist()[0][0] == pytest.approx(0.9)
 
