@@ -107,11 +107,22 @@ def _columns(path, names):
   return anchor, positive, negatives
 
 
+def _read(path, file_format):
+  """(file_format, names, rows): the file's rows and its column names (a CSV/TSV header; a JSONL
+  file's first row's keys). One line for an empty JSONL file."""
+  file_format = _format(path, file_format)
+  header, rows = common.read_rows(path, file_format)
+  if file_format == "jsonl":
+    if not rows:
+      raise TaskDataError(f"{path}: the file is empty.")
+    header = list(rows[0][1])
+  return file_format, header, rows
+
+
 def is_scored(path, file_format=None):
   """Whether the file's rows are scored pairs (a score column in its header or first JSON row,
   and no hard negatives: in a row with negatives the label is a teacher's margins)."""
-  header, rows = common.read_rows(path, _format(path, file_format))
-  names = list(rows[0][1]) if header is None and rows else header or []
+  _, names, _ = _read(path, file_format)
   return _score_column(names) is not None and not _columns(path, names)[2]
 
 
@@ -160,12 +171,7 @@ def text_column_names(path, file_format=None):
   """(anchor name, positive name) of a pairs file's columns as read_pairs finds them (by name,
   else by position): what a program that writes rows back (bert_jax.mine) calls them. One
   TaskDataError line for a file without an anchor and a positive."""
-  file_format = _format(path, file_format)
-  header, rows = common.read_rows(path, file_format)
-  if file_format == "jsonl":
-    if not rows:
-      raise TaskDataError(f"{path}: the file is empty.")
-    header = list(rows[0][1])
+  _, header, _ = _read(path, file_format)
   a, p, _ = _columns(path, header)
   return str(header[a]), str(header[p])
 
@@ -173,21 +179,14 @@ def text_column_names(path, file_format=None):
 def read_pairs(path, file_format=None, query_prompt="", document_prompt=""):
   """[Pair] of a JSONL/CSV/TSV file; one TaskDataError line for a missing column, an empty text,
   a score that is not a number or a row whose number of negatives differs from the first row's."""
-  file_format = _format(path, file_format)
-  header, rows = common.read_rows(path, file_format)
-  if file_format == "jsonl":
-    if not rows:
-      raise TaskDataError(f"{path}: the file is empty.")
-    keys = list(rows[0][1])
-    a, p, negs = _columns(path, keys)
-    a, p, negs = keys[a], keys[p], [keys[i] for i in negs]
-    score, teacher = _score_column(keys), _teacher_column(keys)
-    score = None if score is None else keys[score]
-    teacher = None if teacher is None else keys[teacher]
-  else:
-    a, p, negs = _columns(path, header)
-    score, teacher = _score_column(header), _teacher_column(header)
-    names = header
+  file_format, names, rows = _read(path, file_format)
+  a, p, negs = _columns(path, names)
+  score, teacher = _score_column(names), _teacher_column(names)
+  if file_format == "jsonl":   # a JSON row's fields by name, a CSV/TSV row's by index
+    a, p, negs = names[a], names[p], [names[i] for i in negs]
+    score = None if score is None else names[score]
+    teacher = None if teacher is None else names[teacher]
+  header = names
   out = []
   for line, row in rows:
     def text(column, side):
