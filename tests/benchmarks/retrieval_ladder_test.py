@@ -265,3 +265,22 @@ def test_candidate_lists_file_writes_the_hits_and_counts_every_query(tmp_path):
     f.writelines(json.dumps(r) + "\n" for r in mined[:2])
   with pytest.raises(RuntimeError, match="2 queries mined, test.jsonl has 3"):
     rl.candidate_lists_file(ladder, "ckpt", "test", 2)
+
+
+def test_student_rows_with_minilm_as_the_teacher_read_minilm_mined(tmp_path, capsys):
+  """--distill_teacher=minilm: the student rows train on minilm_mined's rows (MiniLM's negatives
+  and scores), under their own run names (a reranker-taught run is never reused for them)."""
+  assert rl.main(["--dry_run", "--rows=student_mined,student_distilled", "--seeds=1",
+                  "--distill_teacher=minilm", "--margin_mse_weight=400",
+                  f"--out_dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert "--cross_encoder" not in out and "reranker" not in out
+  tunes = [l for l in out.splitlines() if "--config.custom.train_file=../minilm_mined/train.jsonl"
+           in l and f"--config.init_checkpoint={tmp_path}/student_l3 " in l]
+  assert len(tunes) == 2
+  assert f"--workdir={tmp_path}/student_mined_minilm_seed1" in tunes[0]
+  assert "margin_mse_weight" not in tunes[0]
+  assert ("--config.embedding.margin_mse_weight=400 --config.embedding.margin_mse_similarity=cos "
+          f"--workdir={tmp_path}/student_distilled_minilm_seed1") in tunes[1]
+  with pytest.raises(SystemExit):   # argparse: not one of reranker, minilm
+    rl.main(["--dry_run", "--distill_teacher=bert", f"--out_dir={tmp_path}"])
