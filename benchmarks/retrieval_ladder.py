@@ -30,6 +30,8 @@ The rows (ROWS, in order; --rows picks them, default every built one):
   student_distilled    the same + MarginMSE on the reranker's score margins (the file's scores)
                        (--distill_teacher=minilm: both student rows on minilm_mined's rows and
                        the zero-shot MiniLM's cosines instead of the reranker's)
+  student_vectors      the student on train.jsonl: in-batch + the cosine distance to the frozen
+                       MiniLM's vectors through a learned projection (embedding distillation)
 
 Everything goes under --out_dir; a run whose summary.json says finished is reused (its time as
 first measured), so an interrupted ladder continues. Prints a Markdown table (metrics, seeds, wall time) and each row's
@@ -144,6 +146,7 @@ class Ladder:
   reranker_eval_batch: int = 4   # lists a batch: 4 x 100 pairs x 128 pieces
   teacher_range_max: int = 10   # student rows: the reranker rescores ranks < this (x 1,251 queries)
   margin_mse_weight: float = 1.0
+  vector_distill_weight: float = 20.0   # student_vectors: InfoNCE's scale
   distill_teacher: str = "reranker"   # DISTILL_TEACHERS: whose scores the student rows read
   dry_run: bool = False   # print the commands, run nothing (tests)
 
@@ -750,6 +753,27 @@ def row_student_distilled(ladder):
                          "--config.embedding.margin_mse_similarity=cos"))
 
 
+def row_student_vectors(ladder):
+  """The student on student_inbatch's pairs with MiniLM (zero-shot, frozen in the step:
+  --config.embedding.teacher_checkpoint) as its teacher: InfoNCE plus the cosine distance of
+  the student's vectors, through a learned projection, to MiniLM's (EmbedDistillLoss; weight
+  --vector_distill_weight: InfoNCE's scale, 20, so both gradients are in the same units of a
+  cosine). Its control is student_inbatch (the same data without the teacher)."""
+  def prepare(*_):
+    made, _ = ensure_minilm(ladder)
+    return [made], "train.jsonl", 0.0
+  minilm = ladder.path("minilm")
+  return _trained(ladder, "student_vectors",
+                  f"student + in-batch negatives + MiniLM's vectors (cosine, weight "
+                  f"{ladder.vector_distill_weight:g}, teacher frozen in the step; "
+                  f"{ladder.student_epochs} epoch(s) at {ladder.student_lr:g})", ensure_student,
+                  ladder.student_lr, ladder.student_epochs, prepare,
+                  extra=(f"--config.embedding.embed_distill_weight="
+                         f"{ladder.vector_distill_weight:g}",
+                         "--config.embedding.embed_distill_distance=cosine",
+                         f"--config.embedding.teacher_checkpoint={minilm}"))
+
+
 ROWS = {
     "bm25": row_bm25,
     "minilm_zero_shot": row_minilm_zero_shot,
@@ -761,6 +785,7 @@ ROWS = {
     "reranker_top100": row_reranker_top100,
     "student_mined": row_student_mined,
     "student_distilled": row_student_distilled,
+    "student_vectors": row_student_vectors,
 }
 DEFAULT_ROWS = tuple(ROWS)
 
