@@ -284,3 +284,14 @@ def test_student_rows_with_minilm_as_the_teacher_read_minilm_mined(tmp_path, cap
           f"--workdir={tmp_path}/student_distilled_minilm_seed1") in tunes[1]
   with pytest.raises(SystemExit):   # argparse: not one of reranker, minilm
     rl.main(["--dry_run", "--distill_teacher=bert", f"--out_dir={tmp_path}"])
+
+
+def test_student_vectors_trains_on_the_pairs_with_minilm_frozen_in_the_step(tmp_path, capsys):
+  assert rl.main(["--dry_run", "--rows=student_vectors", "--seeds=2", f"--out_dir={tmp_path}"]) == 0
+  tune = [l for l in capsys.readouterr().out.splitlines()
+          if f"--workdir={tmp_path}/student_vectors_seed2" in l]
+  assert len(tune) == 1
+  assert "--config.custom.train_file=train.jsonl" in tune[0]
+  assert f"--config.init_checkpoint={tmp_path}/student_l3 " in tune[0]
+  assert ("--config.embedding.embed_distill_weight=20 --config.embedding.embed_distill_distance="
+          f"cosine --config.embedding.teacher_checkpoint={tmp_path}/minilm ") in tune[0]
