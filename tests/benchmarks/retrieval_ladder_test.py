@@ -289,7 +289,7 @@ def test_student_rows_with_minilm_as_the_teacher_read_minilm_mined(tmp_path, cap
 def test_student_vectors_trains_on_the_pairs_with_minilm_frozen_in_the_step(tmp_path, capsys):
   assert rl.main(["--dry_run", "--rows=student_vectors", "--seeds=2", f"--out_dir={tmp_path}"]) == 0
   tune = [l for l in capsys.readouterr().out.splitlines()
-          if f"--workdir={tmp_path}/student_vectors_seed2" in l]
+          if l.endswith(f"--workdir={tmp_path}/student_vectors_seed2   # each seed")]
   assert len(tune) == 1
   assert "--config.custom.train_file=train.jsonl" in tune[0]
   assert f"--config.init_checkpoint={tmp_path}/student_l3 " in tune[0]
