@@ -744,7 +744,7 @@ def row_student_mined(ladder):
 def row_student_distilled(ladder):
   """The student distilled from the reranker: student_mined's InfoNCE plus MarginMSE on the
   reranker's margins s(q, p) - s(q, n) (the file's scores column; the student's cosine)."""
-  return _trained(ladder, "student_distilled" + teacher_suffix(ladder),
+  return _trained(ladder, f"student_distilled{teacher_suffix(ladder)}_w{ladder.margin_mse_weight:g}",
                   f"student + the same + MarginMSE from {teacher_name(ladder)} (weight "
                   f"{ladder.margin_mse_weight:g}, cosine; {ladder.student_epochs} epoch(s) at "
                   f"{ladder.student_lr:g})", ensure_student, ladder.student_lr,
@@ -763,7 +763,7 @@ def row_student_vectors(ladder):
     made, _ = ensure_minilm(ladder)
     return [made], "train.jsonl", 0.0
   minilm = ladder.path("minilm")
-  return _trained(ladder, "student_vectors",
+  return _trained(ladder, f"student_vectors_w{ladder.vector_distill_weight:g}",
                   f"student + in-batch negatives + MiniLM's vectors (cosine, weight "
                   f"{ladder.vector_distill_weight:g}, teacher frozen in the step; "
                   f"{ladder.student_epochs} epoch(s) at {ladder.student_lr:g})", ensure_student,

@@ -208,8 +208,9 @@ def test_reranker_and_student_rows_chain_their_commands(tmp_path, capsys):
                   "--seeds=7", f"--out_dir={tmp_path}"]) == 0
   out = capsys.readouterr().out
   rows = ("\n" + out).split("\n# ")[1:]
+  # a distilled run's name carries its weight (a run of another weight is never reused)
   assert [r.split(":")[0] for r in rows] == ["reranker_top100", "student_mined",
-                                             "student_distilled"]
+                                             "student_distilled_w1"]
   reranker, mined_student, distilled = rows
   assert f"--body_of=ST_FOLDER --body_out={tmp_path}/minilm_body_hf" in reranker
   first = f"--init_checkpoint={tmp_path}/minilm_mined_seed7/best_epoch{{N}}"
@@ -281,7 +282,7 @@ def test_student_rows_with_minilm_as_the_teacher_read_minilm_mined(tmp_path, cap
   assert f"--workdir={tmp_path}/student_mined_minilm_seed1" in tunes[0]
   assert "margin_mse_weight" not in tunes[0]
   assert ("--config.embedding.margin_mse_weight=400 --config.embedding.margin_mse_similarity=cos "
-          f"--workdir={tmp_path}/student_distilled_minilm_seed1") in tunes[1]
+          f"--workdir={tmp_path}/student_distilled_minilm_w400_seed1") in tunes[1]
   with pytest.raises(SystemExit):   # argparse: not one of reranker, minilm
     rl.main(["--dry_run", "--distill_teacher=bert", f"--out_dir={tmp_path}"])
 
@@ -289,7 +290,7 @@ def test_student_rows_with_minilm_as_the_teacher_read_minilm_mined(tmp_path, cap
 def test_student_vectors_trains_on_the_pairs_with_minilm_frozen_in_the_step(tmp_path, capsys):
   assert rl.main(["--dry_run", "--rows=student_vectors", "--seeds=2", f"--out_dir={tmp_path}"]) == 0
   tune = [l for l in capsys.readouterr().out.splitlines()
-          if l.endswith(f"--workdir={tmp_path}/student_vectors_seed2   # each seed")]
+          if l.endswith(f"--workdir={tmp_path}/student_vectors_w20_seed2   # each seed")]
   assert len(tune) == 1
   assert "--config.custom.train_file=train.jsonl" in tune[0]
   assert f"--config.init_checkpoint={tmp_path}/student_l3 " in tune[0]
