@@ -615,11 +615,13 @@ def reranker_inputs(ladder):
   (commands, {init, train_file, dev_file, stage}, seconds)."""
   made, body = ensure_minilm_body(ladder)
   _, minilm = ensure_minilm(ladder)
-  steps, train_file, s0 = mined(ladder, "minilm_mined")(ladder, minilm)
   stage_argv, stage, s1 = first_stage(ladder)
+  steps, train_file, s0 = mined(ladder, "minilm_mined")(ladder, minilm)
+  if steps[0] in stage_argv:   # the first stage (minilm_mined) mined them: its time counts once
+    s0 = 0.0
   dev_argv, dev_file, _, _, s2 = candidate_lists_file(ladder, stage, "dev",
                                                       ladder.reranker_dev_k)
-  commands = [*made, *steps, *[a for a in stage_argv if a not in steps], dev_argv]
+  commands = [*made, *stage_argv, *[a for a in steps if a not in stage_argv], dev_argv]
   return commands, dict(init=body, train_file=train_file, dev_file=dev_file, stage=stage), (
       s0 + s1 + s2)
 
@@ -701,7 +703,7 @@ def teacher_mined(ladder):
     elif not ladder.dry_run:
       os.makedirs(ladder.path("teacher_mined"), exist_ok=True)
       seconds += run(ladder, argv, "mine_teacher_mined.log")
-    steps = [a for a in shared if a != made] if made in shared else shared
+    steps = [a for a in shared if a != made]
     return [made, *steps, argv_r, argv], os.path.join("..", "teacher_mined", "train.jsonl"), (
         seconds)
   return prepare

@@ -245,6 +245,13 @@ def _score_batch(params, config, ids, mask, segments):
   return reranker.RerankerModel(config).apply({"params": params}, ids, mask, segments)  # [1, N]
 
 
+def _rerank_length(m, max_seq_length=None):
+  """The pair length: max_seq_length, else the run's recorded one, else the model's
+  max_position_embeddings."""
+  return int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
+             or m.config.max_position_embeddings)
+
+
 def rerank_scores(m, query, documents, *, max_seq_length=None):
   """[N] float32 raw scores (logits) of (query, document) for each document, tokenized as the
   reranker's training and evaluation do (tasks/reranker.py encode_lists: "[CLS] q [SEP] d
@@ -253,8 +260,7 @@ def rerank_scores(m, query, documents, *, max_seq_length=None):
   from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
   if not query.strip() or not documents or any(not d.strip() for d in documents):
     raise PredictError("rerank: give a non-empty query and one or more non-empty documents.")
-  length = int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
-               or m.config.max_position_embeddings)
+  length = _rerank_length(m, max_seq_length)
   features, _ = reranker.encode_lists([(query, list(documents), [0.0] * len(documents))],
                                       m.tokenizer, length)
   ids, mask, segments = (jnp.asarray(features[k]) for k in ("input_ids", "input_mask",
@@ -269,8 +275,7 @@ def rerank_pair_scores(m, pairs, *, batch_size=64, max_seq_length=None):
   form of rerank_scores for mining's rescoring: a query at a time compiled one program per list
   length and fed the cores lists of ~10 pairs."""
   from bert_jax.tasks import reranker  # pylint: disable=g-import-not-at-top
-  length = int(max_seq_length or (m.meta.get("cross_encoder") or {}).get("max_seq_length")
-               or m.config.max_position_embeddings)
+  length = _rerank_length(m, max_seq_length)
   out = np.zeros((len(pairs),), np.float32)
   for start in range(0, len(pairs), batch_size):
     chunk = list(pairs[start:start + batch_size])
